@@ -1,0 +1,44 @@
+//! Wire types of the Model Runtime API 0.1.0 and the pure logic every process shares.
+//!
+//! Module map:
+//! - [`id`]: `ExecutionId` and `Sequence` newtypes.
+//! - [`time`]: `Timestamp`, always ISO-8601 UTC with milliseconds (`2026-01-01T00:00:00.000Z`).
+//! - [`request`]: `ExecutionRequest` and its parts (the caller's input).
+//! - [`validate`]: bytes → checked `ExecutionRequest`, with fixed public messages only.
+//! - [`fingerprint`]: canonical JSON and the sha256 request fingerprint used by idempotency.
+//! - [`error`]: portable error codes and the `RuntimeError` carried in events and responses.
+//! - [`usage`]: `UsageFact` with known and namespaced custom units.
+//! - [`event`]: the eleven runtime events and their envelope.
+//! - [`snapshot`]: `ExecutionSnapshot`, submission, result and runtime-info response shapes.
+//! - [`manifest`]: provider manifests and model capabilities.
+//! - [`materialize`]: ordered events → snapshot and result, enforcing the log rules.
+//! - [`sse`]: SSE frame encoding and a WHATWG-conformant incremental parser.
+//! - [`schema`]: JSON Schema documents generated from these types (`spec/`).
+//!
+//! This crate has no async runtime and no I/O: the gateway, the worker and the client all build
+//! on it, and every public function returns a typed error instead of panicking on bad input.
+
+pub mod error;
+pub mod event;
+pub mod fingerprint;
+pub mod id;
+pub mod manifest;
+pub mod materialize;
+pub mod request;
+pub mod schema;
+pub mod snapshot;
+pub mod sse;
+pub mod time;
+pub mod usage;
+pub mod validate;
+
+/// The protocol version this crate implements, as reported in manifests and `/v1/runtime`.
+pub const PROTOCOL_VERSION: &str = "0.1.0";
+
+pub use error::{ErrorCode, RuntimeError};
+pub use event::{EventBody, ExecutionStatus, RuntimeEvent, Target};
+pub use id::{ExecutionId, Sequence};
+pub use request::ExecutionRequest;
+pub use snapshot::ExecutionSnapshot;
+pub use time::Timestamp;
+pub use usage::{UsageFact, UsageSource, UsageUnit};

@@ -1,0 +1,1 @@
+//! Shared harness for end-to-end tests.
