@@ -1,1 +1,34 @@
-//! runtime
+//! Storage and messaging contracts of the execution runtime, and their in-memory implementations.
+//!
+//! Module map:
+//! - [`error`]: `StoreError`, one error type for every backend, each variant tagged with its
+//!   portable code and retryability where it is created.
+//! - [`event_store`]: the `EventStore` trait (append-only, compare-and-set fenced logs),
+//!   `EventRecord` (an event with its serialized JSON, shared by every reader) and subscriptions.
+//! - [`job`]: `Job`, the `JobQueue` trait and delivery acknowledgement.
+//! - [`idempotency`]: the `IdempotencyStore` trait (one atomic claim per key).
+//! - [`cancel`]: the `CancelBus` trait that carries cancellation to the process running an
+//!   execution.
+//! - [`memory`]: in-process implementations of all four, used by embedded mode and tests.
+//! - `contract` (feature `contract-tests`): the test suite every implementation must pass, so
+//!   the NATS and Redis implementations are held to exactly the same behaviour.
+//!
+//! The decision a reader must know: the log rules (sequence `last + 1`, one terminal, nothing
+//! after it) are enforced *inside* every store by `protocol::materialize::Materializer`, and
+//! appends are compare-and-set on the expected sequence, so a stale or duplicate writer can never
+//! interleave, whatever process it runs in.
+
+pub mod cancel;
+#[cfg(any(test, feature = "contract-tests"))]
+pub mod contract;
+pub mod error;
+pub mod event_store;
+pub mod idempotency;
+pub mod job;
+pub mod memory;
+
+pub use cancel::CancelBus;
+pub use error::StoreError;
+pub use event_store::{EventRecord, EventStore, EventStream};
+pub use idempotency::{IdempotencyRecord, IdempotencyStore};
+pub use job::{Delivery, DeliveryHandle, Job, JobQueue};

@@ -1,0 +1,487 @@
+//! The contract test suite every implementation must pass.
+//!
+//! Each function takes a fresh implementation and panics on the first broken promise. The memory
+//! implementations run it in this crate's tests; the NATS and Redis implementations run the same
+//! functions against real servers. Executions use random ids, so one store instance can serve
+//! several suites.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use protocol::event::{EventBody, Target};
+use protocol::{
+    ExecutionId, ExecutionRequest, ExecutionStatus, RuntimeError, RuntimeEvent, Sequence, Timestamp,
+};
+
+use crate::cancel::CancelBus;
+use crate::error::StoreError;
+use crate::event_store::EventStore;
+use crate::idempotency::{IdempotencyRecord, IdempotencyStore};
+use crate::job::{Job, JobQueue};
+
+/// Generous bound for anything that should happen "promptly" on a busy 2-core machine.
+const PROMPT: Duration = Duration::from_secs(20);
+
+fn event(id: ExecutionId, seq: u64, body: EventBody) -> RuntimeEvent {
+    RuntimeEvent::new(id, Sequence(seq), Timestamp::now(), body)
+}
+
+fn target() -> Target {
+    Target {
+        provider: "provider-mock".into(),
+        model: "model-alpha".into(),
+    }
+}
+
+fn delta(text: &str) -> EventBody {
+    EventBody::OutputDelta {
+        output_index: 0,
+        delta: text.into(),
+    }
+}
+
+/// Runs every event-store check.
+pub async fn event_store_suite(store: Arc<dyn EventStore>) {
+    create_and_append_in_order(&*store).await;
+    compare_and_set_fences_writers(Arc::clone(&store)).await;
+    subscription_replays_then_follows_then_ends(Arc::clone(&store)).await;
+    cursors_at_or_past_terminal_are_empty(&*store).await;
+    unknown_executions_are_none(&*store).await;
+    rule_violations_change_nothing(&*store).await;
+}
+
+async fn create_and_append_in_order(store: &dyn EventStore) {
+    let id = ExecutionId::new_random();
+    store
+        .create(event(id, 1, EventBody::Accepted))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.create(event(id, 1, EventBody::Accepted)).await,
+        Err(StoreError::AlreadyExists)
+    ));
+    store
+        .append(event(
+            id,
+            2,
+            EventBody::RouteSelected {
+                target: target(),
+                attempt: 1,
+            },
+        ))
+        .await
+        .unwrap();
+    store.append(event(id, 3, delta("a"))).await.unwrap();
+    let state = store.state(id).await.unwrap().unwrap();
+    assert_eq!(state.last_sequence(), Sequence(3));
+    assert_eq!(state.status(), ExecutionStatus::Running);
+    let all = store.read(id, Sequence(0), 100).await.unwrap().unwrap();
+    assert_eq!(
+        all.iter().map(|r| r.sequence().get()).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    let tail = store.read(id, Sequence(1), 1).await.unwrap().unwrap();
+    assert_eq!(
+        tail.iter().map(|r| r.sequence().get()).collect::<Vec<_>>(),
+        vec![2]
+    );
+    assert!(
+        store
+            .read(id, Sequence(3), 100)
+            .await
+            .unwrap()
+            .unwrap()
+            .is_empty()
+    );
+    // JSON on the record is the event's wire form.
+    let parsed: RuntimeEvent = serde_json::from_slice(&all[2].json).unwrap();
+    assert_eq!(parsed, all[2].event);
+    store
+        .append(event(id, 4, EventBody::Completed { target: target() }))
+        .await
+        .unwrap();
+    match store.append(event(id, 5, delta("late"))).await {
+        Err(StoreError::Conflict { last, terminal }) => {
+            assert_eq!(last, Sequence(4));
+            assert!(terminal);
+        }
+        other => panic!("append after terminal must conflict, got {other:?}"),
+    }
+    assert_eq!(
+        store.state(id).await.unwrap().unwrap().status(),
+        ExecutionStatus::Succeeded
+    );
+}
+
+async fn compare_and_set_fences_writers(store: Arc<dyn EventStore>) {
+    let id = ExecutionId::new_random();
+    store
+        .create(event(id, 1, EventBody::Accepted))
+        .await
+        .unwrap();
+    // Many writers race for sequence 2 with different events: exactly one wins.
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let body = if i % 2 == 0 {
+                EventBody::RouteSelected {
+                    target: target(),
+                    attempt: 1,
+                }
+            } else {
+                EventBody::Failed {
+                    error: RuntimeError::cancelled(),
+                }
+            };
+            store.append(event(id, 2, body)).await
+        }));
+    }
+    let mut wins = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(()) => wins += 1,
+            Err(StoreError::Conflict { last, .. }) => assert_eq!(last, Sequence(2)),
+            Err(e) => panic!("unexpected error {e:?}"),
+        }
+    }
+    assert_eq!(wins, 1);
+    // A stale writer with an old sequence is refused.
+    assert!(matches!(
+        store.append(event(id, 2, delta("x"))).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    // A gap is refused too.
+    assert!(store.append(event(id, 4, delta("x"))).await.is_err());
+    assert_eq!(
+        store
+            .read(id, Sequence(0), 100)
+            .await
+            .unwrap()
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+async fn subscription_replays_then_follows_then_ends(store: Arc<dyn EventStore>) {
+    let id = ExecutionId::new_random();
+    store
+        .create(event(id, 1, EventBody::Accepted))
+        .await
+        .unwrap();
+    store
+        .append(event(
+            id,
+            2,
+            EventBody::RouteSelected {
+                target: target(),
+                attempt: 1,
+            },
+        ))
+        .await
+        .unwrap();
+    let mut from_zero = store.subscribe(id, Sequence(0)).await.unwrap().unwrap();
+    let mut from_one = store.subscribe(id, Sequence(1)).await.unwrap().unwrap();
+    // Replay.
+    for expected in [1, 2] {
+        let r = tokio::time::timeout(PROMPT, from_zero.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.sequence().get(), expected);
+    }
+    // Live: appends from another task while we wait.
+    let writer = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            for seq in 3..=40u64 {
+                store
+                    .append(event(id, seq, delta(&seq.to_string())))
+                    .await
+                    .unwrap();
+                if seq % 8 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            store
+                .append(event(id, 41, EventBody::Completed { target: target() }))
+                .await
+                .unwrap();
+        })
+    };
+    for (stream, first) in [(&mut from_zero, 3u64), (&mut from_one, 2)] {
+        let mut expected = first;
+        while let Some(item) = tokio::time::timeout(PROMPT, stream.next()).await.unwrap() {
+            let record = item.unwrap();
+            assert_eq!(record.sequence().get(), expected, "no gap, no duplicate");
+            expected += 1;
+        }
+        assert_eq!(
+            expected, 42,
+            "the stream ends right after the terminal event"
+        );
+    }
+    writer.await.unwrap();
+}
+
+async fn cursors_at_or_past_terminal_are_empty(store: &dyn EventStore) {
+    let id = ExecutionId::new_random();
+    store
+        .create(event(id, 1, EventBody::Accepted))
+        .await
+        .unwrap();
+    store
+        .append(event(
+            id,
+            2,
+            EventBody::Failed {
+                error: RuntimeError::cancelled(),
+            },
+        ))
+        .await
+        .unwrap();
+    for cursor in [2, 3, 1000] {
+        let mut s = store
+            .subscribe(id, Sequence(cursor))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            tokio::time::timeout(PROMPT, s.next())
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+    let mut s = store.subscribe(id, Sequence(1)).await.unwrap().unwrap();
+    let only = tokio::time::timeout(PROMPT, s.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(only.event.status, ExecutionStatus::Cancelled);
+    assert!(
+        tokio::time::timeout(PROMPT, s.next())
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+async fn unknown_executions_are_none(store: &dyn EventStore) {
+    let id = ExecutionId::new_random();
+    assert!(store.state(id).await.unwrap().is_none());
+    assert!(store.read(id, Sequence(0), 10).await.unwrap().is_none());
+    assert!(store.subscribe(id, Sequence(0)).await.unwrap().is_none());
+    assert!(store.append(event(id, 2, delta("x"))).await.is_err());
+}
+
+async fn rule_violations_change_nothing(store: &dyn EventStore) {
+    let id = ExecutionId::new_random();
+    store
+        .create(event(id, 1, EventBody::Accepted))
+        .await
+        .unwrap();
+    let mut wrong = event(
+        id,
+        2,
+        EventBody::RouteSelected {
+            target: target(),
+            attempt: 1,
+        },
+    );
+    wrong.status = ExecutionStatus::Running;
+    assert!(matches!(
+        store.append(wrong).await,
+        Err(StoreError::Violation(_))
+    ));
+    assert!(
+        store
+            .append(event(id, 2, EventBody::Accepted))
+            .await
+            .is_err()
+    );
+    assert_eq!(
+        store.state(id).await.unwrap().unwrap().last_sequence(),
+        Sequence(1)
+    );
+    // A bad first event is refused at create.
+    let other = ExecutionId::new_random();
+    assert!(store.create(event(other, 1, delta("x"))).await.is_err());
+    assert!(store.state(other).await.unwrap().is_none());
+}
+
+fn job(id: ExecutionId) -> Job {
+    let request: ExecutionRequest = serde_json::from_str(
+        r#"{"ability":"text-generation","input":[{"type":"text","text":"hi"}]}"#,
+    )
+    .unwrap();
+    Job {
+        execution_id: id,
+        request,
+        accepted_at: Timestamp::now(),
+        deadline_at: Timestamp::now(),
+        traceparent: None,
+    }
+}
+
+/// Runs every job-queue check. Closes the queue at the end.
+pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
+    queue.ready().await.unwrap();
+    let a = job(ExecutionId::new_random());
+    let b = job(ExecutionId::new_random());
+    queue.publish(&a).await.unwrap();
+    queue.publish(&a).await.unwrap(); // absorbed by the dedupe window
+    queue.publish(&b).await.unwrap();
+    let first = tokio::time::timeout(PROMPT, queue.receive())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    first.handle.in_progress().await.unwrap();
+    first.handle.ack().await.unwrap();
+    let second = tokio::time::timeout(PROMPT, queue.receive())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    second.handle.ack().await.unwrap();
+    let mut got = vec![first.job.execution_id, second.job.execution_id];
+    got.sort();
+    let mut want = vec![a.execution_id, b.execution_id];
+    want.sort();
+    assert_eq!(got, want, "each job delivered once");
+    assert_eq!(first.delivered, 1);
+    assert_eq!(
+        first.job,
+        if first.job.execution_id == a.execution_id {
+            a.clone()
+        } else {
+            b.clone()
+        }
+    );
+    // The duplicate publish is not delivered.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), queue.receive())
+            .await
+            .is_err()
+    );
+    // Concurrent receivers share jobs without duplicates.
+    let ids: Vec<_> = (0..20).map(|_| ExecutionId::new_random()).collect();
+    let mut receivers = Vec::new();
+    for _ in 0..4 {
+        let queue = Arc::clone(&queue);
+        receivers.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            while let Ok(Ok(Some(d))) =
+                tokio::time::timeout(Duration::from_millis(1500), queue.receive()).await
+            {
+                d.handle.ack().await.unwrap();
+                mine.push(d.job.execution_id);
+            }
+            mine
+        }));
+    }
+    for id in &ids {
+        queue.publish(&job(*id)).await.unwrap();
+    }
+    let mut received = Vec::new();
+    for r in receivers {
+        received.extend(r.await.unwrap());
+    }
+    received.sort();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(received, expected);
+    // Closing ends pending receives.
+    let pending = {
+        let queue = Arc::clone(&queue);
+        tokio::spawn(async move { queue.receive().await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    queue.close();
+    assert!(
+        tokio::time::timeout(PROMPT, pending)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+            .is_none()
+    );
+}
+
+fn record(fingerprint: &str) -> IdempotencyRecord {
+    IdempotencyRecord {
+        fingerprint: fingerprint.into(),
+        execution_id: ExecutionId::new_random(),
+        created_at: Timestamp::now(),
+    }
+}
+
+/// Runs every idempotency check.
+pub async fn idempotency_suite(store: Arc<dyn IdempotencyStore>) {
+    store.ready().await.unwrap();
+    let key = format!("key-{}", ExecutionId::new_random());
+    let first = record("fp1");
+    assert_eq!(store.claim(&key, &first).await.unwrap(), None);
+    assert_eq!(
+        store.claim(&key, &record("fp2")).await.unwrap(),
+        Some(first.clone())
+    );
+    // Release by another execution is a no-op; by the owner it frees the key.
+    store
+        .release(&key, ExecutionId::new_random())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.claim(&key, &record("fp3")).await.unwrap(),
+        Some(first.clone())
+    );
+    store.release(&key, first.execution_id).await.unwrap();
+    let again = record("fp4");
+    assert_eq!(store.claim(&key, &again).await.unwrap(), None);
+    // Concurrent first claims: exactly one wins, all others see the winner.
+    let key = format!("race-{}", ExecutionId::new_random());
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let store = Arc::clone(&store);
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = record(&format!("fp{i}"));
+            (r.clone(), store.claim(&key, &r).await.unwrap())
+        }));
+    }
+    let mut winners = Vec::new();
+    let mut seen = Vec::new();
+    for t in tasks {
+        let (mine, result) = t.await.unwrap();
+        match result {
+            None => winners.push(mine),
+            Some(existing) => seen.push(existing),
+        }
+    }
+    assert_eq!(winners.len(), 1);
+    assert!(seen.iter().all(|r| *r == winners[0]));
+}
+
+/// Runs every cancel-bus check.
+pub async fn cancel_suite(bus: Arc<dyn CancelBus>) {
+    let id = ExecutionId::new_random();
+    bus.request(id).await.unwrap(); // nobody watches: no-op, no error
+    let token = bus.watch(id);
+    assert!(!token.is_cancelled());
+    bus.request(id).await.unwrap();
+    tokio::time::timeout(PROMPT, token.cancelled())
+        .await
+        .unwrap();
+    bus.unwatch(id);
+    let other = ExecutionId::new_random();
+    let untouched = bus.watch(other);
+    bus.request(ExecutionId::new_random()).await.unwrap();
+    assert!(!untouched.is_cancelled());
+    bus.unwatch(other);
+}

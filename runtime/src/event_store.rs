@@ -1,0 +1,91 @@
+//! The event store: one append-only, fenced log per execution.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::stream::BoxStream;
+use protocol::materialize::Materializer;
+use protocol::{ExecutionId, RuntimeEvent, Sequence};
+
+use crate::error::StoreError;
+
+/// An event together with its JSON encoding, serialized once and shared by every reader.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventRecord {
+    pub event: RuntimeEvent,
+    pub json: Bytes,
+}
+
+impl EventRecord {
+    /// Serializes `event`.
+    pub fn new(event: RuntimeEvent) -> Self {
+        let json = Bytes::from(event.to_json());
+        Self { event, json }
+    }
+
+    /// Decodes a stored record; `None` when the bytes are not an event.
+    pub fn decode(json: Bytes) -> Option<Self> {
+        let event = serde_json::from_slice(&json).ok()?;
+        Some(Self { event, json })
+    }
+
+    pub fn sequence(&self) -> Sequence {
+        self.event.sequence
+    }
+}
+
+/// Events of one execution with sequence greater than a cursor: replay, then live, ending right
+/// after the terminal event. An `Err` item ends the stream.
+pub type EventStream = BoxStream<'static, Result<Arc<EventRecord>, StoreError>>;
+
+/// Append-only per-execution logs.
+///
+/// Contract (checked by `contract::event_store_suite`):
+/// - `create` stores `execution.accepted` (sequence 1) as the first event of a new log; it fails
+///   with `AlreadyExists` if the log exists. Admission and capacity limits apply here only:
+///   `AdmissionFull` when too many executions are active, `CapacityExhausted` when nothing can
+///   be evicted.
+/// - `append` is compare-and-set: it succeeds only if `event.sequence` is exactly the log's last
+///   sequence + 1 and the event obeys the log rules; otherwise `Conflict` (another writer won:
+///   re-read and re-evaluate) or `Violation`. Once `append` returns `Ok`, every later read and
+///   subscription sees the event (acknowledged appends are never lost while retained).
+///   Non-terminal appends beyond the per-execution limits fail with `ExecutionLimit`; the
+///   terminal event is always admitted so the writer can close the log.
+/// - `read` returns events with sequence > `after`, in order, at most `limit` of them.
+/// - `subscribe` streams every event with sequence > `after` exactly once and in order, then
+///   follows live appends, and ends after the terminal event. A cursor at or past the terminal
+///   event yields an empty stream. A consumer that stops polling never makes the store buffer
+///   more on its behalf (readers pull from the log).
+/// - `state`/`read`/`subscribe` return `Ok(None)` for an unknown execution.
+/// - Retention: a terminal execution may be dropped after the retention period or evicted
+///   (oldest terminal first) when capacity is needed; active executions are never evicted.
+#[async_trait]
+pub trait EventStore: Send + Sync + 'static {
+    /// Creates the log with its `execution.accepted` event.
+    async fn create(&self, accepted: RuntimeEvent) -> Result<(), StoreError>;
+
+    /// Appends the next event, fenced on its sequence.
+    async fn append(&self, event: RuntimeEvent) -> Result<(), StoreError>;
+
+    /// The materialized state of an execution.
+    async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, StoreError>;
+
+    /// Up to `limit` events after `after`.
+    async fn read(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError>;
+
+    /// Replay after `after`, then live, ending after the terminal event.
+    async fn subscribe(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+    ) -> Result<Option<EventStream>, StoreError>;
+
+    /// Whether the backend is reachable and writable.
+    async fn ready(&self) -> Result<(), StoreError>;
+}

@@ -1,0 +1,67 @@
+//! Jobs: the unit of work a worker pulls, and the queue that carries them.
+
+use async_trait::async_trait;
+use protocol::{ExecutionId, ExecutionRequest, Timestamp};
+use serde::{Deserialize, Serialize};
+
+use crate::error::StoreError;
+
+/// Everything a worker needs to run one execution. Published once per execution, after its
+/// log was created; the execution id is the queue's dedupe id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub execution_id: ExecutionId,
+    pub request: ExecutionRequest,
+    /// When `execution.accepted` was stored; the deadline runs from here.
+    pub accepted_at: Timestamp,
+    /// Absolute deadline of the whole execution, queueing included.
+    pub deadline_at: Timestamp,
+    /// W3C `traceparent` of the submitting request, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+}
+
+/// Acknowledgement of one delivery.
+#[async_trait]
+pub trait DeliveryHandle: Send + Sync {
+    /// The job is finished (its log is terminal) or must be dropped; never redeliver it.
+    async fn ack(&self) -> Result<(), StoreError>;
+    /// The job is still running: extend its lease (heartbeat).
+    async fn in_progress(&self) -> Result<(), StoreError>;
+}
+
+/// One delivery of a job to a worker.
+pub struct Delivery {
+    pub job: Job,
+    /// 1 on first delivery; more when the previous holder lost its lease (worker loss).
+    pub delivered: u32,
+    pub handle: Box<dyn DeliveryHandle>,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("execution_id", &self.job.execution_id)
+            .field("delivered", &self.delivered)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A work queue of jobs shared by every worker.
+///
+/// Contract (checked by `contract::job_queue_suite`):
+/// - `publish` returns only once the job is durably queued; publishing the same execution id
+///   again within the dedupe window is absorbed (at most one delivery per publish window).
+/// - `receive` waits for the next job and hands it to exactly one caller; a caller asks only
+///   when it has a free slot, so no worker buffers jobs it cannot start. `Ok(None)` means the
+///   queue was closed.
+/// - An unacknowledged delivery whose lease lapses is redelivered with `delivered` + 1
+///   (memory queues never lose a lease: their only consumer is in the same process).
+#[async_trait]
+pub trait JobQueue: Send + Sync + 'static {
+    async fn publish(&self, job: &Job) -> Result<(), StoreError>;
+    async fn receive(&self) -> Result<Option<Delivery>, StoreError>;
+    /// Stops handing out jobs; pending `receive` calls return `Ok(None)`.
+    fn close(&self);
+    async fn ready(&self) -> Result<(), StoreError>;
+}

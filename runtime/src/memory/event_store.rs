@@ -1,0 +1,280 @@
+//! The in-memory event store: per execution a `Vec` of shared records plus a notifier.
+//!
+//! Readers keep an index into the vector and pull, so a slow reader never makes the store buffer
+//! anything for it, and no event is ever dropped for a reader. An evicted execution's readers
+//! keep their `Arc` and finish normally.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use parking_lot::{Mutex, RwLock};
+use protocol::materialize::Materializer;
+use protocol::{ExecutionId, RuntimeEvent, Sequence};
+use tokio::sync::Notify;
+
+use crate::error::StoreError;
+use crate::event_store::{EventRecord, EventStore, EventStream};
+
+/// Bounds of the memory store. Memory use is bounded by
+/// `max_executions × max_execution_bytes` and `max_total_bytes`, whichever is smaller.
+#[derive(Debug, Clone)]
+pub struct MemoryLimits {
+    /// Retained executions (active + terminal). Oldest terminal ones are evicted beyond this.
+    pub max_executions: usize,
+    /// Executions that may be non-terminal at once (admission).
+    pub max_active: usize,
+    /// Bytes of event JSON across all retained executions.
+    pub max_total_bytes: usize,
+    /// Bytes of event JSON in one execution (non-terminal events).
+    pub max_execution_bytes: usize,
+    /// Non-terminal events in one execution.
+    pub max_events: usize,
+    /// How long a terminal execution is retained.
+    pub retention: Duration,
+}
+
+impl Default for MemoryLimits {
+    fn default() -> Self {
+        Self {
+            max_executions: 10_000,
+            max_active: 1024,
+            max_total_bytes: 256 * 1024 * 1024,
+            max_execution_bytes: 4 * 1024 * 1024,
+            max_events: 4096,
+            retention: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+struct EntryState {
+    records: Vec<Arc<EventRecord>>,
+    materializer: Materializer,
+    bytes: usize,
+}
+
+struct Entry {
+    state: Mutex<EntryState>,
+    notify: Notify,
+}
+
+#[derive(Default)]
+struct Registry {
+    /// Terminal executions in order of termination.
+    terminal: VecDeque<(ExecutionId, Instant)>,
+    active: usize,
+}
+
+struct Inner {
+    limits: MemoryLimits,
+    executions: RwLock<HashMap<ExecutionId, Arc<Entry>>>,
+    registry: Mutex<Registry>,
+    total_bytes: AtomicUsize,
+}
+
+/// See the module docs.
+#[derive(Clone)]
+pub struct MemoryEventStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for MemoryEventStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryEventStore")
+            .field("limits", &self.inner.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryEventStore {
+    pub fn new(limits: MemoryLimits) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                limits,
+                executions: RwLock::new(HashMap::new()),
+                registry: Mutex::new(Registry::default()),
+                total_bytes: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// Retained executions (for metrics and tests).
+    pub fn retained(&self) -> usize {
+        self.inner.executions.read().len()
+    }
+
+    /// Non-terminal executions (for metrics and tests).
+    pub fn active(&self) -> usize {
+        self.inner.registry.lock().active
+    }
+
+    fn entry(&self, id: ExecutionId) -> Option<Arc<Entry>> {
+        self.inner.executions.read().get(&id).cloned()
+    }
+
+    fn remove(&self, id: ExecutionId) {
+        if let Some(entry) = self.inner.executions.write().remove(&id) {
+            let bytes = entry.state.lock().bytes;
+            self.inner.total_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Drops expired terminal executions, then evicts the oldest terminal ones until one more
+    /// execution of `incoming` bytes fits. Called with the registry locked.
+    fn make_room(&self, registry: &mut Registry, incoming: usize) -> Result<(), StoreError> {
+        let limits = &self.inner.limits;
+        let now = Instant::now();
+        while let Some(&(id, at)) = registry.terminal.front() {
+            if now.duration_since(at) < limits.retention {
+                break;
+            }
+            registry.terminal.pop_front();
+            self.remove(id);
+        }
+        loop {
+            let count = self.inner.executions.read().len();
+            let bytes = self.inner.total_bytes.load(Ordering::Relaxed);
+            if count < limits.max_executions && bytes + incoming <= limits.max_total_bytes {
+                return Ok(());
+            }
+            let Some((id, _)) = registry.terminal.pop_front() else {
+                return Err(StoreError::CapacityExhausted);
+            };
+            self.remove(id);
+        }
+    }
+}
+
+/// The record at `index`, waiting for it if the log is still open; `None` once the log is
+/// terminal and fully read.
+async fn next_record(entry: &Entry, index: usize) -> Option<Arc<EventRecord>> {
+    loop {
+        // Register interest before looking, so an append between the look and the wait
+        // cannot be missed.
+        let notified = entry.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        {
+            let state = entry.state.lock();
+            if let Some(record) = state.records.get(index) {
+                return Some(Arc::clone(record));
+            }
+            if state.materializer.is_terminal() {
+                return None;
+            }
+        }
+        notified.await;
+    }
+}
+
+#[async_trait]
+impl EventStore for MemoryEventStore {
+    async fn create(&self, accepted: RuntimeEvent) -> Result<(), StoreError> {
+        let materializer = Materializer::start(&accepted)?;
+        let id = accepted.execution_id;
+        let record = Arc::new(EventRecord::new(accepted));
+        let bytes = record.json.len();
+        let mut registry = self.inner.registry.lock();
+        if self.inner.executions.read().contains_key(&id) {
+            return Err(StoreError::AlreadyExists);
+        }
+        if registry.active >= self.inner.limits.max_active {
+            return Err(StoreError::AdmissionFull);
+        }
+        self.make_room(&mut registry, bytes)?;
+        let entry = Arc::new(Entry {
+            state: Mutex::new(EntryState {
+                records: vec![record],
+                materializer,
+                bytes,
+            }),
+            notify: Notify::new(),
+        });
+        self.inner.executions.write().insert(id, entry);
+        self.inner.total_bytes.fetch_add(bytes, Ordering::Relaxed);
+        registry.active += 1;
+        Ok(())
+    }
+
+    async fn append(&self, event: RuntimeEvent) -> Result<(), StoreError> {
+        let id = event.execution_id;
+        let entry = self.entry(id).ok_or(StoreError::NotFound)?;
+        let terminal = event.is_terminal();
+        {
+            let mut state = entry.state.lock();
+            let m = &state.materializer;
+            if event.sequence != m.last_sequence().next() || m.is_terminal() {
+                return Err(StoreError::Conflict {
+                    last: m.last_sequence(),
+                    terminal: m.is_terminal(),
+                });
+            }
+            m.check(&event)?;
+            let record = Arc::new(EventRecord::new(event));
+            let size = record.json.len();
+            let limits = &self.inner.limits;
+            if !terminal
+                && (state.records.len() >= limits.max_events
+                    || state.bytes + size > limits.max_execution_bytes)
+            {
+                return Err(StoreError::ExecutionLimit);
+            }
+            state.materializer.apply(&record.event)?;
+            state.records.push(record);
+            state.bytes += size;
+            self.inner.total_bytes.fetch_add(size, Ordering::Relaxed);
+        }
+        entry.notify.notify_waiters();
+        if terminal {
+            let mut registry = self.inner.registry.lock();
+            registry.active = registry.active.saturating_sub(1);
+            registry.terminal.push_back((id, Instant::now()));
+        }
+        Ok(())
+    }
+
+    async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, StoreError> {
+        Ok(self.entry(id).map(|e| e.state.lock().materializer.clone()))
+    }
+
+    async fn read(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError> {
+        let Some(entry) = self.entry(id) else {
+            return Ok(None);
+        };
+        let state = entry.state.lock();
+        let start = usize::try_from(after.get())
+            .unwrap_or(usize::MAX)
+            .min(state.records.len());
+        Ok(Some(
+            state.records[start..].iter().take(limit).cloned().collect(),
+        ))
+    }
+
+    async fn subscribe(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+    ) -> Result<Option<EventStream>, StoreError> {
+        let Some(entry) = self.entry(id) else {
+            return Ok(None);
+        };
+        let start = usize::try_from(after.get()).unwrap_or(usize::MAX);
+        let stream = futures_util::stream::unfold((entry, start), |(entry, index)| async move {
+            let next = next_record(&entry, index).await?;
+            Some((Ok(next), (entry, index + 1)))
+        });
+        Ok(Some(stream.boxed()))
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}

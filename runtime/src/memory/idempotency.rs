@@ -1,0 +1,96 @@
+//! In-memory idempotency keys with a TTL, expired lazily from a time-ordered queue.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use protocol::ExecutionId;
+
+use crate::error::StoreError;
+use crate::idempotency::{IdempotencyRecord, IdempotencyStore};
+
+#[derive(Default)]
+struct Keys {
+    bound: HashMap<String, (IdempotencyRecord, Instant)>,
+    expiry: VecDeque<(Instant, String)>,
+}
+
+/// See the module docs.
+pub struct MemoryIdempotencyStore {
+    ttl: Duration,
+    keys: Mutex<Keys>,
+}
+
+impl std::fmt::Debug for MemoryIdempotencyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryIdempotencyStore")
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryIdempotencyStore {
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            keys: Mutex::new(Keys::default()),
+        }
+    }
+
+    /// Bound keys (for metrics and tests).
+    pub fn len(&self) -> usize {
+        self.keys.lock().bound.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for MemoryIdempotencyStore {
+    async fn claim(
+        &self,
+        key_hash: &str,
+        record: &IdempotencyRecord,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let now = Instant::now();
+        let mut keys = self.keys.lock();
+        while let Some((at, _)) = keys.expiry.front() {
+            if *at > now {
+                break;
+            }
+            if let Some((_, key)) = keys.expiry.pop_front() {
+                // The key may have been released and re-bound since; only drop a stale binding.
+                if keys.bound.get(&key).is_some_and(|(_, exp)| *exp <= now) {
+                    keys.bound.remove(&key);
+                }
+            }
+        }
+        if let Some((existing, _)) = keys.bound.get(key_hash) {
+            return Ok(Some(existing.clone()));
+        }
+        let expires = now + self.ttl;
+        keys.bound
+            .insert(key_hash.to_owned(), (record.clone(), expires));
+        keys.expiry.push_back((expires, key_hash.to_owned()));
+        Ok(None)
+    }
+
+    async fn release(&self, key_hash: &str, execution_id: ExecutionId) -> Result<(), StoreError> {
+        let mut keys = self.keys.lock();
+        if keys
+            .bound
+            .get(key_hash)
+            .is_some_and(|(r, _)| r.execution_id == execution_id)
+        {
+            keys.bound.remove(key_hash);
+        }
+        Ok(())
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
