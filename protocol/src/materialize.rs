@@ -133,10 +133,10 @@ impl Materializer {
                 status: event.status,
             });
         }
-        if let EventBody::UsageReported { facts } = &event.body {
-            if facts.iter().any(|f| f.check().is_err()) {
-                return Err(LogViolation::InvalidUsage);
-            }
+        if let EventBody::UsageReported { facts } = &event.body
+            && facts.iter().any(|f| f.check().is_err())
+        {
+            return Err(LogViolation::InvalidUsage);
         }
         if event.is_terminal() && event.to_json().len() > MAX_TERMINAL_EVENT_BYTES {
             return Err(LogViolation::TerminalTooLarge);
@@ -182,10 +182,8 @@ impl Materializer {
             EventBody::ToolCallArgumentsDelta { call_id, delta } => {
                 self.synthesized = true;
                 // An arguments delta for an unknown call is ignored [R 58].
-                if let Some(&i) = self.tool_index.get(call_id) {
-                    if let Some(call) = self.tool_calls.get_mut(i) {
-                        call.arguments.push_str(delta);
-                    }
+                if let Some(call) = self.tool_index.get(call_id).and_then(|&i| self.tool_calls.get_mut(i)) {
+                    call.arguments.push_str(delta);
                 }
             }
             EventBody::OutputResult { result, artifacts } => {

@@ -82,7 +82,7 @@ impl FromStr for Timestamp {
     /// Accepts `YYYY-MM-DDTHH:MM:SS[.fraction]Z` (fraction of any length, truncated to ms).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let b = s.as_bytes();
-        if b.len() < 20 || b.get(b.len() - 1) != Some(&b'Z') {
+        if b.len() < 20 || b.last() != Some(&b'Z') {
             return Err(InvalidTimestamp);
         }
         let num = |r: std::ops::Range<usize>| -> Result<u32, InvalidTimestamp> {
