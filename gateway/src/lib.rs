@@ -1,1 +1,31 @@
-//! gateway
+//! The HTTP+SSE gateway of the model runtime.
+//!
+//! Module map:
+//! - [`api`]: the axum router and handlers (contract.md section 2).
+//! - [`submit`]: the submission and cancellation flows (idempotency, capability check, log
+//!   creation, job publish), independent of HTTP.
+//! - [`events`]: the SSE projection with backpressure, batching and keep-alives.
+//! - [`error`]: `ApiError`, the only place errors become status codes and fixed messages.
+//! - [`response`]: JSON responses and the headers every response carries.
+//! - [`state`]: backends, limits, lifecycle and metrics shared by handlers.
+//! - [`metrics`]: Prometheus counters.
+//! - [`embedded`]: the in-memory runtime with the worker pool in-process.
+//! - [`server`]: settings, startup, serving and graceful shutdown; the binary only calls
+//!   [`server::run`].
+//!
+//! The gateway keeps no per-execution state of its own: everything it serves comes from the
+//! backends, so any gateway can serve any execution.
+
+pub mod api;
+pub mod embedded;
+pub mod error;
+pub mod events;
+pub mod metrics;
+pub mod response;
+pub mod server;
+pub mod state;
+pub mod submit;
+
+pub use api::router;
+pub use embedded::Embedded;
+pub use state::{ApiLimits, AppState, Backend};

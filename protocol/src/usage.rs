@@ -103,12 +103,22 @@ pub enum UsageSource {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct UsageFact {
     pub unit: UsageUnit,
-    /// Finite and non-negative.
+    /// Finite and non-negative. Integral values are written without a fraction (`3`, not
+    /// `3.0`), as JavaScript peers write them.
     #[schemars(range(min = 0))]
+    #[serde(serialize_with = "serialize_quantity")]
     pub quantity: f64,
     pub source: UsageSource,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub complete: Option<bool>,
+}
+
+fn serialize_quantity<S: serde::Serializer>(q: &f64, s: S) -> Result<S::Ok, S::Error> {
+    if q.fract() == 0.0 && q.abs() < 9_007_199_254_740_992.0 {
+        s.serialize_i64(*q as i64)
+    } else {
+        s.serialize_f64(*q)
+    }
 }
 
 /// The fact's quantity is negative or not finite.
@@ -167,6 +177,17 @@ mod tests {
         for q in [-1.0, f64::NAN, f64::INFINITY] {
             assert!(UsageFact::new(UsageUnit::request(), q, UsageSource::Runtime).is_err());
         }
+    }
+
+    #[test]
+    fn integral_quantities_serialize_without_fraction() {
+        let f = UsageFact::new(UsageUnit::request(), 3.0, UsageSource::Runtime).unwrap();
+        assert_eq!(
+            serde_json::to_string(&f).unwrap(),
+            r#"{"unit":"request","quantity":3,"source":"runtime","complete":true}"#
+        );
+        let f = UsageFact::new(UsageUnit::request(), 0.25, UsageSource::Runtime).unwrap();
+        assert!(serde_json::to_string(&f).unwrap().contains("0.25"));
     }
 
     #[test]

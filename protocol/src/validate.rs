@@ -2,8 +2,7 @@
 //!
 //! serde's and jsonschema's own messages echo caller content (unknown property names, instance
 //! paths, values), so they are never passed through: every failure maps to one of the fixed
-//! sentences of [`RequestError`]. The internal cause is kept for logs via [`RequestError::detail`]
-//! only as a category, never as caller text.
+//! sentences of [`RequestError`].
 
 use serde::Deserialize;
 

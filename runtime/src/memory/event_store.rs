@@ -271,7 +271,7 @@ impl EventStore for MemoryEventStore {
             let next = next_record(&entry, index).await?;
             Some((Ok(next), (entry, index + 1)))
         });
-        Ok(Some(stream.boxed()))
+        Ok(Some(stream.fuse().boxed()))
     }
 
     async fn ready(&self) -> Result<(), StoreError> {

@@ -112,3 +112,17 @@ impl JobQueue for MemoryJobQueue {
         }
     }
 }
+
+impl MemoryJobQueue {
+    /// Removes and returns every job not yet received (used at shutdown, after `close`, to
+    /// cancel executions that never started).
+    pub fn take_pending(&self) -> Vec<Job> {
+        let mut out = Vec::new();
+        if let Ok(mut rx) = self.rx.try_lock() {
+            while let Ok(job) = rx.try_recv() {
+                out.push(job);
+            }
+        }
+        out
+    }
+}

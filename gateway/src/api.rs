@@ -1,0 +1,426 @@
+//! HTTP routes (contract.md section 2). Handlers parse and answer; the flows live in
+//! [`crate::submit`] and [`crate::events`].
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use protocol::manifest::ProviderList;
+use protocol::snapshot::{CancelResponse, CancelStatus, RuntimeInfo, RuntimeState};
+use protocol::{ExecutionId, Sequence};
+
+use crate::error::ApiError;
+use crate::events::{empty_sse_response, sse_response};
+use crate::response::{json_response, security_headers};
+use crate::state::AppState;
+use crate::submit;
+
+/// The application router. Tests call it directly with `oneshot`.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/runtime", get(runtime_info))
+        .route("/v1/providers", get(providers))
+        .route("/v1/executions", post(submit_execution))
+        .route("/v1/executions/{id}", get(get_execution))
+        .route("/v1/executions/{id}/result", get(get_result))
+        .route("/v1/executions/{id}/cancel", post(cancel_execution))
+        .route("/v1/executions/{id}/events", get(get_events))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(route_not_found)
+        .method_not_allowed_fallback(route_not_found)
+        .layer(axum::middleware::map_response(security_headers))
+        .with_state(state)
+}
+
+async fn route_not_found() -> ApiError {
+    ApiError::NotFound("Route not found")
+}
+
+/// The execution id from the path: bad percent-encoding is 400, a non-UUID is 404 like an
+/// unknown id.
+fn execution_id(
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Option<ExecutionId>, ApiError> {
+    let Path(raw) = path.map_err(|_| ApiError::InvalidRequest("Invalid execution ID encoding"))?;
+    Ok(raw.parse().ok())
+}
+
+const EXECUTION_NOT_FOUND: ApiError = ApiError::NotFound("Execution not found");
+
+async fn backends_ready(state: &AppState) -> bool {
+    let b = state.backend();
+    let (s, q, i) = tokio::join!(b.store.ready(), b.queue.ready(), b.idempotency.ready());
+    s.is_ok() && q.is_ok() && i.is_ok()
+}
+
+async fn runtime_info(State(state): State<AppState>) -> Response {
+    let runtime_state = if state.is_stopping() {
+        RuntimeState::Stopping
+    } else if backends_ready(&state).await {
+        RuntimeState::Ready
+    } else {
+        RuntimeState::Unavailable
+    };
+    let status = if runtime_state == RuntimeState::Ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json_response(
+        status,
+        &RuntimeInfo::new(state.inner.registry.len(), runtime_state),
+    )
+}
+
+async fn providers(State(state): State<AppState>) -> Response {
+    json_response(
+        StatusCode::OK,
+        &ProviderList {
+            data: state.inner.registry.manifests(),
+        },
+    )
+}
+
+async fn healthz() -> Response {
+    json_response(StatusCode::OK, &serde_json::json!({ "status": "ok" }))
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    if !state.is_stopping() && backends_ready(&state).await {
+        json_response(StatusCode::OK, &serde_json::json!({ "status": "ready" }))
+    } else {
+        json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({ "status": "unavailable" }),
+        )
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let stopping = if state.is_stopping() { 1.0 } else { 0.0 };
+    let text = state.metrics().render(&[(
+        "mrt_stopping",
+        "1 while the process is shutting down.",
+        stopping,
+    )]);
+    let mut response = Response::new(Body::from(text));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
+fn wants_event_stream(headers: &HeaderMap) -> bool {
+    headers.get_all(header::ACCEPT).iter().any(|v| {
+        v.to_str()
+            .is_ok_and(|s| s.to_ascii_lowercase().contains("text/event-stream"))
+    })
+}
+
+async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
+    match axum::body::to_bytes(body, limit).await {
+        Ok(bytes) => Ok(bytes),
+        Err(e) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                Err(ApiError::BodyTooLarge)
+            } else {
+                Err(ApiError::InvalidRequest("Request body could not be read"))
+            }
+        }
+    }
+}
+
+async fn submit_execution(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match submit_execution_inner(&state, &headers, body).await {
+        Ok(response) => response,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn submit_execution_inner(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    if state.is_stopping() {
+        return Err(ApiError::Unavailable("Runtime is shutting down"));
+    }
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
+    if !json {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    let limit = state.inner.limits.max_body_bytes;
+    let too_long = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > limit as u64);
+    if too_long {
+        return Err(ApiError::BodyTooLarge);
+    }
+    let mut keys = headers.get_all("idempotency-key").iter();
+    let key = match (keys.next(), keys.next()) {
+        (None, _) => None,
+        (Some(v), None) if submit::valid_idempotency_key(v.as_bytes()) => {
+            Some(v.to_str().map_err(|_| {
+                ApiError::InvalidRequest("Idempotency-Key must contain 1 to 256 characters")
+            })?)
+        }
+        (Some(_), None) => {
+            return Err(ApiError::InvalidRequest(
+                "Idempotency-Key must contain 1 to 256 visible ASCII characters",
+            ));
+        }
+        (Some(_), Some(_)) => {
+            return Err(ApiError::InvalidRequest(
+                "Idempotency-Key must be sent once",
+            ));
+        }
+    };
+    let bytes = read_body(body, limit).await?;
+    let request = protocol::validate::parse_request(&bytes)
+        .map_err(|e| ApiError::InvalidRequest(request_error_message(e)))?;
+    let traceparent = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let submission = submit::submit(state, request, key, traceparent).await?;
+    if wants_event_stream(headers) {
+        return events_response(state, submission.execution_id, Sequence::ZERO).await;
+    }
+    let status = if submission.idempotent_replay {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok(json_response(status, &submission))
+}
+
+fn request_error_message(e: protocol::validate::RequestError) -> &'static str {
+    use protocol::validate::RequestError;
+    match e {
+        RequestError::InvalidJson => "Request body must be valid JSON",
+        RequestError::Schema => "Request does not match the execution schema",
+        RequestError::Unbounded => "Request must be bounded JSON data",
+    }
+}
+
+async fn get_execution(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Response {
+    let result = async {
+        let id = execution_id(path)?.ok_or(EXECUTION_NOT_FOUND)?;
+        let found = state
+            .backend()
+            .store
+            .state(id)
+            .await
+            .map_err(|e| ApiError::from_store(&e))?;
+        let m = found.ok_or(EXECUTION_NOT_FOUND)?;
+        Ok::<_, ApiError>(json_response(StatusCode::OK, &m.snapshot()))
+    };
+    result.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn get_result(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Response {
+    let result = async {
+        let id = execution_id(path)?.ok_or(EXECUTION_NOT_FOUND)?;
+        let found = state
+            .backend()
+            .store
+            .state(id)
+            .await
+            .map_err(|e| ApiError::from_store(&e))?;
+        let m = found.ok_or(EXECUTION_NOT_FOUND)?;
+        Ok::<_, ApiError>(match m.result_response() {
+            Ok(result) => json_response(StatusCode::OK, &result),
+            Err(not_ready) => json_response(StatusCode::CONFLICT, &not_ready),
+        })
+    };
+    result.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn cancel_execution(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Response {
+    let result = async {
+        let not_found = json_response(
+            StatusCode::NOT_FOUND,
+            &CancelResponse {
+                status: CancelStatus::NotFound,
+            },
+        );
+        let Some(id) = execution_id(path)? else {
+            return Ok(not_found);
+        };
+        if submit::cancel(&state, id).await? {
+            Ok(json_response(
+                StatusCode::ACCEPTED,
+                &CancelResponse {
+                    status: CancelStatus::CancellationRequested,
+                },
+            ))
+        } else {
+            Ok::<_, ApiError>(not_found)
+        }
+    };
+    result.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Parses a cursor as the reference does (JS `Number()`, then a safe non-negative integer):
+/// surrounding whitespace is ignored, an empty value is 0, `5.0` and `5e0` are 5.
+pub fn parse_cursor(raw: &str) -> Option<Sequence> {
+    let s = raw.trim_matches(|c: char| c.is_ascii_whitespace());
+    if s.is_empty() {
+        return Some(Sequence::ZERO);
+    }
+    if !s
+        .bytes()
+        .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-'))
+    {
+        return None; // rejects "inf", "NaN", hex and anything Rust parses but JS would not
+    }
+    let n: f64 = s.parse().ok()?;
+    (n.is_finite() && n >= 0.0 && n.fract() == 0.0 && n <= 9_007_199_254_740_991.0)
+        .then(|| Sequence(n as u64))
+}
+
+fn cursor(query: Option<&str>, headers: &HeaderMap) -> Result<Sequence, ApiError> {
+    const BAD: ApiError = ApiError::InvalidRequest("Event cursor must be a non-negative integer");
+    let after = query.and_then(|q| {
+        q.split('&').find_map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (k == "after").then_some(v)
+        })
+    });
+    if let Some(raw) = after {
+        let decoded = percent_decode(raw).ok_or(BAD)?;
+        return parse_cursor(&decoded).ok_or(BAD);
+    }
+    match headers.get("last-event-id") {
+        Some(v) => v.to_str().ok().and_then(parse_cursor).ok_or(BAD),
+        None => Ok(Sequence::ZERO),
+    }
+}
+
+/// Decodes `%XX` escapes and `+` in a query value.
+fn percent_decode(raw: &str) -> Option<String> {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes.get(i + 1..i + 3)?;
+                let s = std::str::from_utf8(hex).ok()?;
+                out.push(u8::from_str_radix(s, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+async fn get_events(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    let result = async {
+        let id = execution_id(path)?.ok_or(EXECUTION_NOT_FOUND)?;
+        // Existence is checked before the cursor [R 52].
+        let found = state
+            .backend()
+            .store
+            .state(id)
+            .await
+            .map_err(|e| ApiError::from_store(&e))?;
+        let m = found.ok_or(EXECUTION_NOT_FOUND)?;
+        let after = cursor(query.as_deref(), &headers)?;
+        if m.is_terminal() && after >= m.last_sequence() {
+            return Ok(empty_sse_response());
+        }
+        events_response(&state, id, after).await
+    };
+    result.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn events_response(
+    state: &AppState,
+    id: ExecutionId,
+    after: Sequence,
+) -> Result<Response, ApiError> {
+    let permit = std::sync::Arc::clone(&state.inner.streams)
+        .try_acquire_owned()
+        .map_err(|_| ApiError::QueueFull("Too many open event streams"))?;
+    let records = state
+        .backend()
+        .store
+        .subscribe(id, after)
+        .await
+        .map_err(|e| ApiError::from_store(&e))?
+        .ok_or(EXECUTION_NOT_FOUND)?;
+    Ok(sse_response(state, records, permit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_follow_js_number_semantics() {
+        assert_eq!(parse_cursor(""), Some(Sequence(0)));
+        assert_eq!(parse_cursor(" 7 "), Some(Sequence(7)));
+        assert_eq!(parse_cursor("5.0"), Some(Sequence(5)));
+        assert_eq!(parse_cursor("1e2"), Some(Sequence(100)));
+        assert_eq!(
+            parse_cursor("9007199254740991"),
+            Some(Sequence(9_007_199_254_740_991))
+        );
+        for bad in [
+            "-1",
+            "1.5",
+            "abc",
+            "inf",
+            "NaN",
+            "Infinity",
+            "9007199254740992",
+            "0x10",
+        ] {
+            assert_eq!(parse_cursor(bad), None, "{bad}");
+        }
+    }
+}

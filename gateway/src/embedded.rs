@@ -1,0 +1,124 @@
+//! Embedded mode: every backend in memory and the worker pool in this process, so one command
+//! runs the whole system with no services.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use runtime::JobQueue;
+use runtime::memory::{
+    MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
+};
+use worker::config::DeploymentConfig;
+use worker::runner::{Runner, RunnerSettings};
+use worker::{PoolConfig, ProviderRegistry, WorkerPool};
+
+use crate::state::{ApiLimits, AppState, Backend};
+use crate::submit;
+
+/// A running embedded runtime.
+pub struct Embedded {
+    pub state: AppState,
+    pool: WorkerPool,
+    queue: Arc<MemoryJobQueue>,
+    store: Arc<MemoryEventStore>,
+}
+
+impl std::fmt::Debug for Embedded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Embedded").finish_non_exhaustive()
+    }
+}
+
+/// API limits from the deployment file.
+pub fn api_limits(config: &DeploymentConfig) -> ApiLimits {
+    ApiLimits {
+        max_body_bytes: config.limits.max_body_bytes,
+        max_deadline_ms: config.limits.max_deadline_ms,
+        default_deadline_ms: config.limits.default_deadline_ms,
+        max_sse_streams: config.limits.max_sse_streams,
+        ..ApiLimits::default()
+    }
+}
+
+impl Embedded {
+    /// Builds the memory backends and starts `workers` runner slots.
+    pub fn start(
+        config: &DeploymentConfig,
+        registry: Arc<ProviderRegistry>,
+        workers: usize,
+    ) -> Self {
+        let limits = MemoryLimits {
+            max_executions: config.event_store.max_executions,
+            max_active: config.max_active_executions,
+            max_total_bytes: config.event_store.max_bytes,
+            max_execution_bytes: config.event_store.max_execution_bytes,
+            max_events: config.event_store.max_events,
+            retention: config.retention,
+        };
+        let store = Arc::new(MemoryEventStore::new(limits));
+        let queue = Arc::new(MemoryJobQueue::new());
+        let cancel = Arc::new(MemoryCancelBus::new());
+        let backend = Backend {
+            store: store.clone(),
+            queue: queue.clone(),
+            idempotency: Arc::new(MemoryIdempotencyStore::new(config.retention)),
+            cancel: cancel.clone(),
+            heal_missing: false,
+        };
+        let runner = Arc::new(Runner::new(
+            Arc::clone(&registry),
+            store.clone(),
+            cancel,
+            RunnerSettings::default(),
+        ));
+        let pool = WorkerPool::spawn(
+            queue.clone(),
+            runner,
+            PoolConfig {
+                concurrency: workers,
+                ..PoolConfig::default()
+            },
+        );
+        let state = AppState::new(backend, registry, api_limits(config));
+        Self {
+            state,
+            pool,
+            queue,
+            store,
+        }
+    }
+
+    /// Executions retained in memory now.
+    pub fn retained(&self) -> usize {
+        self.store.retained()
+    }
+
+    /// Graceful stop: refuse new submits, let running executions finish within `grace` (then
+    /// cancel them), cancel executions that never started, and end open event streams once
+    /// their terminal events are out. Returns whether everything finished within the grace.
+    pub async fn shutdown(self, grace: Duration) -> bool {
+        self.state.begin_shutdown();
+        let in_time = self.pool.shutdown(grace).await;
+        self.queue.close();
+        for job in self.queue.take_pending() {
+            if let Err(e) = submit::cancel(&self.state, job.execution_id).await {
+                tracing::warn!(execution_id = %job.execution_id, error = ?e, "could not cancel a queued execution at shutdown");
+            }
+        }
+        // Let streams deliver the terminal events just written, then end the rest.
+        let drained = async {
+            while self
+                .state
+                .metrics()
+                .sse_streams_active
+                .load(std::sync::atomic::Ordering::Relaxed)
+                > 0
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), drained).await;
+        self.state.close_streams();
+        in_time
+    }
+}

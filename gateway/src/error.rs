@@ -1,0 +1,122 @@
+//! The one place where errors become HTTP responses.
+//!
+//! Every public message is a fixed sentence chosen here; internals (store errors, backend
+//! messages) go to logs only. Status codes are contract.md section 2's, deliberately finer than
+//! the reference's "400 or 500".
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use protocol::error::ErrorResponse;
+use protocol::{ErrorCode, RuntimeError};
+use runtime::StoreError;
+
+use crate::response::json_response;
+
+/// An API failure.
+#[derive(Debug, Clone)]
+pub enum ApiError {
+    /// 400 `invalid_request` with a fixed message.
+    InvalidRequest(&'static str),
+    /// 413 `invalid_request`.
+    BodyTooLarge,
+    /// 415 `invalid_request`.
+    UnsupportedMediaType,
+    /// 422 `idempotency_conflict`.
+    IdempotencyConflict,
+    /// 422 `capability_unavailable`.
+    CapabilityUnavailable,
+    /// 404 `not_found` with a fixed message.
+    NotFound(&'static str),
+    /// 429 `queue_full` with a fixed message and `Retry-After`.
+    QueueFull(&'static str),
+    /// 503 `unavailable` with a fixed message and `Retry-After`.
+    Unavailable(&'static str),
+    /// 500 `internal_error`; the detail is logged, never sent.
+    Internal(String),
+}
+
+impl ApiError {
+    /// Maps a store error on a synchronous path. Logs the internal detail.
+    pub fn from_store(e: &StoreError) -> Self {
+        match e {
+            StoreError::NotFound => ApiError::NotFound("Execution not found"),
+            StoreError::AdmissionFull => ApiError::QueueFull("Runtime execution capacity is full"),
+            StoreError::CapacityExhausted => ApiError::QueueFull("Event store capacity exhausted"),
+            StoreError::ExecutionLimit => {
+                ApiError::QueueFull("Execution event log limit was reached")
+            }
+            StoreError::Unavailable(detail) => {
+                tracing::warn!(error = %detail, "backend unavailable");
+                ApiError::Unavailable("A runtime backend is unavailable")
+            }
+            StoreError::Closed => ApiError::Unavailable("Runtime is shutting down"),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+
+    fn parts(&self) -> (StatusCode, ErrorCode, &'static str) {
+        match self {
+            ApiError::InvalidRequest(m) => (StatusCode::BAD_REQUEST, ErrorCode::InvalidRequest, m),
+            ApiError::BodyTooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::InvalidRequest,
+                "Request body exceeds the size limit",
+            ),
+            ApiError::UnsupportedMediaType => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                ErrorCode::InvalidRequest,
+                "Content-Type must be application/json",
+            ),
+            ApiError::IdempotencyConflict => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                ErrorCode::IdempotencyConflict,
+                "Idempotency key was already used with a different request",
+            ),
+            ApiError::CapabilityUnavailable => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                ErrorCode::CapabilityUnavailable,
+                "No provider satisfies the requested ability and capabilities",
+            ),
+            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, ErrorCode::NotFound, m),
+            ApiError::QueueFull(m) => (StatusCode::TOO_MANY_REQUESTS, ErrorCode::QueueFull, m),
+            ApiError::Unavailable(m) => {
+                (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, m)
+            }
+            ApiError::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorCode::InternalError,
+                "Runtime request could not be completed",
+            ),
+        }
+    }
+
+    /// The portable error object.
+    pub fn to_runtime_error(&self) -> RuntimeError {
+        let (_, code, message) = self.parts();
+        let retryable = matches!(code, ErrorCode::QueueFull | ErrorCode::Unavailable);
+        RuntimeError::new(code, message, retryable)
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.parts().0
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let ApiError::Internal(detail) = &self {
+            tracing::error!(error = %detail, "internal error");
+        }
+        let status = self.status();
+        let body = ErrorResponse {
+            error: self.to_runtime_error(),
+        };
+        let mut response = json_response(status, &body);
+        if matches!(self, ApiError::QueueFull(_) | ApiError::Unavailable(_)) {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}

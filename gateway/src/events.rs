@@ -1,0 +1,144 @@
+//! SSE projection of an execution's log [R 49-55, contract section 4].
+//!
+//! The body is pulled by hyper only as fast as the socket drains, and the store subscription is
+//! pulled only when the body is, so a client that stops reading holds at most one batch of
+//! frames in memory and slows only its own stream. Ready events are coalesced into one chunk (up
+//! to [`BATCH_BYTES`]) to save syscalls under load. An error after the headers ends the body
+//! with an error, which aborts the connection: the client sees a truncation (never a partial
+//! frame or a JSON error) and resumes from its last sequence. Closing the connection drops the
+//! subscription and never touches the execution.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+use bytes::Bytes;
+use futures_util::{FutureExt, StreamExt};
+use runtime::EventStream;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+
+use crate::state::AppState;
+
+/// Most bytes of frames coalesced into one body chunk.
+pub const BATCH_BYTES: usize = 64 * 1024;
+
+const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
+
+/// Failure after the headers were sent; aborts the connection.
+#[derive(Debug, thiserror::Error)]
+#[error("event stream failed")]
+pub struct StreamAborted;
+
+struct Projection {
+    /// Fused: batching peeks with `now_or_never`, which may observe the end of the stream.
+    records: futures_util::stream::Fuse<EventStream>,
+    keep_alive: Duration,
+    close: CancellationToken,
+    state: AppState,
+    _permit: OwnedSemaphorePermit,
+    done: bool,
+}
+
+impl Drop for Projection {
+    fn drop(&mut self) {
+        self.state
+            .metrics()
+            .sse_streams_active
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A `200 text/event-stream` response streaming `records`.
+pub fn sse_response(
+    state: &AppState,
+    records: EventStream,
+    permit: OwnedSemaphorePermit,
+) -> Response {
+    let metrics = state.metrics();
+    metrics.sse_streams_opened.fetch_add(1, Ordering::Relaxed);
+    metrics.sse_streams_active.fetch_add(1, Ordering::Relaxed);
+    let projection = Projection {
+        records: records.fuse(),
+        keep_alive: state.inner.limits.keep_alive,
+        close: state.inner.close_streams.clone(),
+        state: state.clone(),
+        _permit: permit,
+        done: false,
+    };
+    let body = futures_util::stream::unfold(projection, |mut p| async move {
+        if p.done {
+            return None;
+        }
+        let chunk = next_chunk(&mut p).await?;
+        if chunk.is_err() {
+            p.done = true;
+        }
+        Some((chunk, p))
+    });
+    let mut response = Response::new(Body::from_stream(body));
+    *response.status_mut() = StatusCode::OK;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    headers.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
+
+/// An empty, immediately closed event stream (cursor at or past the terminal event).
+pub fn empty_sse_response() -> Response {
+    let mut response = Response::new(Body::empty());
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    headers.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+    response
+}
+
+async fn next_chunk(p: &mut Projection) -> Option<Result<Bytes, StreamAborted>> {
+    let first = tokio::select! {
+        biased;
+        () = p.close.cancelled() => return None,
+        item = p.records.next() => item?,
+        () = tokio::time::sleep(p.keep_alive) => return Some(Ok(Bytes::from_static(KEEP_ALIVE))),
+    };
+    let mut out = String::new();
+    let mut sent = 0u64;
+    let mut item = Some(first);
+    while let Some(next) = item.take() {
+        let record = match next {
+            Ok(record) => record,
+            Err(e) => {
+                tracing::warn!(error = %e, "event stream failed after headers");
+                return Some(Err(StreamAborted));
+            }
+        };
+        let Ok(json) = std::str::from_utf8(&record.json) else {
+            return Some(Err(StreamAborted));
+        };
+        protocol::sse::write_event_frame(
+            &mut out,
+            record.sequence().get(),
+            record.event.type_name(),
+            json,
+        );
+        sent += 1;
+        if out.len() >= BATCH_BYTES {
+            break;
+        }
+        // Coalesce events that are already available, without waiting.
+        item = p.records.next().now_or_never().flatten();
+    }
+    p.state
+        .metrics()
+        .sse_events_sent
+        .fetch_add(sent, Ordering::Relaxed);
+    Some(Ok(Bytes::from(out)))
+}

@@ -1,0 +1,129 @@
+//! Process entry points: `run` parses settings, builds the runtime and serves until a signal.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use tokio::net::TcpListener;
+use worker::config::DeploymentConfig;
+use worker::settings::{BackendKind, CommonArgs};
+
+use crate::api::router;
+use crate::embedded::Embedded;
+
+/// `gateway` command line.
+#[derive(Debug, Parser)]
+#[command(name = "gateway", version, about = "HTTP+SSE API of the model runtime")]
+pub struct GatewayArgs {
+    /// Listen address.
+    #[arg(long, env = "MODEL_RUNTIME_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Listen port; 0 picks a free port (printed on stdout).
+    #[arg(long, env = "MODEL_RUNTIME_PORT", default_value_t = 4320)]
+    pub port: u16,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// Prints one sanitized startup error line and returns the failure exit code.
+fn startup_error(message: &str) -> ExitCode {
+    eprintln!("gateway: {message}");
+    ExitCode::from(1)
+}
+
+/// The `gateway` binary.
+pub async fn run(args: GatewayArgs) -> ExitCode {
+    args.common.init_tracing();
+    let deployment = match &args.common.config {
+        Some(path) => match worker::config::load(path) {
+            Ok(c) => c,
+            Err(e) => return startup_error(&e.to_string()),
+        },
+        None => DeploymentConfig::default(),
+    };
+    let registry = match worker::deployment::build_registry(&deployment) {
+        Ok(r) => Arc::new(r),
+        Err(e) => return startup_error(&e.to_string()),
+    };
+    let embedded = match args.common.backend {
+        BackendKind::Memory => Embedded::start(&deployment, registry, args.common.workers()),
+        BackendKind::Nats => return startup_error("backend nats is not available in this build"),
+    };
+    let addr = format!("{}:{}", args.host, args.port);
+    let listener = match TcpListener::bind(&addr).await {
+        Ok(l) => l,
+        Err(e) => return startup_error(&format!("cannot listen on {addr}: {}", e.kind())),
+    };
+    let local: SocketAddr = match listener.local_addr() {
+        Ok(a) => a,
+        Err(e) => return startup_error(&format!("cannot read the listen address: {}", e.kind())),
+    };
+    println!("listening on http://{local}");
+    tracing::info!(%local, backend = ?args.common.backend, "gateway started");
+    serve(
+        listener,
+        embedded,
+        shutdown_signal(),
+        args.common.shutdown_grace(),
+    )
+    .await;
+    ExitCode::SUCCESS
+}
+
+/// Serves until `signal` resolves, then shuts down gracefully.
+pub async fn serve(
+    listener: TcpListener,
+    embedded: Embedded,
+    signal: impl std::future::Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) {
+    let app = router(embedded.state.clone());
+    let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        let result = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopped_rx.await;
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "server error");
+        }
+    });
+    signal.await;
+    tracing::info!("shutting down");
+    let in_time = embedded.shutdown(grace).await;
+    if !in_time {
+        tracing::warn!("grace period expired; remaining executions were cancelled");
+    }
+    let _ = stopped_tx.send(());
+    if tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after shutdown; closing");
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

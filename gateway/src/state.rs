@@ -1,0 +1,122 @@
+//! Shared state of the HTTP layer: backends, providers, limits, lifecycle and metrics.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use runtime::{CancelBus, EventStore, IdempotencyStore, JobQueue};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use worker::ProviderRegistry;
+
+use crate::metrics::Metrics;
+
+/// The storage and messaging implementations behind the API.
+#[derive(Clone)]
+pub struct Backend {
+    pub store: Arc<dyn EventStore>,
+    pub queue: Arc<dyn JobQueue>,
+    pub idempotency: Arc<dyn IdempotencyStore>,
+    pub cancel: Arc<dyn CancelBus>,
+    /// Whether an idempotency record without a log is a crash window to heal (distributed
+    /// mode: the key is written before the log) rather than an evicted execution (memory).
+    pub heal_missing: bool,
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backend")
+            .field("heal_missing", &self.heal_missing)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Request limits of the HTTP layer.
+#[derive(Debug, Clone)]
+pub struct ApiLimits {
+    pub max_body_bytes: usize,
+    pub max_deadline_ms: u64,
+    pub default_deadline_ms: u64,
+    pub max_sse_streams: usize,
+    /// Comment line interval on idle SSE streams.
+    pub keep_alive: Duration,
+    /// How long an idempotent replay waits for a concurrent first submission to create its log.
+    pub replay_wait: Duration,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 1024 * 1024,
+            max_deadline_ms: 86_400_000,
+            default_deadline_ms: 600_000,
+            max_sse_streams: 10_000,
+            keep_alive: Duration::from_secs(15),
+            replay_wait: Duration::from_secs(2),
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub backend: Backend,
+    pub registry: Arc<ProviderRegistry>,
+    pub limits: ApiLimits,
+    pub metrics: Metrics,
+    pub streams: Arc<Semaphore>,
+    pub stopping: AtomicBool,
+    /// Ends every open SSE stream (cleanly, at a frame boundary) at shutdown.
+    pub close_streams: CancellationToken,
+}
+
+/// Cheaply cloneable handle given to every handler.
+#[derive(Clone)]
+pub struct AppState {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("limits", &self.inner.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AppState {
+    pub fn new(backend: Backend, registry: Arc<ProviderRegistry>, limits: ApiLimits) -> Self {
+        let streams = Arc::new(Semaphore::new(limits.max_sse_streams.max(1)));
+        Self {
+            inner: Arc::new(Inner {
+                backend,
+                registry,
+                limits,
+                metrics: Metrics::default(),
+                streams,
+                stopping: AtomicBool::new(false),
+                close_streams: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// New submits get 503 and `/v1/runtime` reports `stopping` from now on.
+    pub fn begin_shutdown(&self) {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.inner.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Ends open SSE streams at the next frame boundary.
+    pub fn close_streams(&self) {
+        self.inner.close_streams.cancel();
+    }
+
+    pub fn backend(&self) -> &Backend {
+        &self.inner.backend
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+}

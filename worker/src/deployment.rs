@@ -1,0 +1,43 @@
+//! Builds the provider registry from the deployment file.
+
+use std::sync::Arc;
+
+use protocol::manifest::ProviderLimits;
+
+use crate::config::{DeploymentConfig, ProviderConfig};
+use crate::provider::mock::{MockOptions, MockProvider};
+use crate::registry::{ProviderRegistry, RegistryError};
+
+/// The deployment names something this build cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    #[error("provider type {0} is not available in this build")]
+    UnsupportedType(&'static str),
+    #[error("{0}")]
+    Registry(#[from] RegistryError),
+}
+
+/// Registers every configured provider, in file order.
+pub fn build_registry(config: &DeploymentConfig) -> Result<ProviderRegistry, BuildError> {
+    let mut registry = ProviderRegistry::new();
+    for provider in &config.providers {
+        let flow = provider.flow();
+        let adapter: Arc<dyn crate::provider::Provider> = match provider {
+            ProviderConfig::Mock(m) => Arc::new(MockProvider::new(MockOptions {
+                id: m.id.clone(),
+                model: m.model.clone(),
+                abilities: m.abilities.clone(),
+                chunks: m.chunks.clone(),
+                delay: m.delay,
+                fail_retryably: m.fail_retryably,
+                limits: ProviderLimits {
+                    max_concurrency: flow.max_concurrency,
+                    max_queue_depth: flow.max_queue_depth,
+                },
+            })),
+            other => return Err(BuildError::UnsupportedType(other.type_name())),
+        };
+        registry.register(adapter, flow.max_concurrency, flow.max_queue_depth)?;
+    }
+    Ok(registry)
+}

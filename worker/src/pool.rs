@@ -1,0 +1,158 @@
+//! The job loop: `concurrency` slots, each pulling one job at a time from the queue only when
+//! it is free (no worker buffers jobs it cannot start), heartbeating the delivery while the
+//! execution runs, and acknowledging it once the log is terminal.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use runtime::{Delivery, JobQueue};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::runner::{RunOutcome, Runner};
+
+/// Pool settings.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Executions run at once by this process.
+    pub concurrency: usize,
+    /// How often a running delivery's lease is extended.
+    pub heartbeat: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Self {
+            concurrency: 2 * cores,
+            heartbeat: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A running pool. Dropping it does not stop it; call [`WorkerPool::shutdown`].
+pub struct WorkerPool {
+    runner: Arc<Runner>,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+    main: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for WorkerPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerPool").finish_non_exhaustive()
+    }
+}
+
+impl WorkerPool {
+    /// Starts pulling jobs.
+    pub fn spawn(queue: Arc<dyn JobQueue>, runner: Arc<Runner>, config: PoolConfig) -> Self {
+        let stop = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let main = tokio::spawn(receive_loop(
+            queue,
+            Arc::clone(&runner),
+            config,
+            stop.clone(),
+            tracker.clone(),
+        ));
+        Self {
+            runner,
+            stop,
+            tracker,
+            main,
+        }
+    }
+
+    /// Executions running now.
+    pub fn running(&self) -> usize {
+        self.tracker.len()
+    }
+
+    /// Stops taking jobs, lets running executions finish for `grace`, then cancels the rest
+    /// (each gets a `cancelled` terminal event). Returns whether everything finished in time.
+    pub async fn shutdown(self, grace: Duration) -> bool {
+        self.stop.cancel();
+        let _ = self.main.await;
+        self.tracker.close();
+        if tokio::time::timeout(grace, self.tracker.wait())
+            .await
+            .is_ok()
+        {
+            return true;
+        }
+        self.runner.abort_all();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.tracker.wait()).await;
+        false
+    }
+}
+
+async fn receive_loop(
+    queue: Arc<dyn JobQueue>,
+    runner: Arc<Runner>,
+    config: PoolConfig,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let permit = tokio::select! {
+            permit = Arc::clone(&slots).acquire_owned() => match permit { Ok(p) => p, Err(_) => return },
+            () = stop.cancelled() => return,
+        };
+        let delivery = tokio::select! {
+            d = queue.receive() => d,
+            () = stop.cancelled() => return,
+        };
+        let delivery = match delivery {
+            Ok(Some(d)) => d,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "job queue receive failed; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = stop.cancelled() => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(100);
+        let runner = Arc::clone(&runner);
+        let heartbeat = config.heartbeat;
+        tracker.spawn(async move {
+            run_delivery(&runner, delivery, heartbeat).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn run_delivery(runner: &Runner, delivery: Delivery, heartbeat: Duration) {
+    let Delivery {
+        job,
+        delivered,
+        handle,
+    } = delivery;
+    let run = runner.run(&job, delivered);
+    tokio::pin!(run);
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut run => break outcome,
+            () = tokio::time::sleep(heartbeat) => {
+                if let Err(e) = handle.in_progress().await {
+                    tracing::warn!(execution_id = %job.execution_id, error = %e, "heartbeat failed");
+                }
+            }
+        }
+    };
+    match outcome {
+        RunOutcome::Finished | RunOutcome::Dropped => {
+            if let Err(e) = handle.ack().await {
+                tracing::warn!(execution_id = %job.execution_id, error = %e, "ack failed; the job may be redelivered");
+            }
+        }
+        RunOutcome::Abandoned => {}
+    }
+}

@@ -1,0 +1,89 @@
+//! The provider adapter contract and the adapters.
+//!
+//! An adapter translates one attempt: it turns the request into the provider's wire format,
+//! reads what the provider sends, and reports it through a [`ProviderSink`] as
+//! [`ProviderEvent`]s. It never assigns sequences, timestamps or execution ids, never decides
+//! about fallback, and never touches the event store: the runner does all of that.
+
+pub mod mock;
+
+use async_trait::async_trait;
+use protocol::event::{OutputArtifact, ProgressPhase};
+use protocol::manifest::ProviderManifest;
+use protocol::{ExecutionRequest, RuntimeError, UsageFact};
+use tokio_util::sync::CancellationToken;
+
+/// What an adapter reports during an attempt. The runner wraps each in a runtime event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProviderEvent {
+    OutputDelta {
+        output_index: u32,
+        delta: String,
+    },
+    ToolCallStarted {
+        call_id: String,
+        name: String,
+    },
+    ToolCallArgumentsDelta {
+        call_id: String,
+        delta: String,
+    },
+    Progress {
+        phase: ProgressPhase,
+        progress: Option<f64>,
+    },
+    OutputResult {
+        result: serde_json::Value,
+        artifacts: Option<Vec<OutputArtifact>>,
+    },
+    Usage(Vec<UsageFact>),
+}
+
+/// Where an adapter reports events. `emit` fails once the attempt must stop (cancelled,
+/// deadline, fenced by another writer, store failure); the adapter then returns that error.
+#[async_trait]
+pub trait ProviderSink: Send {
+    async fn emit(&mut self, event: ProviderEvent) -> Result<(), RuntimeError>;
+}
+
+/// One attempt's inputs.
+#[derive(Debug, Clone)]
+pub struct ProviderCall<'a> {
+    pub request: &'a ExecutionRequest,
+    /// The configured model this attempt targets.
+    pub model: &'a str,
+    /// Cancelled when the execution is cancelled or its deadline passes. Adapters that hold
+    /// remote state (fal) run their bounded cleanup when it fires; the runner drops the attempt
+    /// after a short grace period regardless.
+    pub cancel: CancellationToken,
+}
+
+/// A configured provider.
+///
+/// Contract:
+/// - `manifest()` describes exactly what the deployment declared for its models (never
+///   inferred from the adapter name); `manifest().provider == id()`.
+/// - `execute` returns `Ok(())` only when the provider completed the attempt; a stream that ends
+///   without the provider's completion signal is `provider_protocol_error`.
+/// - Errors are classified where they are created: `retryable` is true only when nothing the
+///   provider may have accepted would be repeated by a new attempt.
+/// - Credentials are read at execution time from the deployment's environment and never appear
+///   in events or errors.
+#[async_trait]
+pub trait Provider: Send + Sync + 'static {
+    fn id(&self) -> &str;
+    fn manifest(&self) -> &ProviderManifest;
+
+    /// Adapter policy beyond the manifest, checked at routing and at submit: for example text
+    /// adapters refuse `extensions.<provider>.request` that would enable tools the deployment
+    /// disabled [R 68]. Must not read credentials or do I/O.
+    fn admits(&self, _request: &ExecutionRequest) -> bool {
+        true
+    }
+
+    async fn execute(
+        &self,
+        call: ProviderCall<'_>,
+        sink: &mut dyn ProviderSink,
+    ) -> Result<(), RuntimeError>;
+}

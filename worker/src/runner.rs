@@ -1,0 +1,400 @@
+//! One execution from job to terminal event.
+//!
+//! The runner claims the log, routes to candidates in order, runs attempts through each
+//! provider's gate, and appends exactly one terminal event. Decisions made here and nowhere
+//! else:
+//! - routing [R 25-34]: attempts = 1 without fallback, else `min(max_attempts, candidates)`;
+//!   fallback only after a retryable error, never once output was exposed, and not when the
+//!   retry budget (measured from routing start) is spent;
+//! - the deadline is one timer over the whole execution from acceptance, queueing included;
+//!   exhaustion is terminal `deadline_exceeded`, never retried [R 40];
+//! - cancellation [R 41] and worker loss (architecture invariant 4): a redelivered job whose log
+//!   shows a started attempt fails with `internal_error` "remote outcome is unknown" instead of
+//!   calling the provider again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use protocol::event::EventBody;
+use protocol::{ErrorCode, RuntimeError, Target, Timestamp};
+use runtime::{CancelBus, EventStore, Job};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::provider::{ProviderCall, ProviderEvent, ProviderSink};
+use crate::registry::ProviderRegistry;
+use crate::writer::{EventWriter, WriteError};
+
+/// What the job loop should do with the delivery afterwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// The log is terminal: acknowledge.
+    Finished,
+    /// Nothing to do (already terminal, a duplicate of a live attempt, or gone): acknowledge.
+    Dropped,
+    /// The store could not take the terminal event: do not acknowledge, so the job is
+    /// redelivered and the next holder closes the log.
+    Abandoned,
+}
+
+/// Runner settings.
+#[derive(Debug, Clone)]
+pub struct RunnerSettings {
+    /// How long an interrupted attempt may run its adapter cleanup (fal's cancel PUT has its own
+    /// 5 s bound) before it is dropped.
+    pub cleanup_grace: Duration,
+}
+
+impl Default for RunnerSettings {
+    fn default() -> Self {
+        Self {
+            cleanup_grace: Duration::from_secs(6),
+        }
+    }
+}
+
+/// See the module docs.
+pub struct Runner {
+    registry: Arc<ProviderRegistry>,
+    store: Arc<dyn EventStore>,
+    cancel_bus: Arc<dyn CancelBus>,
+    settings: RunnerSettings,
+    /// Cancels every running execution (shutdown after the grace period).
+    abort_all: CancellationToken,
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why routing stopped without success.
+enum Stop {
+    /// The execution fails with this error.
+    Failed(RuntimeError),
+    /// Writing failed; the runner decides what that means.
+    Write(WriteError),
+}
+
+impl From<WriteError> for Stop {
+    fn from(e: WriteError) -> Self {
+        Stop::Write(e)
+    }
+}
+
+/// "Execution was interrupted; remote outcome is unknown".
+pub fn interrupted_error() -> RuntimeError {
+    RuntimeError::new(
+        ErrorCode::InternalError,
+        "Execution was interrupted by a worker failure; remote outcome is unknown",
+        false,
+    )
+}
+
+fn limit_error() -> RuntimeError {
+    RuntimeError::new(
+        ErrorCode::QueueFull,
+        "Execution event log limit was reached",
+        false,
+    )
+}
+
+struct Guard<'a> {
+    bus: &'a dyn CancelBus,
+    id: protocol::ExecutionId,
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        self.bus.unwatch(self.id);
+    }
+}
+
+impl Runner {
+    pub fn new(
+        registry: Arc<ProviderRegistry>,
+        store: Arc<dyn EventStore>,
+        cancel_bus: Arc<dyn CancelBus>,
+        settings: RunnerSettings,
+    ) -> Self {
+        Self {
+            registry,
+            store,
+            cancel_bus,
+            settings,
+            abort_all: CancellationToken::new(),
+        }
+    }
+
+    /// Cancels every running execution (used when the shutdown grace period expires).
+    pub fn abort_all(&self) {
+        self.abort_all.cancel();
+    }
+
+    /// Runs one delivery of `job`. `delivered` is 1 on first delivery.
+    pub async fn run(&self, job: &Job, delivered: u32) -> RunOutcome {
+        let id = job.execution_id;
+        let cancel = self.cancel_bus.watch(id);
+        let _guard = Guard {
+            bus: &*self.cancel_bus,
+            id,
+        };
+        let state = match self.store.state(id).await {
+            Ok(Some(state)) => state,
+            Ok(None) => return RunOutcome::Dropped,
+            Err(e) => {
+                tracing::warn!(execution_id = %id, error = %e, "cannot read execution state");
+                return RunOutcome::Abandoned;
+            }
+        };
+        if state.is_terminal() {
+            return RunOutcome::Dropped;
+        }
+        let last_time = state.snapshot().updated_at;
+        let mut writer = EventWriter::resume(
+            Arc::clone(&self.store),
+            id,
+            state.last_sequence(),
+            last_time,
+        );
+        if state.last_sequence().get() > 1 {
+            if delivered <= 1 {
+                // A duplicate job while another attempt owns the log.
+                return RunOutcome::Dropped;
+            }
+            // The previous holder died mid-execution: the provider may have accepted the call.
+            return self
+                .finish(
+                    &mut writer,
+                    EventBody::Failed {
+                        error: interrupted_error(),
+                    },
+                )
+                .await;
+        }
+        let deadline_in = Duration::from_millis(
+            u64::try_from(job.deadline_at.unix_millis() - Timestamp::now().unix_millis())
+                .unwrap_or(0),
+        );
+        if deadline_in.is_zero() {
+            return self
+                .finish(
+                    &mut writer,
+                    EventBody::Failed {
+                        error: RuntimeError::deadline_exceeded(),
+                    },
+                )
+                .await;
+        }
+        if cancel.is_cancelled() || self.abort_all.is_cancelled() {
+            return self
+                .finish(
+                    &mut writer,
+                    EventBody::Failed {
+                        error: RuntimeError::cancelled(),
+                    },
+                )
+                .await;
+        }
+        let deadline = Instant::now() + deadline_in;
+        let attempt_cancel = CancellationToken::new();
+        let ending = {
+            let route = self.route(&mut writer, job, attempt_cancel.clone());
+            tokio::pin!(route);
+            let ending = tokio::select! {
+                result = &mut route => Ending::Routed(result),
+                () = cancel.cancelled() => Ending::Interrupted(RuntimeError::cancelled()),
+                () = self.abort_all.cancelled() => Ending::Interrupted(RuntimeError::cancelled()),
+                () = tokio::time::sleep_until(deadline) => Ending::Interrupted(RuntimeError::deadline_exceeded()),
+            };
+            if matches!(ending, Ending::Interrupted(_)) {
+                attempt_cancel.cancel();
+                // Let the adapter run its bounded cleanup, then drop the attempt.
+                let _ = tokio::time::timeout(self.settings.cleanup_grace, &mut route).await;
+            }
+            ending
+        };
+        let terminal = match ending {
+            Ending::Routed(Ok(target)) => EventBody::Completed { target },
+            Ending::Routed(Err(Stop::Failed(error))) | Ending::Interrupted(error) => {
+                EventBody::Failed { error }
+            }
+            Ending::Routed(Err(Stop::Write(WriteError::Limit))) => EventBody::Failed {
+                error: limit_error(),
+            },
+            Ending::Routed(Err(Stop::Write(WriteError::Fenced))) => return RunOutcome::Dropped,
+            Ending::Routed(Err(Stop::Write(WriteError::Store(e)))) => {
+                tracing::error!(execution_id = %id, error = %e, "event storage failed");
+                EventBody::Failed {
+                    error: RuntimeError::new(
+                        ErrorCode::InternalError,
+                        "Execution event storage failed",
+                        false,
+                    ),
+                }
+            }
+        };
+        self.finish(&mut writer, terminal).await
+    }
+
+    /// Appends the terminal event.
+    async fn finish(&self, writer: &mut EventWriter, terminal: EventBody) -> RunOutcome {
+        match writer.append(terminal).await {
+            Ok(()) => RunOutcome::Finished,
+            Err(WriteError::Fenced) => RunOutcome::Dropped,
+            Err(e) => {
+                tracing::error!(execution_id = %writer.execution_id(), error = %e, "cannot append terminal event");
+                RunOutcome::Abandoned
+            }
+        }
+    }
+
+    /// Routing and attempts; returns the completed target or why the execution stops.
+    async fn route(
+        &self,
+        writer: &mut EventWriter,
+        job: &Job,
+        cancel: CancellationToken,
+    ) -> Result<Target, Stop> {
+        let request = &job.request;
+        let candidates = self.registry.candidates(request);
+        if candidates.is_empty() {
+            return Err(Stop::Failed(RuntimeError::capability_unavailable()));
+        }
+        let routing = request.routing.clone().unwrap_or_default();
+        let max_attempts = if routing.allow_fallback == Some(true) {
+            routing
+                .max_attempts
+                .map_or(candidates.len(), |m| m as usize)
+                .min(candidates.len())
+        } else {
+            1
+        };
+        let started = Instant::now();
+        let budget = routing.retry_budget_ms.map(Duration::from_millis);
+        let budget_spent = || budget.is_some_and(|b| started.elapsed() >= b);
+        let mut last_error: Option<RuntimeError> = None;
+        for (index, candidate) in candidates.iter().take(max_attempts).enumerate() {
+            let attempt = u32::try_from(index + 1).unwrap_or(u32::MAX);
+            if budget_spent() {
+                break;
+            }
+            let target = candidate.target();
+            writer
+                .append(EventBody::RouteSelected {
+                    target: target.clone(),
+                    attempt,
+                })
+                .await?;
+            let mut sink = AttemptSink {
+                writer: &mut *writer,
+                cancel: cancel.clone(),
+                write_error: None,
+            };
+            // The gate is taken after route.selected: a queued attempt is already routing [R 35].
+            let result = match candidate.entry.gate.acquire().await {
+                Ok(_permit) => {
+                    let call = ProviderCall {
+                        request,
+                        model: &candidate.model,
+                        cancel: cancel.clone(),
+                    };
+                    candidate.entry.provider.execute(call, &mut sink).await
+                }
+                Err(e) => Err(e),
+            };
+            if let Some(e) = sink.write_error.take() {
+                return Err(Stop::Write(e));
+            }
+            let error = match result {
+                Ok(()) => return Ok(target),
+                Err(e) => e,
+            };
+            if writer.output_exposed() {
+                // No fallback once output is exposed [R 31].
+                return Err(Stop::Failed(error.not_retryable()));
+            }
+            if !error.retryable || index + 1 == max_attempts || budget_spent() {
+                return Err(Stop::Failed(error));
+            }
+            writer
+                .append(EventBody::RouteAttemptFailed {
+                    target,
+                    attempt,
+                    error: error.clone(),
+                })
+                .await?;
+            last_error = Some(error);
+        }
+        Err(Stop::Failed(last_error.unwrap_or_else(|| {
+            RuntimeError::new(ErrorCode::ProviderUnavailable, "Execution failed", true)
+        })))
+    }
+}
+
+enum Ending {
+    Routed(Result<Target, Stop>),
+    Interrupted(RuntimeError),
+}
+
+/// Turns adapter events into runtime events through the writer.
+struct AttemptSink<'a> {
+    writer: &'a mut EventWriter,
+    cancel: CancellationToken,
+    write_error: Option<WriteError>,
+}
+
+#[async_trait]
+impl ProviderSink for AttemptSink<'_> {
+    async fn emit(&mut self, event: ProviderEvent) -> Result<(), RuntimeError> {
+        if self.cancel.is_cancelled() {
+            return Err(RuntimeError::cancelled());
+        }
+        if self.write_error.is_some() {
+            return Err(RuntimeError::internal());
+        }
+        let body = match event {
+            ProviderEvent::OutputDelta {
+                output_index,
+                delta,
+            } => EventBody::OutputDelta {
+                output_index,
+                delta,
+            },
+            ProviderEvent::ToolCallStarted { call_id, name } => {
+                EventBody::ToolCallStarted { call_id, name }
+            }
+            ProviderEvent::ToolCallArgumentsDelta { call_id, delta } => {
+                EventBody::ToolCallArgumentsDelta { call_id, delta }
+            }
+            ProviderEvent::Progress { phase, progress } => EventBody::Progress { phase, progress },
+            ProviderEvent::OutputResult { result, artifacts } => {
+                EventBody::OutputResult { result, artifacts }
+            }
+            ProviderEvent::Usage(facts) => {
+                if facts.iter().any(|f| f.check().is_err()) {
+                    return Err(RuntimeError::new(
+                        ErrorCode::ProviderProtocolError,
+                        "Provider reported invalid usage",
+                        false,
+                    ));
+                }
+                if facts.is_empty() {
+                    return Ok(());
+                }
+                EventBody::UsageReported { facts }
+            }
+        };
+        match self.writer.append(body).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.write_error = Some(e);
+                Err(RuntimeError::internal())
+            }
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Process settings shared by the `gateway` and `worker` binaries: flags with environment
+//! fallbacks (flags win), as contract.md section 1 lists them. This is the only module that
+//! reads the process environment for settings (credentials are read by adapters at execution
+//! time, by name from the deployment file).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+/// Which storage and messaging implementations to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// Everything in this process; nothing survives a restart.
+    Memory,
+    /// NATS JetStream for jobs and events, Redis for idempotency keys.
+    Nats,
+}
+
+/// Settings common to both binaries.
+#[derive(Debug, Clone, Args)]
+pub struct CommonArgs {
+    /// Deployment file (JSON). Without it, the mock provider alone is configured.
+    #[arg(long, env = "MODEL_RUNTIME_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Storage and messaging backend.
+    #[arg(
+        long,
+        env = "MODEL_RUNTIME_BACKEND",
+        value_enum,
+        default_value = "memory"
+    )]
+    pub backend: BackendKind,
+    /// NATS server with JetStream (backend nats).
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// Redis for idempotency keys (backend nats).
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+    /// Prefix of every stream, consumer, subject and Redis key.
+    #[arg(long, env = "MODEL_RUNTIME_NAMESPACE", default_value = "mrt", value_parser = parse_namespace)]
+    pub namespace: String,
+    /// Concurrent executions per process (default: 2 x cores).
+    #[arg(long, env = "MODEL_RUNTIME_WORKERS", value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub workers: Option<u32>,
+    /// Milliseconds in-flight work may take to finish after SIGTERM/SIGINT.
+    #[arg(long, env = "MODEL_RUNTIME_SHUTDOWN_GRACE_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub shutdown_grace_ms: u64,
+    /// Log format on stderr: `text` or `json`.
+    #[arg(long, env = "MODEL_RUNTIME_LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl CommonArgs {
+    pub fn workers(&self) -> usize {
+        self.workers.map_or_else(
+            || 2 * std::thread::available_parallelism().map_or(2, |n| n.get()),
+            |n| n as usize,
+        )
+    }
+
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.shutdown_grace_ms)
+    }
+
+    /// Installs the tracing subscriber: `RUST_LOG` filter (default `info`), text or JSON
+    /// lines on stderr.
+    pub fn init_tracing(&self) {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr);
+        let _ = match self.log_format {
+            LogFormat::Json => builder.json().try_init(),
+            LogFormat::Text => builder.try_init(),
+        };
+    }
+}
+
+/// Namespaces become parts of stream names, subjects and keys: 1-32 of `[A-Za-z0-9_-]`.
+fn parse_namespace(s: &str) -> Result<String, String> {
+    let ok = (1..=32).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err("namespace must be 1-32 characters of A-Z a-z 0-9 _ -".into())
+    }
+}
