@@ -5,6 +5,7 @@
 //! sentences of [`RequestError`].
 
 use serde::Deserialize;
+use serde_json::Value;
 
 use crate::error::{ErrorCode, RuntimeError};
 use crate::request::ExecutionRequest;
@@ -31,22 +32,47 @@ impl RequestError {
 }
 
 /// Parses and checks a request body. Never panics; never echoes input in the error.
+///
+/// The body is first parsed into a JSON value (so duplicate keys keep the last value, as
+/// `JSON.parse` does), then its shape is checked where serde is more lenient than JSON Schema
+/// (serde fills structs from arrays and accepts enums as single-key objects), and only then
+/// deserialized into the typed request.
 pub fn parse_request(body: &[u8]) -> Result<ExecutionRequest, RequestError> {
-    let request = match serde_json::from_slice::<ExecutionRequest>(body) {
-        Ok(request) => request,
-        Err(e) if e.is_data() => {
-            // serde stops at the first problem. A type error early in a document whose tail is
-            // not JSON at all must still be reported as invalid JSON, as the reference does.
-            let mut de = serde_json::Deserializer::from_slice(body);
-            return match serde::de::IgnoredAny::deserialize(&mut de).and_then(|_| de.end()) {
-                Ok(()) => Err(RequestError::Schema),
-                Err(_) => Err(RequestError::InvalidJson),
-            };
-        }
-        Err(_) => return Err(RequestError::InvalidJson),
-    };
+    let value: Value = serde_json::from_slice(body).map_err(|_| RequestError::InvalidJson)?;
+    if !shape_ok(&value) {
+        return Err(RequestError::Schema);
+    }
+    let request = ExecutionRequest::deserialize(value).map_err(|_| RequestError::Schema)?;
     request.check().map_err(|_| RequestError::Schema)?;
     Ok(request)
+}
+
+/// Objects where the schema wants objects, strings where it wants enum values.
+fn shape_ok(root: &Value) -> bool {
+    let Some(root) = root.as_object() else {
+        return false;
+    };
+    let object_or_absent = |key: &str| root.get(key).is_none_or(Value::is_object);
+    if !object_or_absent("requirements") || !object_or_absent("routing") {
+        return false;
+    }
+    if let Some(input) = root.get("input").and_then(Value::as_array)
+        && !input.iter().all(Value::is_object)
+    {
+        return false;
+    }
+    let strings = |v: Option<&Value>| match v {
+        None => true,
+        Some(Value::Array(items)) => items.iter().all(Value::is_string),
+        Some(_) => true, // wrong type: serde rejects it
+    };
+    let requirements = root.get("requirements");
+    let routing = root.get("routing");
+    strings(requirements.and_then(|r| r.get("input_modalities")))
+        && strings(requirements.and_then(|r| r.get("output_modalities")))
+        && routing
+            .and_then(|r| r.get("strategy"))
+            .is_none_or(Value::is_string)
 }
 
 /// Checks an already-typed request (for embedders building requests in code): bounds plus the
