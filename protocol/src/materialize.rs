@@ -47,6 +47,35 @@ pub enum LogViolation {
     InvalidUsage,
 }
 
+/// The rules one event must obey on its own, whatever the log holds: `execution.accepted`
+/// only at sequence 1, a status allowed for the type, valid usage facts and a bounded terminal
+/// event. Stores that fence on the sequence by other means (compare-and-set in JetStream) check
+/// these before writing.
+pub fn check_event(event: &RuntimeEvent) -> Result<(), LogViolation> {
+    if (event.body == EventBody::Accepted) != (event.sequence == Sequence(1)) {
+        return Err(if event.body == EventBody::Accepted {
+            LogViolation::AcceptedNotFirst
+        } else {
+            LogViolation::FirstNotAccepted
+        });
+    }
+    if !event.body.allows_status(event.status) {
+        return Err(LogViolation::StatusMismatch {
+            event_type: event.type_name(),
+            status: event.status,
+        });
+    }
+    if let EventBody::UsageReported { facts } = &event.body
+        && facts.iter().any(|f| f.check().is_err())
+    {
+        return Err(LogViolation::InvalidUsage);
+    }
+    if event.is_terminal() && event.to_json().len() > MAX_TERMINAL_EVENT_BYTES {
+        return Err(LogViolation::TerminalTooLarge);
+    }
+    Ok(())
+}
+
 /// Incrementally materialized state of one execution.
 #[derive(Debug, Clone)]
 pub struct Materializer {
@@ -124,24 +153,7 @@ impl Materializer {
                 got: event.sequence,
             });
         }
-        if event.body == EventBody::Accepted {
-            return Err(LogViolation::AcceptedNotFirst);
-        }
-        if !event.body.allows_status(event.status) {
-            return Err(LogViolation::StatusMismatch {
-                event_type: event.type_name(),
-                status: event.status,
-            });
-        }
-        if let EventBody::UsageReported { facts } = &event.body
-            && facts.iter().any(|f| f.check().is_err())
-        {
-            return Err(LogViolation::InvalidUsage);
-        }
-        if event.is_terminal() && event.to_json().len() > MAX_TERMINAL_EVENT_BYTES {
-            return Err(LogViolation::TerminalTooLarge);
-        }
-        Ok(())
+        check_event(event)
     }
 
     /// Checks and applies `event`. On error nothing changes.
@@ -182,7 +194,11 @@ impl Materializer {
             EventBody::ToolCallArgumentsDelta { call_id, delta } => {
                 self.synthesized = true;
                 // An arguments delta for an unknown call is ignored [R 58].
-                if let Some(call) = self.tool_index.get(call_id).and_then(|&i| self.tool_calls.get_mut(i)) {
+                if let Some(call) = self
+                    .tool_index
+                    .get(call_id)
+                    .and_then(|&i| self.tool_calls.get_mut(i))
+                {
                     call.arguments.push_str(delta);
                 }
             }

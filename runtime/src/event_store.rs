@@ -35,6 +35,14 @@ impl EventRecord {
     }
 }
 
+/// The last event of a log: what a writer needs to continue it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogHead {
+    pub last_sequence: Sequence,
+    pub terminal: bool,
+    pub last_time: protocol::Timestamp,
+}
+
 /// Events of one execution with sequence greater than a cursor: replay, then live, ending right
 /// after the terminal event. An `Err` item ends the stream.
 pub type EventStream = BoxStream<'static, Result<Arc<EventRecord>, StoreError>>;
@@ -70,6 +78,16 @@ pub trait EventStore: Send + Sync + 'static {
 
     /// The materialized state of an execution.
     async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, StoreError>;
+
+    /// The last event's sequence, terminality and time, or `None` for an unknown execution.
+    /// Implementations with a cheaper way than materializing override it.
+    async fn head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
+        Ok(self.state(id).await?.map(|m| LogHead {
+            last_sequence: m.last_sequence(),
+            terminal: m.is_terminal(),
+            last_time: m.snapshot().updated_at,
+        }))
+    }
 
     /// Up to `limit` events after `after`.
     async fn read(

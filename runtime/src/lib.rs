@@ -10,6 +10,8 @@
 //! - [`cancel`]: the `CancelBus` trait that carries cancellation to the process running an
 //!   execution.
 //! - [`memory`]: in-process implementations of all four, used by embedded mode and tests.
+//! - [`nats`]: JetStream event store, job queue and cancel bus (distributed mode).
+//! - [`redis_idempotency`]: the Redis idempotency store (distributed mode).
 //! - `contract` (feature `contract-tests`): the test suite every implementation must pass, so
 //!   the NATS and Redis implementations are held to exactly the same behaviour.
 //!
@@ -26,9 +28,11 @@ pub mod event_store;
 pub mod idempotency;
 pub mod job;
 pub mod memory;
+pub mod nats;
+pub mod redis_idempotency;
 
 pub use cancel::CancelBus;
 pub use error::StoreError;
-pub use event_store::{EventRecord, EventStore, EventStream};
+pub use event_store::{EventRecord, EventStore, EventStream, LogHead};
 pub use idempotency::{IdempotencyRecord, IdempotencyStore};
 pub use job::{Delivery, DeliveryHandle, Job, JobQueue};

@@ -1,0 +1,234 @@
+//! NATS JetStream implementations of the event store, job queue and cancel bus.
+//!
+//! Layout (every name under the deployment's namespace `ns`, uppercased for streams):
+//! - `{NS}_EVENTS`: subjects `{ns}.events.*`, one subject per execution, Limits retention with
+//!   `max_age` = retention, file storage, direct get allowed. Appends are compare-and-set with
+//!   `Nats-Expected-Last-Subject-Sequence` and deduplicated with `Nats-Msg-Id =
+//!   {execution_id}:{sequence}`.
+//! - `{NS}_JOBS`: subject `{ns}.jobs`, WorkQueue retention, file storage; `Nats-Msg-Id` = the
+//!   execution id, so a republish within the duplicate window is absorbed. One durable pull
+//!   consumer `{ns}_workers` shared by every worker, explicit acks, `ack_wait` with progress
+//!   heartbeats while an execution runs.
+//! - `{NS}_CANCEL`: a KV bucket holding durable cancel marks, plus core subjects
+//!   `{ns}.cancel.{id}` for prompt delivery.
+//!
+//! Streams are created or verified at startup; several processes may start at once.
+
+mod cancel;
+mod event_store;
+mod job_queue;
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+
+pub use cancel::NatsCancelBus;
+pub use event_store::NatsEventStore;
+pub use job_queue::NatsJobQueue;
+
+use crate::error::StoreError;
+
+/// Settings of the JetStream layout.
+#[derive(Debug, Clone)]
+pub struct NatsSettings {
+    /// Prefix of every stream, consumer and subject.
+    pub namespace: String,
+    /// How long events (and cancel marks) are kept.
+    pub retention: Duration,
+    /// Lease of a job delivery; heartbeats extend it while the execution runs.
+    pub ack_wait: Duration,
+    /// Jobs waiting or running cluster-wide before submits get `queue_full`.
+    pub max_jobs: i64,
+    /// Bound of every request to the server, so an outage is answered promptly.
+    pub request_timeout: Duration,
+    /// Largest accepted event, in bytes.
+    pub max_event_bytes: i32,
+}
+
+impl NatsSettings {
+    pub fn new(namespace: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            retention: Duration::from_secs(24 * 3600),
+            ack_wait: Duration::from_secs(30),
+            max_jobs: 100_000,
+            request_timeout: Duration::from_millis(1500),
+            max_event_bytes: 1024 * 1024 + 4096,
+        }
+    }
+
+    fn upper(&self) -> String {
+        self.namespace.to_ascii_uppercase()
+    }
+
+    pub fn events_stream(&self) -> String {
+        format!("{}_EVENTS", self.upper())
+    }
+
+    pub fn jobs_stream(&self) -> String {
+        format!("{}_JOBS", self.upper())
+    }
+
+    pub fn cancel_bucket(&self) -> String {
+        format!("{}_CANCEL", self.upper())
+    }
+
+    pub fn events_subject(&self, id: &protocol::ExecutionId) -> String {
+        format!("{}.events.{id}", self.namespace)
+    }
+
+    pub fn jobs_subject(&self) -> String {
+        format!("{}.jobs", self.namespace)
+    }
+
+    pub fn cancel_subject(&self, id: &protocol::ExecutionId) -> String {
+        format!("{}.cancel.{id}", self.namespace)
+    }
+
+    pub fn workers_consumer(&self) -> String {
+        format!("{}_workers", self.namespace)
+    }
+}
+
+/// A connection to NATS with the namespace's streams verified.
+#[derive(Clone)]
+pub struct NatsBackend {
+    pub client: async_nats::Client,
+    pub jetstream: jetstream::Context,
+    pub settings: NatsSettings,
+}
+
+impl std::fmt::Debug for NatsBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsBackend")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("{what}: {e}"))
+}
+
+impl NatsBackend {
+    /// Connects (retrying for up to `connect_timeout`) and creates or verifies the streams.
+    /// After this, the client reconnects by itself forever.
+    pub async fn connect(
+        url: &str,
+        settings: NatsSettings,
+        connect_timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let options = async_nats::ConnectOptions::new()
+            .name(format!("model-runtime-{}", settings.namespace))
+            .retry_on_initial_connect()
+            .connection_timeout(Duration::from_secs(2))
+            .request_timeout(Some(settings.request_timeout));
+        let client = tokio::time::timeout(connect_timeout, async {
+            let client = options
+                .connect(url)
+                .await
+                .map_err(|e| unavailable("connect", e))?;
+            client
+                .flush()
+                .await
+                .map_err(|e| unavailable("connect", e))?;
+            Ok::<_, StoreError>(client)
+        })
+        .await
+        .map_err(|_| StoreError::Unavailable("NATS is unreachable".into()))??;
+        let mut js = jetstream::new(client.clone());
+        js.set_timeout(settings.request_timeout);
+        let backend = Self {
+            client,
+            jetstream: js,
+            settings,
+        };
+        backend.ensure_streams().await?;
+        Ok(backend)
+    }
+
+    /// Whether the client is connected now (cheap; no round trip).
+    pub fn connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    pub(crate) fn check_connected(&self) -> Result<(), StoreError> {
+        if self.connected() {
+            Ok(())
+        } else {
+            Err(StoreError::Unavailable("NATS is disconnected".into()))
+        }
+    }
+
+    async fn ensure_stream(&self, config: stream::Config) -> Result<(), StoreError> {
+        let name = config.name.clone();
+        for _ in 0..3 {
+            match self.jetstream.get_stream(&name).await {
+                Ok(mut existing) => {
+                    let info = existing
+                        .info()
+                        .await
+                        .map_err(|e| unavailable("stream info", e))?;
+                    let c = &info.config;
+                    if c.subjects != config.subjects
+                        || c.retention != config.retention
+                        || c.max_age != config.max_age
+                    {
+                        self.jetstream
+                            .update_stream(config.clone())
+                            .await
+                            .map_err(|e| unavailable("update stream", e))?;
+                    }
+                    return Ok(());
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        jetstream::context::GetStreamErrorKind::JetStream(_)
+                    ) =>
+                {
+                    match self.jetstream.create_stream(config.clone()).await {
+                        Ok(_) => return Ok(()),
+                        // Another process created it between our get and create: verify again.
+                        Err(create) => {
+                            tracing::debug!(stream = %name, error = %create, "create stream raced")
+                        }
+                    }
+                }
+                Err(e) => return Err(unavailable("get stream", e)),
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "cannot create or verify stream {name}"
+        )))
+    }
+
+    async fn ensure_streams(&self) -> Result<(), StoreError> {
+        let s = &self.settings;
+        self.ensure_stream(stream::Config {
+            name: s.events_stream(),
+            subjects: vec![format!("{}.events.*", s.namespace)],
+            retention: stream::RetentionPolicy::Limits,
+            storage: stream::StorageType::File,
+            max_age: s.retention,
+            max_message_size: s.max_event_bytes,
+            allow_direct: true,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await?;
+        self.ensure_stream(stream::Config {
+            name: s.jobs_stream(),
+            subjects: vec![s.jobs_subject()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            max_messages: s.max_jobs,
+            discard: stream::DiscardPolicy::New,
+            max_age: s.retention,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,237 @@
+//! The contract suite against real backends: a private nats-server (JetStream, file storage)
+//! and a private redis-server, both on free ports, per test.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::event::EventBody;
+use protocol::{ExecutionId, RuntimeError, RuntimeEvent, Sequence, Timestamp};
+use runtime::nats::{NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings};
+use runtime::redis_idempotency::RedisIdempotencyStore;
+use runtime::{CancelBus, EventStore, JobQueue, StoreError, contract};
+use testkit::{NatsServer, RedisServer, unique_namespace};
+
+async fn backend(server: &NatsServer) -> NatsBackend {
+    let settings = NatsSettings::new(unique_namespace("t"));
+    NatsBackend::connect(&server.url(), settings, Duration::from_secs(30))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_event_store_passes_the_contract() {
+    let server = NatsServer::start();
+    let store = NatsEventStore::new(backend(&server).await, 4096)
+        .await
+        .unwrap();
+    contract::event_store_suite(Arc::new(store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_job_queue_passes_the_contract() {
+    let server = NatsServer::start();
+    contract::job_queue_suite(Arc::new(NatsJobQueue::new(backend(&server).await))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_cancel_bus_passes_the_contract() {
+    let server = NatsServer::start();
+    let bus = Arc::new(NatsCancelBus::new(backend(&server).await).await.unwrap());
+    contract::cancel_suite(bus.clone()).await;
+    assert_eq!(bus.watched(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_idempotency_passes_the_contract() {
+    let server = RedisServer::start();
+    let store = RedisIdempotencyStore::connect(
+        &server.url(),
+        &unique_namespace("t"),
+        Duration::from_secs(60),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    contract::idempotency_suite(Arc::new(store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_requested_in_another_process_reaches_the_watcher() {
+    let server = NatsServer::start();
+    let settings = NatsSettings::new(unique_namespace("t"));
+    let worker_side =
+        NatsBackend::connect(&server.url(), settings.clone(), Duration::from_secs(30))
+            .await
+            .unwrap();
+    let gateway_side = NatsBackend::connect(&server.url(), settings, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let worker_bus = NatsCancelBus::new(worker_side).await.unwrap();
+    let gateway_bus = NatsCancelBus::new(gateway_side).await.unwrap();
+    let id = ExecutionId::new_random();
+    let token = worker_bus.watch(id);
+    gateway_bus.request(id).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), token.cancelled())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_store_instance_is_fenced_like_another_process() {
+    // Two store instances with separate head caches race on one log: CAS in the server, not
+    // the cache, decides.
+    let server = NatsServer::start();
+    let settings = NatsSettings::new(unique_namespace("t"));
+    let a = NatsEventStore::new(
+        NatsBackend::connect(&server.url(), settings.clone(), Duration::from_secs(30))
+            .await
+            .unwrap(),
+        4096,
+    )
+    .await
+    .unwrap();
+    let b = NatsEventStore::new(
+        NatsBackend::connect(&server.url(), settings, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        4096,
+    )
+    .await
+    .unwrap();
+    let id = ExecutionId::new_random();
+    let ev = |seq, body| RuntimeEvent::new(id, Sequence(seq), Timestamp::now(), body);
+    a.create(ev(1, EventBody::Accepted)).await.unwrap();
+    // b learns the head (seq 1), then a appends seq 2: b's cached head is stale.
+    assert_eq!(
+        b.head(id).await.unwrap().unwrap().last_sequence,
+        Sequence(1)
+    );
+    a.append(ev(
+        2,
+        EventBody::Failed {
+            error: RuntimeError::cancelled(),
+        },
+    ))
+    .await
+    .unwrap();
+    let stale = b
+        .append(ev(
+            2,
+            EventBody::OutputDelta {
+                output_index: 0,
+                delta: "x".into(),
+            },
+        ))
+        .await;
+    assert!(
+        matches!(stale, Err(StoreError::Conflict { terminal: true, .. })),
+        "{stale:?}"
+    );
+    let too_late = b
+        .append(ev(
+            3,
+            EventBody::OutputDelta {
+                output_index: 0,
+                delta: "x".into(),
+            },
+        ))
+        .await;
+    assert!(
+        matches!(too_late, Err(StoreError::Conflict { terminal: true, .. })),
+        "{too_late:?}"
+    );
+    assert!(matches!(
+        a.create(ev(1, EventBody::Accepted)).await,
+        Err(StoreError::AlreadyExists)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_events_survive_a_server_restart() {
+    let mut server = NatsServer::start();
+    let settings = NatsSettings::new(unique_namespace("t"));
+    let store = NatsEventStore::new(
+        NatsBackend::connect(&server.url(), settings, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        4096,
+    )
+    .await
+    .unwrap();
+    let id = ExecutionId::new_random();
+    store
+        .create(RuntimeEvent::new(
+            id,
+            Sequence(1),
+            Timestamp::now(),
+            EventBody::Accepted,
+        ))
+        .await
+        .unwrap();
+    for seq in 2..=20 {
+        let body = if seq == 2 {
+            EventBody::RouteSelected {
+                target: protocol::Target {
+                    provider: "p".into(),
+                    model: "m".into(),
+                },
+                attempt: 1,
+            }
+        } else {
+            EventBody::OutputDelta {
+                output_index: 0,
+                delta: format!("{seq}"),
+            }
+        };
+        store
+            .append(RuntimeEvent::new(id, Sequence(seq), Timestamp::now(), body))
+            .await
+            .unwrap();
+    }
+    server.restart();
+    // The client reconnects by itself; reads succeed once it has.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let state = loop {
+        match store.state(id).await {
+            Ok(Some(state)) => break state,
+            other if tokio::time::Instant::now() < deadline => {
+                let _ = other;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => panic!("no state after restart: {other:?}"),
+        }
+    };
+    assert_eq!(state.last_sequence(), Sequence(20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_reported_promptly() {
+    let mut server = NatsServer::start();
+    let b = backend(&server).await;
+    let queue = NatsJobQueue::new(b.clone());
+    let store = NatsEventStore::new(b, 4096).await.unwrap();
+    server.kill();
+    let id = ExecutionId::new_random();
+    let started = std::time::Instant::now();
+    // Wait until the client notices the disconnect, then every call fails fast.
+    loop {
+        let r = store
+            .create(RuntimeEvent::new(
+                id,
+                Sequence(1),
+                Timestamp::now(),
+                EventBody::Accepted,
+            ))
+            .await;
+        if matches!(r, Err(StoreError::Unavailable(_))) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "still not unavailable: {r:?}"
+        );
+    }
+    assert!(queue.ready().await.is_err());
+    assert!(store.ready().await.is_err());
+}
