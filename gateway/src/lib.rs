@@ -10,6 +10,7 @@
 //! - [`state`]: backends, limits, lifecycle and metrics shared by handlers.
 //! - [`metrics`]: Prometheus counters.
 //! - [`embedded`]: the in-memory runtime with the worker pool in-process.
+//! - [`distributed`]: NATS JetStream and Redis backends for stateless gateways.
 //! - [`server`]: settings, startup, serving and graceful shutdown; the binary only calls
 //!   [`server::run`].
 //!
@@ -17,6 +18,7 @@
 //! backends, so any gateway can serve any execution.
 
 pub mod api;
+pub mod distributed;
 pub mod embedded;
 pub mod error;
 pub mod events;

@@ -12,6 +12,7 @@ use worker::settings::{BackendKind, CommonArgs};
 
 use crate::api::router;
 use crate::embedded::Embedded;
+use crate::state::AppState;
 
 /// `gateway` command line.
 #[derive(Debug, Parser)]
@@ -47,9 +48,26 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
         Ok(r) => Arc::new(r),
         Err(e) => return startup_error(&e.to_string()),
     };
-    let embedded = match args.common.backend {
-        BackendKind::Memory => Embedded::start(&deployment, registry, args.common.workers()),
-        BackendKind::Nats => return startup_error("backend nats is not available in this build"),
+    let grace = args.common.shutdown_grace();
+    let runtime = match args.common.backend {
+        BackendKind::Memory => Runtime::Embedded(Embedded::start(
+            &deployment,
+            registry,
+            args.common.workers(),
+        )),
+        BackendKind::Nats => match crate::distributed::connect(&args.common, &deployment).await {
+            Ok((backend, _)) => Runtime::Distributed(AppState::new(
+                backend,
+                registry,
+                crate::embedded::api_limits(&deployment),
+            )),
+            Err(e) => {
+                tracing::error!(error = %e, "backend connection failed");
+                return startup_error(
+                    "cannot reach NATS or Redis; check --nats-url and --redis-url",
+                );
+            }
+        },
     };
     let addr = format!("{}:{}", args.host, args.port);
     let listener = match TcpListener::bind(&addr).await {
@@ -62,14 +80,26 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
     };
     println!("listening on http://{local}");
     tracing::info!(%local, backend = ?args.common.backend, "gateway started");
-    serve(
-        listener,
-        embedded,
-        shutdown_signal(),
-        args.common.shutdown_grace(),
-    )
-    .await;
+    match runtime {
+        Runtime::Embedded(embedded) => serve(listener, embedded, shutdown_signal(), grace).await,
+        Runtime::Distributed(state) => {
+            let hook_state = state.clone();
+            let hook = async move {
+                // Executions live on in the workers; open streams end cleanly and clients resume
+                // on another gateway.
+                hook_state.begin_shutdown();
+                hook_state.close_streams();
+            };
+            serve_with(listener, state, shutdown_signal(), hook).await;
+        }
+    }
     ExitCode::SUCCESS
+}
+
+/// What this gateway process runs.
+enum Runtime {
+    Embedded(Embedded),
+    Distributed(AppState),
 }
 
 /// Serves until `signal` resolves, then shuts down gracefully.
@@ -79,7 +109,24 @@ pub async fn serve(
     signal: impl std::future::Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) {
-    let app = router(embedded.state.clone());
+    let state = embedded.state.clone();
+    let hook = async move {
+        if !embedded.shutdown(grace).await {
+            tracing::warn!("grace period expired; remaining executions were cancelled");
+        }
+    };
+    serve_with(listener, state, signal, hook).await;
+}
+
+/// Serves `state` until `signal` resolves, runs `shutdown` (which must stop new work and end
+/// open streams), then waits briefly for connections to close.
+pub async fn serve_with(
+    listener: TcpListener,
+    state: AppState,
+    signal: impl std::future::Future<Output = ()> + Send + 'static,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let app = router(state);
     let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
         let result = axum::serve(listener, app)
@@ -93,10 +140,7 @@ pub async fn serve(
     });
     signal.await;
     tracing::info!("shutting down");
-    let in_time = embedded.shutdown(grace).await;
-    if !in_time {
-        tracing::warn!("grace period expired; remaining executions were cancelled");
-    }
+    shutdown.await;
     let _ = stopped_tx.send(());
     if tokio::time::timeout(Duration::from_secs(5), server)
         .await
@@ -106,24 +150,4 @@ pub async fn serve(
     }
 }
 
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
-    }
-}
+pub use worker::process::shutdown_signal;

@@ -20,6 +20,7 @@ pub mod config;
 pub mod deployment;
 pub mod flow;
 pub mod pool;
+pub mod process;
 pub mod provider;
 pub mod registry;
 pub mod runner;

@@ -47,6 +47,12 @@ pub struct CommonArgs {
     #[arg(long, env = "MODEL_RUNTIME_SHUTDOWN_GRACE_MS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub shutdown_grace_ms: u64,
+    /// Lease of a job delivery in milliseconds (backend nats): a worker silent for this long
+    /// is presumed lost and its job is redelivered. Running executions heartbeat at a third
+    /// of it.
+    #[arg(long, env = "MODEL_RUNTIME_ACK_WAIT_MS", default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(1000..=3_600_000))]
+    pub ack_wait_ms: u64,
     /// Log format on stderr: `text` or `json`.
     #[arg(long, env = "MODEL_RUNTIME_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
@@ -65,6 +71,10 @@ impl CommonArgs {
             || 2 * std::thread::available_parallelism().map_or(2, |n| n.get()),
             |n| n as usize,
         )
+    }
+
+    pub fn ack_wait(&self) -> Duration {
+        Duration::from_millis(self.ack_wait_ms)
     }
 
     pub fn shutdown_grace(&self) -> Duration {

@@ -1,0 +1,56 @@
+//! Distributed mode wiring: JetStream for jobs, events and cancellation, Redis for idempotency
+//! keys. The gateway holds no execution state, so any number of gateways serve any execution.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use runtime::StoreError;
+use runtime::nats::{NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings};
+use runtime::redis_idempotency::RedisIdempotencyStore;
+use worker::config::DeploymentConfig;
+use worker::settings::CommonArgs;
+
+use crate::state::Backend;
+
+/// How long startup waits for NATS and Redis before giving up.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The JetStream layout settings for this deployment.
+pub fn nats_settings(args: &CommonArgs, deployment: &DeploymentConfig) -> NatsSettings {
+    NatsSettings {
+        retention: deployment.retention,
+        max_jobs: i64::try_from(deployment.max_active_executions).unwrap_or(i64::MAX),
+        ack_wait: args.ack_wait(),
+        ..NatsSettings::new(args.namespace.clone())
+    }
+}
+
+/// Connects every distributed backend (bounded by [`CONNECT_TIMEOUT`] each).
+pub async fn connect(
+    args: &CommonArgs,
+    deployment: &DeploymentConfig,
+) -> Result<(Backend, NatsBackend), StoreError> {
+    let nats = NatsBackend::connect(
+        &args.nats_url,
+        nats_settings(args, deployment),
+        CONNECT_TIMEOUT,
+    )
+    .await?;
+    let store = NatsEventStore::new(nats.clone(), deployment.event_store.max_events as u64).await?;
+    let cancel = NatsCancelBus::new(nats.clone()).await?;
+    let idempotency = RedisIdempotencyStore::connect(
+        &args.redis_url,
+        &args.namespace,
+        deployment.retention,
+        CONNECT_TIMEOUT,
+    )
+    .await?;
+    let backend = Backend {
+        store: Arc::new(store),
+        queue: Arc::new(NatsJobQueue::new(nats.clone())),
+        idempotency: Arc::new(idempotency),
+        cancel: Arc::new(cancel),
+        heal_missing: true,
+    };
+    Ok((backend, nats))
+}

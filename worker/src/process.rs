@@ -1,0 +1,120 @@
+//! The `worker` process: connects to NATS JetStream, pulls jobs and runs them until SIGTERM or
+//! SIGINT, then stops taking jobs, lets running executions finish within the grace period and
+//! cancels the rest. Jobs it never took stay in the queue for other workers.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use runtime::nats::{NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings};
+
+use crate::config::DeploymentConfig;
+use crate::runner::{Runner, RunnerSettings};
+use crate::settings::{BackendKind, CommonArgs};
+use crate::{PoolConfig, WorkerPool};
+
+/// `worker` command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "worker",
+    version,
+    about = "Runs model executions pulled from NATS JetStream"
+)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+fn startup_error(message: &str, code: u8) -> ExitCode {
+    eprintln!("worker: {message}");
+    ExitCode::from(code)
+}
+
+/// The `worker` binary.
+pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = ()>) -> ExitCode {
+    let common = &args.common;
+    common.init_tracing();
+    if common.backend == BackendKind::Memory {
+        return startup_error(
+            "the worker needs --backend nats (MODEL_RUNTIME_BACKEND=nats); with the memory backend the gateway runs executions itself",
+            2,
+        );
+    }
+    let deployment = match &common.config {
+        Some(path) => match crate::config::load(path) {
+            Ok(c) => c,
+            Err(e) => return startup_error(&e.to_string(), 1),
+        },
+        None => DeploymentConfig::default(),
+    };
+    let registry = match crate::deployment::build_registry(&deployment) {
+        Ok(r) => Arc::new(r),
+        Err(e) => return startup_error(&e.to_string(), 1),
+    };
+    let settings = NatsSettings {
+        retention: deployment.retention,
+        max_jobs: i64::try_from(deployment.max_active_executions).unwrap_or(i64::MAX),
+        ack_wait: common.ack_wait(),
+        ..NatsSettings::new(common.namespace.clone())
+    };
+    let connected = async {
+        let nats =
+            NatsBackend::connect(&common.nats_url, settings, Duration::from_secs(15)).await?;
+        let store =
+            NatsEventStore::new(nats.clone(), deployment.event_store.max_events as u64).await?;
+        let cancel = NatsCancelBus::new(nats.clone()).await?;
+        Ok::<_, runtime::StoreError>((nats, store, cancel))
+    };
+    let (nats, store, cancel) = match connected.await {
+        Ok(parts) => parts,
+        Err(e) => {
+            tracing::error!(error = %e, "backend connection failed");
+            return startup_error("cannot reach NATS; check --nats-url", 1);
+        }
+    };
+    let runner = Arc::new(Runner::new(
+        registry,
+        Arc::new(store),
+        Arc::new(cancel),
+        RunnerSettings::default(),
+    ));
+    let pool = WorkerPool::spawn(
+        Arc::new(NatsJobQueue::new(nats)),
+        runner,
+        PoolConfig {
+            concurrency: common.workers(),
+            heartbeat: common.ack_wait() / 3,
+        },
+    );
+    println!("worker started");
+    tracing::info!(namespace = %common.namespace, workers = common.workers(), "worker started");
+    shutdown.await;
+    tracing::info!("shutting down");
+    if !pool.shutdown(common.shutdown_grace()).await {
+        tracing::warn!("grace period expired; remaining executions were cancelled");
+    }
+    ExitCode::SUCCESS
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
