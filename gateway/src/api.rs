@@ -5,7 +5,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use protocol::manifest::ProviderList;
@@ -45,9 +45,36 @@ async fn route_not_found() -> ApiError {
 /// unknown id.
 fn execution_id(
     path: Result<Path<String>, PathRejection>,
+    uri: &Uri,
 ) -> Result<Option<ExecutionId>, ApiError> {
-    let Path(raw) = path.map_err(|_| ApiError::InvalidRequest("Invalid execution ID encoding"))?;
+    const BAD_ENCODING: ApiError = ApiError::InvalidRequest("Invalid execution ID encoding");
+    // axum's `Path` rejects escapes that decode to invalid UTF-8 but leaves a malformed escape
+    // such as `%zz` in place, so it would surface as a 404; the reference (JS
+    // `decodeURIComponent`) answers 400 for it [R 24]. The other segments of these routes are
+    // literals, so checking the whole raw path checks the id.
+    if !well_formed_escapes(uri.path()) {
+        return Err(BAD_ENCODING);
+    }
+    let Path(raw) = path.map_err(|_| BAD_ENCODING)?;
     Ok(raw.parse().ok())
+}
+
+/// Whether every `%` in `raw` starts a `%XX` escape.
+fn well_formed_escapes(raw: &str) -> bool {
+    let bytes = raw.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = |j: usize| bytes.get(j).is_some_and(u8::is_ascii_hexdigit);
+            if !(hex(i + 1) && hex(i + 2)) {
+                return false;
+            }
+            i += 3;
+        } else {
+            i += 1;
+        }
+    }
+    true
 }
 
 const EXECUTION_NOT_FOUND: ApiError = ApiError::NotFound("Execution not found");
@@ -203,9 +230,16 @@ async fn submit_execution_inner(
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    // Reserve the stream slot before anything is created: a retryable 429 for the stream
+    // after the execution exists would invite a retry that creates a duplicate.
+    let stream_permit = if wants_event_stream(headers) {
+        Some(stream_permit(state)?)
+    } else {
+        None
+    };
     let submission = submit::submit(state, request, key, traceparent).await?;
-    if wants_event_stream(headers) {
-        return events_response(state, submission.execution_id, Sequence::ZERO).await;
+    if let Some(permit) = stream_permit {
+        return events_response(state, submission.execution_id, Sequence::ZERO, permit).await;
     }
     let status = if submission.idempotent_replay {
         StatusCode::OK
@@ -226,10 +260,11 @@ fn request_error_message(e: protocol::validate::RequestError) -> &'static str {
 
 async fn get_execution(
     State(state): State<AppState>,
+    uri: Uri,
     path: Result<Path<String>, PathRejection>,
 ) -> Response {
     let result = async {
-        let id = execution_id(path)?.ok_or(EXECUTION_NOT_FOUND)?;
+        let id = execution_id(path, &uri)?.ok_or(EXECUTION_NOT_FOUND)?;
         let found = state
             .backend()
             .store
@@ -244,10 +279,11 @@ async fn get_execution(
 
 async fn get_result(
     State(state): State<AppState>,
+    uri: Uri,
     path: Result<Path<String>, PathRejection>,
 ) -> Response {
     let result = async {
-        let id = execution_id(path)?.ok_or(EXECUTION_NOT_FOUND)?;
+        let id = execution_id(path, &uri)?.ok_or(EXECUTION_NOT_FOUND)?;
         let found = state
             .backend()
             .store
@@ -265,6 +301,7 @@ async fn get_result(
 
 async fn cancel_execution(
     State(state): State<AppState>,
+    uri: Uri,
     path: Result<Path<String>, PathRejection>,
 ) -> Response {
     let result = async {
@@ -274,7 +311,7 @@ async fn cancel_execution(
                 status: CancelStatus::NotFound,
             },
         );
-        let Some(id) = execution_id(path)? else {
+        let Some(id) = execution_id(path, &uri)? else {
             return Ok(not_found);
         };
         if submit::cancel(&state, id).await? {
@@ -306,7 +343,7 @@ pub fn parse_cursor(raw: &str) -> Option<Sequence> {
     }
     let n: f64 = s.parse().ok()?;
     (n.is_finite() && n >= 0.0 && n.fract() == 0.0 && n <= 9_007_199_254_740_991.0)
-        .then(|| Sequence(n as u64))
+        .then_some(Sequence(n as u64))
 }
 
 fn cursor(query: Option<&str>, headers: &HeaderMap) -> Result<Sequence, ApiError> {
@@ -355,12 +392,13 @@ fn percent_decode(raw: &str) -> Option<String> {
 
 async fn get_events(
     State(state): State<AppState>,
+    uri: Uri,
     path: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Response {
     let result = async {
-        let id = execution_id(path)?.ok_or(EXECUTION_NOT_FOUND)?;
+        let id = execution_id(path, &uri)?.ok_or(EXECUTION_NOT_FOUND)?;
         // Existence is checked before the cursor [R 52].
         let found = state
             .backend()
@@ -373,19 +411,24 @@ async fn get_events(
         if m.is_terminal() && after >= m.last_sequence() {
             return Ok(empty_sse_response());
         }
-        events_response(&state, id, after).await
+        events_response(&state, id, after, stream_permit(&state)?).await
     };
     result.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// One of the `max_sse_streams` slots, held by the stream until it ends.
+fn stream_permit(state: &AppState) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    std::sync::Arc::clone(&state.inner.streams)
+        .try_acquire_owned()
+        .map_err(|_| ApiError::QueueFull("Too many open event streams"))
 }
 
 async fn events_response(
     state: &AppState,
     id: ExecutionId,
     after: Sequence,
+    permit: tokio::sync::OwnedSemaphorePermit,
 ) -> Result<Response, ApiError> {
-    let permit = std::sync::Arc::clone(&state.inner.streams)
-        .try_acquire_owned()
-        .map_err(|_| ApiError::QueueFull("Too many open event streams"))?;
     let records = state
         .backend()
         .store

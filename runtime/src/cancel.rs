@@ -23,3 +23,57 @@ pub trait CancelBus: Send + Sync + 'static {
     fn unwatch(&self, id: ExecutionId);
     async fn request(&self, id: ExecutionId) -> Result<(), StoreError>;
 }
+
+/// Cancel tokens of the executions this process runs, reference-counted per execution so that a
+/// duplicate delivery that watches and then drops out never disarms the live attempt's token.
+#[derive(Debug, Default)]
+pub struct Watches {
+    tokens: parking_lot::Mutex<std::collections::HashMap<ExecutionId, (CancellationToken, usize)>>,
+}
+
+impl Watches {
+    pub fn watch(&self, id: ExecutionId) -> CancellationToken {
+        let mut tokens = self.tokens.lock();
+        let entry = tokens
+            .entry(id)
+            .or_insert_with(|| (CancellationToken::new(), 0));
+        entry.1 += 1;
+        entry.0.clone()
+    }
+
+    pub fn unwatch(&self, id: ExecutionId) {
+        let mut tokens = self.tokens.lock();
+        if let Some(entry) = tokens.get_mut(&id) {
+            entry.1 = entry.1.saturating_sub(1);
+            if entry.1 == 0 {
+                tokens.remove(&id);
+            }
+        }
+    }
+
+    /// Cancels the execution's token if it is watched here.
+    pub fn cancel(&self, id: ExecutionId) {
+        if let Some((token, _)) = self.tokens.lock().get(&id) {
+            token.cancel();
+        }
+    }
+
+    /// Executions watched here.
+    pub fn len(&self) -> usize {
+        self.tokens.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Watched executions not cancelled yet.
+    pub fn pending(&self) -> Vec<(ExecutionId, CancellationToken)> {
+        self.tokens
+            .lock()
+            .iter()
+            .filter(|(_, (t, _))| !t.is_cancelled())
+            .map(|(id, (t, _))| (*id, t.clone()))
+            .collect()
+    }
+}

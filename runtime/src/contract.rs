@@ -484,4 +484,15 @@ pub async fn cancel_suite(bus: Arc<dyn CancelBus>) {
     bus.request(ExecutionId::new_random()).await.unwrap();
     assert!(!untouched.is_cancelled());
     bus.unwatch(other);
+    // Watches are counted: a second watcher leaving does not disarm the first.
+    let shared = ExecutionId::new_random();
+    let first = bus.watch(shared);
+    let second = bus.watch(shared);
+    bus.unwatch(shared);
+    bus.request(shared).await.unwrap();
+    tokio::time::timeout(PROMPT, first.cancelled())
+        .await
+        .unwrap();
+    assert!(second.is_cancelled());
+    bus.unwatch(shared);
 }

@@ -35,6 +35,26 @@ impl EventRecord {
     }
 }
 
+/// Identifies one writer of a log, so that a store can tell a writer's own retried append
+/// (which must succeed) from another writer's append of the same sequence (which must fence
+/// it), even when both events serialize to identical bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WriterId(pub u64);
+
+impl WriterId {
+    /// A fresh random writer id.
+    pub fn random() -> Self {
+        let (high, low) = uuid::Uuid::new_v4().as_u64_pair();
+        Self(high ^ low)
+    }
+}
+
+impl std::fmt::Display for WriterId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
 /// The last event of a log: what a writer needs to continue it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogHead {
@@ -73,8 +93,15 @@ pub trait EventStore: Send + Sync + 'static {
     /// Creates the log with its `execution.accepted` event.
     async fn create(&self, accepted: RuntimeEvent) -> Result<(), StoreError>;
 
-    /// Appends the next event, fenced on its sequence.
-    async fn append(&self, event: RuntimeEvent) -> Result<(), StoreError>;
+    /// Appends the next event, fenced on its sequence, as a one-off writer.
+    async fn append(&self, event: RuntimeEvent) -> Result<(), StoreError> {
+        self.append_as(event, WriterId::random()).await
+    }
+
+    /// Appends the next event for `writer`. Retrying the same event with the same writer after
+    /// an unknown outcome (a lost acknowledgement) succeeds if the first attempt landed; any
+    /// other writer of that sequence gets `Conflict`.
+    async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError>;
 
     /// The materialized state of an execution.
     async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, StoreError>;

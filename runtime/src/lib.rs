@@ -33,6 +33,6 @@ pub mod redis_idempotency;
 
 pub use cancel::CancelBus;
 pub use error::StoreError;
-pub use event_store::{EventRecord, EventStore, EventStream, LogHead};
+pub use event_store::{EventRecord, EventStore, EventStream, LogHead, WriterId};
 pub use idempotency::{IdempotencyRecord, IdempotencyStore};
 pub use job::{Delivery, DeliveryHandle, Job, JobQueue};

@@ -106,10 +106,10 @@ mod tests {
         let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for i in 0..4 {
-            let gate = Arc::clone(&gate);
+            let waiter_gate = Arc::clone(&gate);
             let order = Arc::clone(&order);
             tasks.push(tokio::spawn(async move {
-                let _p = gate.acquire().await.unwrap();
+                let _p = waiter_gate.acquire().await.unwrap();
                 order.lock().push(i);
             }));
             while gate.queued() < i + 1 {

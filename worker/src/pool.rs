@@ -99,12 +99,14 @@ async fn receive_loop(
     let mut backoff = Duration::from_millis(100);
     loop {
         let permit = tokio::select! {
-            permit = Arc::clone(&slots).acquire_owned() => match permit { Ok(p) => p, Err(_) => return },
+            biased;
             () = stop.cancelled() => return,
+            permit = Arc::clone(&slots).acquire_owned() => match permit { Ok(p) => p, Err(_) => return },
         };
         let delivery = tokio::select! {
-            d = queue.receive() => d,
+            biased;
             () = stop.cancelled() => return,
+            d = queue.receive() => d,
         };
         let delivery = match delivery {
             Ok(Some(d)) => d,

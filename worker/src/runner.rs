@@ -138,30 +138,25 @@ impl Runner {
     /// Runs one delivery of `job`. `delivered` is 1 on first delivery.
     pub async fn run(&self, job: &Job, delivered: u32) -> RunOutcome {
         let id = job.execution_id;
-        let cancel = self.cancel_bus.watch(id);
-        let _guard = Guard {
-            bus: &*self.cancel_bus,
-            id,
-        };
-        let state = match self.store.state(id).await {
-            Ok(Some(state)) => state,
+        // Only the end of the log matters here, which every store reads cheaply.
+        let head = match self.store.head(id).await {
+            Ok(Some(head)) => head,
             Ok(None) => return RunOutcome::Dropped,
             Err(e) => {
                 tracing::warn!(execution_id = %id, error = %e, "cannot read execution state");
                 return RunOutcome::Abandoned;
             }
         };
-        if state.is_terminal() {
+        if head.terminal {
             return RunOutcome::Dropped;
         }
-        let last_time = state.snapshot().updated_at;
         let mut writer = EventWriter::resume(
             Arc::clone(&self.store),
             id,
-            state.last_sequence(),
-            last_time,
+            head.last_sequence,
+            head.last_time,
         );
-        if state.last_sequence().get() > 1 {
+        if head.last_sequence.get() > 1 {
             if delivered <= 1 {
                 // A duplicate job while another attempt owns the log.
                 return RunOutcome::Dropped;
@@ -176,6 +171,13 @@ impl Runner {
                 )
                 .await;
         }
+        // Watch only once this delivery may claim the log (still before the claim itself): a
+        // dropped duplicate must not unwatch, and so disarm, the live attempt's cancel token.
+        let cancel = self.cancel_bus.watch(id);
+        let _guard = Guard {
+            bus: &*self.cancel_bus,
+            id,
+        };
         let deadline_in = Duration::from_millis(
             u64::try_from(job.deadline_at.unix_millis() - Timestamp::now().unix_millis())
                 .unwrap_or(0),
@@ -205,11 +207,15 @@ impl Runner {
         let ending = {
             let route = self.route(&mut writer, job, attempt_cancel.clone());
             tokio::pin!(route);
+            // Interrupts are polled first: once one has fired, the attempt must not make more
+            // progress (such as taking a freed gate slot and calling the provider) before it is
+            // told to stop.
             let ending = tokio::select! {
-                result = &mut route => Ending::Routed(result),
+                biased;
                 () = cancel.cancelled() => Ending::Interrupted(RuntimeError::cancelled()),
                 () = self.abort_all.cancelled() => Ending::Interrupted(RuntimeError::cancelled()),
                 () = tokio::time::sleep_until(deadline) => Ending::Interrupted(RuntimeError::deadline_exceeded()),
+                result = &mut route => Ending::Routed(result),
             };
             if matches!(ending, Ending::Interrupted(_)) {
                 attempt_cancel.cancel();
@@ -294,9 +300,17 @@ impl Runner {
                 writer: &mut *writer,
                 cancel: cancel.clone(),
                 write_error: None,
+                refused: None,
             };
             // The gate is taken after route.selected: a queued attempt is already routing [R 35].
-            let result = match candidate.entry.gate.acquire().await {
+            // Waiting for the gate is interruptible: a cancelled or expired execution leaves the
+            // queue at once instead of waiting for a slot (and then calling the provider).
+            let permit = tokio::select! {
+                biased;
+                () = cancel.cancelled() => Err(RuntimeError::cancelled()),
+                permit = candidate.entry.gate.acquire() => permit,
+            };
+            let result = match permit {
                 Ok(_permit) => {
                     let call = ProviderCall {
                         request,
@@ -310,15 +324,24 @@ impl Runner {
             if let Some(e) = sink.write_error.take() {
                 return Err(Stop::Write(e));
             }
-            let error = match result {
-                Ok(()) => return Ok(target),
-                Err(e) => e,
+            // An adapter that reports success after the sink refused one of its events did not
+            // complete: the refusal is the attempt's error.
+            let error = match (result, sink.refused.take()) {
+                (Ok(()), None) => return Ok(target),
+                (Ok(()), Some(refused)) => refused,
+                (Err(e), _) => e,
             };
             if writer.output_exposed() {
                 // No fallback once output is exposed [R 31].
                 return Err(Stop::Failed(error.not_retryable()));
             }
-            if !error.retryable || index + 1 == max_attempts || budget_spent() {
+            // An interrupted execution (cancel, deadline, shutdown) never starts another attempt,
+            // whatever error the interrupted adapter reported.
+            if !error.retryable
+                || index + 1 == max_attempts
+                || budget_spent()
+                || cancel.is_cancelled()
+            {
                 return Err(Stop::Failed(error));
             }
             writer
@@ -346,13 +369,22 @@ struct AttemptSink<'a> {
     writer: &'a mut EventWriter,
     cancel: CancellationToken,
     write_error: Option<WriteError>,
+    /// The first event this sink refused (cancelled, invalid usage).
+    refused: Option<RuntimeError>,
+}
+
+impl AttemptSink<'_> {
+    fn refuse(&mut self, error: RuntimeError) -> Result<(), RuntimeError> {
+        self.refused.get_or_insert_with(|| error.clone());
+        Err(error)
+    }
 }
 
 #[async_trait]
 impl ProviderSink for AttemptSink<'_> {
     async fn emit(&mut self, event: ProviderEvent) -> Result<(), RuntimeError> {
         if self.cancel.is_cancelled() {
-            return Err(RuntimeError::cancelled());
+            return self.refuse(RuntimeError::cancelled());
         }
         if self.write_error.is_some() {
             return Err(RuntimeError::internal());
@@ -377,7 +409,7 @@ impl ProviderSink for AttemptSink<'_> {
             }
             ProviderEvent::Usage(facts) => {
                 if facts.iter().any(|f| f.check().is_err()) {
-                    return Err(RuntimeError::new(
+                    return self.refuse(RuntimeError::new(
                         ErrorCode::ProviderProtocolError,
                         "Provider reported invalid usage",
                         false,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use protocol::event::EventBody;
 use protocol::{ExecutionId, RuntimeEvent, Sequence, Timestamp};
-use runtime::{EventStore, StoreError};
+use runtime::{EventStore, StoreError, WriterId};
 
 /// Why an append did not happen.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -33,6 +33,8 @@ const MAX_TRIES: u32 = 10;
 /// See the module docs.
 pub struct EventWriter {
     store: Arc<dyn EventStore>,
+    /// Identifies this writer's appends, so its own retries are recognised after a lost ack.
+    writer_id: WriterId,
     id: ExecutionId,
     last: Sequence,
     last_time: Timestamp,
@@ -58,6 +60,7 @@ impl EventWriter {
     ) -> Self {
         Self {
             store,
+            writer_id: WriterId::random(),
             id,
             last,
             last_time,
@@ -88,7 +91,7 @@ impl EventWriter {
         let mut tries = 0;
         loop {
             tries += 1;
-            match self.store.append(event.clone()).await {
+            match self.store.append_as(event.clone(), self.writer_id).await {
                 Ok(()) => break,
                 Err(StoreError::Conflict { .. }) => return Err(WriteError::Fenced),
                 Err(StoreError::ExecutionLimit) => return Err(WriteError::Limit),

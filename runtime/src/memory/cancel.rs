@@ -1,25 +1,16 @@
-//! In-process cancellation: a map of tokens registered by runners.
-
-use std::collections::HashMap;
+//! In-process cancellation: reference-counted tokens registered by runners.
 
 use async_trait::async_trait;
-use parking_lot::Mutex;
 use protocol::ExecutionId;
 use tokio_util::sync::CancellationToken;
 
-use crate::cancel::CancelBus;
+use crate::cancel::{CancelBus, Watches};
 use crate::error::StoreError;
 
 /// See the module docs.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct MemoryCancelBus {
-    tokens: Mutex<HashMap<ExecutionId, CancellationToken>>,
-}
-
-impl std::fmt::Debug for MemoryCancelBus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryCancelBus").finish_non_exhaustive()
-    }
+    watches: Watches,
 }
 
 impl MemoryCancelBus {
@@ -29,24 +20,22 @@ impl MemoryCancelBus {
 
     /// Executions being watched (for tests: must return to zero).
     pub fn watched(&self) -> usize {
-        self.tokens.lock().len()
+        self.watches.len()
     }
 }
 
 #[async_trait]
 impl CancelBus for MemoryCancelBus {
     fn watch(&self, id: ExecutionId) -> CancellationToken {
-        self.tokens.lock().entry(id).or_default().clone()
+        self.watches.watch(id)
     }
 
     fn unwatch(&self, id: ExecutionId) {
-        self.tokens.lock().remove(&id);
+        self.watches.unwatch(id);
     }
 
     async fn request(&self, id: ExecutionId) -> Result<(), StoreError> {
-        if let Some(token) = self.tokens.lock().get(&id) {
-            token.cancel();
-        }
+        self.watches.cancel(id);
         Ok(())
     }
 }

@@ -17,7 +17,7 @@ use protocol::{ExecutionId, RuntimeEvent, Sequence};
 use tokio::sync::Notify;
 
 use crate::error::StoreError;
-use crate::event_store::{EventRecord, EventStore, EventStream};
+use crate::event_store::{EventRecord, EventStore, EventStream, WriterId};
 
 /// Bounds of the memory store. Memory use is bounded by
 /// `max_executions × max_execution_bytes` and `max_total_bytes`, whichever is smaller.
@@ -199,7 +199,8 @@ impl EventStore for MemoryEventStore {
         Ok(())
     }
 
-    async fn append(&self, event: RuntimeEvent) -> Result<(), StoreError> {
+    async fn append_as(&self, event: RuntimeEvent, _writer: WriterId) -> Result<(), StoreError> {
+        // The log lock makes compare-and-set exact; the writer id is not needed here.
         let id = event.execution_id;
         let entry = self.entry(id).ok_or(StoreError::NotFound)?;
         let terminal = event.is_terminal();

@@ -3,25 +3,23 @@
 //! and also re-checks the marks of the executions it runs every [`RECHECK`], so a core message
 //! lost during a disconnect still cancels within seconds.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
 use async_trait::async_trait;
 use futures_util::StreamExt;
-use parking_lot::Mutex;
 use protocol::ExecutionId;
 use tokio_util::sync::CancellationToken;
 
 use super::{NatsBackend, unavailable};
-use crate::cancel::CancelBus;
+use crate::cancel::{CancelBus, Watches};
 use crate::error::StoreError;
 
 /// Interval of the durable-mark re-check for watched executions.
 pub const RECHECK: Duration = Duration::from_secs(2);
 
-type Tokens = Arc<Mutex<HashMap<ExecutionId, CancellationToken>>>;
+type Tokens = Arc<Watches>;
 
 /// See the module docs.
 pub struct NatsCancelBus {
@@ -88,7 +86,7 @@ impl NatsCancelBus {
 
     /// Executions watched by this process (for tests).
     pub fn watched(&self) -> usize {
-        self.tokens.lock().len()
+        self.tokens.len()
     }
 }
 
@@ -104,8 +102,8 @@ async fn listen(mut subscriber: async_nats::Subscriber, tokens: Tokens, stop: Ca
             .rsplit('.')
             .next()
             .and_then(|s| s.parse::<ExecutionId>().ok());
-        if let Some(token) = id.and_then(|id| tokens.lock().get(&id).cloned()) {
-            token.cancel();
+        if let Some(id) = id {
+            tokens.cancel(id);
         }
     }
 }
@@ -116,12 +114,7 @@ async fn recheck(kv: kv::Store, tokens: Tokens, stop: CancellationToken) {
             () = tokio::time::sleep(RECHECK) => {}
             () = stop.cancelled() => return,
         }
-        let watched: Vec<(ExecutionId, CancellationToken)> = tokens
-            .lock()
-            .iter()
-            .filter(|(_, t)| !t.is_cancelled())
-            .map(|(id, t)| (*id, t.clone()))
-            .collect();
+        let watched = tokens.pending();
         for (id, token) in watched {
             if let Ok(Some(_)) = kv.get(id.to_string()).await {
                 token.cancel();
@@ -133,13 +126,12 @@ async fn recheck(kv: kv::Store, tokens: Tokens, stop: CancellationToken) {
 #[async_trait]
 impl CancelBus for NatsCancelBus {
     fn watch(&self, id: ExecutionId) -> CancellationToken {
-        let token = self.tokens.lock().entry(id).or_default().clone();
         // A cancel requested before this watch began is caught by the next re-check.
-        token
+        self.tokens.watch(id)
     }
 
     fn unwatch(&self, id: ExecutionId) {
-        self.tokens.lock().remove(&id);
+        self.tokens.unwatch(id);
     }
 
     async fn request(&self, id: ExecutionId) -> Result<(), StoreError> {
@@ -157,9 +149,7 @@ impl CancelBus for NatsCancelBus {
             .await
             .map_err(|e| unavailable("cancel publish", e))?;
         // Also cancel locally without a round trip, in case the runner is in this process.
-        if let Some(token) = self.tokens.lock().get(&id) {
-            token.cancel();
-        }
+        self.tokens.cancel(id);
         Ok(())
     }
 }

@@ -26,7 +26,7 @@ use protocol::{ExecutionId, RuntimeEvent, Sequence};
 
 use super::{NatsBackend, unavailable};
 use crate::error::StoreError;
-use crate::event_store::{EventRecord, EventStore, EventStream, LogHead};
+use crate::event_store::{EventRecord, EventStore, EventStream, LogHead, WriterId};
 
 /// What this process knows about the end of a log.
 #[derive(Debug, Clone, Copy)]
@@ -41,7 +41,6 @@ struct Head {
 struct Fetched {
     head: Head,
     msg_id: Option<String>,
-    payload: Bytes,
 }
 
 /// Most heads cached; beyond this the cache is cleared (it only saves a round trip).
@@ -64,8 +63,12 @@ impl std::fmt::Debug for NatsEventStore {
     }
 }
 
-fn msg_id(id: ExecutionId, sequence: Sequence) -> String {
-    format!("{id}:{sequence}")
+/// `{execution_id}:{sequence}:{writer}`: the writer part keeps two writers of the same
+/// sequence apart even when their events serialize identically (two duplicate deliveries
+/// selecting the same route in the same millisecond), so deduplication only ever absorbs a
+/// writer's own retry and compare-and-set decides between writers.
+fn msg_id(id: ExecutionId, sequence: Sequence, writer: WriterId) -> String {
+    format!("{id}:{sequence}:{writer}")
 }
 
 impl NatsEventStore {
@@ -114,7 +117,7 @@ impl NatsEventStore {
                     .get("Nats-Msg-Id")
                     .map(|v| v.as_str().to_owned());
                 let payload = message.payload;
-                let record = EventRecord::decode(payload.clone()).ok_or_else(|| {
+                let record = EventRecord::decode(payload).ok_or_else(|| {
                     StoreError::Unavailable("undecodable event in the events stream".into())
                 })?;
                 let head = Head {
@@ -123,11 +126,7 @@ impl NatsEventStore {
                     terminal: record.event.is_terminal(),
                     time: record.event.time,
                 };
-                Ok(Some(Fetched {
-                    head,
-                    msg_id,
-                    payload,
-                }))
+                Ok(Some(Fetched { head, msg_id }))
             }
             Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
             Err(e) => Err(unavailable("direct get", e)),
@@ -139,12 +138,13 @@ impl NatsEventStore {
         &self,
         record: &EventRecord,
         expected: u64,
+        writer: WriterId,
     ) -> Result<Result<u64, PublishErrorKind>, StoreError> {
         self.backend.check_connected()?;
         let event = &record.event;
         let message = PublishMessage::build()
             .payload(record.json.clone())
-            .message_id(msg_id(event.execution_id, event.sequence))
+            .message_id(msg_id(event.execution_id, event.sequence, writer))
             .expected_last_subject_sequence(expected);
         let ack = match self
             .backend
@@ -156,21 +156,7 @@ impl NatsEventStore {
             Err(e) => return Err(unavailable("publish", e)),
         };
         match ack.await {
-            Ok(ack) if ack.duplicate => {
-                // The msg id `{execution_id}:{sequence}` was already written. It was ours (a
-                // retry after a lost ack) only if the stored bytes are exactly ours; another
-                // writer's event for the same sequence means we lost the race.
-                let stored = self
-                    .stream
-                    .direct_get(ack.sequence)
-                    .await
-                    .map_err(|e| unavailable("direct get", e))?;
-                if stored.payload == record.json {
-                    Ok(Ok(ack.sequence))
-                } else {
-                    Ok(Err(PublishErrorKind::WrongLastSequence))
-                }
-            }
+            // A duplicate is this writer's own earlier attempt (the msg id names the writer).
             Ok(ack) => Ok(Ok(ack.sequence)),
             Err(e) => match e.kind() {
                 kind @ PublishErrorKind::WrongLastSequence => Ok(Err(kind)),
@@ -275,7 +261,7 @@ impl EventStore for NatsEventStore {
         let id = accepted.execution_id;
         let time = accepted.time;
         let record = EventRecord::new(accepted);
-        match self.publish(&record, 0).await? {
+        match self.publish(&record, 0, WriterId::random()).await? {
             Ok(stream_sequence) => {
                 self.remember(
                     id,
@@ -293,7 +279,7 @@ impl EventStore for NatsEventStore {
         }
     }
 
-    async fn append(&self, event: RuntimeEvent) -> Result<(), StoreError> {
+    async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError> {
         check_event(&event)?;
         let id = event.execution_id;
         let terminal = event.is_terminal();
@@ -318,7 +304,7 @@ impl EventStore for NatsEventStore {
         let time = event.time;
         let sequence = event.sequence;
         let record = EventRecord::new(event);
-        match self.publish(&record, head.stream_sequence).await? {
+        match self.publish(&record, head.stream_sequence, writer).await? {
             Ok(stream_sequence) => {
                 self.remember(
                     id,
@@ -335,8 +321,7 @@ impl EventStore for NatsEventStore {
                 self.heads.lock().remove(&id);
                 match self.fetch_head(id).await? {
                     Some(f)
-                        if f.msg_id.as_deref() == Some(msg_id(id, sequence).as_str())
-                            && f.payload == record.json =>
+                        if f.msg_id.as_deref() == Some(msg_id(id, sequence, writer).as_str()) =>
                     {
                         // Our write landed earlier (a retry after a lost ack).
                         self.remember(id, f.head);

@@ -1,0 +1,390 @@
+//! Distributed mode end to end: real `gateway` and `worker` processes over a private NATS
+//! JetStream and Redis. Each test owns its servers, namespace and ports.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use e2e_tests::*;
+use serde_json::{Value, json};
+
+fn mock(delay_ms: u64, chunks: usize) -> Value {
+    let chunks: Vec<String> = (0..chunks).map(|i| format!("c{i} ")).collect();
+    json!({
+        "providers": [{"type": "mock", "id": "provider-mock", "model": "model-alpha",
+                       "abilities": ["text-generation"], "chunks": chunks, "delay_ms": delay_ms,
+                       "max_concurrency": 64, "max_queue_depth": 256}],
+        "max_active_executions": 1000
+    })
+}
+
+fn types(events: &[Value]) -> Vec<&str> {
+    events.iter().map(|e| e["type"].as_str().unwrap()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_on_one_gateway_stream_and_resume_on_another() {
+    let cluster = Cluster::start(&mock(150, 8));
+    let g1 = cluster.gateway();
+    let g2 = cluster.gateway();
+    let _w1 = cluster.worker();
+    let _w2 = cluster.worker();
+    let (status, sub) = submit(&g1.url, &text_request("hi"), None).await;
+    assert_eq!(status, 202, "{sub}");
+    let id = sub["execution_id"].as_str().unwrap().to_owned();
+    // Read the first four events from gateway 2, then drop the connection.
+    let resp = client()
+        .get(format!("{}/v1/executions/{id}/events", g2.url))
+        .send()
+        .await
+        .unwrap();
+    let head = read_events(resp, Some(4)).await;
+    let last_seen = head[3]["sequence"].as_u64().unwrap();
+    // Resume on gateway 1 from the last committed sequence: no gap, no duplicate.
+    let tail = events(&g1.url, &id, last_seen).await;
+    let mut all = head[..4].to_vec();
+    all.extend(tail);
+    assert_log_well_formed(&all);
+    assert_eq!(
+        types(&all).iter().filter(|t| **t == "output.delta").count(),
+        8
+    );
+    assert_eq!(all.last().unwrap()["type"], "execution.completed");
+    // Both gateways serve the same snapshot.
+    let s1 = wait_terminal(&g1.url, &id).await;
+    let s2 = wait_terminal(&g2.url, &id).await;
+    assert_eq!(s1, s2);
+    assert_eq!(
+        s1["result"]["outputs"][0]["text"],
+        "c0 c1 c2 c3 c4 c5 c6 c7 "
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_idempotency_key_across_gateways_gives_one_execution_and_one_run() {
+    let cluster = Cluster::start(&mock(50, 3));
+    let g1 = cluster.gateway();
+    let g2 = cluster.gateway();
+    let _w1 = cluster.worker();
+    let _w2 = cluster.worker();
+    let key = unique_key();
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let url = if i % 2 == 0 {
+            g1.url.clone()
+        } else {
+            g2.url.clone()
+        };
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            submit(&url, &text_request("same"), Some(&key)).await
+        }));
+    }
+    let mut ids = HashSet::new();
+    let mut created = 0;
+    for t in tasks {
+        let (status, body) = t.await.unwrap();
+        assert!(status == 202 || status == 200, "{status} {body}");
+        if status == 202 {
+            created += 1;
+        } else {
+            assert_eq!(body["idempotent_replay"], true);
+        }
+        ids.insert(body["execution_id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(ids.len(), 1, "one execution");
+    assert_eq!(created, 1, "one creation");
+    let id = ids.into_iter().next().unwrap();
+    wait_terminal(&g1.url, &id).await;
+    let all = events(&g2.url, &id, 0).await;
+    assert_log_well_formed(&all);
+    assert_eq!(
+        types(&all)
+            .iter()
+            .filter(|t| **t == "route.selected")
+            .count(),
+        1,
+        "one provider run"
+    );
+    // A different request under the same key conflicts.
+    let (status, body) = submit(&g2.url, &text_request("different"), Some(&key)).await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["code"], "idempotency_conflict");
+}
+
+fn unique_key() -> String {
+    testkit::unique_namespace("key-")
+}
+
+/// Waits until the log of `id` (read through `gateway`) satisfies `pred`.
+async fn wait_for_events(gateway: &str, id: &str, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let deadline = Instant::now() + PROMPT;
+    loop {
+        let resp = client()
+            .get(format!("{gateway}/v1/executions/{id}/events"))
+            .send()
+            .await
+            .unwrap();
+        // Read what is there now without waiting for the end of a live stream.
+        let partial =
+            tokio::time::timeout(Duration::from_millis(300), read_events(resp, None)).await;
+        let events = match partial {
+            Ok(all) => all,
+            Err(_) => {
+                let snap = get_json(&format!("{gateway}/v1/executions/{id}")).await.1;
+                let n = snap["last_sequence"].as_u64().unwrap_or(0) as usize;
+                let resp = client()
+                    .get(format!("{gateway}/v1/executions/{id}/events"))
+                    .send()
+                    .await
+                    .unwrap();
+                read_events(resp, Some(n)).await
+            }
+        };
+        if pred(&events) {
+            return events;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "condition not reached: {events:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_leaves_exactly_one_terminal_and_no_repeated_output() {
+    let cluster = Cluster::start(&mock(300, 20));
+    let gateway = cluster.gateway();
+    let first = cluster.worker();
+    let (_, sub) = submit(&gateway.url, &text_request("hi"), None).await;
+    let id = sub["execution_id"].as_str().unwrap().to_owned();
+    wait_for_events(&gateway.url, &id, |e| types(e).contains(&"output.delta")).await;
+    first.signal("KILL");
+    // Another worker takes the redelivered job after the lease lapses.
+    let _second = cluster.worker();
+    let snap = wait_terminal(&gateway.url, &id).await;
+    assert_eq!(snap["status"], "failed");
+    assert_eq!(snap["error"]["code"], "internal_error");
+    assert_eq!(snap["error"]["retryable"], false);
+    assert!(
+        snap["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("remote outcome is unknown")
+    );
+    let all = events(&gateway.url, &id, 0).await;
+    assert_log_well_formed(&all);
+    let deltas: Vec<&str> = all
+        .iter()
+        .filter(|e| e["type"] == "output.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    let unique: HashSet<&&str> = deltas.iter().collect();
+    assert_eq!(
+        unique.len(),
+        deltas.len(),
+        "no output delivered twice: {deltas:?}"
+    );
+    assert_eq!(
+        types(&all)
+            .iter()
+            .filter(|t| **t == "route.selected")
+            .count(),
+        1,
+        "the provider was not called again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_worker_that_resumes_cannot_append() {
+    let cluster = Cluster::start(&mock(400, 30));
+    let gateway = cluster.gateway();
+    let zombie = cluster.worker();
+    let (_, sub) = submit(&gateway.url, &text_request("hi"), None).await;
+    let id = sub["execution_id"].as_str().unwrap().to_owned();
+    wait_for_events(&gateway.url, &id, |e| types(e).contains(&"output.delta")).await;
+    zombie.signal("STOP");
+    let _healthy = cluster.worker();
+    let snap = wait_terminal(&gateway.url, &id).await;
+    assert_eq!(snap["error"]["code"], "internal_error");
+    let final_sequence = snap["last_sequence"].as_u64().unwrap();
+    zombie.signal("CONT");
+    // Give the zombie time to try its next appends (chunks every 400 ms).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let all = events(&gateway.url, &id, 0).await;
+    assert_log_well_formed(&all);
+    assert_eq!(
+        all.len() as u64,
+        final_sequence,
+        "nothing appended after the terminal event"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_restart_loses_no_acknowledged_event() {
+    let mut cluster = Cluster::start(&mock(0, 5));
+    let gateway = cluster.gateway();
+    let _worker = cluster.worker();
+    let mut logs = Vec::new();
+    for _ in 0..5 {
+        let (status, sub) = submit(&gateway.url, &text_request("hi"), None).await;
+        assert_eq!(status, 202);
+        let id = sub["execution_id"].as_str().unwrap().to_owned();
+        wait_terminal(&gateway.url, &id).await;
+        logs.push((id.clone(), events(&gateway.url, &id, 0).await));
+    }
+    cluster.nats.restart();
+    for (id, before) in &logs {
+        let deadline = Instant::now() + PROMPT;
+        let after = loop {
+            let resp = client()
+                .get(format!("{}/v1/executions/{id}/events", gateway.url))
+                .send()
+                .await
+                .unwrap();
+            if resp.status().as_u16() == 200 {
+                break read_events(resp, None).await;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "gateway did not recover after the NATS restart"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(&after, before);
+    }
+    // And new work flows again.
+    let (status, sub) = submit(&gateway.url, &text_request("after restart"), None).await;
+    assert_eq!(status, 202, "{sub}");
+    let snap = wait_terminal(&gateway.url, sub["execution_id"].as_str().unwrap()).await;
+    assert_eq!(snap["status"], "succeeded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_means_503_for_keyed_submits_and_nothing_published() {
+    let mut cluster = Cluster::start(&mock(0, 3));
+    let gateway = cluster.gateway();
+    let _worker = cluster.worker();
+    cluster.redis.kill();
+    let started = Instant::now();
+    let (status, body) = submit(&gateway.url, &text_request("hi"), Some("k-1")).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "answered within 2 s: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(body["error"]["code"], "unavailable");
+    assert_eq!(body["error"]["retryable"], true);
+    assert_eq!(get_json(&format!("{}/readyz", gateway.url)).await.0, 503);
+    let (runtime_status, info) = get_json(&format!("{}/v1/runtime", gateway.url)).await;
+    assert_eq!(runtime_status, 503);
+    assert_eq!(info["state"], "unavailable");
+    // Nothing was published: the jobs stream is empty and no execution was created.
+    assert_eq!(jobs_published(&cluster).await, 0);
+    cluster.redis.restart();
+    let deadline = Instant::now() + PROMPT;
+    loop {
+        let (status, body) = submit(&gateway.url, &text_request("hi"), Some("k-1")).await;
+        if status == 202 {
+            wait_terminal(&gateway.url, body["execution_id"].as_str().unwrap()).await;
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "did not recover: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_down_means_503_within_two_seconds_and_recovery_by_itself() {
+    let mut cluster = Cluster::start(&mock(0, 3));
+    let gateway = cluster.gateway();
+    let _worker = cluster.worker();
+    cluster.nats.kill();
+    // The client notices the broken connection within its ping/read cycle; from then on every
+    // submit is answered promptly.
+    let deadline = Instant::now() + PROMPT;
+    loop {
+        let started = Instant::now();
+        let (status, body) = submit(&gateway.url, &text_request("hi"), None).await;
+        let took = started.elapsed();
+        if status == 503 {
+            assert!(
+                took < Duration::from_secs(2),
+                "503 within 2 s, took {took:?}"
+            );
+            assert_eq!(body["error"]["code"], "unavailable");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never answered 503: {status} {body}"
+        );
+    }
+    assert_eq!(get_json(&format!("{}/readyz", gateway.url)).await.0, 503);
+    cluster.nats.restart();
+    let deadline = Instant::now() + PROMPT;
+    loop {
+        let (status, body) = submit(&gateway.url, &text_request("hi"), None).await;
+        if status == 202 {
+            let snap = wait_terminal(&gateway.url, body["execution_id"].as_str().unwrap()).await;
+            assert_eq!(snap["status"], "succeeded");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "did not recover: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Messages ever stored in the namespace's jobs stream.
+async fn jobs_published(cluster: &Cluster) -> u64 {
+    let client = async_nats_free::connect(&cluster.nats.url()).await;
+    client.jobs_last_sequence(&cluster.namespace).await
+}
+
+/// A tiny JetStream API client over core NATS request/reply, so the test needs no extra crate.
+mod async_nats_free {
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::TcpStream;
+
+    pub struct Conn(String);
+
+    pub async fn connect(url: &str) -> Conn {
+        Conn(url.trim_start_matches("nats://").to_owned())
+    }
+
+    impl Conn {
+        /// `$JS.API.STREAM.INFO.{NS}_JOBS` → `state.last_seq`.
+        pub async fn jobs_last_sequence(&self, namespace: &str) -> u64 {
+            let addr = self.0.clone();
+            let stream = format!("{}_JOBS", namespace.to_ascii_uppercase());
+            tokio::task::spawn_blocking(move || {
+                let mut tcp = TcpStream::connect(addr).unwrap();
+                let mut reader = BufReader::new(tcp.try_clone().unwrap());
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap(); // INFO
+                write!(tcp, "CONNECT {{\"verbose\":false,\"headers\":false}}\r\nSUB _INBOX.t 1\r\nPUB $JS.API.STREAM.INFO.{stream} _INBOX.t 0\r\n\r\nPING\r\n").unwrap();
+                loop {
+                    line.clear();
+                    reader.read_line(&mut line).unwrap();
+                    if line.starts_with("MSG") {
+                        let len: usize = line.trim().rsplit(' ').next().unwrap().parse().unwrap();
+                        let mut buf = vec![0u8; len + 2];
+                        std::io::Read::read_exact(&mut reader, &mut buf).unwrap();
+                        let info: serde_json::Value = serde_json::from_slice(&buf[..len]).unwrap();
+                        return info["state"]["last_seq"].as_u64().unwrap_or(0);
+                    }
+                }
+            })
+            .await
+            .unwrap()
+        }
+    }
+}

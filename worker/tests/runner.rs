@@ -1,0 +1,1682 @@
+//! Integration tests of the runner (`worker::runner::Runner`) and the job loop
+//! (`worker::WorkerPool`) over the in-memory stores: every test checks the exact event log
+//! (types, statuses, sequences 1..n, one terminal event last) and the materialized snapshot.
+//! References `[R n]` are to `docs/reference-behaviours.md`.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::event::{EventBody, ExecutionStatus, ProgressPhase};
+use protocol::{ErrorCode, RuntimeError, Target, Timestamp, UsageFact, UsageSource, UsageUnit};
+use runtime::memory::{MemoryJobQueue, MemoryLimits};
+use runtime::{CancelBus, EventStore, JobQueue, StoreError};
+use support::*;
+use tokio::sync::Semaphore;
+use worker::provider::mock::{MockOptions, MockProvider};
+use worker::provider::{Provider, ProviderEvent};
+use worker::runner::{RunOutcome, RunnerSettings, interrupted_error};
+use worker::{PoolConfig, WorkerPool};
+
+fn limits(max_concurrency: u32, max_queue_depth: u32) -> Limits {
+    Limits {
+        max_concurrency,
+        max_queue_depth,
+    }
+}
+
+/// Runner settings whose cleanup grace is far longer than any test waits, so a test fails if
+/// an interrupted attempt is only ended by the grace period.
+fn long_cleanup() -> RunnerSettings {
+    RunnerSettings {
+        cleanup_grace: Duration::from_secs(120),
+    }
+}
+
+fn spawn_run(h: &Harness, job: &runtime::Job) -> tokio::task::JoinHandle<RunOutcome> {
+    let runner = Arc::clone(&h.runner);
+    let job = job.clone();
+    tokio::spawn(async move { runner.run(&job, 1).await })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Success and routing [R 25-31, 46]
+
+#[tokio::test]
+async fn mock_success_writes_the_reference_sequence_and_snapshot() {
+    let mock: Arc<dyn Provider> = Arc::new(MockProvider::new(MockOptions::default()));
+    let h = Harness::new(vec![(mock, limits(4, 8))]);
+    let job = h.submit(&text_request(""), LONG).await;
+
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+
+    let mock_target = Target {
+        provider: "provider-mock".into(),
+        model: "model-alpha".into(),
+    };
+    let events = h
+        .assert_log(
+            job.execution_id,
+            &[
+                EventBody::Accepted,
+                EventBody::RouteSelected {
+                    target: mock_target.clone(),
+                    attempt: 1,
+                },
+                delta("hello"),
+                delta(" from"),
+                delta(" mock"),
+                usage(3),
+                EventBody::Completed {
+                    target: mock_target.clone(),
+                },
+            ],
+        )
+        .await;
+    use ExecutionStatus::*;
+    assert_eq!(
+        statuses(&events),
+        [
+            Accepted, Routing, Running, Running, Running, Running, Succeeded
+        ]
+    );
+    // Integral quantities are written as JavaScript peers write them.
+    assert!(
+        events[5].to_json().starts_with(
+            r#"{"type":"usage.reported","facts":[{"unit":"input_token","quantity":1,"source":"runtime","complete":true},{"unit":"output_token","quantity":3,"source":"runtime","complete":true}],"status":"running","#
+        ),
+        "{}",
+        events[5].to_json()
+    );
+
+    let snapshot = h.snapshot(job.execution_id).await;
+    assert_eq!(snapshot.status, Succeeded);
+    assert_eq!(snapshot.last_sequence.get(), 7);
+    assert_eq!(snapshot.target, Some(mock_target));
+    assert_eq!(snapshot.result, Some(hello_result()));
+    assert_eq!(snapshot.usage, mock_usage_facts(3));
+    assert_eq!(snapshot.error, None);
+    assert_eq!(snapshot.artifacts, None);
+    assert_eq!(snapshot.updated_at, events[6].time);
+    assert_eq!(h.bus.watched(), 0, "the runner stops watching for cancels");
+}
+
+#[tokio::test]
+async fn retryable_failure_falls_back_to_the_next_candidate() {
+    let a = ScriptedProvider::failing("a");
+    let b = ScriptedProvider::succeeding("b");
+    let h = Harness::scripted(&[&a, &b]);
+    let job = h.submit(&text_request(FALLBACK), LONG).await;
+
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+
+    let events = h
+        .assert_log(
+            job.execution_id,
+            &[
+                EventBody::Accepted,
+                selected("a", 1),
+                attempt_failed("a", 1, unavailable()),
+                selected("b", 2),
+                delta("hello"),
+                delta(" from"),
+                delta(" mock"),
+                usage(3),
+                completed("b"),
+            ],
+        )
+        .await;
+    assert_eq!(events[2].status, ExecutionStatus::Routing);
+    assert_eq!(events[3].status, ExecutionStatus::Routing);
+    let snapshot = h.snapshot(job.execution_id).await;
+    assert_eq!(snapshot.status, ExecutionStatus::Succeeded);
+    assert_eq!(snapshot.target, Some(target("b")));
+    assert_eq!(snapshot.result, Some(hello_result()));
+    assert_eq!(
+        snapshot.error, None,
+        "a recovered attempt failure is not the execution's error"
+    );
+    assert_eq!((a.calls(), b.calls()), (1, 1));
+}
+
+#[tokio::test]
+async fn without_allow_fallback_there_is_exactly_one_attempt() {
+    for routing in [
+        "",
+        r#"{"max_attempts":5}"#,
+        r#"{"allow_fallback":false,"max_attempts":5}"#,
+        r#"{"strategy":"ordered","max_attempts":32,"retry_budget_ms":86400000}"#,
+    ] {
+        let a = ScriptedProvider::failing("a");
+        let b = ScriptedProvider::succeeding("b");
+        let h = Harness::scripted(&[&a, &b]);
+        let job = h.submit(&text_request(routing), LONG).await;
+
+        assert_eq!(
+            h.runner.run(&job, 1).await,
+            RunOutcome::Finished,
+            "{routing}"
+        );
+
+        h.assert_log(
+            job.execution_id,
+            &[EventBody::Accepted, selected("a", 1), failed(unavailable())],
+        )
+        .await;
+        let snapshot = h.snapshot(job.execution_id).await;
+        assert_eq!(snapshot.status, ExecutionStatus::Failed);
+        assert_eq!(
+            snapshot.target,
+            Some(target("a")),
+            "the attempted target is reported"
+        );
+        let error = snapshot.error.unwrap();
+        assert!(
+            error.retryable,
+            "the provider's retryable error is kept: {routing}"
+        );
+        assert_eq!(error, unavailable());
+        assert_eq!(snapshot.result, None);
+        assert_eq!((a.calls(), b.calls()), (1, 0), "{routing}");
+    }
+}
+
+#[tokio::test]
+async fn max_attempts_bounds_the_attempts() {
+    let rate_limited = RuntimeError::new(
+        ErrorCode::RateLimited,
+        "Provider request failed with status 429",
+        true,
+    )
+    .with_provider_code("429");
+    let a = ScriptedProvider::failing("a");
+    let b = ScriptedProvider::new("b", vec![Step::Fail(rate_limited.clone())]);
+    let c = ScriptedProvider::succeeding("c");
+    let h = Harness::scripted(&[&a, &b, &c]);
+    let job = h
+        .submit(
+            &text_request(r#"{"allow_fallback":true,"max_attempts":2}"#),
+            LONG,
+        )
+        .await;
+
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+
+    let events = h
+        .assert_log(
+            job.execution_id,
+            &[
+                EventBody::Accepted,
+                selected("a", 1),
+                attempt_failed("a", 1, unavailable()),
+                selected("b", 2),
+                failed(rate_limited.clone()),
+            ],
+        )
+        .await;
+    assert_eq!(
+        type_names(&events)
+            .iter()
+            .filter(|t| **t == "route.selected")
+            .count(),
+        2
+    );
+    let snapshot = h.snapshot(job.execution_id).await;
+    assert_eq!(snapshot.target, Some(target("b")));
+    assert_eq!(
+        snapshot.error,
+        Some(rate_limited),
+        "the last error, still retryable"
+    );
+    assert_eq!((a.calls(), b.calls(), c.calls()), (1, 1, 0));
+}
+
+#[tokio::test]
+async fn fallback_without_max_attempts_tries_every_candidate_once() {
+    let last = RuntimeError::new(
+        ErrorCode::ProviderUnavailable,
+        "Provider request failed with status 502",
+        true,
+    )
+    .with_provider_code("502");
+    let a = ScriptedProvider::failing("a");
+    let b = ScriptedProvider::failing("b");
+    let c = ScriptedProvider::new("c", vec![Step::Fail(last.clone())]);
+    let h = Harness::scripted(&[&a, &b, &c]);
+    // max_attempts above the candidate count is capped by it [R 28].
+    for routing in [FALLBACK, r#"{"allow_fallback":true,"max_attempts":32}"#] {
+        let job = h.submit(&text_request(routing), LONG).await;
+        assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+        h.assert_log(
+            job.execution_id,
+            &[
+                EventBody::Accepted,
+                selected("a", 1),
+                attempt_failed("a", 1, unavailable()),
+                selected("b", 2),
+                attempt_failed("b", 2, unavailable()),
+                selected("c", 3),
+                failed(last.clone()),
+            ],
+        )
+        .await;
+        assert_eq!(h.snapshot(job.execution_id).await.target, Some(target("c")));
+    }
+    assert_eq!((a.calls(), b.calls(), c.calls()), (2, 2, 2));
+}
+
+#[tokio::test]
+async fn provider_order_ranks_candidates_and_unlisted_go_last() {
+    let a = ScriptedProvider::failing("a");
+    let b = ScriptedProvider::failing("b");
+    let c = ScriptedProvider::succeeding("c");
+    let h = Harness::scripted(&[&a, &b, &c]);
+    let job = h
+        .submit(
+            &text_request(r#"{"allow_fallback":true,"provider_order":["b","zzz"],"strategy":"first_available"}"#),
+            LONG,
+        )
+        .await;
+
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+
+    let mut expected = vec![
+        EventBody::Accepted,
+        selected("b", 1),
+        attempt_failed("b", 1, unavailable()),
+        selected("a", 2),
+        attempt_failed("a", 2, unavailable()),
+        selected("c", 3),
+    ];
+    expected.extend(success_log("c").into_iter().skip(2));
+    h.assert_log(job.execution_id, &expected).await;
+}
+
+#[tokio::test]
+async fn no_fallback_once_output_was_exposed() {
+    let outputs = [
+        (
+            ProviderEvent::OutputDelta {
+                output_index: 0,
+                delta: "partial".into(),
+            },
+            delta("partial"),
+        ),
+        (
+            ProviderEvent::ToolCallStarted {
+                call_id: "call-1".into(),
+                name: "lookup".into(),
+            },
+            EventBody::ToolCallStarted {
+                call_id: "call-1".into(),
+                name: "lookup".into(),
+            },
+        ),
+        (
+            ProviderEvent::ToolCallArgumentsDelta {
+                call_id: "call-1".into(),
+                delta: "{\"q\":".into(),
+            },
+            EventBody::ToolCallArgumentsDelta {
+                call_id: "call-1".into(),
+                delta: "{\"q\":".into(),
+            },
+        ),
+        (
+            ProviderEvent::OutputResult {
+                result: serde_json::json!({"image": 1}),
+                artifacts: None,
+            },
+            EventBody::OutputResult {
+                result: serde_json::json!({"image": 1}),
+                artifacts: None,
+            },
+        ),
+    ];
+    for (event, body) in outputs {
+        let a = ScriptedProvider::new("a", vec![Step::Emit(event), Step::Fail(unavailable())]);
+        let b = ScriptedProvider::succeeding("b");
+        let h = Harness::scripted(&[&a, &b]);
+        let job = h.submit(&text_request(FALLBACK), LONG).await;
+
+        assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+
+        let not_retryable = unavailable().not_retryable();
+        let events = h
+            .assert_log(
+                job.execution_id,
+                &[
+                    EventBody::Accepted,
+                    selected("a", 1),
+                    body.clone(),
+                    failed(not_retryable.clone()),
+                ],
+            )
+            .await;
+        assert_eq!(events[3].status, ExecutionStatus::Failed);
+        let snapshot = h.snapshot(job.execution_id).await;
+        assert_eq!(snapshot.status, ExecutionStatus::Failed);
+        assert_eq!(snapshot.target, Some(target("a")), "{body:?}");
+        assert_eq!(snapshot.error, Some(not_retryable), "{body:?}");
+        assert!(
+            snapshot.result.is_some(),
+            "the exposed output stays visible: {body:?}"
+        );
+        assert_eq!((a.calls(), b.calls()), (1, 0), "{body:?}");
+    }
+}
+
+#[tokio::test]
+async fn usage_and_progress_do_not_count_as_output() {
+    let provider_usage = vec![UsageFact {
+        unit: UsageUnit::request(),
+        quantity: 1.0,
+        source: UsageSource::Provider,
+        complete: None,
+    }];
+    let cases = [
+        (
+            ProviderEvent::Usage(provider_usage.clone()),
+            EventBody::UsageReported {
+                facts: provider_usage.clone(),
+            },
+        ),
+        (
+            progress(),
+            EventBody::Progress {
+                phase: ProgressPhase::Processing,
+                progress: Some(0.5),
+            },
+        ),
+    ];
+    for (event, body) in cases {
+        let a = ScriptedProvider::new("a", vec![Step::Emit(event), Step::Fail(unavailable())]);
+        let b = ScriptedProvider::succeeding("b");
+        let h = Harness::scripted(&[&a, &b]);
+        let job = h.submit(&text_request(FALLBACK), LONG).await;
+
+        assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+
+        let mut expected = vec![
+            EventBody::Accepted,
+            selected("a", 1),
+            body.clone(),
+            attempt_failed("a", 1, unavailable()),
+            selected("b", 2),
+        ];
+        expected.extend(success_log("b").into_iter().skip(2));
+        let events = h.assert_log(job.execution_id, &expected).await;
+        assert_eq!(events[2].status, ExecutionStatus::Running);
+        let snapshot = h.snapshot(job.execution_id).await;
+        assert_eq!(snapshot.status, ExecutionStatus::Succeeded);
+        assert_eq!(snapshot.target, Some(target("b")));
+        assert_eq!(snapshot.result, Some(hello_result()));
+        // Usage facts are concatenated across attempts, never summed [R 57].
+        let mut usage = Vec::new();
+        if matches!(body, EventBody::UsageReported { .. }) {
+            usage.extend(provider_usage.clone());
+        }
+        usage.extend(mock_usage_facts(3));
+        assert_eq!(snapshot.usage, usage);
+        assert_eq!((a.calls(), b.calls()), (1, 1));
+    }
+}
+
+#[tokio::test]
+async fn a_non_retryable_error_ends_routing() {
+    let bad_request = RuntimeError::new(
+        ErrorCode::ProviderUnavailable,
+        "Provider request failed with status 400",
+        false,
+    )
+    .with_provider_code("400");
+    let a = ScriptedProvider::new("a", vec![Step::Fail(bad_request.clone())]);
+    let b = ScriptedProvider::succeeding("b");
+    let h = Harness::scripted(&[&a, &b]);
+    let job = h.submit(&text_request(FALLBACK), LONG).await;
+
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+
+    h.assert_log(
+        job.execution_id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            failed(bad_request.clone()),
+        ],
+    )
+    .await;
+    let snapshot = h.snapshot(job.execution_id).await;
+    assert_eq!(snapshot.error, Some(bad_request));
+    assert_eq!(snapshot.target, Some(target("a")));
+    assert_eq!((a.calls(), b.calls()), (1, 0));
+}
+
+#[tokio::test]
+async fn a_spent_retry_budget_stops_fallback_and_keeps_the_last_error() {
+    // The budget (50 ms) is spent by the first attempt (200 ms), so there is no fallback and no
+    // attempt_failed; the final error keeps retryable:true [R 30].
+    let a = ScriptedProvider::new(
+        "a",
+        vec![
+            Step::Sleep(Duration::from_millis(200)),
+            Step::Fail(unavailable()),
+        ],
+    );
+    let b = ScriptedProvider::succeeding("b");
+    let h = Harness::scripted(&[&a, &b]);
+    let job = h
+        .submit(
+            &text_request(r#"{"allow_fallback":true,"retry_budget_ms":50}"#),
+            LONG,
+        )
+        .await;
+
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+
+    h.assert_log(
+        job.execution_id,
+        &[EventBody::Accepted, selected("a", 1), failed(unavailable())],
+    )
+    .await;
+    let snapshot = h.snapshot(job.execution_id).await;
+    assert_eq!(snapshot.status, ExecutionStatus::Failed);
+    assert!(snapshot.error.unwrap().retryable);
+    assert_eq!((a.calls(), b.calls()), (1, 0));
+
+    // Control: with budget left, the same failure falls back.
+    let job = h
+        .submit(
+            &text_request(r#"{"allow_fallback":true,"retry_budget_ms":600000}"#),
+            LONG,
+        )
+        .await;
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    assert_eq!(h.snapshot(job.execution_id).await.target, Some(target("b")));
+    assert_eq!((a.calls(), b.calls()), (2, 1));
+}
+
+#[tokio::test]
+async fn no_candidates_fails_with_capability_unavailable_without_routing() {
+    let a = ScriptedProvider::succeeding("a");
+    let h = Harness::scripted(&[&a]);
+    for request in [
+        r#"{"ability":"image-generation","input":[{"type":"text","text":"x"}]}"#,
+        // The inferred input modality cannot be bypassed by narrowing requirements [R 25].
+        r#"{"ability":"text-generation","input":[{"type":"image","uri":"https://x/y.png"}],"requirements":{"input_modalities":["text"]}}"#,
+        r#"{"ability":"text-generation","input":[{"type":"text","text":"x"}],"requirements":{"tools":true}}"#,
+    ] {
+        let job = h.submit(request, LONG).await;
+        assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+        h.assert_log(
+            job.execution_id,
+            &[
+                EventBody::Accepted,
+                failed(RuntimeError::capability_unavailable()),
+            ],
+        )
+        .await;
+        let snapshot = h.snapshot(job.execution_id).await;
+        assert_eq!(snapshot.status, ExecutionStatus::Failed);
+        assert_eq!(snapshot.target, None);
+        let error = snapshot.error.unwrap();
+        assert_eq!(error.code, ErrorCode::CapabilityUnavailable);
+        assert_eq!(
+            error.message,
+            "No provider satisfies the requested ability and capabilities"
+        );
+        assert!(!error.retryable);
+    }
+    assert_eq!(a.calls(), 0);
+}
+
+#[tokio::test]
+async fn invalid_usage_from_a_provider_is_a_protocol_error() {
+    for quantity in [-1.0, f64::NAN, f64::INFINITY] {
+        let bad = UsageFact {
+            unit: UsageUnit::input_token(),
+            quantity,
+            source: UsageSource::Provider,
+            complete: None,
+        };
+        let a = ScriptedProvider::new(
+            "a",
+            vec![emit_delta("x"), Step::Emit(ProviderEvent::Usage(vec![bad]))],
+        );
+        let b = ScriptedProvider::succeeding("b");
+        let h = Harness::scripted(&[&a, &b]);
+        let job = h.submit(&text_request(FALLBACK), LONG).await;
+
+        assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+
+        let events = h.events(job.execution_id).await;
+        assert_log_rules(job.execution_id, &events);
+        assert_eq!(
+            type_names(&events),
+            [
+                "execution.accepted",
+                "route.selected",
+                "output.delta",
+                "execution.failed"
+            ]
+        );
+        let error = h.snapshot(job.execution_id).await.error.unwrap();
+        assert_eq!(error.code, ErrorCode::ProviderProtocolError, "{quantity}");
+        assert!(!error.retryable);
+        assert_eq!(b.calls(), 0);
+    }
+
+    // Without output first, the protocol error is not retryable either: no fallback.
+    let bad = UsageFact {
+        unit: UsageUnit::output_token(),
+        quantity: -1.0,
+        source: UsageSource::Provider,
+        complete: Some(true),
+    };
+    let a = ScriptedProvider::new("a", vec![Step::Emit(ProviderEvent::Usage(vec![bad]))]);
+    let b = ScriptedProvider::succeeding("b");
+    let h = Harness::scripted(&[&a, &b]);
+    let job = h.submit(&text_request(FALLBACK), LONG).await;
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    let events = h.events(job.execution_id).await;
+    assert_log_rules(job.execution_id, &events);
+    assert_eq!(
+        type_names(&events),
+        ["execution.accepted", "route.selected", "execution.failed"]
+    );
+    let snapshot = h.snapshot(job.execution_id).await;
+    assert_eq!(
+        snapshot.error.unwrap().code,
+        ErrorCode::ProviderProtocolError
+    );
+    assert!(
+        snapshot.usage.is_empty(),
+        "invalid usage never reaches the log"
+    );
+    assert_eq!(b.calls(), 0);
+}
+
+#[tokio::test]
+async fn empty_usage_reports_are_not_logged() {
+    let a = ScriptedProvider::new(
+        "a",
+        vec![
+            Step::Emit(ProviderEvent::Usage(Vec::new())),
+            emit_delta("hello"),
+            emit_delta(" from"),
+            emit_delta(" mock"),
+            Step::Emit(ProviderEvent::Usage(mock_usage_facts(3))),
+        ],
+    );
+    let h = Harness::scripted(&[&a]);
+    let job = h.submit(&text_request(""), LONG).await;
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    h.assert_log(job.execution_id, &success_log("a")).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deadlines [R 40]
+
+#[tokio::test]
+async fn the_deadline_fails_a_running_attempt() {
+    let a = ScriptedProvider::hanging("a");
+    let h = Harness::with(
+        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
+        MemoryLimits::default(),
+        long_cleanup(),
+    );
+    let job = h.submit(&text_request(""), Duration::from_secs(1)).await;
+
+    let outcome = within("the deadline ends the run", PATIENCE, h.runner.run(&job, 1)).await;
+    assert_eq!(outcome, RunOutcome::Finished);
+
+    let events = h
+        .assert_log(
+            job.execution_id,
+            &[
+                EventBody::Accepted,
+                selected("a", 1),
+                failed(RuntimeError::deadline_exceeded()),
+            ],
+        )
+        .await;
+    assert_eq!(events[2].status, ExecutionStatus::Failed);
+    let snapshot = h.snapshot(job.execution_id).await;
+    assert_eq!(snapshot.status, ExecutionStatus::Failed);
+    let error = snapshot.error.unwrap();
+    assert_eq!(error.code, ErrorCode::DeadlineExceeded);
+    assert_eq!(error.message, "Execution deadline was exceeded");
+    assert!(!error.retryable);
+    assert_eq!(a.finished(), 1, "the attempt was cancelled and returned");
+    assert_eq!(h.bus.watched(), 0);
+}
+
+#[tokio::test]
+async fn the_deadline_applies_even_after_output_was_exposed() {
+    let a = ScriptedProvider::new(
+        "a",
+        vec![
+            emit_delta("partial"),
+            Step::Sleep(Duration::from_secs(3600)),
+        ],
+    );
+    let h = Harness::with(
+        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
+        MemoryLimits::default(),
+        long_cleanup(),
+    );
+    let job = h
+        .submit(&text_request(FALLBACK), Duration::from_secs(1))
+        .await;
+
+    let outcome = within("the deadline ends the run", PATIENCE, h.runner.run(&job, 1)).await;
+    assert_eq!(outcome, RunOutcome::Finished);
+
+    h.assert_log(
+        job.execution_id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            delta("partial"),
+            failed(RuntimeError::deadline_exceeded()),
+        ],
+    )
+    .await;
+    let snapshot = h.snapshot(job.execution_id).await;
+    assert_eq!(snapshot.status, ExecutionStatus::Failed);
+    assert_eq!(snapshot.error, Some(RuntimeError::deadline_exceeded()));
+    assert_eq!(
+        snapshot.result,
+        Some(
+            serde_json::json!({"outputs":[{"index":0,"type":"text","text":"partial"}],"tool_calls":[]})
+        )
+    );
+}
+
+#[tokio::test]
+async fn the_deadline_is_never_followed_by_fallback() {
+    // An adapter that reports its interrupted call as a retryable transport error must not make
+    // the runner try the next candidate after the deadline [R 40; invariant 4].
+    let a = ScriptedProvider::new(
+        "a",
+        vec![Step::SleepOrFail(Duration::from_secs(3600), unavailable())],
+    );
+    let b = ScriptedProvider::succeeding("b");
+    let h = Harness::with(
+        vec![
+            (a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
+            (b.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
+        ],
+        MemoryLimits::default(),
+        long_cleanup(),
+    );
+    let job = h
+        .submit(&text_request(FALLBACK), Duration::from_secs(1))
+        .await;
+
+    let outcome = within("the deadline ends the run", PATIENCE, h.runner.run(&job, 1)).await;
+    assert_eq!(outcome, RunOutcome::Finished);
+
+    h.assert_log(
+        job.execution_id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            failed(RuntimeError::deadline_exceeded()),
+        ],
+    )
+    .await;
+    assert_eq!((a.calls(), b.calls()), (1, 0));
+}
+
+#[tokio::test]
+async fn a_job_past_its_deadline_at_pickup_never_reaches_a_provider() {
+    let a = ScriptedProvider::succeeding("a");
+    let h = Harness::scripted(&[&a]);
+    for late_by_ms in [0, 1, 60_000] {
+        let mut job = job(&text_request(""), LONG);
+        job.deadline_at = Timestamp::from_unix_millis(Timestamp::now().unix_millis() - late_by_ms);
+        h.create_log(job.execution_id).await;
+
+        assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+
+        h.assert_log(
+            job.execution_id,
+            &[
+                EventBody::Accepted,
+                failed(RuntimeError::deadline_exceeded()),
+            ],
+        )
+        .await;
+        let snapshot = h.snapshot(job.execution_id).await;
+        assert_eq!(snapshot.status, ExecutionStatus::Failed);
+        assert_eq!(snapshot.target, None);
+    }
+    assert_eq!(a.calls(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cancellation [R 41]
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_running_execution() {
+    let a = ScriptedProvider::new(
+        "a",
+        vec![
+            emit_delta("partial"),
+            Step::Sleep(Duration::from_secs(3600)),
+        ],
+    );
+    let h = Harness::with(
+        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
+        MemoryLimits::default(),
+        long_cleanup(),
+    );
+    let job = h.submit(&text_request(""), LONG).await;
+    let id = job.execution_id;
+    let run = spawn_run(&h, &job);
+
+    wait_until("the attempt streams", PATIENCE, || {
+        h.has_event(id, "output.delta")
+    })
+    .await;
+    assert_eq!(h.bus.watched(), 1);
+    h.bus.request(id).await.unwrap();
+
+    let outcome = within("cancel ends the run", PATIENCE, run).await.unwrap();
+    assert_eq!(outcome, RunOutcome::Finished);
+    let events = h
+        .assert_log(
+            id,
+            &[
+                EventBody::Accepted,
+                selected("a", 1),
+                delta("partial"),
+                failed(RuntimeError::cancelled()),
+            ],
+        )
+        .await;
+    assert_eq!(events[3].status, ExecutionStatus::Cancelled);
+    let snapshot = h.snapshot(id).await;
+    assert_eq!(snapshot.status, ExecutionStatus::Cancelled);
+    let error = snapshot.error.unwrap();
+    assert_eq!(error.code, ErrorCode::Cancelled);
+    assert_eq!(error.message, "Execution was cancelled");
+    assert!(!error.retryable);
+    assert_eq!(a.finished(), 1, "the adapter saw the cancel and returned");
+    assert_eq!(
+        h.bus.watched(),
+        0,
+        "the runner stops watching once terminal"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_right_after_routing() {
+    let a = ScriptedProvider::hanging("a");
+    let h = Harness::with(
+        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
+        MemoryLimits::default(),
+        long_cleanup(),
+    );
+    let job = h.submit(&text_request(""), LONG).await;
+    let id = job.execution_id;
+    let run = spawn_run(&h, &job);
+
+    wait_until("route.selected is logged", PATIENCE, || {
+        h.has_event(id, "route.selected")
+    })
+    .await;
+    h.bus.request(id).await.unwrap();
+
+    assert_eq!(
+        within("cancel", PATIENCE, run).await.unwrap(),
+        RunOutcome::Finished
+    );
+    h.assert_log(
+        id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            failed(RuntimeError::cancelled()),
+        ],
+    )
+    .await;
+    assert_eq!(h.snapshot(id).await.status, ExecutionStatus::Cancelled);
+    assert_eq!(h.bus.watched(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_execution_is_never_routed_to_a_fallback() {
+    let a = ScriptedProvider::new(
+        "a",
+        vec![Step::SleepOrFail(Duration::from_secs(3600), unavailable())],
+    );
+    let b = ScriptedProvider::succeeding("b");
+    let h = Harness::with(
+        vec![
+            (a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
+            (b.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
+        ],
+        MemoryLimits::default(),
+        long_cleanup(),
+    );
+    let job = h.submit(&text_request(FALLBACK), LONG).await;
+    let id = job.execution_id;
+    let run = spawn_run(&h, &job);
+
+    wait_until("the attempt runs", PATIENCE, || async { a.calls() == 1 }).await;
+    h.bus.request(id).await.unwrap();
+
+    assert_eq!(
+        within("cancel", PATIENCE, run).await.unwrap(),
+        RunOutcome::Finished
+    );
+    h.assert_log(
+        id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            failed(RuntimeError::cancelled()),
+        ],
+    )
+    .await;
+    assert_eq!(b.calls(), 0, "no provider call after the cancel");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_delivery_does_not_break_cancelling_the_live_attempt() {
+    let a = ScriptedProvider::hanging("a");
+    let h = Harness::with(
+        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
+        MemoryLimits::default(),
+        long_cleanup(),
+    );
+    let job = h.submit(&text_request(""), LONG).await;
+    let id = job.execution_id;
+    let live = spawn_run(&h, &job);
+    wait_until("the live attempt runs", PATIENCE, || async {
+        a.calls() == 1
+    })
+    .await;
+
+    // The same job delivered again for the first time (a republish) is dropped untouched...
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
+    assert_eq!(h.events(id).await.len(), 2);
+    assert_eq!(a.calls(), 1);
+
+    // ...and a cancel still reaches the live attempt.
+    h.bus.request(id).await.unwrap();
+    assert_eq!(
+        within("cancel reaches the live attempt", PATIENCE, live)
+            .await
+            .unwrap(),
+        RunOutcome::Finished
+    );
+    h.assert_log(
+        id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            failed(RuntimeError::cancelled()),
+        ],
+    )
+    .await;
+    assert_eq!(h.bus.watched(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flow control [R 35-37]
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_provider_queue_fails_the_attempt_retryably() {
+    let a = ScriptedProvider::hanging("a");
+    let b = ScriptedProvider::succeeding("b");
+    let h = Harness::with(
+        vec![
+            (a.clone() as Arc<dyn Provider>, limits(1, 0)),
+            (b.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
+        ],
+        MemoryLimits::default(),
+        long_cleanup(),
+    );
+    let holder = h.submit(&text_request(""), LONG).await;
+    let holding = spawn_run(&h, &holder);
+    wait_until(
+        "the first execution holds a's only slot",
+        PATIENCE,
+        || async { a.calls() == 1 },
+    )
+    .await;
+
+    // With fallback: queue_full (retryable) → attempt_failed → b.
+    let job = h.submit(&text_request(FALLBACK), LONG).await;
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    let mut expected = vec![
+        EventBody::Accepted,
+        selected("a", 1),
+        attempt_failed("a", 1, RuntimeError::provider_queue_full()),
+        selected("b", 2),
+    ];
+    expected.extend(success_log("b").into_iter().skip(2));
+    h.assert_log(job.execution_id, &expected).await;
+    assert_eq!(h.snapshot(job.execution_id).await.target, Some(target("b")));
+
+    // Without fallback: the execution fails with queue_full, still retryable.
+    let job = h.submit(&text_request(""), LONG).await;
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    h.assert_log(
+        job.execution_id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            failed(RuntimeError::provider_queue_full()),
+        ],
+    )
+    .await;
+    let error = h.snapshot(job.execution_id).await.error.unwrap();
+    assert_eq!(error.code, ErrorCode::QueueFull);
+    assert_eq!(error.message, "Provider execution queue is full");
+    assert!(error.retryable);
+    assert_eq!(a.calls(), 1, "refused attempts never reach the provider");
+
+    h.bus.request(holder.execution_id).await.unwrap();
+    assert_eq!(
+        within("cancel", PATIENCE, holding).await.unwrap(),
+        RunOutcome::Finished
+    );
+    assert_eq!(
+        h.snapshot(holder.execution_id).await.status,
+        ExecutionStatus::Cancelled
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_attempts_are_routing_and_run_when_a_slot_frees() {
+    let release = Arc::new(Semaphore::new(0));
+    let mut script = vec![Step::Hold(Arc::clone(&release))];
+    script.extend(success_script());
+    let a = ScriptedProvider::new("a", script);
+    let h = Harness::with(
+        vec![(a.clone() as Arc<dyn Provider>, limits(1, 1))],
+        MemoryLimits::default(),
+        long_cleanup(),
+    );
+    let first = h.submit(&text_request(""), LONG).await;
+    let second = h.submit(&text_request(""), LONG).await;
+    let gate = &h.registry.candidates(&first.request)[0].entry.gate;
+
+    let first_run = spawn_run(&h, &first);
+    wait_until("the first holds the slot", PATIENCE, || async {
+        a.calls() == 1
+    })
+    .await;
+    let second_run = spawn_run(&h, &second);
+    wait_until("the second waits in the queue", PATIENCE, || async {
+        gate.queued() == 1
+    })
+    .await;
+    // The gate is taken after route.selected: a queued attempt is already routing [R 35].
+    h.assert_log_prefix(
+        second.execution_id,
+        &[EventBody::Accepted, selected("a", 1)],
+    )
+    .await;
+    assert_eq!(
+        h.snapshot(second.execution_id).await.status,
+        ExecutionStatus::Routing
+    );
+
+    release.add_permits(2);
+    assert_eq!(
+        within("first", PATIENCE, first_run).await.unwrap(),
+        RunOutcome::Finished
+    );
+    assert_eq!(
+        within("second", PATIENCE, second_run).await.unwrap(),
+        RunOutcome::Finished
+    );
+    h.assert_log(first.execution_id, &success_log("a")).await;
+    h.assert_log(second.execution_id, &success_log("a")).await;
+    assert_eq!(a.max_in_flight(), 1);
+    assert_eq!(gate.queued(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_queued_attempt_leaves_the_queue_promptly() {
+    let release = Arc::new(Semaphore::new(0));
+    let mut script = vec![Step::Hold(Arc::clone(&release))];
+    script.extend(success_script());
+    let a = ScriptedProvider::new("a", script);
+    let h = Harness::with(
+        vec![(a.clone() as Arc<dyn Provider>, limits(1, 1))],
+        MemoryLimits::default(),
+        long_cleanup(),
+    );
+    let first = h.submit(&text_request(""), LONG).await;
+    let queued = h.submit(&text_request(""), LONG).await;
+    let gate = &h.registry.candidates(&first.request)[0].entry.gate;
+
+    let first_run = spawn_run(&h, &first);
+    wait_until("the first holds the slot", PATIENCE, || async {
+        a.calls() == 1
+    })
+    .await;
+    let queued_run = spawn_run(&h, &queued);
+    wait_until("the second waits in the queue", PATIENCE, || async {
+        gate.queued() == 1
+    })
+    .await;
+
+    h.bus.request(queued.execution_id).await.unwrap();
+    // The cleanup grace is 120 s: only a waiter that leaves the queue on cancel ends in time.
+    assert_eq!(
+        within("the queued attempt is cancelled", PATIENCE, queued_run)
+            .await
+            .unwrap(),
+        RunOutcome::Finished
+    );
+    h.assert_log(
+        queued.execution_id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            failed(RuntimeError::cancelled()),
+        ],
+    )
+    .await;
+    assert_eq!(gate.queued(), 0, "the cancelled waiter left the queue");
+    assert_eq!(a.calls(), 1);
+
+    release.add_permits(1);
+    assert_eq!(
+        within("first", PATIENCE, first_run).await.unwrap(),
+        RunOutcome::Finished
+    );
+    h.assert_log(first.execution_id, &success_log("a")).await;
+    assert_eq!(h.bus.watched(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deadline_covers_time_spent_queued() {
+    let a = ScriptedProvider::hanging("a");
+    let h = Harness::with(
+        vec![(a.clone() as Arc<dyn Provider>, limits(1, 4))],
+        MemoryLimits::default(),
+        long_cleanup(),
+    );
+    let holder = h.submit(&text_request(""), LONG).await;
+    let holding = spawn_run(&h, &holder);
+    wait_until("the slot is held", PATIENCE, || async { a.calls() == 1 }).await;
+
+    let job = h.submit(&text_request(""), Duration::from_secs(1)).await;
+    let outcome = within(
+        "the deadline ends the queued run",
+        PATIENCE,
+        h.runner.run(&job, 1),
+    )
+    .await;
+    assert_eq!(outcome, RunOutcome::Finished);
+    h.assert_log(
+        job.execution_id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            failed(RuntimeError::deadline_exceeded()),
+        ],
+    )
+    .await;
+    assert_eq!(a.calls(), 1);
+
+    h.bus.request(holder.execution_id).await.unwrap();
+    assert_eq!(
+        within("cancel", PATIENCE, holding).await.unwrap(),
+        RunOutcome::Finished
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker loss and fencing [architecture invariants 1 and 4]
+
+#[tokio::test]
+async fn a_redelivered_job_with_a_started_attempt_fails_as_interrupted() {
+    let a = ScriptedProvider::succeeding("a");
+    let h = Harness::scripted(&[&a]);
+    for partial in [
+        vec![selected("a", 1), delta("hel")],
+        vec![selected("a", 1)],
+        vec![selected("a", 1), attempt_failed("a", 1, unavailable())],
+    ] {
+        let job = h.submit(&text_request(FALLBACK), LONG).await;
+        let id = job.execution_id;
+        for body in &partial {
+            h.append_foreign(id, body.clone()).await;
+        }
+
+        assert_eq!(h.runner.run(&job, 2).await, RunOutcome::Finished);
+
+        let mut expected = vec![EventBody::Accepted];
+        expected.extend(partial.clone());
+        expected.push(failed(interrupted_error()));
+        h.assert_log(id, &expected).await;
+        let snapshot = h.snapshot(id).await;
+        assert_eq!(snapshot.status, ExecutionStatus::Failed);
+        assert_eq!(snapshot.target, Some(target("a")));
+        let error = snapshot.error.unwrap();
+        assert_eq!(error.code, ErrorCode::InternalError);
+        assert!(
+            error.message.contains("remote outcome is unknown"),
+            "{}",
+            error.message
+        );
+        assert!(!error.retryable);
+    }
+    assert_eq!(a.calls(), 0, "a provider call is never silently repeated");
+    assert_eq!(h.bus.watched(), 0);
+}
+
+#[tokio::test]
+async fn a_first_delivery_of_a_claimed_log_is_dropped() {
+    let a = ScriptedProvider::succeeding("a");
+    let h = Harness::scripted(&[&a]);
+    let job = h.submit(&text_request(""), LONG).await;
+    let id = job.execution_id;
+    h.append_foreign(id, selected("a", 1)).await;
+    h.append_foreign(id, delta("hel")).await;
+    let before = h.events(id).await;
+
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
+
+    assert_eq!(h.events(id).await, before, "nothing appended");
+    assert_eq!(h.snapshot(id).await.status, ExecutionStatus::Running);
+    assert_eq!(a.calls(), 0);
+    assert_eq!(h.bus.watched(), 0);
+}
+
+#[tokio::test]
+async fn a_redelivered_job_that_never_started_runs_normally() {
+    let a = ScriptedProvider::succeeding("a");
+    let h = Harness::scripted(&[&a]);
+    let job = h.submit(&text_request(""), LONG).await;
+
+    assert_eq!(h.runner.run(&job, 3).await, RunOutcome::Finished);
+
+    h.assert_log(job.execution_id, &success_log("a")).await;
+    assert_eq!(a.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_terminal_log_is_dropped_whatever_the_delivery() {
+    let a = ScriptedProvider::succeeding("a");
+    let h = Harness::scripted(&[&a]);
+    let job = h.submit(&text_request(""), LONG).await;
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    let done = h.events(job.execution_id).await;
+
+    for delivered in [1, 2, 5] {
+        assert_eq!(h.runner.run(&job, delivered).await, RunOutcome::Dropped);
+    }
+    assert_eq!(h.events(job.execution_id).await, done);
+    assert_eq!(a.calls(), 1);
+    assert_eq!(h.bus.watched(), 0);
+}
+
+#[tokio::test]
+async fn an_unknown_execution_is_dropped() {
+    let a = ScriptedProvider::succeeding("a");
+    let h = Harness::scripted(&[&a]);
+    let job = job(&text_request(""), LONG);
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
+    assert!(h.store.state(job.execution_id).await.unwrap().is_none());
+    assert_eq!(a.calls(), 0);
+}
+
+#[tokio::test]
+async fn a_gateway_cancel_of_a_queued_execution_fences_the_runner() {
+    let a = ScriptedProvider::succeeding("a");
+    let h = Harness::scripted(&[&a]);
+    let job = h.submit(&text_request(""), LONG).await;
+    let id = job.execution_id;
+    h.append_foreign(id, failed(RuntimeError::cancelled()))
+        .await;
+
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
+
+    let events = h
+        .assert_log(
+            id,
+            &[EventBody::Accepted, failed(RuntimeError::cancelled())],
+        )
+        .await;
+    assert_eq!(events[1].status, ExecutionStatus::Cancelled);
+    assert_eq!(a.calls(), 0);
+    assert_eq!(h.bus.watched(), 0);
+}
+
+#[tokio::test]
+async fn a_gateway_cancel_that_wins_the_race_for_sequence_two_fences_the_runner() {
+    // The runner has read the log (only `accepted`) but the gateway's cancel appends sequence 2
+    // first: the runner's route.selected loses the compare-and-set.
+    let a = ScriptedProvider::succeeding("a");
+    let store = Arc::new(runtime::memory::MemoryEventStore::new(
+        MemoryLimits::default(),
+    ));
+    let interposed = InterposedStore::new(
+        Arc::clone(&store),
+        "route.selected",
+        Interference::Foreign(failed(RuntimeError::cancelled())),
+        false,
+    );
+    let h = Harness::with_store(
+        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
+        interposed,
+        store,
+        RunnerSettings::default(),
+    );
+    let job = h.submit(&text_request(""), LONG).await;
+
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
+
+    h.assert_log(
+        job.execution_id,
+        &[EventBody::Accepted, failed(RuntimeError::cancelled())],
+    )
+    .await;
+    assert_eq!(a.calls(), 0);
+    assert_eq!(h.bus.watched(), 0);
+}
+
+#[tokio::test]
+async fn a_writer_fenced_mid_attempt_stops_writing() {
+    // Another writer closes the log while the attempt streams: the runner's next append is
+    // fenced, the adapter is told to stop, and nothing more is written.
+    let a = ScriptedProvider::succeeding("a");
+    let b = ScriptedProvider::succeeding("b");
+    let store = Arc::new(runtime::memory::MemoryEventStore::new(
+        MemoryLimits::default(),
+    ));
+    let interposed = InterposedStore::new(
+        Arc::clone(&store),
+        "output.delta",
+        Interference::Foreign(failed(interrupted_error())),
+        false,
+    );
+    let h = Harness::with_store(
+        vec![
+            (a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
+            (b.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
+        ],
+        interposed,
+        store,
+        RunnerSettings::default(),
+    );
+    let job = h.submit(&text_request(FALLBACK), LONG).await;
+
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
+
+    h.assert_log(
+        job.execution_id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            failed(interrupted_error()),
+        ],
+    )
+    .await;
+    assert_eq!((a.calls(), a.finished(), b.calls()), (1, 1, 0));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Store limits and failures [R 47-48, 84]
+
+#[tokio::test]
+async fn the_per_execution_event_limit_ends_the_execution() {
+    let script = (0..20).map(|i| emit_delta(&format!("chunk{i}"))).collect();
+    let a = ScriptedProvider::new("a", script);
+    let b = ScriptedProvider::succeeding("b");
+    let h = Harness::with(
+        vec![
+            (a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
+            (b.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
+        ],
+        MemoryLimits {
+            max_events: 4,
+            ..MemoryLimits::default()
+        },
+        RunnerSettings::default(),
+    );
+    let job = h.submit(&text_request(FALLBACK), LONG).await;
+
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+
+    let limit_error = RuntimeError::new(
+        ErrorCode::QueueFull,
+        "Execution event log limit was reached",
+        false,
+    );
+    h.assert_log(
+        job.execution_id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            delta("chunk0"),
+            delta("chunk1"),
+            failed(limit_error.clone()),
+        ],
+    )
+    .await;
+    let snapshot = h.snapshot(job.execution_id).await;
+    assert_eq!(snapshot.status, ExecutionStatus::Failed);
+    assert_eq!(snapshot.error, Some(limit_error));
+    assert_eq!(b.calls(), 0);
+    assert_eq!(h.store.active(), 0, "the log is closed");
+}
+
+#[tokio::test]
+async fn the_event_limit_during_routing_ends_the_execution() {
+    // Limit reached by route.attempt_failed: the execution still gets its one terminal event.
+    let a = ScriptedProvider::failing("a");
+    let b = ScriptedProvider::succeeding("b");
+    let h = Harness::with(
+        vec![
+            (a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
+            (b.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
+        ],
+        MemoryLimits {
+            max_events: 2,
+            ..MemoryLimits::default()
+        },
+        RunnerSettings::default(),
+    );
+    let job = h.submit(&text_request(FALLBACK), LONG).await;
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    let events = h.events(job.execution_id).await;
+    assert_log_rules(job.execution_id, &events);
+    assert_eq!(
+        type_names(&events),
+        ["execution.accepted", "route.selected", "execution.failed"]
+    );
+    let error = h.snapshot(job.execution_id).await.error.unwrap();
+    assert_eq!((error.code, error.retryable), (ErrorCode::QueueFull, false));
+    assert_eq!(b.calls(), 0);
+}
+
+#[tokio::test]
+async fn a_store_failure_during_the_attempt_fails_the_execution() {
+    let a = ScriptedProvider::succeeding("a");
+    let store = Arc::new(runtime::memory::MemoryEventStore::new(
+        MemoryLimits::default(),
+    ));
+    let interposed = InterposedStore::new(
+        Arc::clone(&store),
+        "output.delta",
+        Interference::Fail(StoreError::Unavailable("disk on fire".into())),
+        false,
+    );
+    // Unavailable is retried by the writer, so the append lands on the second try.
+    let h = Harness::with_store(
+        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
+        interposed,
+        store,
+        RunnerSettings::default(),
+    );
+    let job = h.submit(&text_request(""), LONG).await;
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    h.assert_log(job.execution_id, &success_log("a")).await;
+
+    // A refusal that is not transient ends the execution with internal_error.
+    let a = ScriptedProvider::succeeding("a");
+    let store = Arc::new(runtime::memory::MemoryEventStore::new(
+        MemoryLimits::default(),
+    ));
+    let interposed = InterposedStore::new(
+        Arc::clone(&store),
+        "output.delta",
+        Interference::Fail(StoreError::NotFound),
+        false,
+    );
+    let h = Harness::with_store(
+        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
+        interposed,
+        store,
+        RunnerSettings::default(),
+    );
+    let job = h.submit(&text_request(""), LONG).await;
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    h.assert_log(
+        job.execution_id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            failed(RuntimeError::new(
+                ErrorCode::InternalError,
+                "Execution event storage failed",
+                false,
+            )),
+        ],
+    )
+    .await;
+    assert_eq!(a.finished(), 1);
+}
+
+#[tokio::test]
+async fn a_terminal_the_store_refuses_abandons_the_delivery_for_redelivery() {
+    let a = ScriptedProvider::succeeding("a");
+    let store = Arc::new(runtime::memory::MemoryEventStore::new(
+        MemoryLimits::default(),
+    ));
+    let interposed = InterposedStore::new(
+        Arc::clone(&store),
+        "never",
+        Interference::Fail(StoreError::NotFound),
+        true,
+    );
+    let h = Harness::with_store(
+        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
+        interposed,
+        Arc::clone(&store),
+        RunnerSettings::default(),
+    );
+    let job = h.submit(&text_request(""), LONG).await;
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Abandoned);
+    let events = h.events(job.execution_id).await;
+    assert_eq!(events.len(), 6, "everything but the terminal event");
+    assert!(!h.is_terminal(job.execution_id).await);
+
+    // The redelivery (on a healthy store) closes the log without calling the provider again.
+    let healthy = Harness::with_store(
+        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
+        Arc::clone(&store) as Arc<dyn EventStore>,
+        store,
+        RunnerSettings::default(),
+    );
+    assert_eq!(healthy.runner.run(&job, 2).await, RunOutcome::Finished);
+    let mut expected = success_log("a");
+    expected.pop();
+    expected.push(failed(interrupted_error()));
+    healthy.assert_log(job.execution_id, &expected).await;
+    assert_eq!(a.calls(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pool
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_runs_every_published_job() {
+    let mut script = vec![Step::Sleep(Duration::from_millis(2))];
+    script.extend(success_script());
+    let a = ScriptedProvider::new("a", script);
+    let h = Harness::new(vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)]);
+    let queue = Arc::new(MemoryJobQueue::new());
+    let pool = WorkerPool::spawn(
+        Arc::clone(&queue) as Arc<dyn JobQueue>,
+        Arc::clone(&h.runner),
+        PoolConfig {
+            concurrency: 4,
+            heartbeat: Duration::from_millis(50),
+        },
+    );
+
+    let mut ids = Vec::new();
+    for _ in 0..50 {
+        let job = h.submit(&text_request(""), LONG).await;
+        queue.publish(&job).await.unwrap();
+        ids.push(job.execution_id);
+    }
+    wait_until(
+        "all 50 executions are terminal",
+        Duration::from_secs(60),
+        || async {
+            for id in &ids {
+                if !h.is_terminal(*id).await {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+
+    for id in &ids {
+        h.assert_log(*id, &success_log("a")).await;
+    }
+    assert_eq!(a.calls(), 50);
+    assert!(
+        a.max_in_flight() <= 4,
+        "at most `concurrency` executions run at once"
+    );
+    assert!(
+        within("shutdown", PATIENCE, pool.shutdown(Duration::from_secs(10))).await,
+        "nothing was running"
+    );
+    assert_eq!(h.bus.watched(), 0);
+    assert_eq!(h.store.active(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_drops_jobs_whose_log_is_already_terminal() {
+    let a = ScriptedProvider::succeeding("a");
+    let h = Harness::scripted(&[&a]);
+    let queue = Arc::new(MemoryJobQueue::new());
+    let pool = WorkerPool::spawn(
+        Arc::clone(&queue) as Arc<dyn JobQueue>,
+        Arc::clone(&h.runner),
+        PoolConfig {
+            concurrency: 2,
+            heartbeat: Duration::from_secs(10),
+        },
+    );
+    let cancelled = h.submit(&text_request(""), LONG).await;
+    h.append_foreign(cancelled.execution_id, failed(RuntimeError::cancelled()))
+        .await;
+    let normal = h.submit(&text_request(""), LONG).await;
+    queue.publish(&cancelled).await.unwrap();
+    queue.publish(&normal).await.unwrap();
+
+    wait_until("the normal job finishes", PATIENCE, || {
+        h.is_terminal(normal.execution_id)
+    })
+    .await;
+    h.assert_log(normal.execution_id, &success_log("a")).await;
+    assert!(within("shutdown", PATIENCE, pool.shutdown(Duration::from_secs(10))).await);
+    h.assert_log(
+        cancelled.execution_id,
+        &[EventBody::Accepted, failed(RuntimeError::cancelled())],
+    )
+    .await;
+    assert_eq!(a.calls(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cancels_what_outlives_the_grace_period() {
+    // One execution runs (hanging), one waits in the provider's queue. After the grace period
+    // both end `cancelled`, and shutdown reports that not everything finished.
+    let a = ScriptedProvider::hanging("a");
+    let h = Harness::with(
+        vec![(a.clone() as Arc<dyn Provider>, limits(1, 8))],
+        MemoryLimits::default(),
+        long_cleanup(),
+    );
+    let queue = Arc::new(MemoryJobQueue::new());
+    let pool = WorkerPool::spawn(
+        Arc::clone(&queue) as Arc<dyn JobQueue>,
+        Arc::clone(&h.runner),
+        PoolConfig {
+            concurrency: 2,
+            heartbeat: Duration::from_millis(20),
+        },
+    );
+    let running = h.submit(&text_request(""), LONG).await;
+    let queued = h.submit(&text_request(""), LONG).await;
+    let gate = &h.registry.candidates(&running.request)[0].entry.gate;
+    queue.publish(&running).await.unwrap();
+    wait_until("the first execution runs", PATIENCE, || async {
+        a.calls() == 1
+    })
+    .await;
+    queue.publish(&queued).await.unwrap();
+    wait_until("the second waits for the provider", PATIENCE, || async {
+        gate.queued() == 1
+    })
+    .await;
+    assert_eq!(pool.running(), 2);
+
+    let finished_in_time = within(
+        "shutdown",
+        PATIENCE,
+        pool.shutdown(Duration::from_millis(100)),
+    )
+    .await;
+    assert!(!finished_in_time);
+
+    for id in [running.execution_id, queued.execution_id] {
+        h.assert_log(
+            id,
+            &[
+                EventBody::Accepted,
+                selected("a", 1),
+                failed(RuntimeError::cancelled()),
+            ],
+        )
+        .await;
+        assert_eq!(h.snapshot(id).await.status, ExecutionStatus::Cancelled);
+    }
+    assert_eq!(a.calls(), 1);
+    assert_eq!(h.bus.watched(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_running_executions_finish_within_the_grace_period() {
+    let release = Arc::new(Semaphore::new(0));
+    let mut script = vec![Step::Hold(Arc::clone(&release))];
+    script.extend(success_script());
+    let a = ScriptedProvider::new("a", script);
+    let h = Harness::scripted(&[&a]);
+    let queue = Arc::new(MemoryJobQueue::new());
+    let pool = WorkerPool::spawn(
+        Arc::clone(&queue) as Arc<dyn JobQueue>,
+        Arc::clone(&h.runner),
+        PoolConfig {
+            concurrency: 1,
+            heartbeat: Duration::from_millis(20),
+        },
+    );
+    let first = h.submit(&text_request(""), LONG).await;
+    queue.publish(&first).await.unwrap();
+    wait_until("the execution runs", PATIENCE, || async { a.calls() == 1 }).await;
+
+    // Best effort only: release the attempt shortly after shutdown began. If the machine is
+    // slow and the release comes first, the test still holds.
+    let releaser = {
+        let release = Arc::clone(&release);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            release.add_permits(1);
+        })
+    };
+    assert!(within("shutdown", PATIENCE * 2, pool.shutdown(PATIENCE)).await);
+    releaser.await.unwrap();
+    h.assert_log(first.execution_id, &success_log("a")).await;
+    assert_eq!(a.calls(), 1);
+}

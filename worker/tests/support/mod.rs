@@ -1,0 +1,679 @@
+//! Shared harness for the runner and pool integration tests: a scripted provider, a
+//! registry/runner builder over the in-memory stores, job and log construction, exact log
+//! checks, and a polling `wait_until` (tests never sleep a fixed time to wait for a condition).
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use protocol::event::{EventBody, ExecutionStatus, ProgressPhase};
+use protocol::manifest::{ModelCapability, ProviderManifest};
+use protocol::materialize::Materializer;
+use protocol::request::Modality;
+use protocol::{
+    ErrorCode, ExecutionId, ExecutionSnapshot, RuntimeError, RuntimeEvent, Sequence, Target,
+    Timestamp, UsageFact, UsageSource, UsageUnit,
+};
+use runtime::memory::{MemoryCancelBus, MemoryEventStore, MemoryLimits};
+use runtime::{CancelBus, EventStore, Job};
+use tokio::sync::Semaphore;
+use worker::ProviderRegistry;
+use worker::provider::{Provider, ProviderCall, ProviderEvent, ProviderSink};
+use worker::runner::{Runner, RunnerSettings};
+
+/// One step of a [`ScriptedProvider`] attempt.
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// Report an event; a sink error ends the attempt with that error.
+    Emit(ProviderEvent),
+    /// Wait; cancellation of the attempt ends it with `cancelled`.
+    Sleep(Duration),
+    /// Wait; cancellation of the attempt ends it with the given error (an adapter that reports
+    /// an interrupted call as, say, a retryable transport error).
+    SleepOrFail(Duration, RuntimeError),
+    /// Wait for a permit of the test-controlled semaphore (consumed); cancellation of the
+    /// attempt ends it with `cancelled`.
+    Hold(Arc<Semaphore>),
+    /// End the attempt with this error.
+    Fail(RuntimeError),
+}
+
+/// A provider that follows a script, for precise control of what an attempt does.
+#[derive(Debug)]
+pub struct ScriptedProvider {
+    id: String,
+    manifest: ProviderManifest,
+    script: Vec<Step>,
+    calls: AtomicUsize,
+    finished: AtomicUsize,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+}
+
+/// The model every scripted provider serves.
+pub fn model_of(provider: &str) -> String {
+    format!("{provider}-model")
+}
+
+pub fn target(provider: &str) -> Target {
+    Target {
+        provider: provider.into(),
+        model: model_of(provider),
+    }
+}
+
+impl ScriptedProvider {
+    pub fn new(id: &str, script: Vec<Step>) -> Arc<Self> {
+        let manifest = ProviderManifest {
+            provider: id.into(),
+            protocol_version: protocol::PROTOCOL_VERSION.into(),
+            models: vec![ModelCapability {
+                model: model_of(id),
+                abilities: vec!["text-generation".into()],
+                input_modalities: vec![Modality::Text],
+                output_modalities: vec![Modality::Text],
+                stream: true,
+                tools: false,
+                structured_output: false,
+                r#async: false,
+                cancel: true,
+            }],
+            limits: None,
+        };
+        Arc::new(Self {
+            id: id.into(),
+            manifest,
+            script,
+            calls: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+        })
+    }
+
+    /// The mock's success script: "hello", " from", " mock", then usage.
+    pub fn succeeding(id: &str) -> Arc<Self> {
+        Self::new(id, success_script())
+    }
+
+    /// Fails at once with retryable `provider_unavailable`.
+    pub fn failing(id: &str) -> Arc<Self> {
+        Self::new(id, vec![Step::Fail(unavailable())])
+    }
+
+    /// Sleeps (cancellably) for an hour.
+    pub fn hanging(id: &str) -> Arc<Self> {
+        Self::new(id, vec![Step::Sleep(Duration::from_secs(3600))])
+    }
+
+    /// Attempts started (`execute` entered, so the gate was passed).
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Attempts that returned.
+    pub fn finished(&self) -> usize {
+        self.finished.load(Ordering::SeqCst)
+    }
+
+    /// The most attempts that ran at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    async fn follow(
+        &self,
+        call: &ProviderCall<'_>,
+        sink: &mut dyn ProviderSink,
+    ) -> Result<(), RuntimeError> {
+        assert_eq!(
+            call.model,
+            model_of(&self.id),
+            "the runner passes the routed model"
+        );
+        for step in &self.script {
+            match step {
+                Step::Emit(event) => sink.emit(event.clone()).await?,
+                Step::Sleep(d) => tokio::select! {
+                    () = tokio::time::sleep(*d) => {}
+                    () = call.cancel.cancelled() => return Err(RuntimeError::cancelled()),
+                },
+                Step::SleepOrFail(d, error) => tokio::select! {
+                    () = tokio::time::sleep(*d) => {}
+                    () = call.cancel.cancelled() => return Err(error.clone()),
+                },
+                Step::Hold(semaphore) => tokio::select! {
+                    permit = semaphore.acquire() => permit.expect("semaphore open").forget(),
+                    () = call.cancel.cancelled() => return Err(RuntimeError::cancelled()),
+                },
+                Step::Fail(error) => return Err(error.clone()),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Provider for ScriptedProvider {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn manifest(&self) -> &ProviderManifest {
+        &self.manifest
+    }
+
+    async fn execute(
+        &self,
+        call: ProviderCall<'_>,
+        sink: &mut dyn ProviderSink,
+    ) -> Result<(), RuntimeError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        let result = self.follow(&call, sink).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.finished.fetch_add(1, Ordering::SeqCst);
+        result
+    }
+}
+
+// ---------- script and event vocabulary ----------
+
+pub fn emit_delta(text: &str) -> Step {
+    Step::Emit(ProviderEvent::OutputDelta {
+        output_index: 0,
+        delta: text.into(),
+    })
+}
+
+pub fn mock_usage_facts(chunks: u32) -> Vec<UsageFact> {
+    vec![
+        UsageFact::new(UsageUnit::input_token(), 1.0, UsageSource::Runtime).expect("valid"),
+        UsageFact::new(
+            UsageUnit::output_token(),
+            f64::from(chunks),
+            UsageSource::Runtime,
+        )
+        .expect("valid"),
+    ]
+}
+
+pub fn success_script() -> Vec<Step> {
+    vec![
+        emit_delta("hello"),
+        emit_delta(" from"),
+        emit_delta(" mock"),
+        Step::Emit(ProviderEvent::Usage(mock_usage_facts(3))),
+    ]
+}
+
+/// Retryable `provider_unavailable`, as an adapter reports an outage before any output.
+pub fn unavailable() -> RuntimeError {
+    RuntimeError::new(
+        ErrorCode::ProviderUnavailable,
+        "Provider request failed with status 503",
+        true,
+    )
+    .with_provider_code("503")
+}
+
+pub fn progress() -> ProviderEvent {
+    ProviderEvent::Progress {
+        phase: ProgressPhase::Processing,
+        progress: Some(0.5),
+    }
+}
+
+pub fn selected(provider: &str, attempt: u32) -> EventBody {
+    EventBody::RouteSelected {
+        target: target(provider),
+        attempt,
+    }
+}
+
+pub fn attempt_failed(provider: &str, attempt: u32, error: RuntimeError) -> EventBody {
+    EventBody::RouteAttemptFailed {
+        target: target(provider),
+        attempt,
+        error,
+    }
+}
+
+pub fn delta(text: &str) -> EventBody {
+    EventBody::OutputDelta {
+        output_index: 0,
+        delta: text.into(),
+    }
+}
+
+pub fn usage(chunks: u32) -> EventBody {
+    EventBody::UsageReported {
+        facts: mock_usage_facts(chunks),
+    }
+}
+
+pub fn completed(provider: &str) -> EventBody {
+    EventBody::Completed {
+        target: target(provider),
+    }
+}
+
+pub fn failed(error: RuntimeError) -> EventBody {
+    EventBody::Failed { error }
+}
+
+/// The bodies of the mock's successful run, `accepted` through `completed`.
+pub fn success_log(provider: &str) -> Vec<EventBody> {
+    vec![
+        EventBody::Accepted,
+        selected(provider, 1),
+        delta("hello"),
+        delta(" from"),
+        delta(" mock"),
+        usage(3),
+        completed(provider),
+    ]
+}
+
+pub fn hello_result() -> serde_json::Value {
+    serde_json::json!({
+        "outputs": [{"index": 0, "type": "text", "text": "hello from mock"}],
+        "tool_calls": []
+    })
+}
+
+// ---------- harness ----------
+
+/// Registration of one provider: flow-control limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_concurrency: u32,
+    pub max_queue_depth: u32,
+}
+
+pub const DEFAULT_LIMITS: Limits = Limits {
+    max_concurrency: 16,
+    max_queue_depth: 64,
+};
+
+/// Stores, bus, registry and runner over in-memory implementations.
+pub struct Harness {
+    pub store: Arc<MemoryEventStore>,
+    pub bus: Arc<MemoryCancelBus>,
+    pub registry: Arc<ProviderRegistry>,
+    pub runner: Arc<Runner>,
+}
+
+impl std::fmt::Debug for Harness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Harness").finish_non_exhaustive()
+    }
+}
+
+impl Harness {
+    pub fn new(providers: Vec<(Arc<dyn Provider>, Limits)>) -> Self {
+        Self::with(
+            providers,
+            MemoryLimits::default(),
+            RunnerSettings::default(),
+        )
+    }
+
+    /// Scripted providers registered in order with default limits.
+    pub fn scripted(providers: &[&Arc<ScriptedProvider>]) -> Self {
+        Self::new(
+            providers
+                .iter()
+                .map(|p| (Arc::clone(*p) as Arc<dyn Provider>, DEFAULT_LIMITS))
+                .collect(),
+        )
+    }
+
+    pub fn with(
+        providers: Vec<(Arc<dyn Provider>, Limits)>,
+        limits: MemoryLimits,
+        settings: RunnerSettings,
+    ) -> Self {
+        let store = Arc::new(MemoryEventStore::new(limits));
+        Self::with_store(
+            providers,
+            Arc::clone(&store) as Arc<dyn EventStore>,
+            store,
+            settings,
+        )
+    }
+
+    /// A harness whose runner writes through `runner_store` (for example a wrapper around
+    /// `store` that injects failures or competing writers).
+    pub fn with_store(
+        providers: Vec<(Arc<dyn Provider>, Limits)>,
+        runner_store: Arc<dyn EventStore>,
+        store: Arc<MemoryEventStore>,
+        settings: RunnerSettings,
+    ) -> Self {
+        let mut registry = ProviderRegistry::new();
+        for (provider, limits) in providers {
+            registry
+                .register(provider, limits.max_concurrency, limits.max_queue_depth)
+                .expect("register provider");
+        }
+        let registry = Arc::new(registry);
+        let bus = Arc::new(MemoryCancelBus::new());
+        let runner = Arc::new(Runner::new(
+            Arc::clone(&registry),
+            runner_store,
+            Arc::clone(&bus) as Arc<dyn CancelBus>,
+            settings,
+        ));
+        Self {
+            store,
+            bus,
+            registry,
+            runner,
+        }
+    }
+
+    /// Creates the execution's log (`execution.accepted` at sequence 1) and returns its job.
+    pub async fn submit(&self, request_json: &str, deadline: Duration) -> Job {
+        let job = job(request_json, deadline);
+        self.create_log(job.execution_id).await;
+        job
+    }
+
+    pub async fn create_log(&self, id: ExecutionId) {
+        self.store
+            .create(RuntimeEvent::new(
+                id,
+                Sequence(1),
+                Timestamp::now(),
+                EventBody::Accepted,
+            ))
+            .await
+            .expect("create log");
+    }
+
+    /// Appends `body` as the next event, as another writer (a gateway or a previous worker).
+    pub async fn append_foreign(&self, id: ExecutionId, body: EventBody) {
+        let last = self.state(id).await.last_sequence();
+        self.store
+            .append(RuntimeEvent::new(id, last.next(), Timestamp::now(), body))
+            .await
+            .expect("foreign append");
+    }
+
+    pub async fn events(&self, id: ExecutionId) -> Vec<RuntimeEvent> {
+        self.store
+            .read(id, Sequence(0), 1000)
+            .await
+            .expect("read")
+            .expect("log exists")
+            .iter()
+            .map(|r| r.event.clone())
+            .collect()
+    }
+
+    pub async fn state(&self, id: ExecutionId) -> Materializer {
+        self.store
+            .state(id)
+            .await
+            .expect("state")
+            .expect("log exists")
+    }
+
+    pub async fn snapshot(&self, id: ExecutionId) -> ExecutionSnapshot {
+        self.state(id).await.snapshot()
+    }
+
+    pub async fn is_terminal(&self, id: ExecutionId) -> bool {
+        self.state(id).await.is_terminal()
+    }
+
+    pub async fn has_event(&self, id: ExecutionId, type_name: &str) -> bool {
+        self.events(id)
+            .await
+            .iter()
+            .any(|e| e.type_name() == type_name)
+    }
+
+    /// Reads the whole log, checks the invariants every finished log obeys, and compares the
+    /// bodies exactly.
+    pub async fn assert_log(&self, id: ExecutionId, expected: &[EventBody]) -> Vec<RuntimeEvent> {
+        let events = self.events(id).await;
+        assert_log_rules(id, &events);
+        let bodies: Vec<EventBody> = events.iter().map(|e| e.body.clone()).collect();
+        assert_eq!(bodies, expected, "event bodies of {id}");
+        events
+    }
+}
+
+impl Harness {
+    /// Checks the log so far (not yet terminal) against `expected` exactly.
+    pub async fn assert_log_prefix(&self, id: ExecutionId, expected: &[EventBody]) {
+        let events = self.events(id).await;
+        for (i, event) in events.iter().enumerate() {
+            assert_eq!(
+                event.sequence,
+                Sequence(i as u64 + 1),
+                "contiguous sequence"
+            );
+            assert!(!event.is_terminal(), "log of {id} is not terminal yet");
+        }
+        let bodies: Vec<EventBody> = events.iter().map(|e| e.body.clone()).collect();
+        assert_eq!(bodies, expected, "event bodies of {id} so far");
+    }
+}
+
+/// Sequences 1..n contiguous, one execution, times non-decreasing, statuses as the body
+/// implies, exactly one terminal event and it is the last.
+pub fn assert_log_rules(id: ExecutionId, events: &[RuntimeEvent]) {
+    assert!(!events.is_empty(), "log of {id} is empty");
+    for (i, event) in events.iter().enumerate() {
+        assert_eq!(
+            event.sequence,
+            Sequence(i as u64 + 1),
+            "contiguous sequence"
+        );
+        assert_eq!(event.execution_id, id);
+        assert!(
+            event.body.allows_status(event.status),
+            "status {} not allowed for {}",
+            event.status,
+            event.type_name()
+        );
+        assert_eq!(event.status, event.body.status());
+        if i > 0 {
+            assert!(event.time >= events[i - 1].time, "times never go backwards");
+        }
+    }
+    let terminals: Vec<usize> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.is_terminal())
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(
+        terminals,
+        vec![events.len() - 1],
+        "exactly one terminal event, last"
+    );
+}
+
+/// The statuses of a log, for readable assertions.
+pub fn statuses(events: &[RuntimeEvent]) -> Vec<ExecutionStatus> {
+    events.iter().map(|e| e.status).collect()
+}
+
+pub fn type_names(events: &[RuntimeEvent]) -> Vec<&'static str> {
+    events.iter().map(RuntimeEvent::type_name).collect()
+}
+
+/// A job for `request_json` accepted now, with its deadline `deadline` from now.
+pub fn job(request_json: &str, deadline: Duration) -> Job {
+    let request =
+        protocol::validate::parse_request(request_json.as_bytes()).expect("valid request");
+    let now = Timestamp::now();
+    let deadline_ms = i64::try_from(deadline.as_millis()).expect("deadline fits");
+    Job {
+        execution_id: ExecutionId::new_random(),
+        request,
+        accepted_at: now,
+        deadline_at: Timestamp::from_unix_millis(now.unix_millis() + deadline_ms),
+        traceparent: None,
+    }
+}
+
+/// A text-generation request with the given `routing` object (JSON text, or empty for none).
+pub fn text_request(routing: &str) -> String {
+    let routing = if routing.is_empty() {
+        String::new()
+    } else {
+        format!(r#","routing":{routing}"#)
+    };
+    format!(r#"{{"ability":"text-generation","input":[{{"type":"text","text":"hi"}}]{routing}}}"#)
+}
+
+pub const FALLBACK: &str = r#"{"allow_fallback":true}"#;
+
+/// A deadline no test reaches.
+pub const LONG: Duration = Duration::from_secs(600);
+
+/// How long a test waits for something that should happen promptly. Generous, so that a busy
+/// machine does not make tests flaky; the wait ends as soon as the condition holds.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Polls `condition` until it holds; panics with `what` after `timeout`.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if condition().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Awaits `fut`, panicking with `what` if it takes longer than `timeout`.
+pub async fn within<T>(what: &str, timeout: Duration, fut: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {timeout:?}: {what}"),
+    }
+}
+
+// ---------- an event store that lets a test interfere ----------
+
+/// What [`InterposedStore`] does before the runner's first append of a given event type.
+#[derive(Debug, Clone)]
+pub enum Interference {
+    /// Another writer (a gateway cancel, a zombie worker) appends this body at the same
+    /// sequence first, so the runner's append loses the compare-and-set.
+    Foreign(EventBody),
+    /// The store refuses the append with this error (nothing is written).
+    Fail(runtime::StoreError),
+}
+
+/// Delegates to a [`MemoryEventStore`], interfering once with the first append of one event
+/// type, and optionally refusing every terminal append.
+pub struct InterposedStore {
+    pub inner: Arc<MemoryEventStore>,
+    trigger: parking_lot::Mutex<Option<(&'static str, Interference)>>,
+    refuse_terminal: bool,
+}
+
+impl std::fmt::Debug for InterposedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InterposedStore").finish_non_exhaustive()
+    }
+}
+
+impl InterposedStore {
+    pub fn new(
+        inner: Arc<MemoryEventStore>,
+        on_type: &'static str,
+        interference: Interference,
+        refuse_terminal: bool,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            trigger: parking_lot::Mutex::new(Some((on_type, interference))),
+            refuse_terminal,
+        })
+    }
+}
+
+#[async_trait]
+impl EventStore for InterposedStore {
+    async fn create(&self, accepted: RuntimeEvent) -> Result<(), runtime::StoreError> {
+        self.inner.create(accepted).await
+    }
+
+    async fn append_as(
+        &self,
+        event: RuntimeEvent,
+        writer: runtime::WriterId,
+    ) -> Result<(), runtime::StoreError> {
+        let fire = {
+            let mut trigger = self.trigger.lock();
+            match trigger.as_ref() {
+                Some((on_type, _)) if *on_type == event.type_name() => trigger.take(),
+                _ => None,
+            }
+        };
+        if let Some((_, interference)) = fire {
+            match interference {
+                Interference::Foreign(body) => {
+                    let foreign = RuntimeEvent::new(
+                        event.execution_id,
+                        event.sequence,
+                        Timestamp::now(),
+                        body,
+                    );
+                    self.inner.append(foreign).await.expect("foreign append");
+                }
+                Interference::Fail(error) => return Err(error),
+            }
+        }
+        if self.refuse_terminal && event.is_terminal() {
+            return Err(runtime::StoreError::NotFound);
+        }
+        self.inner.append_as(event, writer).await
+    }
+
+    async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, runtime::StoreError> {
+        self.inner.state(id).await
+    }
+
+    async fn read(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<Option<Vec<Arc<runtime::EventRecord>>>, runtime::StoreError> {
+        self.inner.read(id, after, limit).await
+    }
+
+    async fn subscribe(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+    ) -> Result<Option<runtime::EventStream>, runtime::StoreError> {
+        self.inner.subscribe(id, after).await
+    }
+
+    async fn ready(&self) -> Result<(), runtime::StoreError> {
+        self.inner.ready().await
+    }
+}
