@@ -5,7 +5,9 @@
 //! [`ProviderEvent`]s. It never assigns sequences, timestamps or execution ids, never decides
 //! about fallback, and never touches the event store: the runner does all of that.
 
+pub mod http;
 pub mod mock;
+pub mod secret;
 
 use async_trait::async_trait;
 use protocol::event::{OutputArtifact, ProgressPhase};
