@@ -1,0 +1,212 @@
+//! Distributed mode: cancellation across processes, deadlines from acceptance, and healing of
+//! the idempotency crash windows.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use e2e_tests::*;
+use protocol::event::EventBody;
+use protocol::fingerprint::{request_fingerprint, sha256_hex};
+use protocol::{ExecutionId, RuntimeEvent, Sequence, Timestamp};
+use runtime::nats::{NatsBackend, NatsEventStore};
+use runtime::redis_idempotency::RedisIdempotencyStore;
+use runtime::{EventStore, IdempotencyRecord, IdempotencyStore};
+use serde_json::{Value, json};
+
+fn slow_mock() -> Value {
+    json!({
+        "providers": [{"type": "mock", "id": "provider-mock", "model": "model-alpha",
+                       "abilities": ["text-generation"], "chunks": ["a", "b", "c", "d", "e", "f"],
+                       "delay_ms": 500}],
+        "max_active_executions": 100
+    })
+}
+
+fn fast_mock() -> Value {
+    json!({"providers": [{"type": "mock", "id": "provider-mock", "model": "model-alpha",
+                          "abilities": ["text-generation"]}]})
+}
+
+async fn cancel(base: &str, id: &str) -> (u16, Value) {
+    let resp = client()
+        .post(format!("{base}/v1/executions/{id}/cancel"))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_execution_is_cancelled_by_any_gateway_and_never_runs() {
+    let cluster = Cluster::start(&slow_mock());
+    let g1 = cluster.gateway();
+    let g2 = cluster.gateway();
+    // No worker yet: the job waits in the queue.
+    let (_, sub) = submit(&g1.url, &text_request("hi"), None).await;
+    let id = sub["execution_id"].as_str().unwrap().to_owned();
+    let (status, body) = cancel(&g2.url, &id).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["status"], "cancellation_requested");
+    let snap = wait_terminal(&g1.url, &id).await;
+    assert_eq!(snap["status"], "cancelled");
+    // A worker that arrives later drops the job without running it.
+    let _worker = cluster.worker();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let all = events(&g1.url, &id, 0).await;
+    assert_log_well_formed(&all);
+    assert_eq!(
+        all.len(),
+        2,
+        "accepted then cancelled, nothing else: {all:?}"
+    );
+    // Cancelling a terminal execution is 404.
+    assert_eq!(cancel(&g1.url, &id).await.0, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_execution_is_cancelled_from_another_gateway() {
+    let cluster = Cluster::start(&slow_mock());
+    let g1 = cluster.gateway();
+    let g2 = cluster.gateway();
+    let _worker = cluster.worker();
+    let (_, sub) = submit(&g1.url, &text_request("hi"), None).await;
+    let id = sub["execution_id"].as_str().unwrap().to_owned();
+    // Wait until the worker has claimed it.
+    let deadline = Instant::now() + PROMPT;
+    loop {
+        let (_, snap) = get_json(&format!("{}/v1/executions/{id}", g2.url)).await;
+        if snap["last_sequence"].as_u64().unwrap_or(0) >= 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never started: {snap}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let started = Instant::now();
+    let (status, _) = cancel(&g2.url, &id).await;
+    assert_eq!(status, 202);
+    let snap = wait_terminal(&g1.url, &id).await;
+    assert_eq!(snap["status"], "cancelled");
+    assert_eq!(snap["error"]["code"], "cancelled");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "cancel took {:?}",
+        started.elapsed()
+    );
+    let all = events(&g2.url, &id, 0).await;
+    assert_log_well_formed(&all);
+    assert!(
+        all.iter().filter(|e| e["type"] == "output.delta").count() < 6,
+        "stopped before the end"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deadline_runs_from_acceptance_including_queueing() {
+    let cluster = Cluster::start(&fast_mock());
+    let gateway = cluster.gateway();
+    let mut request = text_request("hi");
+    request["deadline_ms"] = json!(300);
+    let (_, sub) = submit(&gateway.url, &request, None).await;
+    let id = sub["execution_id"].as_str().unwrap().to_owned();
+    // The deadline passes while the job waits for a worker.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let _worker = cluster.worker();
+    let snap = wait_terminal(&gateway.url, &id).await;
+    assert_eq!(snap["status"], "failed");
+    assert_eq!(snap["error"]["code"], "deadline_exceeded");
+    assert_eq!(snap["error"]["retryable"], false);
+    let all = events(&gateway.url, &id, 0).await;
+    assert!(
+        !all.iter().any(|e| e["type"] == "route.selected"),
+        "the provider was never called"
+    );
+}
+
+async fn redis_store(cluster: &Cluster) -> RedisIdempotencyStore {
+    RedisIdempotencyStore::connect(
+        &cluster.redis.url(),
+        &cluster.namespace,
+        Duration::from_secs(3600),
+        PROMPT,
+    )
+    .await
+    .unwrap()
+}
+
+fn binding(key: &str, request: &Value) -> (String, IdempotencyRecord) {
+    let parsed = protocol::validate::parse_request(request.to_string().as_bytes()).unwrap();
+    let record = IdempotencyRecord {
+        fingerprint: request_fingerprint(&parsed),
+        execution_id: ExecutionId::new_random(),
+        created_at: Timestamp::now(),
+    };
+    (sha256_hex(format!("\u{0}{key}").as_bytes()), record)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_binding_the_key_heals_on_retry() {
+    let cluster = Cluster::start(&fast_mock());
+    let gateway = cluster.gateway();
+    let _worker = cluster.worker();
+    let request = text_request("crash window 1");
+    let (hash, record) = binding("k-crash-1", &request);
+    // A gateway bound the key and died before creating the log.
+    assert!(
+        redis_store(&cluster)
+            .await
+            .claim(&hash, &record)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let (status, body) = submit(&gateway.url, &request, Some("k-crash-1")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["execution_id"], record.execution_id.to_string());
+    assert_eq!(body["idempotent_replay"], true);
+    let snap = wait_terminal(&gateway.url, &record.execution_id.to_string()).await;
+    assert_eq!(snap["status"], "succeeded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_creating_the_log_heals_on_retry() {
+    let cluster = Cluster::start(&fast_mock());
+    let gateway = cluster.gateway();
+    let _worker = cluster.worker();
+    let request = text_request("crash window 2");
+    let (hash, record) = binding("k-crash-2", &request);
+    // A gateway bound the key, created the log, and died before publishing the job.
+    assert!(
+        redis_store(&cluster)
+            .await
+            .claim(&hash, &record)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let settings = runtime::nats::NatsSettings::new(cluster.namespace.clone());
+    let nats = NatsBackend::connect(&cluster.nats.url(), settings, PROMPT)
+        .await
+        .unwrap();
+    let store = NatsEventStore::new(nats, 4096).await.unwrap();
+    store
+        .create(RuntimeEvent::new(
+            record.execution_id,
+            Sequence(1),
+            record.created_at,
+            EventBody::Accepted,
+        ))
+        .await
+        .unwrap();
+    let (status, body) = submit(&gateway.url, &request, Some("k-crash-2")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["execution_id"], record.execution_id.to_string());
+    let snap = wait_terminal(&gateway.url, &record.execution_id.to_string()).await;
+    assert_eq!(snap["status"], "succeeded");
+    let all = events(&gateway.url, &record.execution_id.to_string(), 0).await;
+    assert_log_well_formed(&all);
+    assert_eq!(
+        all.iter().filter(|e| e["type"] == "route.selected").count(),
+        1
+    );
+}
