@@ -142,11 +142,14 @@ pub async fn serve_with(
     tracing::info!("shutting down");
     shutdown.await;
     let _ = stopped_tx.send(());
+    let abort = server.abort_handle();
     if tokio::time::timeout(Duration::from_secs(5), server)
         .await
         .is_err()
     {
+        // A client that stopped reading keeps its connection busy; close it by force.
         tracing::warn!("connections still open after shutdown; closing");
+        abort.abort();
     }
 }
 

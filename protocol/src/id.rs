@@ -47,9 +47,9 @@ impl FromStr for ExecutionId {
     type Err = InvalidExecutionId;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        // Only the canonical hyphenated form is accepted: braces, URNs and simple forms would
-        // give one execution several URLs.
-        if s.len() != 36 {
+        // Only the canonical lowercase hyphenated form is accepted: uppercase, braces, URNs and
+        // simple forms would give one execution several URLs.
+        if s.len() != 36 || s.bytes().any(|b| b.is_ascii_uppercase()) {
             return Err(InvalidExecutionId);
         }
         Uuid::parse_str(s).map(Self).map_err(|_| InvalidExecutionId)
@@ -107,6 +107,7 @@ mod tests {
         assert!("not-a-uuid".parse::<ExecutionId>().is_err());
         assert!(text.replace('-', "").parse::<ExecutionId>().is_err());
         assert!(format!("{{{text}}}").parse::<ExecutionId>().is_err());
+        assert!(text.to_ascii_uppercase().parse::<ExecutionId>().is_err());
         assert_eq!(id.as_uuid().get_version_num(), 4);
     }
 }
