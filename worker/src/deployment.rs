@@ -8,11 +8,9 @@ use crate::config::{DeploymentConfig, ProviderConfig};
 use crate::provider::mock::{MockOptions, MockProvider};
 use crate::registry::{ProviderRegistry, RegistryError};
 
-/// The deployment names something this build cannot run.
+/// The providers cannot be registered together.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BuildError {
-    #[error("provider type {0} is not available in this build")]
-    UnsupportedType(&'static str),
     #[error("{0}")]
     Registry(#[from] RegistryError),
 }
@@ -35,7 +33,18 @@ pub fn build_registry(config: &DeploymentConfig) -> Result<ProviderRegistry, Bui
                     max_queue_depth: flow.max_queue_depth,
                 },
             })),
-            other => return Err(BuildError::UnsupportedType(other.type_name())),
+            ProviderConfig::OpenAiResponses(c) => {
+                Arc::new(crate::provider::openai_responses::OpenAiResponsesProvider::from_config(c))
+            }
+            ProviderConfig::OpenAiChat(c) => {
+                Arc::new(crate::provider::openai_chat::OpenAiChatProvider::from_config(c))
+            }
+            ProviderConfig::AnthropicMessages(c) => Arc::new(
+                crate::provider::anthropic_messages::AnthropicMessagesProvider::from_config(c),
+            ),
+            ProviderConfig::FalQueue(c) => {
+                Arc::new(crate::provider::fal_queue::FalQueueProvider::from_config(c))
+            }
         };
         registry.register(adapter, flow.max_concurrency, flow.max_queue_depth)?;
     }

@@ -5,8 +5,12 @@
 //! [`ProviderEvent`]s. It never assigns sequences, timestamps or execution ids, never decides
 //! about fallback, and never touches the event store: the runner does all of that.
 
+pub mod anthropic_messages;
+pub mod fal_queue;
 pub mod http;
 pub mod mock;
+pub mod openai_chat;
+pub mod openai_responses;
 pub mod secret;
 
 use async_trait::async_trait;

@@ -48,6 +48,28 @@ impl fmt::Display for Secret {
     }
 }
 
+/// Where an adapter gets its credential at execution time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// The environment variable named by the deployment's `api_key_env`, read at every
+    /// attempt so a rotated key takes effect without a restart.
+    Env(String),
+    /// A fixed value (tests, or a credential obtained elsewhere).
+    Fixed(Secret),
+}
+
+impl KeySource {
+    /// The credential; missing or empty is `provider_unavailable` "Required provider credential
+    /// is unavailable" [R 78].
+    pub fn resolve(&self) -> Result<Secret, RuntimeError> {
+        match self {
+            KeySource::Env(name) => Secret::from_env(name),
+            KeySource::Fixed(secret) if !secret.expose().is_empty() => Ok(secret.clone()),
+            KeySource::Fixed(_) => Secret::from_env(""),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,216 @@
+//! The `openai-chat` adapter: the Chat Completions API, streamed. Beyond the reference: it is
+//! the dialect of vLLM, Ollama, llama.cpp's server and most hosted gateways, so one adapter
+//! reaches them all.
+//!
+//! One attempt is one `POST {base}/chat/completions` (the deployment must give `base_url`)
+//! with `stream: true` and `stream_options.include_usage: true`, read until `data: [DONE]`.
+//! The body starts from the caller's `extensions["openai-chat"].request` object (the key is the
+//! provider type name); the runtime-owned fields `model`, `messages`, `stream` and
+//! `stream_options` are written over it.
+//!
+//! Capabilities, credentials, extension policy and the transport loop are shared with the
+//! `openai-responses` adapter (see its module docs): the manifest is the deployment's
+//! declaration, and an extension that would enable tools (`tools`, `tool_choice`, or the legacy
+//! `functions`, `function_call`) is refused unless the deployment enabled them.
+
+pub mod stream;
+pub mod wire;
+
+use std::borrow::Cow;
+
+use async_trait::async_trait;
+use protocol::manifest::ProviderManifest;
+use protocol::request::InputPart;
+use protocol::{ExecutionRequest, RuntimeError};
+use serde_json::{Map, Value};
+
+use self::stream::ChatStream;
+use super::openai_responses::{
+    endpoint, extension_admits, extension_request, json_post, json_text, stream_attempt,
+    text_manifest,
+};
+use super::{Provider, ProviderCall, ProviderSink};
+use crate::config::{BaseUrl, TextProviderConfig};
+
+pub use super::secret::KeySource;
+
+/// The `extensions` key this adapter reads: `extensions["openai-chat"].request`.
+pub const EXTENSION_KEY: &str = "openai-chat";
+
+/// Extension fields that enable tools in Chat Completions, including the legacy function
+/// calling fields; refused unless the deployment declared `capabilities.tools`.
+pub const TOOL_FIELDS: &[&str] = &["tools", "tool_choice", "functions", "function_call"];
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct OpenAiChatProvider {
+    id: String,
+    base_url: BaseUrl,
+    key: KeySource,
+    tools: bool,
+    manifest: ProviderManifest,
+}
+
+impl OpenAiChatProvider {
+    /// The adapter for a deployment entry, with its credential from `config.api_key_env`.
+    pub fn from_config(config: &TextProviderConfig) -> Self {
+        Self::new(config, KeySource::Env(config.api_key_env.clone()))
+    }
+
+    /// The adapter for a deployment entry with an explicit credential source (tests).
+    pub fn new(config: &TextProviderConfig, key: KeySource) -> Self {
+        Self {
+            id: config.id.clone(),
+            base_url: config.base_url.clone(),
+            key,
+            tools: config.tools,
+            manifest: text_manifest(config),
+        }
+    }
+
+    /// The request body: the extension's object, then the runtime-owned fields over it.
+    fn body(&self, call: &ProviderCall<'_>) -> Result<Map<String, Value>, RuntimeError> {
+        let content = call
+            .request
+            .input
+            .iter()
+            .map(content_part)
+            .collect::<Result<Vec<_>, _>>()?;
+        let messages = vec![wire::Message {
+            role: "user",
+            content,
+        }];
+        let mut body = extension_request(call.request, EXTENSION_KEY);
+        body.insert("model".into(), Value::String(call.model.to_owned()));
+        body.insert(
+            "messages".into(),
+            serde_json::to_value(messages).map_err(|_| RuntimeError::internal())?,
+        );
+        body.insert("stream".into(), Value::Bool(true));
+        body.insert(
+            "stream_options".into(),
+            serde_json::json!({ "include_usage": true }),
+        );
+        Ok(body)
+    }
+}
+
+/// Maps one input part. Routing admits only the declared modalities (the deployment file allows
+/// text, json and image here), so the error arm is a guard.
+fn content_part(part: &InputPart) -> Result<wire::ContentPart<'_>, RuntimeError> {
+    Ok(match part {
+        InputPart::Text { text } => wire::ContentPart::Text {
+            text: Cow::Borrowed(text.as_str()),
+        },
+        InputPart::Json { value } => wire::ContentPart::Text {
+            text: Cow::Owned(json_text(value)?),
+        },
+        InputPart::Image { uri, .. } => wire::ContentPart::ImageUrl {
+            image_url: wire::ImageUrl { url: uri },
+        },
+        InputPart::File { .. } | InputPart::Audio { .. } | InputPart::Video { .. } => {
+            return Err(RuntimeError::capability_unavailable());
+        }
+    })
+}
+
+#[async_trait]
+impl Provider for OpenAiChatProvider {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn manifest(&self) -> &ProviderManifest {
+        &self.manifest
+    }
+
+    fn admits(&self, request: &ExecutionRequest) -> bool {
+        extension_admits(request, EXTENSION_KEY, TOOL_FIELDS, self.tools)
+    }
+
+    async fn execute(
+        &self,
+        call: ProviderCall<'_>,
+        sink: &mut dyn ProviderSink,
+    ) -> Result<(), RuntimeError> {
+        let endpoint = endpoint(&self.base_url, "chat/completions")?;
+        let body = self.body(&call)?;
+        let key = self.key.resolve()?;
+        let request = json_post(endpoint, &key, &body)?;
+        stream_attempt(request, &call.cancel, sink, &mut ChatStream::new()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::FlowLimits;
+    use protocol::request::Modality;
+    use tokio_util::sync::CancellationToken;
+
+    fn config(tools: bool) -> TextProviderConfig {
+        TextProviderConfig {
+            id: "openai-chat".into(),
+            model: "llama-3.1-8b".into(),
+            abilities: vec!["text-generation".into()],
+            api_key_env: "MRT_TEST_UNSET_CHAT_KEY".into(),
+            base_url: BaseUrl::parse("http://127.0.0.1:8000/v1").unwrap(),
+            input_modalities: vec![Modality::Text, Modality::Json, Modality::Image],
+            tools,
+            flow: FlowLimits::CONFIG_DEFAULT,
+        }
+    }
+
+    fn request(json: &str) -> ExecutionRequest {
+        protocol::validate::parse_request(json.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn extensions_cannot_enable_undeclared_tools() {
+        let off = OpenAiChatProvider::from_config(&config(false));
+        let on = OpenAiChatProvider::from_config(&config(true));
+        for field in TOOL_FIELDS {
+            let req = request(&format!(
+                r#"{{"ability":"text-generation","input":[{{"type":"text","text":"x"}}],"extensions":{{"openai-chat":{{"request":{{"{field}":[]}}}}}}}}"#
+            ));
+            assert!(!off.admits(&req), "{field}");
+            assert!(on.admits(&req), "{field}");
+        }
+        let other_key = request(
+            r#"{"ability":"text-generation","input":[{"type":"text","text":"x"}],"extensions":{"openai":{"request":{"tools":[]}}}}"#,
+        );
+        assert!(off.admits(&other_key));
+        let not_object = request(
+            r#"{"ability":"text-generation","input":[{"type":"text","text":"x"}],"extensions":{"openai-chat":{"request":"tools"}}}"#,
+        );
+        assert!(!on.admits(&not_object));
+    }
+
+    #[test]
+    fn runtime_fields_override_the_extension() {
+        let p = OpenAiChatProvider::from_config(&config(false));
+        let req = request(
+            r#"{"ability":"text-generation","input":[{"type":"text","text":"hi"},{"type":"json","value":[true]},{"type":"image","uri":"data:image/png;base64,AAAA"}],
+                "extensions":{"openai-chat":{"request":{"model":"x","messages":[],"stream":false,"stream_options":{"include_usage":false,"continuous_usage_stats":true},"max_tokens":64}}}}"#,
+        );
+        let call = ProviderCall {
+            request: &req,
+            model: "llama-3.1-8b",
+            cancel: CancellationToken::new(),
+        };
+        assert_eq!(
+            Value::Object(p.body(&call).unwrap()),
+            serde_json::json!({
+                "model": "llama-3.1-8b",
+                "max_tokens": 64,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+                "messages": [{"role": "user", "content": [
+                    {"type": "text", "text": "hi"},
+                    {"type": "text", "text": "[true]"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+                ]}]
+            })
+        );
+    }
+}

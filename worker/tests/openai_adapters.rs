@@ -1,0 +1,1344 @@
+//! The `openai-responses` and `openai-chat` adapters through the runtime: each test starts a
+//! local HTTP server (axum on 127.0.0.1:0) that replays a recorded-style transcript of the
+//! provider's real SSE format (`tests/fixtures/openai/*.sse`), runs an execution with
+//! `worker::runner::Runner` over the in-memory stores, and checks the exact event log, the
+//! materialized snapshot (outputs, tool calls, usage, error), fallback, and the request the
+//! server received. Transcripts are delivered in small byte chunks that split frames and UTF-8
+//! characters.
+//!
+//! Credentials are canaries injected with `KeySource::Fixed`; every finished log and snapshot
+//! is checked to be free of them. References `[R n]` are to `docs/reference-behaviours.md`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, Uri};
+use axum::response::Response;
+use parking_lot::Mutex;
+use protocol::event::EventBody;
+use protocol::request::Modality;
+use protocol::{ErrorCode, RuntimeError, Target, UsageFact, UsageSource, UsageUnit};
+use runtime::CancelBus;
+use runtime::memory::MemoryLimits;
+use serde_json::{Value, json};
+use support::*;
+use worker::config::{BaseUrl, FlowLimits, TextProviderConfig};
+use worker::provider::Provider;
+use worker::provider::mock::{MockOptions, MockProvider};
+use worker::provider::openai_chat::OpenAiChatProvider;
+use worker::provider::openai_responses::{KeySource, OpenAiResponsesProvider};
+use worker::provider::secret::Secret;
+use worker::runner::{RunOutcome, RunnerSettings};
+
+// ---------------------------------------------------------------------------------------------
+// Transcripts
+
+const RESPONSES_TEXT: &str = include_str!("fixtures/openai/responses_text.sse");
+const RESPONSES_TWO_OUTPUTS: &str = include_str!("fixtures/openai/responses_two_outputs.sse");
+const RESPONSES_TOOL_CALLS: &str = include_str!("fixtures/openai/responses_tool_calls.sse");
+const RESPONSES_FAILED: &str = include_str!("fixtures/openai/responses_failed.sse");
+const RESPONSES_ERROR: &str = include_str!("fixtures/openai/responses_error.sse");
+const CHAT_TEXT: &str = include_str!("fixtures/openai/chat_text.sse");
+const CHAT_TWO_CHOICES: &str = include_str!("fixtures/openai/chat_two_choices.sse");
+const CHAT_TOOL_CALLS: &str = include_str!("fixtures/openai/chat_tool_calls.sse");
+const CHAT_ERROR: &str = include_str!("fixtures/openai/chat_error.sse");
+
+/// The text both text transcripts stream, in five deltas.
+const TEXT_DELTAS: [&str; 5] = ["Hello", "!", " Ça", " va", " ☀️?"];
+
+/// The transcript's frames (each ending with its blank line).
+fn frames(transcript: &str) -> Vec<&str> {
+    transcript.split_inclusive("\n\n").collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fake provider
+
+/// One step of a streamed response body.
+#[derive(Debug, Clone)]
+enum Piece {
+    Bytes(Bytes),
+    /// The server waits (so everything before is flushed to the client).
+    Pause(Duration),
+    /// The server fails the body: the connection is aborted mid-response.
+    Cut,
+    /// The server never sends anything again (nor closes).
+    Stall,
+}
+
+/// `text` split into chunks of `size` bytes (which split frames, lines and UTF-8 characters).
+fn chunked(text: &str, size: usize) -> Vec<Piece> {
+    text.as_bytes()
+        .chunks(size)
+        .map(|c| Piece::Bytes(Bytes::copy_from_slice(c)))
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+enum Reply {
+    /// A non-streaming answer.
+    Status {
+        status: u16,
+        headers: Vec<(&'static str, &'static str)>,
+        body: &'static str,
+    },
+    /// An error whose body echoes the request's Authorization header, as some gateways do.
+    EchoAuthorization(u16),
+    /// `200 text/event-stream` with these pieces; the body ends cleanly after the last.
+    Stream(Vec<Piece>),
+}
+
+fn stream(transcript: &str) -> Reply {
+    Reply::Stream(chunked(transcript, 61))
+}
+
+/// A request the fake provider received.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: Method,
+    path: String,
+    headers: HeaderMap,
+    body: Value,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+#[derive(Debug, Default)]
+struct FakeState {
+    replies: Mutex<VecDeque<Reply>>,
+    seen: Mutex<Vec<Seen>>,
+    /// Response bodies dropped by the server (finished, cut, or the client went away).
+    bodies_dropped: AtomicUsize,
+}
+
+/// Counts a response body as dropped when the server drops it.
+struct DropSignal(Arc<FakeState>);
+
+impl Drop for DropSignal {
+    fn drop(&mut self) {
+        self.0.bodies_dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[derive(Debug)]
+struct Fake {
+    base: String,
+    state: Arc<FakeState>,
+}
+
+impl Fake {
+    /// Starts a server answering successive requests with `replies` (then 500).
+    async fn start(replies: Vec<Reply>) -> Self {
+        let state = Arc::new(FakeState {
+            replies: Mutex::new(replies.into()),
+            ..FakeState::default()
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(Arc::clone(&state));
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self {
+            base: format!("http://{addr}/v1"),
+            state,
+        }
+    }
+
+    fn requests(&self) -> Vec<Seen> {
+        self.state.seen.lock().clone()
+    }
+
+    fn bodies_dropped(&self) -> usize {
+        self.state.bodies_dropped.load(Ordering::SeqCst)
+    }
+}
+
+async fn handle(
+    State(state): State<Arc<FakeState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let reply = state.replies.lock().pop_front();
+    let authorization = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    state.seen.lock().push(Seen {
+        method,
+        path: uri.path().to_owned(),
+        headers,
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+    });
+    let builder = Response::builder().header("x-request-id", "req_5b1f6c0e2d");
+    match reply {
+        Some(Reply::Status {
+            status,
+            headers,
+            body,
+        }) => {
+            let mut builder = builder
+                .status(status)
+                .header("content-type", "application/json");
+            for (name, value) in headers {
+                builder = builder.header(name, value);
+            }
+            builder.body(Body::from(body)).unwrap()
+        }
+        Some(Reply::EchoAuthorization(status)) => builder
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Body::from(
+                json!({"error": {
+                    "message": format!("Incorrect API key provided: {authorization}"),
+                    "type": "invalid_request_error",
+                    "param": null,
+                    "code": "invalid_api_key"
+                }})
+                .to_string(),
+            ))
+            .unwrap(),
+        Some(Reply::Stream(pieces)) => {
+            let signal = DropSignal(Arc::clone(&state));
+            let body = futures_util::stream::unfold(
+                (pieces.into_iter(), signal),
+                |(mut pieces, signal)| async move {
+                    let mut piece = pieces.next()?;
+                    while let Piece::Pause(pause) = piece {
+                        tokio::time::sleep(pause).await;
+                        piece = pieces.next()?;
+                    }
+                    match piece {
+                        Piece::Bytes(bytes) => Some((Ok(bytes), (pieces, signal))),
+                        Piece::Pause(_) => unreachable!("pauses are taken above"),
+                        Piece::Cut => Some((
+                            Err(std::io::Error::other("connection cut")),
+                            (pieces, signal),
+                        )),
+                        Piece::Stall => std::future::pending().await,
+                    }
+                },
+            );
+            builder
+                .status(200)
+                .header("content-type", "text/event-stream; charset=utf-8")
+                .header("cache-control", "no-cache")
+                .body(Body::from_stream(body))
+                .unwrap()
+        }
+        None => builder.status(500).body(Body::empty()).unwrap(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Adapters under test
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flavor {
+    Responses,
+    Chat,
+}
+
+const FLAVORS: [Flavor; 2] = [Flavor::Responses, Flavor::Chat];
+
+impl Flavor {
+    fn id(self) -> &'static str {
+        match self {
+            Flavor::Responses => "openai",
+            Flavor::Chat => "openai-chat",
+        }
+    }
+
+    fn model(self) -> &'static str {
+        match self {
+            Flavor::Responses => "gpt-4.1-mini",
+            Flavor::Chat => "meta-llama/Llama-3.1-8B-Instruct",
+        }
+    }
+
+    fn path(self) -> &'static str {
+        match self {
+            Flavor::Responses => "/v1/responses",
+            Flavor::Chat => "/v1/chat/completions",
+        }
+    }
+
+    fn extension_key(self) -> &'static str {
+        match self {
+            Flavor::Responses => "openai",
+            Flavor::Chat => "openai-chat",
+        }
+    }
+
+    fn text(self) -> &'static str {
+        match self {
+            Flavor::Responses => RESPONSES_TEXT,
+            Flavor::Chat => CHAT_TEXT,
+        }
+    }
+
+    /// Frames of the text transcript before the first output delta.
+    fn frames_before_output(self) -> usize {
+        match self {
+            // created, in_progress, output_item.added, content_part.added
+            Flavor::Responses => 4,
+            // the role chunk
+            Flavor::Chat => 1,
+        }
+    }
+
+    fn target(self) -> Target {
+        Target {
+            provider: self.id().into(),
+            model: self.model().into(),
+        }
+    }
+
+    fn config(self, fake: &Fake, tools: bool) -> TextProviderConfig {
+        let mut input_modalities = vec![Modality::Text, Modality::Json, Modality::Image];
+        if self == Flavor::Responses {
+            input_modalities.push(Modality::File);
+        }
+        TextProviderConfig {
+            id: self.id().into(),
+            model: self.model().into(),
+            abilities: vec!["text-generation".into()],
+            api_key_env: "MRT_TEST_OPENAI_KEY_NOT_READ".into(),
+            base_url: BaseUrl::parse(&fake.base).unwrap(),
+            input_modalities,
+            tools,
+            flow: FlowLimits::CONFIG_DEFAULT,
+        }
+    }
+
+    fn provider(self, fake: &Fake, tools: bool, key: KeySource) -> Arc<dyn Provider> {
+        let config = self.config(fake, tools);
+        match self {
+            Flavor::Responses => Arc::new(OpenAiResponsesProvider::new(&config, key)),
+            Flavor::Chat => Arc::new(OpenAiChatProvider::new(&config, key)),
+        }
+    }
+}
+
+/// A canary credential, unique per test.
+fn canary(test: &str) -> String {
+    format!("sk-CANARY-{test}-3f9a7c")
+}
+
+fn fixed(key: &str) -> KeySource {
+    KeySource::Fixed(Secret::new(key))
+}
+
+fn mock() -> Arc<dyn Provider> {
+    Arc::new(MockProvider::new(MockOptions::default()))
+}
+
+fn mock_target() -> Target {
+    Target {
+        provider: "provider-mock".into(),
+        model: "model-alpha".into(),
+    }
+}
+
+/// The adapter first, the mock second (a fallback target), with a cleanup grace far longer
+/// than any test waits, so an adapter that ignores cancellation fails the test.
+fn harness(adapter: Arc<dyn Provider>) -> Harness {
+    Harness::with(
+        vec![(adapter, DEFAULT_LIMITS), (mock(), DEFAULT_LIMITS)],
+        MemoryLimits::default(),
+        RunnerSettings {
+            cleanup_grace: Duration::from_secs(120),
+        },
+    )
+}
+
+/// A text-generation request with the given extra top-level members (JSON text after a comma,
+/// or empty).
+fn request(extra: &str) -> String {
+    let extra = if extra.is_empty() {
+        String::new()
+    } else {
+        format!(",{extra}")
+    };
+    format!(
+        r#"{{"ability":"text-generation","input":[{{"type":"text","text":"Say hello in French."}}]{extra}}}"#
+    )
+}
+
+/// Runs `job` to its end and checks that no canary reached the log or the snapshot.
+async fn run(h: &Harness, job: &runtime::Job) {
+    let outcome = within("the execution ends", PATIENCE, h.runner.run(job, 1)).await;
+    assert_eq!(outcome, RunOutcome::Finished);
+    assert_no_canary(h, job.execution_id).await;
+}
+
+async fn assert_no_canary(h: &Harness, id: protocol::ExecutionId) {
+    for event in h.events(id).await {
+        let json = event.to_json();
+        assert!(!json.contains("CANARY"), "credential in event {json}");
+    }
+    let snapshot = serde_json::to_string(&h.snapshot(id).await).unwrap();
+    assert!(
+        !snapshot.contains("CANARY"),
+        "credential in snapshot {snapshot}"
+    );
+}
+
+fn out(index: u32, text: &str) -> EventBody {
+    EventBody::OutputDelta {
+        output_index: index,
+        delta: text.into(),
+    }
+}
+
+fn started(call_id: &str, name: &str) -> EventBody {
+    EventBody::ToolCallStarted {
+        call_id: call_id.into(),
+        name: name.into(),
+    }
+}
+
+fn args(call_id: &str, delta: &str) -> EventBody {
+    EventBody::ToolCallArgumentsDelta {
+        call_id: call_id.into(),
+        delta: delta.into(),
+    }
+}
+
+fn provider_fact(unit: UsageUnit, quantity: f64) -> UsageFact {
+    UsageFact::new(unit, quantity, UsageSource::Provider).unwrap()
+}
+
+fn selected_of(target: Target, attempt: u32) -> EventBody {
+    EventBody::RouteSelected { target, attempt }
+}
+
+fn status_error(status: u16) -> RuntimeError {
+    let message = format!("Provider request failed with status {status}");
+    let error = match status {
+        429 => RuntimeError::new(ErrorCode::RateLimited, message, true),
+        408 | 500..=599 => RuntimeError::new(ErrorCode::ProviderUnavailable, message, true),
+        _ => RuntimeError::new(ErrorCode::ProviderUnavailable, message, false),
+    };
+    error.with_provider_code(status.to_string())
+}
+
+fn stream_failed() -> RuntimeError {
+    RuntimeError::new(
+        ErrorCode::ProviderUnavailable,
+        "Provider response failed",
+        false,
+    )
+}
+
+fn ended_early() -> RuntimeError {
+    RuntimeError::new(
+        ErrorCode::ProviderProtocolError,
+        "Provider stream ended without a completion event",
+        false,
+    )
+}
+
+fn malformed() -> RuntimeError {
+    RuntimeError::new(
+        ErrorCode::ProviderProtocolError,
+        "Provider returned malformed stream JSON",
+        false,
+    )
+}
+
+/// A transport failure after the provider accepted the request: never retryable.
+fn transport_failed() -> RuntimeError {
+    RuntimeError::new(
+        ErrorCode::ProviderUnavailable,
+        "Provider execution failed",
+        false,
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Text, outputs, tool calls, usage, and the request sent
+
+#[tokio::test]
+async fn responses_text_streams_through_the_runtime() {
+    let key = canary("responses-text");
+    // After `response.completed` the server keeps the connection open: the adapter must
+    // complete without waiting for the end of the body [R 33].
+    let mut pieces = chunked(RESPONSES_TEXT, 61);
+    pieces.push(Piece::Stall);
+    let fake = Fake::start(vec![Reply::Stream(pieces)]).await;
+    let h = harness(Flavor::Responses.provider(&fake, false, fixed(&key)));
+    let job = h
+        .submit(
+            r#"{"ability":"text-generation","input":[
+                {"type":"text","text":"Say hello in French."},
+                {"type":"json","value":{"tone":"warm","max_words":5}},
+                {"type":"image","uri":"https://images.example.com/cat.png","media_type":"image/png"},
+                {"type":"file","uri":"https://files.example.com/brief.pdf"}],
+              "extensions":{"openai":{"request":{"model":"gpt-evil","input":"ignored","stream":false,
+                "store":true,"temperature":0.3,"max_output_tokens":256,"metadata":{"team":"docs"}}}}}"#,
+            LONG,
+        )
+        .await;
+    run(&h, &job).await;
+
+    let target = Flavor::Responses.target();
+    let mut expected = vec![EventBody::Accepted, selected_of(target.clone(), 1)];
+    expected.extend(TEXT_DELTAS.iter().map(|d| out(0, d)));
+    let usage = vec![
+        provider_fact(UsageUnit::input_token(), 37.0),
+        provider_fact(UsageUnit::output_token(), 11.0),
+        provider_fact(UsageUnit::cache_read_token(), 12.0),
+        provider_fact(UsageUnit::reasoning_token(), 0.0),
+    ];
+    expected.push(EventBody::UsageReported {
+        facts: usage.clone(),
+    });
+    expected.push(EventBody::Completed {
+        target: target.clone(),
+    });
+    let events = h.assert_log(job.execution_id, &expected).await;
+    assert!(events[events.len() - 2].to_json().contains(
+        r#""facts":[{"unit":"input_token","quantity":37,"source":"provider","complete":true}"#
+    ));
+
+    let snapshot = h.snapshot(job.execution_id).await;
+    assert_eq!(
+        snapshot.result,
+        Some(json!({
+            "outputs": [{"index": 0, "type": "text", "text": "Hello! Ça va ☀️?"}],
+            "tool_calls": []
+        }))
+    );
+    assert_eq!(snapshot.usage, usage);
+    assert_eq!(snapshot.target, Some(target));
+    assert_eq!(snapshot.error, None);
+
+    let seen = fake.requests();
+    assert_eq!(seen.len(), 1);
+    let r = &seen[0];
+    assert_eq!(r.method, Method::POST);
+    assert_eq!(r.path, "/v1/responses");
+    assert_eq!(
+        r.header("authorization"),
+        Some(format!("Bearer {key}").as_str())
+    );
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(r.header("accept"), Some("text/event-stream"));
+    assert_eq!(
+        r.body,
+        json!({
+            "model": "gpt-4.1-mini",
+            "stream": true,
+            "store": false,
+            "temperature": 0.3,
+            "max_output_tokens": 256,
+            "metadata": {"team": "docs"},
+            "input": [{"role": "user", "content": [
+                {"type": "input_text", "text": "Say hello in French."},
+                {"type": "input_text", "text": "{\"max_words\":5,\"tone\":\"warm\"}"},
+                {"type": "input_image", "image_url": "https://images.example.com/cat.png"},
+                {"type": "input_file", "file_url": "https://files.example.com/brief.pdf"}
+            ]}]
+        })
+    );
+}
+
+#[tokio::test]
+async fn chat_text_streams_through_the_runtime() {
+    let key = canary("chat-text");
+    let mut pieces = chunked(CHAT_TEXT, 61);
+    pieces.push(Piece::Stall);
+    let fake = Fake::start(vec![Reply::Stream(pieces)]).await;
+    let h = harness(Flavor::Chat.provider(&fake, false, fixed(&key)));
+    let job = h
+        .submit(
+            r#"{"ability":"text-generation","input":[
+                {"type":"text","text":"Say hello in French."},
+                {"type":"json","value":["warm",5]},
+                {"type":"image","uri":"https://images.example.com/cat.png"}],
+              "extensions":{"openai-chat":{"request":{"model":"other","messages":[{"role":"system","content":"x"}],
+                "stream":false,"stream_options":{"include_usage":false},"temperature":0.3,"max_tokens":64}},
+                "openai":{"request":{"store":true}}}}"#,
+            LONG,
+        )
+        .await;
+    run(&h, &job).await;
+
+    let target = Flavor::Chat.target();
+    let mut expected = vec![EventBody::Accepted, selected_of(target.clone(), 1)];
+    expected.extend(TEXT_DELTAS.iter().map(|d| out(0, d)));
+    let usage = vec![
+        provider_fact(UsageUnit::input_token(), 19.0),
+        provider_fact(UsageUnit::output_token(), 10.0),
+        provider_fact(UsageUnit::cache_read_token(), 4.0),
+        provider_fact(UsageUnit::reasoning_token(), 2.0),
+    ];
+    expected.push(EventBody::UsageReported {
+        facts: usage.clone(),
+    });
+    expected.push(EventBody::Completed {
+        target: target.clone(),
+    });
+    h.assert_log(job.execution_id, &expected).await;
+
+    let snapshot = h.snapshot(job.execution_id).await;
+    assert_eq!(
+        snapshot.result,
+        Some(json!({
+            "outputs": [{"index": 0, "type": "text", "text": "Hello! Ça va ☀️?"}],
+            "tool_calls": []
+        }))
+    );
+    assert_eq!(snapshot.usage, usage);
+
+    let seen = fake.requests();
+    assert_eq!(seen.len(), 1);
+    let r = &seen[0];
+    assert_eq!(r.method, Method::POST);
+    assert_eq!(r.path, "/v1/chat/completions");
+    assert_eq!(
+        r.header("authorization"),
+        Some(format!("Bearer {key}").as_str())
+    );
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(
+        r.body,
+        json!({
+            "model": "meta-llama/Llama-3.1-8B-Instruct",
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "temperature": 0.3,
+            "max_tokens": 64,
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "Say hello in French."},
+                {"type": "text", "text": "[\"warm\",5]"},
+                {"type": "image_url", "image_url": {"url": "https://images.example.com/cat.png"}}
+            ]}]
+        })
+    );
+}
+
+#[tokio::test]
+async fn two_outputs_keep_their_indexes() {
+    for flavor in FLAVORS {
+        let (transcript, deltas, usage) = match flavor {
+            Flavor::Responses => (
+                RESPONSES_TWO_OUTPUTS,
+                vec![
+                    out(0, "First"),
+                    out(0, " answer."),
+                    out(1, "Second"),
+                    out(1, " answer."),
+                ],
+                vec![
+                    provider_fact(UsageUnit::input_token(), 20.0),
+                    provider_fact(UsageUnit::output_token(), 8.0),
+                    provider_fact(UsageUnit::cache_read_token(), 0.0),
+                    provider_fact(UsageUnit::reasoning_token(), 0.0),
+                ],
+            ),
+            // n=2: the choices interleave; choice 1 ends with finish_reason "length" and the
+            // attempt still completes.
+            Flavor::Chat => (
+                CHAT_TWO_CHOICES,
+                vec![
+                    out(0, "First"),
+                    out(1, "Second"),
+                    out(0, " answer"),
+                    out(1, " answer"),
+                    out(0, "."),
+                    out(1, "."),
+                ],
+                vec![
+                    provider_fact(UsageUnit::input_token(), 20.0),
+                    provider_fact(UsageUnit::output_token(), 8.0),
+                    provider_fact(UsageUnit::cache_read_token(), 0.0),
+                    provider_fact(UsageUnit::reasoning_token(), 0.0),
+                ],
+            ),
+        };
+        let fake = Fake::start(vec![stream(transcript)]).await;
+        let h = harness(flavor.provider(&fake, false, fixed(&canary("two"))));
+        let job = h.submit(&request(""), LONG).await;
+        run(&h, &job).await;
+
+        let mut expected = vec![EventBody::Accepted, selected_of(flavor.target(), 1)];
+        expected.extend(deltas);
+        expected.push(EventBody::UsageReported { facts: usage });
+        expected.push(EventBody::Completed {
+            target: flavor.target(),
+        });
+        h.assert_log(job.execution_id, &expected).await;
+        assert_eq!(
+            h.snapshot(job.execution_id).await.result,
+            Some(json!({
+                "outputs": [
+                    {"index": 0, "type": "text", "text": "First answer."},
+                    {"index": 1, "type": "text", "text": "Second answer."}
+                ],
+                "tool_calls": []
+            })),
+            "{flavor:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn tool_calls_stream_their_arguments_in_fragments() {
+    for flavor in FLAVORS {
+        let (transcript, tools) = match flavor {
+            Flavor::Responses => (
+                RESPONSES_TOOL_CALLS,
+                json!([{"type": "function", "name": "get_weather",
+                        "parameters": {"type": "object", "properties": {"location": {"type": "string"}}}}]),
+            ),
+            Flavor::Chat => (
+                CHAT_TOOL_CALLS,
+                json!([{"type": "function", "function": {"name": "get_weather",
+                        "parameters": {"type": "object", "properties": {"location": {"type": "string"}}}}}]),
+            ),
+        };
+        let fake = Fake::start(vec![Reply::Stream(chunked(transcript, 37))]).await;
+        let h = harness(flavor.provider(&fake, true, fixed(&canary("tools"))));
+        let extension =
+            json!({flavor.extension_key(): {"request": {"tools": tools, "tool_choice": "auto"}}});
+        let job = h
+            .submit(
+                &request(&format!(
+                    r#""requirements":{{"tools":true}},"extensions":{extension}"#
+                )),
+                LONG,
+            )
+            .await;
+        run(&h, &job).await;
+
+        let paris = "call_Q2xb8h3Tz9JkLm4nOp5qRs6t";
+        let bogota = "call_Vw7xY8zA1bC2dE3fG4hI5jK6";
+        let mut expected = vec![
+            EventBody::Accepted,
+            selected_of(flavor.target(), 1),
+            started(paris, "get_weather"),
+        ];
+        for fragment in ["{\"", "location", "\":\"", "Paris", ",", " France", "\"}"] {
+            expected.push(args(paris, fragment));
+        }
+        expected.push(started(bogota, "get_weather"));
+        for fragment in ["{\"location\"", ":\"Bogot", "á, Colombia\"}"] {
+            expected.push(args(bogota, fragment));
+        }
+        expected.push(EventBody::UsageReported {
+            facts: vec![
+                provider_fact(UsageUnit::input_token(), 61.0),
+                provider_fact(UsageUnit::output_token(), 42.0),
+                provider_fact(UsageUnit::cache_read_token(), 0.0),
+                provider_fact(UsageUnit::reasoning_token(), 0.0),
+            ],
+        });
+        expected.push(EventBody::Completed {
+            target: flavor.target(),
+        });
+        h.assert_log(job.execution_id, &expected).await;
+        assert_eq!(
+            h.snapshot(job.execution_id).await.result,
+            Some(json!({
+                "outputs": [],
+                "tool_calls": [
+                    {"call_id": paris, "name": "get_weather",
+                     "arguments": "{\"location\":\"Paris, France\"}"},
+                    {"call_id": bogota, "name": "get_weather",
+                     "arguments": "{\"location\":\"Bogotá, Colombia\"}"}
+                ]
+            })),
+            "{flavor:?}"
+        );
+        // Tools pass through when the deployment enabled them.
+        let body = &fake.requests()[0].body;
+        assert_eq!(body["tools"], tools, "{flavor:?}");
+        assert_eq!(body["tool_choice"], "auto", "{flavor:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Capability policy and credentials
+
+#[tokio::test]
+async fn tools_in_an_extension_are_refused_unless_declared() {
+    for flavor in FLAVORS {
+        let fields: &[&str] = match flavor {
+            Flavor::Responses => &["tools", "tool_choice"],
+            Flavor::Chat => &["tools", "tool_choice", "functions", "function_call"],
+        };
+        for field in fields {
+            let fake = Fake::start(vec![stream(flavor.text())]).await;
+            let h = harness(flavor.provider(&fake, false, fixed(&canary("refused"))));
+            let extensions = json!({flavor.extension_key(): {"request": {*field: []}}});
+            // Routed alone (the mock would otherwise serve it).
+            let job = h
+                .submit(
+                    &request(&format!(
+                        r#""extensions":{extensions},"routing":{{"provider_order":["{}"]}}"#,
+                        flavor.id()
+                    )),
+                    LONG,
+                )
+                .await;
+            assert!(
+                !h.registry
+                    .candidates(&job.request)
+                    .iter()
+                    .any(|c| c.target() == flavor.target()),
+                "{flavor:?} {field}"
+            );
+            // With only this adapter registered, submit-time admission refuses the request.
+            let alone = Harness::new(vec![(
+                flavor.provider(&fake, false, fixed(&canary("refused"))),
+                DEFAULT_LIMITS,
+            )]);
+            assert!(
+                !alone.registry.can_serve(&job.request),
+                "{flavor:?} {field}"
+            );
+            let refused = alone
+                .submit(&request(&format!(r#""extensions":{extensions}"#)), LONG)
+                .await;
+            run(&alone, &refused).await;
+            alone
+                .assert_log(
+                    refused.execution_id,
+                    &[
+                        EventBody::Accepted,
+                        failed(RuntimeError::capability_unavailable()),
+                    ],
+                )
+                .await;
+            assert!(
+                fake.requests().is_empty(),
+                "no HTTP call for {flavor:?} {field}"
+            );
+        }
+        // A non-object `request` is refused even with tools enabled.
+        let fake = Fake::start(vec![]).await;
+        let alone = Harness::new(vec![(
+            flavor.provider(&fake, true, fixed(&canary("refused"))),
+            DEFAULT_LIMITS,
+        )]);
+        for bad in [json!("tools"), json!([1]), json!(null)] {
+            let extensions = json!({flavor.extension_key(): {"request": bad}});
+            let malformed = support::job(&request(&format!(r#""extensions":{extensions}"#)), LONG);
+            assert!(
+                !alone.registry.can_serve(&malformed.request),
+                "{flavor:?} {bad}"
+            );
+        }
+        // The other adapter's extension key is not this adapter's business.
+        let other = match flavor {
+            Flavor::Responses => "openai-chat",
+            Flavor::Chat => "openai",
+        };
+        let extensions = json!({other: {"request": {"tools": []}}});
+        let foreign = support::job(&request(&format!(r#""extensions":{extensions}"#)), LONG);
+        assert!(alone.registry.can_serve(&foreign.request), "{flavor:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_missing_credential_fails_without_calling_the_provider() {
+    for (n, flavor) in FLAVORS.into_iter().enumerate() {
+        let fake = Fake::start(vec![stream(flavor.text())]).await;
+        let env = format!("MRT_TEST_OPENAI_KEY_SURELY_UNSET_{n}");
+        let h = harness(flavor.provider(&fake, false, KeySource::Env(env)));
+        let job = h
+            .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
+            .await;
+        run(&h, &job).await;
+        let error = RuntimeError::new(
+            ErrorCode::ProviderUnavailable,
+            "Required provider credential is unavailable",
+            false,
+        );
+        h.assert_log(
+            job.execution_id,
+            &[
+                EventBody::Accepted,
+                selected_of(flavor.target(), 1),
+                failed(error),
+            ],
+        )
+        .await;
+        assert!(fake.requests().is_empty(), "{flavor:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Provider errors before the stream [R 61] and fallback [R 29-31]
+
+#[tokio::test]
+async fn http_errors_before_the_stream_are_classified() {
+    for flavor in FLAVORS {
+        let cases = [
+            (
+                Reply::Status {
+                    status: 400,
+                    headers: vec![],
+                    body: r#"{"error":{"message":"Invalid 'input': sk-CANARY in text","type":"invalid_request_error"}}"#,
+                },
+                400,
+            ),
+            (Reply::EchoAuthorization(401), 401),
+            (
+                Reply::Status {
+                    status: 429,
+                    headers: vec![("retry-after", "7")],
+                    body: r#"{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}"#,
+                },
+                429,
+            ),
+            (
+                Reply::Status {
+                    status: 500,
+                    headers: vec![],
+                    body: r#"{"error":{"message":"The server had an error","type":"server_error"}}"#,
+                },
+                500,
+            ),
+        ];
+        for (reply, status) in cases {
+            let fake = Fake::start(vec![reply]).await;
+            let key = canary("status");
+            let h = harness(flavor.provider(&fake, false, fixed(&key)));
+            let job = h.submit(&request(""), LONG).await;
+            run(&h, &job).await;
+            let error = status_error(status);
+            h.assert_log(
+                job.execution_id,
+                &[
+                    EventBody::Accepted,
+                    selected_of(flavor.target(), 1),
+                    failed(error.clone()),
+                ],
+            )
+            .await;
+            let snapshot = h.snapshot(job.execution_id).await;
+            assert_eq!(snapshot.error, Some(error), "{flavor:?} {status}");
+            assert_eq!(snapshot.target, Some(flavor.target()));
+            assert_eq!(fake.requests()[0].path, flavor.path());
+            // The echoing server did receive the key; nothing of it came back.
+            assert_eq!(
+                fake.requests()[0].header("authorization"),
+                Some(format!("Bearer {key}").as_str())
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn retryable_errors_before_output_fall_back_to_the_next_provider() {
+    for flavor in FLAVORS {
+        for (status, headers) in [(500, vec![]), (429, vec![("retry-after", "7")])] {
+            let fake = Fake::start(vec![Reply::Status {
+                status,
+                headers,
+                body: "{}",
+            }])
+            .await;
+            let h = harness(flavor.provider(&fake, false, fixed(&canary("fallback"))));
+            let job = h
+                .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
+                .await;
+            run(&h, &job).await;
+            h.assert_log(
+                job.execution_id,
+                &[
+                    EventBody::Accepted,
+                    selected_of(flavor.target(), 1),
+                    EventBody::RouteAttemptFailed {
+                        target: flavor.target(),
+                        attempt: 1,
+                        error: status_error(status),
+                    },
+                    selected_of(mock_target(), 2),
+                    delta("hello"),
+                    delta(" from"),
+                    delta(" mock"),
+                    usage(3),
+                    EventBody::Completed {
+                        target: mock_target(),
+                    },
+                ],
+            )
+            .await;
+            let snapshot = h.snapshot(job.execution_id).await;
+            assert_eq!(snapshot.target, Some(mock_target()));
+            assert_eq!(snapshot.result, Some(hello_result()));
+            assert_eq!(snapshot.error, None);
+            assert_eq!(fake.requests().len(), 1);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failures inside the stream: never retried, whatever fallback allows
+
+#[tokio::test]
+async fn failures_reported_in_the_stream_are_not_retryable() {
+    let cases = [
+        (Flavor::Responses, RESPONSES_FAILED),
+        (Flavor::Responses, RESPONSES_ERROR),
+        (Flavor::Chat, CHAT_ERROR),
+    ];
+    for (flavor, transcript) in cases {
+        let fake = Fake::start(vec![stream(transcript)]).await;
+        let h = harness(flavor.provider(&fake, false, fixed(&canary("stream-failure"))));
+        let job = h
+            .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
+            .await;
+        run(&h, &job).await;
+        h.assert_log(
+            job.execution_id,
+            &[
+                EventBody::Accepted,
+                selected_of(flavor.target(), 1),
+                failed(stream_failed()),
+            ],
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn a_stream_cut_after_output_fails_without_fallback() {
+    for flavor in FLAVORS {
+        // Two deltas, then half a frame, then the connection is aborted.
+        let frames = frames(flavor.text());
+        let whole = flavor.frames_before_output() + 2;
+        let mut sent: String = frames[..whole].concat();
+        let next = frames[whole];
+        sent.push_str(&next[..next.len() / 2]);
+        let mut pieces = chunked(&sent, 61);
+        pieces.extend([Piece::Pause(Duration::from_millis(20)), Piece::Cut]);
+        let fake = Fake::start(vec![Reply::Stream(pieces)]).await;
+        let h = harness(flavor.provider(&fake, false, fixed(&canary("cut"))));
+        let job = h
+            .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
+            .await;
+        run(&h, &job).await;
+        h.assert_log(
+            job.execution_id,
+            &[
+                EventBody::Accepted,
+                selected_of(flavor.target(), 1),
+                out(0, "Hello"),
+                out(0, "!"),
+                failed(transport_failed()),
+            ],
+        )
+        .await;
+        let snapshot = h.snapshot(job.execution_id).await;
+        assert_eq!(snapshot.target, Some(flavor.target()), "no fallback");
+        assert!(!snapshot.error.unwrap().retryable);
+        assert_eq!(
+            snapshot.result,
+            Some(
+                json!({"outputs": [{"index": 0, "type": "text", "text": "Hello!"}], "tool_calls": []})
+            )
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_stream_ending_mid_frame_before_output_is_a_protocol_error() {
+    for flavor in FLAVORS {
+        // The body ends cleanly in the middle of the first output frame: the partial frame is
+        // dropped and the stream ended without completion. The provider had accepted the
+        // request, so there is no fallback.
+        let frames = frames(flavor.text());
+        let whole = flavor.frames_before_output();
+        let mut sent: String = frames[..whole].concat();
+        let next = frames[whole];
+        sent.push_str(&next[..next.len() - 3]);
+        let fake = Fake::start(vec![stream(&sent)]).await;
+        let h = harness(flavor.provider(&fake, false, fixed(&canary("eof"))));
+        let job = h
+            .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
+            .await;
+        run(&h, &job).await;
+        h.assert_log(
+            job.execution_id,
+            &[
+                EventBody::Accepted,
+                selected_of(flavor.target(), 1),
+                failed(ended_early()),
+            ],
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn a_stream_without_its_completion_signal_is_a_protocol_error() {
+    for flavor in FLAVORS {
+        // Every frame but the completion (`response.completed` / `data: [DONE]`).
+        let frames = frames(flavor.text());
+        let sent = frames[..frames.len() - 1].concat();
+        let fake = Fake::start(vec![stream(&sent)]).await;
+        let h = harness(flavor.provider(&fake, false, fixed(&canary("no-completion"))));
+        let job = h.submit(&request(""), LONG).await;
+        run(&h, &job).await;
+        let mut expected = vec![EventBody::Accepted, selected_of(flavor.target(), 1)];
+        expected.extend(TEXT_DELTAS.iter().map(|d| out(0, d)));
+        expected.push(failed(ended_early()));
+        h.assert_log(job.execution_id, &expected).await;
+        assert!(
+            h.snapshot(job.execution_id).await.usage.is_empty(),
+            "{flavor:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn malformed_json_is_a_protocol_error() {
+    for flavor in FLAVORS {
+        let frames = frames(flavor.text());
+        let mut sent: String = frames[..flavor.frames_before_output()].concat();
+        sent.push_str(match flavor {
+            Flavor::Responses => {
+                "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hel\n\n"
+            }
+            Flavor::Chat => {
+                "data: {\"id\":\"chatcmpl-x\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel}\n\n"
+            }
+        });
+        sent.push_str(frames[flavor.frames_before_output()]);
+        let fake = Fake::start(vec![stream(&sent)]).await;
+        let h = harness(flavor.provider(&fake, false, fixed(&canary("json"))));
+        let job = h
+            .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
+            .await;
+        run(&h, &job).await;
+        h.assert_log(
+            job.execution_id,
+            &[
+                EventBody::Accepted,
+                selected_of(flavor.target(), 1),
+                failed(malformed()),
+            ],
+        )
+        .await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deadline and cancellation close the connection promptly
+
+/// The text transcript up to its first delta, then silence.
+fn stalls_after_first_delta(flavor: Flavor) -> Reply {
+    let frames = frames(flavor.text());
+    let sent = frames[..=flavor.frames_before_output()].concat();
+    let mut pieces = chunked(&sent, 61);
+    pieces.push(Piece::Stall);
+    Reply::Stream(pieces)
+}
+
+#[tokio::test]
+async fn a_stalled_stream_hits_the_deadline() {
+    for flavor in FLAVORS {
+        let fake = Fake::start(vec![stalls_after_first_delta(flavor)]).await;
+        let h = harness(flavor.provider(&fake, false, fixed(&canary("stall"))));
+        let job = h
+            .submit(
+                &request(r#""routing":{"allow_fallback":true}"#),
+                Duration::from_millis(600),
+            )
+            .await;
+        run(&h, &job).await;
+        h.assert_log(
+            job.execution_id,
+            &[
+                EventBody::Accepted,
+                selected_of(flavor.target(), 1),
+                out(0, "Hello"),
+                failed(RuntimeError::deadline_exceeded()),
+            ],
+        )
+        .await;
+        wait_until("the provider connection is closed", PATIENCE, || async {
+            fake.bodies_dropped() == 1
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn cancelling_closes_the_provider_connection() {
+    for flavor in FLAVORS {
+        let fake = Fake::start(vec![stalls_after_first_delta(flavor)]).await;
+        let h = harness(flavor.provider(&fake, false, fixed(&canary("cancel"))));
+        let job = h.submit(&request(""), LONG).await;
+        let id = job.execution_id;
+        let runner = Arc::clone(&h.runner);
+        let run_job = job.clone();
+        let running = tokio::spawn(async move { runner.run(&run_job, 1).await });
+        wait_until("output arrives", PATIENCE, || {
+            h.has_event(id, "output.delta")
+        })
+        .await;
+        assert_eq!(fake.bodies_dropped(), 0, "the stream is open");
+        h.bus.request(id).await.unwrap();
+        let outcome = within("cancel ends the run", PATIENCE, running)
+            .await
+            .unwrap();
+        assert_eq!(outcome, RunOutcome::Finished);
+        h.assert_log(
+            id,
+            &[
+                EventBody::Accepted,
+                selected_of(flavor.target(), 1),
+                out(0, "Hello"),
+                failed(RuntimeError::cancelled()),
+            ],
+        )
+        .await;
+        wait_until("the provider connection is closed", PATIENCE, || async {
+            fake.bodies_dropped() == 1
+        })
+        .await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The credential never leaks, logs included
+
+/// Log lines written while a test runs (this thread's default subscriber).
+#[derive(Debug, Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn the_credential_never_reaches_events_errors_or_logs() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    for flavor in FLAVORS {
+        let key = canary("logs");
+        let cut = {
+            let frames = frames(flavor.text());
+            let mut pieces = chunked(&frames[..=flavor.frames_before_output()].concat(), 61);
+            pieces.extend([Piece::Pause(Duration::from_millis(20)), Piece::Cut]);
+            Reply::Stream(pieces)
+        };
+        let failure = match flavor {
+            Flavor::Responses => stream(RESPONSES_ERROR),
+            Flavor::Chat => stream(CHAT_ERROR),
+        };
+        let replies = vec![
+            Reply::EchoAuthorization(401),
+            Reply::EchoAuthorization(503),
+            failure,
+            cut,
+            stream(flavor.text()),
+        ];
+        let count = replies.len();
+        let fake = Fake::start(replies).await;
+        let h = harness(flavor.provider(&fake, false, fixed(&key)));
+        for _ in 0..count {
+            let job = h.submit(&request(""), LONG).await;
+            run(&h, &job).await;
+            let error = h.snapshot(job.execution_id).await.error;
+            assert!(!format!("{error:?}").contains("CANARY"));
+        }
+        let seen = fake.requests();
+        assert_eq!(seen.len(), count);
+        assert!(
+            seen.iter()
+                .all(|r| r.header("authorization") == Some(format!("Bearer {key}").as_str()))
+        );
+    }
+    let logs = String::from_utf8(captured.0.lock().clone()).unwrap();
+    assert!(
+        logs.contains("provider transport failed"),
+        "logs were captured: {logs}"
+    );
+    assert!(!logs.contains("CANARY"), "credential in logs: {logs}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The deployment file builds both adapters with the declared capabilities [R 68]
+
+#[test]
+fn the_deployment_file_declares_the_capabilities() {
+    let config = worker::config::parse(
+        r#"{"providers":[
+            {"type":"openai-responses","model":"gpt-4.1-mini","api_key_env":"OPENAI_API_KEY",
+             "capabilities":{"input_modalities":["text","image","file"],"tools":true}},
+            {"type":"openai-chat","id":"local","model":"llama3.1","api_key_env":"OLLAMA_KEY",
+             "base_url":"http://localhost:11434/v1","abilities":["text-generation","chat"],
+             "max_concurrency":2,"max_queue_depth":0}
+        ]}"#,
+    )
+    .unwrap();
+    let registry = worker::deployment::build_registry(&config).unwrap();
+    let manifests = serde_json::to_value(registry.manifests()).unwrap();
+    assert_eq!(
+        manifests,
+        json!([
+            {"provider": "openai", "protocol_version": "0.1.0",
+             "models": [{"model": "gpt-4.1-mini", "abilities": ["text-generation"],
+                         "input_modalities": ["text", "image", "file"], "output_modalities": ["text"],
+                         "stream": true, "tools": true, "structured_output": false,
+                         "async": false, "cancel": true}],
+             "limits": {"max_concurrency": 16, "max_queue_depth": 64}},
+            {"provider": "local", "protocol_version": "0.1.0",
+             "models": [{"model": "llama3.1", "abilities": ["text-generation", "chat"],
+                         "input_modalities": ["text", "json"], "output_modalities": ["text"],
+                         "stream": true, "tools": false, "structured_output": false,
+                         "async": false, "cancel": true}],
+             "limits": {"max_concurrency": 2, "max_queue_depth": 0}}
+        ])
+    );
+    // Undeclared capabilities are not served: JSON input to the first, images to the second,
+    // structured output to either.
+    let serve = |json: &str| {
+        registry.can_serve(&protocol::validate::parse_request(json.as_bytes()).unwrap())
+    };
+    assert!(serve(
+        r#"{"ability":"chat","input":[{"type":"json","value":1}]}"#
+    ));
+    assert!(!serve(
+        r#"{"ability":"chat","input":[{"type":"image","uri":"https://x.test/a.png"}]}"#
+    ));
+    assert!(!serve(
+        r#"{"ability":"text-generation","input":[{"type":"text","text":"x"}],"requirements":{"structured_output":true}}"#
+    ));
+}
