@@ -1,0 +1,300 @@
+//! Test harness: a real gateway in embedded mode on a loopback port, a TCP proxy that cuts the
+//! server-to-client direction at random byte offsets, and a scripted fake HTTP server for the
+//! protocol violations a real gateway never commits.
+//!
+//! Nothing here sleeps for a fixed time to wait for a condition: waits poll with a generous
+//! deadline ([`WAIT`]) so the tests pass on a busy two-core machine.
+
+// Each test binary uses a different subset; harness code panics on failure like the tests.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use model_runtime_client::{Client, RetryPolicy};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+
+/// Longest any condition is awaited.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// A running embedded gateway, stopped when dropped.
+pub struct Gateway {
+    /// `http://127.0.0.1:PORT`
+    pub base: String,
+    pub addr: SocketAddr,
+    pub state: gateway::AppState,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A mock provider serving `text-generation` on `model-alpha` with `extra` fields merged in.
+pub fn mock(extra: Value) -> Value {
+    let mut m = json!({
+        "type": "mock",
+        "id": "provider-mock",
+        "model": "model-alpha",
+        "abilities": ["text-generation"],
+    });
+    if let (Some(m), Value::Object(extra)) = (m.as_object_mut(), extra) {
+        m.extend(extra);
+    }
+    m
+}
+
+impl Gateway {
+    /// The default mock ("hello", " from", " mock", no delay).
+    pub async fn start_default() -> Self {
+        Self::start(json!({ "providers": [mock(json!({}))] })).await
+    }
+
+    /// A deployment file's JSON, four workers.
+    pub async fn start(config: Value) -> Self {
+        let config = worker::config::parse(&config.to_string()).expect("valid deployment");
+        let registry =
+            Arc::new(worker::deployment::build_registry(&config).expect("buildable registry"));
+        let embedded = gateway::Embedded::start(&config, registry, 4);
+        let state = embedded.state.clone();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let (tx, rx) = oneshot::channel::<()>();
+        tokio::spawn(gateway::server::serve(
+            listener,
+            embedded,
+            async move {
+                let _ = rx.await;
+            },
+            Duration::from_secs(5),
+        ));
+        Self {
+            base: format!("http://{addr}"),
+            addr,
+            state,
+            stop: Some(tx),
+        }
+    }
+
+    /// Event streams open right now.
+    pub fn open_streams(&self) -> i64 {
+        self.state
+            .metrics()
+            .sse_streams_active
+            .load(Ordering::SeqCst)
+    }
+
+    /// A client with quick retries.
+    pub fn client(&self) -> Client {
+        client_for(&self.base)
+    }
+}
+
+/// A client of `base` with quick, generous retries (tests cut many connections).
+pub fn client_for(base: &str) -> Client {
+    Client::builder(base)
+        .retry(RetryPolicy {
+            max_retries: 12,
+            initial_backoff: Duration::from_millis(2),
+            max_backoff: Duration::from_millis(40),
+        })
+        .build()
+        .expect("client")
+}
+
+/// Polls `check` until it returns `Some`, panicking with `what` after [`WAIT`].
+pub async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A TCP proxy in front of `upstream` that forwards the client's bytes untouched and cuts the
+/// server's: each connection gets a random budget of bytes (from a seeded generator), after
+/// which both sockets are closed. Every `pass_every`-th connection is never cut, so any run
+/// eventually completes.
+pub struct CutProxy {
+    pub base: String,
+    pub connections: Arc<AtomicUsize>,
+    pub cuts: Arc<AtomicUsize>,
+}
+
+impl CutProxy {
+    pub async fn start(upstream: SocketAddr, seed: u64, max_cut: usize, pass_every: usize) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy addr");
+        let connections = Arc::new(AtomicUsize::new(0));
+        let cuts = Arc::new(AtomicUsize::new(0));
+        let rng = Arc::new(Mutex::new(StdRng::seed_from_u64(seed)));
+        let (conns, cut_count) = (Arc::clone(&connections), Arc::clone(&cuts));
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let n = conns.fetch_add(1, Ordering::SeqCst) + 1;
+                let budget = if n % pass_every == 0 {
+                    None
+                } else {
+                    Some(rng.lock().unwrap().random_range(0..max_cut))
+                };
+                let cut_count = Arc::clone(&cut_count);
+                tokio::spawn(async move {
+                    let Ok(server) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    if proxy(client, server, budget).await {
+                        cut_count.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        Self {
+            base: format!("http://{addr}"),
+            connections,
+            cuts,
+        }
+    }
+}
+
+/// Copies both directions; returns whether the budget cut the connection.
+async fn proxy(client: TcpStream, server: TcpStream, budget: Option<usize>) -> bool {
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let upstream = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+        let _ = server_write.shutdown().await;
+    });
+    let mut left = budget.unwrap_or(usize::MAX);
+    let mut buf = vec![0u8; 4096];
+    let mut cut = false;
+    loop {
+        let n = match server_read.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let take = n.min(left);
+        if client_write.write_all(&buf[..take]).await.is_err() {
+            break;
+        }
+        left -= take;
+        if take < n || left == 0 {
+            cut = budget.is_some();
+            break;
+        }
+    }
+    // Dropping the halves closes both sockets: the client sees the connection end mid-response.
+    upstream.abort();
+    cut
+}
+
+/// One request seen by a [`FakeServer`].
+#[derive(Debug, Clone)]
+pub struct SeenRequest {
+    /// `GET /path?query HTTP/1.1`
+    pub line: String,
+}
+
+impl SeenRequest {
+    /// The `after` query value, if any.
+    pub fn after(&self) -> Option<u64> {
+        let target = self.line.split(' ').nth(1)?;
+        let query = target.split_once('?')?.1;
+        query
+            .split('&')
+            .find_map(|pair| pair.strip_prefix("after="))
+            .and_then(|v| v.parse().ok())
+    }
+
+    pub fn path(&self) -> String {
+        let target = self.line.split(' ').nth(1).unwrap_or_default();
+        target.split('?').next().unwrap_or_default().to_owned()
+    }
+}
+
+/// A scripted HTTP/1.1 server: each connection carries one request; `respond` gets the
+/// connection's index and the request and returns the raw response bytes, after which the
+/// connection is closed (so a body without a length ends at EOF).
+pub struct FakeServer {
+    pub base: String,
+    pub requests: Arc<Mutex<Vec<SeenRequest>>>,
+}
+
+impl FakeServer {
+    pub async fn start<F>(respond: F) -> Self
+    where
+        F: Fn(usize, &SeenRequest) -> Vec<u8> + Send + Sync + 'static,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind fake");
+        let addr = listener.local_addr().expect("fake addr");
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&requests);
+        let respond = Arc::new(respond);
+        tokio::spawn(async move {
+            let mut index = 0usize;
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&head);
+                let request = SeenRequest {
+                    line: text.lines().next().unwrap_or_default().to_owned(),
+                };
+                seen.lock().unwrap().push(request.clone());
+                let response = respond(index, &request);
+                index += 1;
+                let _ = socket.write_all(&response).await;
+                let _ = socket.shutdown().await;
+            }
+        });
+        Self {
+            base: format!("http://{addr}"),
+            requests,
+        }
+    }
+
+    pub fn seen(&self) -> Vec<SeenRequest> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+/// An SSE response head whose body runs until the connection closes.
+pub fn sse_response(body: &[u8]) -> Vec<u8> {
+    let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\nconnection: close\r\n\r\n".to_vec();
+    out.extend_from_slice(body);
+    out
+}
+
+/// A JSON response with `status`.
+pub fn json_response(status: u16, body: &Value) -> Vec<u8> {
+    let body = body.to_string();
+    format!(
+        "HTTP/1.1 {status} X\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
