@@ -1,0 +1,241 @@
+//! The HTTP side of one execution: submit, then read the event stream to its terminal event.
+//!
+//! One `reqwest::Client` (and so one connection pool) is shared by every task. A connection goes
+//! back to the pool only once its response body has been read to the end, so event streams are
+//! always drained past the terminal event (the gateway closes them right after it).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use protocol::sse::{SseEvent, SseParser};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
+use serde::Deserialize;
+use tokio::time::Instant;
+
+/// How the events of an execution are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StreamMode {
+    /// `POST /v1/executions` (202), then `GET /v1/executions/{id}/events`: two requests.
+    Get,
+    /// `POST /v1/executions` with `Accept: text/event-stream`: one request; the submit latency is
+    /// the time to the response headers.
+    Inline,
+}
+
+/// Why an execution did not produce a terminal event. The label is the error-count key.
+#[derive(Debug)]
+pub enum ExecError {
+    /// The submit answered with an unexpected status (429 `queue_full`, 503, ...).
+    SubmitStatus(u16),
+    /// The event stream answered with an unexpected status.
+    StreamStatus(u16),
+    /// Connect, write or read failure.
+    Transport(String),
+    /// The 202 body was not an `ExecutionSubmission`.
+    BadSubmission,
+    /// The stream ended (or broke) before a terminal event.
+    Truncated,
+    /// A frame could not be parsed.
+    BadFrame,
+    /// No terminal event within the per-execution timeout.
+    Timeout,
+}
+
+impl ExecError {
+    pub fn label(&self) -> String {
+        match self {
+            ExecError::SubmitStatus(s) => format!("submit_http_{s}"),
+            ExecError::StreamStatus(s) => format!("events_http_{s}"),
+            ExecError::Transport(kind) => format!("transport_{kind}"),
+            ExecError::BadSubmission => "bad_submission_body".into(),
+            ExecError::Truncated => "stream_truncated".into(),
+            ExecError::BadFrame => "bad_sse_frame".into(),
+            ExecError::Timeout => "timeout".into(),
+        }
+    }
+}
+
+impl From<reqwest::Error> for ExecError {
+    fn from(e: reqwest::Error) -> Self {
+        let kind = if e.is_connect() {
+            "connect"
+        } else if e.is_timeout() {
+            "timeout"
+        } else if e.is_body() || e.is_decode() {
+            "body"
+        } else if e.is_request() {
+            "request"
+        } else {
+            "other"
+        };
+        ExecError::Transport(kind.into())
+    }
+}
+
+/// Timings of one execution, each measured from the execution's start instant (the scheduled
+/// arrival in open loop, the moment the request is sent in closed loop).
+#[derive(Debug, Clone, Copy)]
+pub struct ExecTiming {
+    /// Until the 202 body was read (get mode) or the stream's headers arrived (inline mode).
+    pub submit: Duration,
+    /// Until the first `output.delta` was parsed; `None` if the execution produced none.
+    pub first_delta: Option<Duration>,
+    /// Until the terminal event was parsed.
+    pub terminal: Duration,
+    /// `execution.completed` (true) or `execution.failed` (false).
+    pub completed: bool,
+}
+
+#[derive(Deserialize)]
+struct Submission {
+    execution_id: String,
+}
+
+/// Shared client state.
+#[derive(Debug, Clone)]
+pub struct Api {
+    http: reqwest::Client,
+    base: String,
+    submit_url: reqwest::Url,
+    body: Bytes,
+}
+
+impl Api {
+    /// `base` is `http://HOST:PORT` (no trailing slash); `body` the request JSON to submit.
+    pub fn new(base: &str, body: Bytes, pool: usize) -> Result<Self, String> {
+        let base = base.trim_end_matches('/').to_string();
+        let submit_url = reqwest::Url::parse(&format!("{base}/v1/executions"))
+            .map_err(|e| format!("bad --url: {e}"))?;
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(pool)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(Self {
+            http,
+            base,
+            submit_url,
+            body,
+        })
+    }
+
+    /// `GET path` until it answers 200 or `within` passes.
+    pub async fn wait_ready(&self, path: &str, within: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        let url = format!("{}{path}", self.base);
+        loop {
+            match self.http.get(&url).send().await {
+                Ok(r) if r.status().as_u16() == 200 => {
+                    let _ = r.bytes().await;
+                    return Ok(());
+                }
+                Ok(r) if Instant::now() >= deadline => {
+                    return Err(format!("{url} answered {}", r.status()));
+                }
+                Err(e) if Instant::now() >= deadline => return Err(format!("{url}: {e}")),
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    fn post(&self) -> reqwest::RequestBuilder {
+        self.http
+            .post(self.submit_url.clone())
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .body(self.body.clone())
+    }
+
+    /// `POST /v1/executions` and read the 202 body; returns the execution id.
+    pub async fn submit(&self) -> Result<String, ExecError> {
+        let response = self.post().send().await?;
+        let status = response.status().as_u16();
+        let body = response.bytes().await?;
+        if status != 202 {
+            return Err(ExecError::SubmitStatus(status));
+        }
+        let submission: Submission =
+            serde_json::from_slice(&body).map_err(|_| ExecError::BadSubmission)?;
+        Ok(submission.execution_id)
+    }
+
+    /// One full execution from `start`: submit, then read every event up to the terminal one
+    /// and drain the stream.
+    pub async fn execute(&self, start: Instant, mode: StreamMode) -> Result<ExecTiming, ExecError> {
+        let (response, submit) = match mode {
+            StreamMode::Get => {
+                let id = self.submit().await?;
+                let submit = start.elapsed();
+                let url = format!("{}/v1/executions/{id}/events", self.base);
+                let response = self.http.get(url).send().await?;
+                let status = response.status().as_u16();
+                if status != 200 {
+                    let _ = response.bytes().await;
+                    return Err(ExecError::StreamStatus(status));
+                }
+                (response, submit)
+            }
+            StreamMode::Inline => {
+                let response = self
+                    .post()
+                    .header(ACCEPT, HeaderValue::from_static("text/event-stream"))
+                    .send()
+                    .await?;
+                let submit = start.elapsed();
+                let status = response.status().as_u16();
+                if !(200..300).contains(&status) {
+                    let _ = response.bytes().await;
+                    return Err(ExecError::SubmitStatus(status));
+                }
+                (response, submit)
+            }
+        };
+        read_stream(response, start, submit).await
+    }
+}
+
+async fn read_stream(
+    mut response: reqwest::Response,
+    start: Instant,
+    submit: Duration,
+) -> Result<ExecTiming, ExecError> {
+    let mut parser = SseParser::new();
+    let mut events: Vec<SseEvent> = Vec::with_capacity(8);
+    let mut first_delta = None;
+    let mut terminal: Option<(Duration, bool)> = None;
+    loop {
+        let chunk = match response.chunk().await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => break,
+            // A break after the terminal event costs the connection, not the execution.
+            Err(_) if terminal.is_some() => break,
+            Err(e) => return Err(e.into()),
+        };
+        if parser.push(&chunk, &mut events).is_err() {
+            return Err(ExecError::BadFrame);
+        }
+        for event in events.drain(..) {
+            match event.event.as_str() {
+                "output.delta" if first_delta.is_none() => first_delta = Some(start.elapsed()),
+                "execution.completed" if terminal.is_none() => {
+                    terminal = Some((start.elapsed(), true));
+                }
+                "execution.failed" if terminal.is_none() => {
+                    terminal = Some((start.elapsed(), false));
+                }
+                _ => {}
+            }
+        }
+    }
+    let Some((terminal, completed)) = terminal else {
+        return Err(ExecError::Truncated);
+    };
+    Ok(ExecTiming {
+        submit,
+        first_delta,
+        terminal,
+        completed,
+    })
+}

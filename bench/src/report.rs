@@ -1,0 +1,329 @@
+//! The run report: a JSON document (`--json`, `--json-out`) and its human-readable rendering.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::client::StreamMode;
+use crate::run::{Mode, Outcome, Window};
+use crate::spawn::ProcStats;
+use crate::stats::Summary;
+
+/// Milliseconds with three decimals, from microseconds; `-` when absent.
+pub fn ms(us: Option<u64>) -> String {
+    us.map_or_else(|| "-".into(), |v| format!("{:.3}", v as f64 / 1000.0))
+}
+
+/// MiB with one decimal, from KiB; `-` when absent.
+pub fn mib(kb: Option<u64>) -> String {
+    kb.map_or_else(|| "-".into(), |v| format!("{:.1} MiB", v as f64 / 1024.0))
+}
+
+pub fn opt(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.2}"))
+}
+
+#[derive(Debug, Serialize)]
+pub struct LatencyReport {
+    /// POST sent (or scheduled, open loop) → 202 body read; inline stream mode: → headers.
+    pub submit: Option<Summary>,
+    /// → first `output.delta` parsed.
+    pub first_delta: Option<Summary>,
+    /// → `execution.completed` / `execution.failed` parsed.
+    pub terminal: Option<Summary>,
+    /// Open loop: actual dispatch − scheduled arrival.
+    pub dispatch_lag: Option<Summary>,
+}
+
+/// First versus last full window.
+#[derive(Debug, Serialize)]
+pub struct Stability {
+    pub first_per_s: f64,
+    pub last_per_s: f64,
+    /// `last / first`.
+    pub ratio: f64,
+    /// `|last − first| ≤ 10% of first`.
+    pub within_10pct: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GatewayReport {
+    pub spawned: bool,
+    pub pid: Option<u32>,
+    pub binary: Option<String>,
+    pub config: Option<serde_json::Value>,
+    pub extra_args: Vec<String>,
+    /// At the start of the measured run.
+    pub start: Option<ProcStats>,
+    /// Right after the last execution finished (before the gateway is stopped).
+    pub end: Option<ProcStats>,
+    /// CPU seconds the gateway used during the measured run.
+    pub cpu_s: Option<f64>,
+    pub exit_code: Option<i32>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub mode: Mode,
+    pub stream: StreamMode,
+    pub url: String,
+    pub concurrency: usize,
+    pub rate_per_s: Option<f64>,
+    pub duration_s: Option<f64>,
+    pub executions_limit: Option<u64>,
+    pub warmup_s: f64,
+    pub window_s: f64,
+    pub client_threads: usize,
+    pub nproc: usize,
+    pub elapsed_s: f64,
+    pub issued: u64,
+    /// Successful operations: executions whose `execution.completed` was read (202s in submit
+    /// mode).
+    pub ok: u64,
+    pub failed: u64,
+    pub errored: u64,
+    pub shed: u64,
+    pub errors: BTreeMap<String, u64>,
+    /// `ok / elapsed_s`.
+    pub throughput_per_s: f64,
+    pub latency: LatencyReport,
+    pub windows: Vec<Window>,
+    pub stability: Option<Stability>,
+    pub gateway: GatewayReport,
+    pub bench_cpu_s: Option<f64>,
+    /// Busy CPU seconds of the whole machine during the run.
+    pub system_cpu_s: Option<f64>,
+}
+
+/// Run parameters that the outcome does not carry.
+#[derive(Debug)]
+pub struct Params {
+    pub mode: Mode,
+    pub stream: StreamMode,
+    pub url: String,
+    pub concurrency: usize,
+    pub rate: Option<f64>,
+    pub duration_s: Option<f64>,
+    pub executions: Option<u64>,
+    pub warmup_s: f64,
+    pub window_s: f64,
+    pub client_threads: usize,
+}
+
+impl Report {
+    pub fn new(p: Params, o: Outcome, gateway: GatewayReport) -> Self {
+        let elapsed_s = o.elapsed.as_secs_f64();
+        let full: Vec<&Window> = o.windows.iter().filter(|w| !w.partial).collect();
+        let stability = match (full.first(), full.last()) {
+            (Some(first), Some(last)) if full.len() >= 2 && first.per_s > 0.0 => {
+                let ratio = last.per_s / first.per_s;
+                Some(Stability {
+                    first_per_s: first.per_s,
+                    last_per_s: last.per_s,
+                    ratio,
+                    within_10pct: (ratio - 1.0).abs() <= 0.10,
+                })
+            }
+            _ => None,
+        };
+        let gateway = GatewayReport {
+            cpu_s: o
+                .gateway_start
+                .and_then(|s| s.cpu_s)
+                .zip(o.gateway_end.and_then(|s| s.cpu_s))
+                .map(|(a, b)| b - a),
+            start: o.gateway_start,
+            end: o.gateway_end,
+            ..gateway
+        };
+        Self {
+            mode: p.mode,
+            stream: p.stream,
+            url: p.url,
+            concurrency: p.concurrency,
+            rate_per_s: p.rate,
+            duration_s: p.duration_s,
+            executions_limit: p.executions,
+            warmup_s: p.warmup_s,
+            window_s: p.window_s,
+            client_threads: p.client_threads,
+            nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            elapsed_s,
+            issued: o.issued,
+            ok: o.ok,
+            failed: o.failed,
+            errored: o.errored,
+            shed: o.shed,
+            errors: o.errors,
+            throughput_per_s: if elapsed_s > 0.0 {
+                o.ok as f64 / elapsed_s
+            } else {
+                0.0
+            },
+            latency: LatencyReport {
+                submit: Summary::of(&o.latencies.submit),
+                first_delta: Summary::of(&o.latencies.first_delta),
+                terminal: Summary::of(&o.latencies.terminal),
+                dispatch_lag: Summary::of(&o.latencies.dispatch_lag),
+            },
+            windows: o.windows,
+            stability,
+            gateway,
+            bench_cpu_s: o.bench_cpu_s,
+            system_cpu_s: o.system_cpu_s,
+        }
+    }
+
+    /// The human-readable report.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let what = match self.mode {
+            Mode::Closed => format!("closed loop, concurrency {}", self.concurrency),
+            Mode::Open => format!("open loop, {} arrivals/s", self.rate_per_s.unwrap_or(0.0)),
+            Mode::Submit => format!("submit only, concurrency {}", self.concurrency),
+        };
+        let stream = match (self.mode, self.stream) {
+            (Mode::Submit, _) => "no SSE",
+            (_, StreamMode::Get) => "POST 202 then GET /events",
+            (_, StreamMode::Inline) => "POST with Accept: text/event-stream",
+        };
+        let _ = writeln!(s, "bench: {what} ({stream}) against {}", self.url);
+        let _ = writeln!(
+            s,
+            "  measured {:.1} s (limit: {}{}), warm-up {:.1} s, {} client threads on {} cores (client and gateway share them)",
+            self.elapsed_s,
+            self.duration_s
+                .map_or_else(|| "none".into(), |d| format!("{d} s")),
+            self.executions_limit
+                .map_or_else(String::new, |n| format!(", {n} executions")),
+            self.warmup_s,
+            self.client_threads,
+            self.nproc,
+        );
+        let unit = if self.mode == Mode::Submit {
+            "submits/s"
+        } else {
+            "executions/s (full SSE read each)"
+        };
+        let _ = writeln!(
+            s,
+            "  ok {}  failed {}  errors {}  shed {}  issued {}",
+            self.ok, self.failed, self.errored, self.shed, self.issued
+        );
+        for (label, n) in &self.errors {
+            let _ = writeln!(s, "    error {label}: {n}");
+        }
+        let _ = writeln!(s, "  throughput: {:.1} {unit}", self.throughput_per_s);
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "  {:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "latency (ms)", "count", "min", "p50", "p90", "p99", "p99.9", "max", "mean"
+        );
+        let from = if self.mode == Mode::Open {
+            "sched"
+        } else {
+            "POST"
+        };
+        let rows = [
+            (format!("submit ({from}→202)"), &self.latency.submit),
+            (format!("first delta ({from}→)"), &self.latency.first_delta),
+            (format!("terminal ({from}→)"), &self.latency.terminal),
+            ("dispatch lag".to_string(), &self.latency.dispatch_lag),
+        ];
+        for (name, summary) in rows {
+            if let Some(h) = summary {
+                let _ = writeln!(
+                    s,
+                    "  {:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9.3}",
+                    name,
+                    h.count,
+                    ms(Some(h.min_us)),
+                    ms(Some(h.p50_us)),
+                    ms(Some(h.p90_us)),
+                    ms(Some(h.p99_us)),
+                    ms(Some(h.p999_us)),
+                    ms(Some(h.max_us)),
+                    h.mean_us / 1000.0
+                );
+            }
+        }
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "  {:>3} {:>8} {:>10} {:>9} {:>9} {:>6} {:>12} {:>7} {:>7} {:>7}",
+            "win",
+            "end s",
+            "ops/s",
+            "p50 ms",
+            "p99 ms",
+            "errors",
+            "gw RSS",
+            "gw cpu",
+            "bench",
+            "all"
+        );
+        for w in &self.windows {
+            let _ = writeln!(
+                s,
+                "  {:>3} {:>8.1} {:>10.1} {:>9} {:>9} {:>6} {:>12} {:>7} {:>7} {:>7}{}",
+                w.index,
+                w.end_s,
+                w.per_s,
+                ms(w.p50_us),
+                ms(w.p99_us),
+                w.errors + w.failed,
+                mib(w.gateway_rss_kb),
+                opt(w.gateway_cores),
+                opt(w.bench_cores),
+                opt(w.system_cores),
+                if w.partial { " partial" } else { "" }
+            );
+        }
+        if let Some(st) = &self.stability {
+            let _ = writeln!(
+                s,
+                "  first full window {:.1}/s, last full window {:.1}/s: last/first = {:.3} ({} 10%)",
+                st.first_per_s,
+                st.last_per_s,
+                st.ratio,
+                if st.within_10pct {
+                    "within"
+                } else {
+                    "NOT within"
+                }
+            );
+        }
+        let _ = writeln!(s);
+        let g = &self.gateway;
+        if let Some(end) = &g.end {
+            let _ = writeln!(
+                s,
+                "  gateway pid {}: RSS {} at end (start {}, peak {}), {} threads",
+                g.pid.map_or_else(|| "-".into(), |p| p.to_string()),
+                mib(end.rss_kb),
+                mib(g.start.and_then(|st| st.rss_kb)),
+                mib(end.hwm_kb),
+                end.threads.map_or_else(|| "-".into(), |t| t.to_string()),
+            );
+        }
+        let cores = |cpu: Option<f64>| {
+            cpu.filter(|_| self.elapsed_s > 0.0).map_or_else(
+                || "-".into(),
+                |c| format!("{c:.1} s ({:.2} cores)", c / self.elapsed_s),
+            )
+        };
+        let _ = writeln!(
+            s,
+            "  CPU during the run: gateway {}, bench {}, whole machine {}",
+            cores(g.cpu_s),
+            cores(self.bench_cpu_s),
+            cores(self.system_cpu_s)
+        );
+        if let Some(code) = g.exit_code {
+            let _ = writeln!(s, "  gateway exit code after SIGTERM: {code}");
+        }
+        s
+    }
+}

@@ -1,0 +1,386 @@
+//! Load drivers: closed loop, open loop and submit-only, plus the per-window sampler.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::client::{Api, ExecError, StreamMode};
+use crate::spawn::{ProcStats, proc_stats, system_busy_s};
+use crate::stats::{Latencies, Recorder};
+
+/// What the harness does per operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// `--concurrency` clients, each: submit, read the full event stream, repeat.
+    Closed,
+    /// Arrivals at a fixed `--rate`, latency measured from each scheduled arrival time.
+    Open,
+    /// `--concurrency` clients, each: `POST /v1/executions`, read the 202, repeat (no SSE).
+    Submit,
+}
+
+/// Everything a run needs to know.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub mode: Mode,
+    pub stream: StreamMode,
+    pub concurrency: usize,
+    pub rate: f64,
+    pub duration: Option<Duration>,
+    pub executions: Option<u64>,
+    pub warmup: Duration,
+    pub window: Duration,
+    pub max_in_flight: usize,
+    pub timeout: Duration,
+    pub quiet: bool,
+    /// The gateway's pid, when the harness can read its `/proc` entry.
+    pub gateway_pid: Option<u32>,
+    pub clock_ticks: f64,
+}
+
+/// One reporting window.
+#[derive(Debug, Clone, Serialize)]
+pub struct Window {
+    pub index: usize,
+    /// Seconds since the measured run started.
+    pub start_s: f64,
+    pub end_s: f64,
+    /// Shorter than `--window` (the run ended inside it).
+    pub partial: bool,
+    /// Successful operations (terminal events read; 202s in submit-only mode).
+    pub ops: u64,
+    pub per_s: f64,
+    pub failed: u64,
+    pub errors: u64,
+    /// Terminal-event latency in this window (submit latency in submit-only mode), us.
+    pub p50_us: Option<u64>,
+    pub p99_us: Option<u64>,
+    pub max_us: Option<u64>,
+    pub gateway_rss_kb: Option<u64>,
+    /// CPU cores used in the window (CPU seconds / wall seconds).
+    pub gateway_cores: Option<f64>,
+    pub bench_cores: Option<f64>,
+    /// Cores busy machine-wide (everything, not only gateway and harness).
+    pub system_cores: Option<f64>,
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct Outcome {
+    pub elapsed: Duration,
+    pub issued: u64,
+    pub ok: u64,
+    pub failed: u64,
+    pub errored: u64,
+    pub shed: u64,
+    pub latencies: Latencies,
+    pub errors: std::collections::BTreeMap<String, u64>,
+    pub windows: Vec<Window>,
+    pub gateway_start: Option<ProcStats>,
+    pub gateway_end: Option<ProcStats>,
+    pub bench_cpu_s: Option<f64>,
+    pub system_cpu_s: Option<f64>,
+}
+
+struct Control {
+    stop: AtomicBool,
+    issued: AtomicU64,
+    limit: u64,
+    /// Operations that started before this instant are warm-up and not recorded.
+    measure_start: Instant,
+}
+
+impl Control {
+    /// Claims the next operation, or `false` when the run is over.
+    fn next(&self) -> bool {
+        !self.stop.load(Ordering::Relaxed)
+            && self.issued.fetch_add(1, Ordering::Relaxed) < self.limit
+    }
+}
+
+/// Runs `plan` against `api`.
+pub async fn run(api: Api, plan: Plan) -> Outcome {
+    let api = Arc::new(api);
+    let recorder = Arc::new(Recorder::default());
+    let measure_start = Instant::now() + plan.warmup;
+    let ctl = Arc::new(Control {
+        stop: AtomicBool::new(false),
+        issued: AtomicU64::new(0),
+        limit: plan.executions.unwrap_or(u64::MAX),
+        measure_start,
+    });
+    let gateway_pid = plan.gateway_pid.map(|p| p.to_string());
+    let read_gateway =
+        |pid: &Option<String>| pid.as_deref().map(|p| proc_stats(p, plan.clock_ticks));
+
+    let mut workers = JoinSet::new();
+    match plan.mode {
+        Mode::Closed | Mode::Submit => {
+            for _ in 0..plan.concurrency.max(1) {
+                workers.spawn(closed_client(
+                    Arc::clone(&api),
+                    Arc::clone(&ctl),
+                    Arc::clone(&recorder),
+                    plan.clone(),
+                ));
+            }
+        }
+        Mode::Open => {
+            workers.spawn(open_loop(
+                Arc::clone(&api),
+                Arc::clone(&ctl),
+                Arc::clone(&recorder),
+                plan.clone(),
+            ));
+        }
+    }
+
+    tokio::time::sleep_until(measure_start).await;
+    let gateway_start = read_gateway(&gateway_pid);
+    let bench_start = proc_stats("self", plan.clock_ticks).cpu_s;
+    let system_start = system_busy_s(plan.clock_ticks);
+    let finished = Arc::new(Notify::new());
+    let sampler = tokio::spawn(sample_windows(
+        Arc::clone(&recorder),
+        Arc::clone(&finished),
+        measure_start,
+        plan.window,
+        gateway_pid.clone(),
+        plan.clock_ticks,
+        plan.quiet,
+        plan.mode,
+    ));
+
+    let all_done = async { while workers.join_next().await.is_some() {} };
+    tokio::pin!(all_done);
+    match plan.duration {
+        Some(duration) => {
+            tokio::select! {
+                () = tokio::time::sleep_until(measure_start + duration) => {
+                    ctl.stop.store(true, Ordering::Relaxed);
+                    all_done.await;
+                }
+                () = &mut all_done => {}
+            }
+        }
+        None => all_done.await,
+    }
+    let end = Instant::now();
+    finished.notify_one();
+    let windows = sampler.await.unwrap_or_default();
+    let gateway_end = read_gateway(&gateway_pid);
+    let bench_end = proc_stats("self", plan.clock_ticks).cpu_s;
+    let system_end = system_busy_s(plan.clock_ticks);
+    let (latencies, errors) = recorder.finish();
+    let issued = ctl.issued.load(Ordering::Relaxed).min(ctl.limit);
+    Outcome {
+        elapsed: end.saturating_duration_since(measure_start),
+        issued,
+        ok: recorder.ok.load(Ordering::Relaxed),
+        failed: recorder.failed.load(Ordering::Relaxed),
+        errored: recorder.errored.load(Ordering::Relaxed),
+        shed: recorder.shed.load(Ordering::Relaxed),
+        latencies,
+        errors,
+        windows,
+        gateway_start,
+        gateway_end,
+        bench_cpu_s: bench_start.zip(bench_end).map(|(a, b)| b - a),
+        system_cpu_s: system_start.zip(system_end).map(|(a, b)| b - a),
+    }
+}
+
+async fn closed_client(api: Arc<Api>, ctl: Arc<Control>, rec: Arc<Recorder>, plan: Plan) {
+    while ctl.next() {
+        let start = Instant::now();
+        let measured = start >= ctl.measure_start;
+        let failed = match plan.mode {
+            Mode::Submit => match tokio::time::timeout(plan.timeout, api.submit()).await {
+                Ok(Ok(_)) => {
+                    if measured {
+                        rec.submit_only(start.elapsed());
+                    }
+                    false
+                }
+                Ok(Err(e)) => record_error(&rec, measured, &e),
+                Err(_) => record_error(&rec, measured, &ExecError::Timeout),
+            },
+            _ => match tokio::time::timeout(plan.timeout, api.execute(start, plan.stream)).await {
+                Ok(Ok(timing)) => {
+                    if measured {
+                        rec.execution(&timing);
+                    }
+                    false
+                }
+                Ok(Err(e)) => record_error(&rec, measured, &e),
+                Err(_) => record_error(&rec, measured, &ExecError::Timeout),
+            },
+        };
+        if failed {
+            // No hot spin against a gateway that refuses everything.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+fn record_error(rec: &Recorder, measured: bool, e: &ExecError) -> bool {
+    if measured {
+        rec.error(e);
+    }
+    true
+}
+
+/// Dispatches arrival `i` at `t0 + i / rate`. The timer wakes at most once per millisecond, so
+/// arrivals due in the same millisecond leave together; each execution's latencies are measured
+/// from its *scheduled* time, so neither that nor a slow server hides queueing (no coordinated
+/// omission). Arrivals beyond `--max-in-flight` are shed and counted.
+async fn open_loop(api: Arc<Api>, ctl: Arc<Control>, rec: Arc<Recorder>, plan: Plan) {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let drained = Arc::new(Notify::new());
+    let t0 = Instant::now();
+    let rate = plan.rate.max(1e-9);
+    let mut i: u64 = 0;
+    loop {
+        let scheduled = t0 + Duration::from_secs_f64(i as f64 / rate);
+        i += 1;
+        if Instant::now() < scheduled {
+            tokio::time::sleep_until(scheduled).await;
+        }
+        if !ctl.next() {
+            break;
+        }
+        let measured = scheduled >= ctl.measure_start;
+        if in_flight.load(Ordering::Relaxed) >= plan.max_in_flight {
+            if measured {
+                rec.shed.fetch_add(1, Ordering::Relaxed);
+            }
+            continue;
+        }
+        in_flight.fetch_add(1, Ordering::Relaxed);
+        let (api, rec, in_flight, drained) = (
+            Arc::clone(&api),
+            Arc::clone(&rec),
+            Arc::clone(&in_flight),
+            Arc::clone(&drained),
+        );
+        let (timeout, stream) = (plan.timeout, plan.stream);
+        tokio::spawn(async move {
+            if measured {
+                rec.dispatch_lag(scheduled.elapsed());
+            }
+            match tokio::time::timeout(timeout, api.execute(scheduled, stream)).await {
+                Ok(Ok(timing)) if measured => rec.execution(&timing),
+                Ok(Err(e)) if measured => rec.error(&e),
+                Err(_) if measured => rec.error(&ExecError::Timeout),
+                _ => {}
+            }
+            if in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+                drained.notify_one();
+            }
+        });
+    }
+    while in_flight.load(Ordering::Acquire) > 0 {
+        let _ = tokio::time::timeout(Duration::from_millis(50), drained.notified()).await;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn sample_windows(
+    rec: Arc<Recorder>,
+    finished: Arc<Notify>,
+    start: Instant,
+    window: Duration,
+    gateway_pid: Option<String>,
+    ticks: f64,
+    quiet: bool,
+    mode: Mode,
+) -> Vec<Window> {
+    let mut windows = Vec::new();
+    let mut prev_t = start;
+    let (mut prev_ok, mut prev_failed, mut prev_err) = (0u64, 0u64, 0u64);
+    let mut prev_gw_cpu = gateway_pid
+        .as_deref()
+        .and_then(|p| proc_stats(p, ticks).cpu_s);
+    let mut prev_bench_cpu = proc_stats("self", ticks).cpu_s;
+    let mut prev_system = system_busy_s(ticks);
+    let finished = finished.notified();
+    tokio::pin!(finished);
+    let what = if mode == Mode::Submit {
+        "submit"
+    } else {
+        "terminal"
+    };
+    loop {
+        let partial = tokio::select! {
+            () = tokio::time::sleep_until(prev_t + window) => false,
+            () = &mut finished => true,
+        };
+        let now = Instant::now();
+        let secs = now.saturating_duration_since(prev_t).as_secs_f64();
+        let ok = rec.ok.load(Ordering::Relaxed);
+        let failed = rec.failed.load(Ordering::Relaxed);
+        let err = rec.errored.load(Ordering::Relaxed);
+        let hist = rec.take_window();
+        let gw = gateway_pid.as_deref().map(|p| proc_stats(p, ticks));
+        let gw_cpu = gw.and_then(|s| s.cpu_s);
+        let bench_cpu = proc_stats("self", ticks).cpu_s;
+        let system = system_busy_s(ticks);
+        let cores = |a: Option<f64>, b: Option<f64>| {
+            a.zip(b)
+                .filter(|_| secs > 0.0)
+                .map(|(a, b)| ((b - a) / secs * 100.0).round() / 100.0)
+        };
+        let ops = ok - prev_ok;
+        let w = Window {
+            index: windows.len(),
+            start_s: prev_t.saturating_duration_since(start).as_secs_f64(),
+            end_s: now.saturating_duration_since(start).as_secs_f64(),
+            partial,
+            ops,
+            per_s: if secs > 0.0 { ops as f64 / secs } else { 0.0 },
+            failed: failed - prev_failed,
+            errors: err - prev_err,
+            p50_us: (!hist.is_empty()).then(|| hist.value_at_quantile(0.5)),
+            p99_us: (!hist.is_empty()).then(|| hist.value_at_quantile(0.99)),
+            max_us: (!hist.is_empty()).then(|| hist.max()),
+            gateway_rss_kb: gw.and_then(|s| s.rss_kb),
+            gateway_cores: cores(prev_gw_cpu, gw_cpu),
+            bench_cores: cores(prev_bench_cpu, bench_cpu),
+            system_cores: cores(prev_system, system),
+        };
+        let sliver = partial && secs < 0.05;
+        if !quiet && !sliver {
+            eprintln!(
+                "[{:>7.1}s] {:>9.1}/s  {what} p50 {:>8} p99 {:>8}  errors {}  failed {}  gw rss {}  cores gw {} bench {} all {}{}",
+                w.end_s,
+                w.per_s,
+                crate::report::ms(w.p50_us),
+                crate::report::ms(w.p99_us),
+                w.errors,
+                w.failed,
+                crate::report::mib(w.gateway_rss_kb),
+                crate::report::opt(w.gateway_cores),
+                crate::report::opt(w.bench_cores),
+                crate::report::opt(w.system_cores),
+                if partial { "  (partial)" } else { "" },
+            );
+        }
+        // A sliver of a window at the very end carries no information.
+        if !sliver {
+            windows.push(w);
+        }
+        (prev_t, prev_ok, prev_failed, prev_err) = (now, ok, failed, err);
+        prev_gw_cpu = gw_cpu;
+        prev_bench_cpu = bench_cpu;
+        prev_system = system;
+        if partial {
+            return windows;
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! Recording: HdrHistograms of the whole measured run, a histogram per reporting window, counters
+//! and error counts, all behind one short-held lock.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::client::{ExecError, ExecTiming};
+
+/// Highest trackable value: 10 minutes in microseconds (the histograms resize beyond it).
+const HIGHEST_US: u64 = 600_000_000;
+
+#[allow(clippy::expect_used)]
+fn histogram() -> Histogram<u64> {
+    // Three significant figures: 1 us resolution up to 2 ms, 0.1% above. The bounds are valid
+    // constants, so construction cannot fail.
+    let mut h = Histogram::new_with_bounds(1, HIGHEST_US, 3).expect("valid histogram bounds");
+    h.auto(true);
+    h
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The latency histograms of a run (microseconds).
+#[derive(Debug)]
+pub struct Latencies {
+    pub submit: Histogram<u64>,
+    pub first_delta: Histogram<u64>,
+    pub terminal: Histogram<u64>,
+    /// Open loop only: how late each arrival was dispatched relative to its schedule (harness
+    /// timer granularity and client overload show up here).
+    pub dispatch_lag: Histogram<u64>,
+}
+
+impl Latencies {
+    fn new() -> Self {
+        Self {
+            submit: histogram(),
+            first_delta: histogram(),
+            terminal: histogram(),
+            dispatch_lag: histogram(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Locked {
+    total: Latencies,
+    /// Terminal latency in the current window (submit latency in submit-only mode).
+    window: Histogram<u64>,
+    errors: BTreeMap<String, u64>,
+}
+
+/// Shared by every task of a run.
+#[derive(Debug)]
+pub struct Recorder {
+    locked: Mutex<Locked>,
+    /// Successful operations (terminal event read, or 202 in submit-only mode).
+    pub ok: AtomicU64,
+    /// Executions that ended with `execution.failed`.
+    pub failed: AtomicU64,
+    /// Requests that ended with an error (see `errors`).
+    pub errored: AtomicU64,
+    /// Open-loop arrivals not sent because `--max-in-flight` was reached.
+    pub shed: AtomicU64,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Self {
+            locked: Mutex::new(Locked {
+                total: Latencies::new(),
+                window: histogram(),
+                errors: BTreeMap::new(),
+            }),
+            ok: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            errored: AtomicU64::new(0),
+            shed: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Recorder {
+    /// Records one execution that reached a terminal event.
+    pub fn execution(&self, t: &ExecTiming) {
+        {
+            let mut l = self.locked.lock();
+            let _ = l.total.submit.record(micros(t.submit));
+            if let Some(d) = t.first_delta {
+                let _ = l.total.first_delta.record(micros(d));
+            }
+            let _ = l.total.terminal.record(micros(t.terminal));
+            let _ = l.window.record(micros(t.terminal));
+        }
+        if t.completed {
+            self.ok.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Records one accepted submit (submit-only mode).
+    pub fn submit_only(&self, d: Duration) {
+        {
+            let mut l = self.locked.lock();
+            let _ = l.total.submit.record(micros(d));
+            let _ = l.window.record(micros(d));
+        }
+        self.ok.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn dispatch_lag(&self, d: Duration) {
+        let _ = self.locked.lock().total.dispatch_lag.record(micros(d));
+    }
+
+    pub fn error(&self, e: &ExecError) {
+        let label = e.label();
+        *self.locked.lock().errors.entry(label).or_insert(0) += 1;
+        self.errored.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Takes the current window's histogram, leaving an empty one.
+    pub fn take_window(&self) -> Histogram<u64> {
+        let mut l = self.locked.lock();
+        let fresh = histogram();
+        std::mem::replace(&mut l.window, fresh)
+    }
+
+    pub fn finish(&self) -> (Latencies, BTreeMap<String, u64>) {
+        let mut l = self.locked.lock();
+        let total = std::mem::replace(&mut l.total, Latencies::new());
+        (total, std::mem::take(&mut l.errors))
+    }
+}
+
+/// Percentiles of one histogram, in microseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub count: u64,
+    pub min_us: u64,
+    pub mean_us: f64,
+    pub p50_us: u64,
+    pub p90_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub max_us: u64,
+}
+
+impl Summary {
+    pub fn of(h: &Histogram<u64>) -> Option<Self> {
+        if h.is_empty() {
+            return None;
+        }
+        Some(Self {
+            count: h.len(),
+            min_us: h.min(),
+            mean_us: (h.mean() * 10.0).round() / 10.0,
+            p50_us: h.value_at_quantile(0.50),
+            p90_us: h.value_at_quantile(0.90),
+            p99_us: h.value_at_quantile(0.99),
+            p999_us: h.value_at_quantile(0.999),
+            max_us: h.max(),
+        })
+    }
+}
