@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use clap::Parser;
 use tokio::net::TcpListener;
 use worker::config::DeploymentConfig;
@@ -129,6 +130,13 @@ pub async fn serve_with(
     let app = router(state);
     let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
+        // Small SSE frames must leave at once: without TCP_NODELAY, Nagle's algorithm and
+        // delayed ACKs hold them back for ~40 ms.
+        let listener = listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+            }
+        });
         let result = axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 let _ = stopped_rx.await;
