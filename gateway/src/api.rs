@@ -399,16 +399,16 @@ async fn get_events(
 ) -> Response {
     let result = async {
         let id = execution_id(path, &uri)?.ok_or(EXECUTION_NOT_FOUND)?;
-        // Existence is checked before the cursor [R 52].
+        // Existence is checked before the cursor [R 52]; the end of the log is all we need.
         let found = state
             .backend()
             .store
-            .state(id)
+            .head(id)
             .await
             .map_err(|e| ApiError::from_store(&e))?;
-        let m = found.ok_or(EXECUTION_NOT_FOUND)?;
+        let head = found.ok_or(EXECUTION_NOT_FOUND)?;
         let after = cursor(query.as_deref(), &headers)?;
-        if m.is_terminal() && after >= m.last_sequence() {
+        if head.terminal && after >= head.last_sequence {
             return Ok(empty_sse_response());
         }
         events_response(&state, id, after, stream_permit(&state)?).await

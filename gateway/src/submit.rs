@@ -225,24 +225,24 @@ async fn replay(
 /// Cancels an execution [R 21, 41]. Returns `false` when it is unknown or already terminal.
 pub async fn cancel(state: &AppState, id: ExecutionId) -> Result<bool, ApiError> {
     let backend = &state.inner.backend;
-    let Some(current) = backend
+    let Some(head) = backend
         .store
-        .state(id)
+        .head(id)
         .await
         .map_err(|e| ApiError::from_store(&e))?
     else {
         return Ok(false);
     };
-    if current.is_terminal() {
+    if head.terminal {
         return Ok(false);
     }
-    if current.last_sequence() == Sequence(1) {
+    if head.last_sequence == Sequence(1) {
         // Still queued: close the log ourselves; the worker that later takes the job finds it
         // terminal and drops it.
         let event = RuntimeEvent::new(
             id,
             Sequence(2),
-            Timestamp::now().max(current.created_at()),
+            Timestamp::now().max(head.last_time),
             EventBody::Failed {
                 error: RuntimeError::cancelled(),
             },

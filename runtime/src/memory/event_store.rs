@@ -17,7 +17,7 @@ use protocol::{ExecutionId, RuntimeEvent, Sequence};
 use tokio::sync::Notify;
 
 use crate::error::StoreError;
-use crate::event_store::{EventRecord, EventStore, EventStream, WriterId};
+use crate::event_store::{EventRecord, EventStore, EventStream, LogHead, WriterId};
 
 /// Bounds of the memory store. Memory use is bounded by
 /// `max_executions × max_execution_bytes` and `max_total_bytes`, whichever is smaller.
@@ -239,6 +239,17 @@ impl EventStore for MemoryEventStore {
 
     async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, StoreError> {
         Ok(self.entry(id).map(|e| e.state.lock().materializer.clone()))
+    }
+
+    async fn head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
+        Ok(self.entry(id).and_then(|e| {
+            let state = e.state.lock();
+            state.records.last().map(|last| LogHead {
+                last_sequence: last.sequence(),
+                terminal: last.event.is_terminal(),
+                last_time: last.event.time,
+            })
+        }))
     }
 
     async fn read(
