@@ -224,6 +224,8 @@ impl Cluster {
 
 /// The HTTP client used by tests (no proxies, short connect timeout).
 pub fn client() -> reqwest::Client {
+    // The workspace builds reqwest without a default TLS provider; install ring once.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .no_proxy()
         .connect_timeout(Duration::from_secs(5))
