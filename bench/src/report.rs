@@ -227,7 +227,14 @@ impl Report {
             "POST"
         };
         let rows = [
-            (format!("submit ({from}→202)"), &self.latency.submit),
+            (
+                if self.mode != Mode::Submit && self.stream == StreamMode::Inline {
+                    format!("submit ({from}→headers)")
+                } else {
+                    format!("submit ({from}→202)")
+                },
+                &self.latency.submit,
+            ),
             (format!("first delta ({from}→)"), &self.latency.first_delta),
             (format!("terminal ({from}→)"), &self.latency.terminal),
             ("dispatch lag".to_string(), &self.latency.dispatch_lag),
@@ -325,5 +332,18 @@ impl Report {
             let _ = writeln!(s, "  gateway exit code after SIGTERM: {code}");
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_milliseconds_and_mebibytes() {
+        assert_eq!(ms(Some(1500)), "1.500");
+        assert_eq!(ms(None), "-");
+        assert_eq!(mib(Some(2048)), "2.0 MiB");
+        assert_eq!(opt(Some(0.5)), "0.50");
     }
 }

@@ -323,6 +323,9 @@ async fn sample_windows(
         };
         let now = Instant::now();
         let secs = now.saturating_duration_since(prev_t).as_secs_f64();
+        // The run may end right at a window boundary: that window is full.
+        let last = partial;
+        let partial = partial && secs < 0.95 * window.as_secs_f64();
         let ok = rec.ok.load(Ordering::Relaxed);
         let failed = rec.failed.load(Ordering::Relaxed);
         let err = rec.errored.load(Ordering::Relaxed);
@@ -379,7 +382,7 @@ async fn sample_windows(
         prev_gw_cpu = gw_cpu;
         prev_bench_cpu = bench_cpu;
         prev_system = system;
-        if partial {
+        if last {
             return windows;
         }
     }

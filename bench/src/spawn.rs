@@ -244,3 +244,44 @@ impl Drop for SpawnedGateway {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_deployment_uses_contract_fields() {
+        let d = MockDeployment {
+            delay_ms: 0,
+            chunks: None,
+            max_concurrency: 256,
+            max_queue_depth: 4096,
+            max_active_executions: 4096,
+        };
+        let v = d.to_json();
+        assert_eq!(v["max_active_executions"], 4096);
+        let p = &v["providers"][0];
+        assert_eq!(p["type"], "mock");
+        assert_eq!(p["abilities"][0], "text-generation");
+        assert_eq!(p["max_concurrency"], 256);
+        assert_eq!(p["max_queue_depth"], 4096);
+        assert!(p.get("delay_ms").is_none() && p.get("chunks").is_none());
+        let v = MockDeployment {
+            delay_ms: 5,
+            chunks: Some(2),
+            ..d
+        }
+        .to_json();
+        assert_eq!(v["providers"][0]["delay_ms"], 5);
+        assert_eq!(v["providers"][0]["chunks"][1], "tok1 ");
+    }
+
+    #[test]
+    fn reads_own_proc_stats() {
+        let s = proc_stats("self", clock_ticks());
+        assert!(s.rss_kb.is_some_and(|kb| kb > 0));
+        assert!(s.threads.is_some_and(|t| t >= 1));
+        assert!(s.cpu_s.is_some());
+        assert!(system_busy_s(clock_ticks()).is_some());
+    }
+}

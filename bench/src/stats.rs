@@ -170,3 +170,53 @@ impl Summary {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_of_empty_histogram_is_none() {
+        assert!(Summary::of(&histogram()).is_none());
+    }
+
+    #[test]
+    fn summary_percentiles_are_ordered() {
+        let mut h = histogram();
+        for v in 1..=10_000u64 {
+            h.record(v).unwrap();
+        }
+        let s = Summary::of(&h).unwrap();
+        assert_eq!(s.count, 10_000);
+        assert!(s.min_us <= s.p50_us && s.p50_us <= s.p90_us && s.p90_us <= s.p99_us);
+        assert!(s.p99_us <= s.p999_us && s.p999_us <= s.max_us);
+        // Three significant figures.
+        assert!((4_990..=5_010).contains(&s.p50_us));
+    }
+
+    #[test]
+    fn recorder_counts_and_windows() {
+        let rec = Recorder::default();
+        let t = ExecTiming {
+            submit: Duration::from_micros(100),
+            first_delta: Some(Duration::from_micros(200)),
+            terminal: Duration::from_micros(300),
+            completed: true,
+        };
+        rec.execution(&t);
+        rec.execution(&ExecTiming {
+            completed: false,
+            first_delta: None,
+            ..t
+        });
+        rec.error(&ExecError::SubmitStatus(429));
+        assert_eq!(rec.ok.load(Ordering::Relaxed), 1);
+        assert_eq!(rec.failed.load(Ordering::Relaxed), 1);
+        assert_eq!(rec.take_window().len(), 2);
+        assert!(rec.take_window().is_empty());
+        let (lat, errors) = rec.finish();
+        assert_eq!(lat.terminal.len(), 2);
+        assert_eq!(lat.first_delta.len(), 1);
+        assert_eq!(errors.get("submit_http_429"), Some(&1));
+    }
+}
