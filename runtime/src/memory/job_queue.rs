@@ -14,6 +14,9 @@ use crate::error::StoreError;
 use crate::job::{Delivery, DeliveryHandle, Job, JobQueue};
 
 const DEDUPE_WINDOW: Duration = Duration::from_secs(120);
+/// Most ids remembered, whatever the window: keeps memory flat at high throughput. Embedded
+/// mode publishes each execution once, so the window only guards against a retried publish.
+const DEDUPE_MAX_IDS: usize = 65_536;
 
 #[derive(Default)]
 struct Dedupe {
@@ -75,7 +78,7 @@ impl JobQueue for MemoryJobQueue {
             let mut d = self.dedupe.lock();
             let now = Instant::now();
             while let Some(&(at, id)) = d.order.front() {
-                if now.duration_since(at) < DEDUPE_WINDOW {
+                if now.duration_since(at) < DEDUPE_WINDOW && d.order.len() < DEDUPE_MAX_IDS {
                     break;
                 }
                 d.order.pop_front();
