@@ -225,7 +225,7 @@ async fn submit_execution_inner(
     };
     let bytes = read_body(body, limit).await?;
     let request = protocol::validate::parse_request(&bytes)
-        .map_err(|e| ApiError::InvalidRequest(request_error_message(e)))?;
+        .map_err(|e| ApiError::InvalidRequest(e.message()))?;
     let traceparent = headers
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
@@ -249,13 +249,20 @@ async fn submit_execution_inner(
     Ok(json_response(status, &submission))
 }
 
-fn request_error_message(e: protocol::validate::RequestError) -> &'static str {
-    use protocol::validate::RequestError;
-    match e {
-        RequestError::InvalidJson => "Request body must be valid JSON",
-        RequestError::Schema => "Request does not match the execution schema",
-        RequestError::Unbounded => "Request must be bounded JSON data",
-    }
+/// The materialized execution named by the path, or the matching API error.
+async fn load_execution(
+    state: &AppState,
+    path: Result<Path<String>, PathRejection>,
+    uri: &Uri,
+) -> Result<protocol::materialize::Materializer, ApiError> {
+    let id = execution_id(path, uri)?.ok_or(EXECUTION_NOT_FOUND)?;
+    state
+        .backend()
+        .store
+        .state(id)
+        .await
+        .map_err(|e| ApiError::from_store(&e))?
+        .ok_or(EXECUTION_NOT_FOUND)
 }
 
 async fn get_execution(
@@ -263,18 +270,10 @@ async fn get_execution(
     uri: Uri,
     path: Result<Path<String>, PathRejection>,
 ) -> Response {
-    let result = async {
-        let id = execution_id(path, &uri)?.ok_or(EXECUTION_NOT_FOUND)?;
-        let found = state
-            .backend()
-            .store
-            .state(id)
-            .await
-            .map_err(|e| ApiError::from_store(&e))?;
-        let m = found.ok_or(EXECUTION_NOT_FOUND)?;
-        Ok::<_, ApiError>(json_response(StatusCode::OK, &m.snapshot()))
-    };
-    result.await.unwrap_or_else(IntoResponse::into_response)
+    match load_execution(&state, path, &uri).await {
+        Ok(m) => json_response(StatusCode::OK, &m.snapshot()),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn get_result(
@@ -282,21 +281,13 @@ async fn get_result(
     uri: Uri,
     path: Result<Path<String>, PathRejection>,
 ) -> Response {
-    let result = async {
-        let id = execution_id(path, &uri)?.ok_or(EXECUTION_NOT_FOUND)?;
-        let found = state
-            .backend()
-            .store
-            .state(id)
-            .await
-            .map_err(|e| ApiError::from_store(&e))?;
-        let m = found.ok_or(EXECUTION_NOT_FOUND)?;
-        Ok::<_, ApiError>(match m.result_response() {
+    match load_execution(&state, path, &uri).await {
+        Ok(m) => match m.result_response() {
             Ok(result) => json_response(StatusCode::OK, &result),
             Err(not_ready) => json_response(StatusCode::CONFLICT, &not_ready),
-        })
-    };
-    result.await.unwrap_or_else(IntoResponse::into_response)
+        },
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn cancel_execution(

@@ -16,15 +16,24 @@ pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
 /// Why a request was rejected. `Display` is the public message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
-    #[error("Request body must be valid JSON")]
+    #[error("{}", self.message())]
     InvalidJson,
-    #[error("Request does not match the execution schema")]
+    #[error("{}", self.message())]
     Schema,
-    #[error("Request must be bounded JSON data")]
+    #[error("{}", self.message())]
     Unbounded,
 }
 
 impl RequestError {
+    /// The fixed public message.
+    pub fn message(self) -> &'static str {
+        match self {
+            RequestError::InvalidJson => "Request body must be valid JSON",
+            RequestError::Schema => "Request does not match the execution schema",
+            RequestError::Unbounded => "Request must be bounded JSON data",
+        }
+    }
+
     /// The portable error object for this rejection.
     pub fn to_runtime_error(self) -> RuntimeError {
         RuntimeError::new(ErrorCode::InvalidRequest, self.to_string(), false)
