@@ -4,6 +4,8 @@
 //! back to the pool only once its response body has been read to the end, so event streams are
 //! always drained past the terminal event (the gateway closes them right after it).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -81,6 +83,10 @@ pub struct ExecTiming {
     pub submit: Duration,
     /// Until the first `output.delta` was parsed; `None` if the execution produced none.
     pub first_delta: Option<Duration>,
+    /// Until the last `output.delta` was parsed; `None` if the execution produced none.
+    pub last_delta: Option<Duration>,
+    /// How many `output.delta` events the stream carried.
+    pub deltas: u32,
     /// Until the terminal event was parsed.
     pub terminal: Duration,
     /// `execution.completed` (true) or `execution.failed` (false).
@@ -99,6 +105,9 @@ pub struct Api {
     base: String,
     submit_url: reqwest::Url,
     body: Bytes,
+    /// `Some(prefix)`: every submit carries `Idempotency-Key: {prefix}-{n}`, unique per submit,
+    /// so a gateway with an idempotency store (Redis in nats mode) claims a key each time.
+    idempotency: Option<(Arc<str>, Arc<AtomicU64>)>,
 }
 
 impl Api {
@@ -119,7 +128,14 @@ impl Api {
             base,
             submit_url,
             body,
+            idempotency: None,
         })
+    }
+
+    /// Sends a unique `Idempotency-Key` (`{prefix}-{counter}`) with every submit.
+    pub fn with_idempotency_keys(mut self, prefix: &str) -> Self {
+        self.idempotency = Some((Arc::from(prefix), Arc::new(AtomicU64::new(0))));
+        self
     }
 
     /// `GET path` until it answers 200 or `within` passes.
@@ -142,10 +158,18 @@ impl Api {
     }
 
     fn post(&self) -> reqwest::RequestBuilder {
-        self.http
+        let request = self
+            .http
             .post(self.submit_url.clone())
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .body(self.body.clone())
+            .body(self.body.clone());
+        match &self.idempotency {
+            Some((prefix, counter)) => {
+                let n = counter.fetch_add(1, Ordering::Relaxed);
+                request.header("Idempotency-Key", format!("{prefix}-{n}"))
+            }
+            None => request,
+        }
     }
 
     /// `POST /v1/executions` and read the 202 body; returns the execution id.
@@ -204,6 +228,8 @@ async fn read_stream(
     let mut parser = SseParser::new();
     let mut events: Vec<SseEvent> = Vec::with_capacity(8);
     let mut first_delta = None;
+    let mut last_delta = None;
+    let mut deltas = 0u32;
     let mut terminal: Option<(Duration, bool)> = None;
     loop {
         let chunk = match response.chunk().await {
@@ -218,7 +244,14 @@ async fn read_stream(
         }
         for event in events.drain(..) {
             match event.event.as_str() {
-                "output.delta" if first_delta.is_none() => first_delta = Some(start.elapsed()),
+                "output.delta" => {
+                    let now = start.elapsed();
+                    if first_delta.is_none() {
+                        first_delta = Some(now);
+                    }
+                    last_delta = Some(now);
+                    deltas += 1;
+                }
                 "execution.completed" if terminal.is_none() => {
                     terminal = Some((start.elapsed(), true));
                 }
@@ -235,6 +268,8 @@ async fn read_stream(
     Ok(ExecTiming {
         submit,
         first_delta,
+        last_delta,
+        deltas,
         terminal,
         completed,
     })

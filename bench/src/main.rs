@@ -17,6 +17,7 @@
 //! See BENCHMARKS.md at the repository root for results and exact commands.
 
 mod client;
+mod raw;
 mod report;
 mod run;
 mod spawn;
@@ -36,8 +37,11 @@ use crate::spawn::{MockDeployment, SpawnedGateway, clock_ticks};
 
 /// Benchmark harness for the gateway.
 #[derive(Debug, Parser)]
-#[command(name = "bench", version, about)]
+#[command(name = "bench", version, about, args_conflicts_with_subcommands = true)]
 struct Args {
+    /// A baseline that does not go through the gateway (see `bench help <subcommand>`).
+    #[command(subcommand)]
+    command: Option<raw::Command>,
     /// closed: N clients submit→full SSE read→repeat; open: fixed arrival rate; submit: POST only.
     #[arg(long, value_enum, default_value = "closed")]
     mode: Mode,
@@ -123,6 +127,10 @@ struct Args {
     /// The prompt text.
     #[arg(long, default_value = "hi")]
     prompt: String,
+    /// Send `Idempotency-Key: {this}-{n}`, unique per submit (puts the idempotency store, Redis
+    /// in nats mode, on the submit path).
+    #[arg(long)]
+    idempotency_prefix: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -180,7 +188,10 @@ fn validate(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-async fn bench(args: Args, threads: usize) -> Result<(), String> {
+async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
+    if let Some(cmd) = args.command.take() {
+        return raw::run(cmd).await;
+    }
     let deployment = MockDeployment {
         delay_ms: args.delay_ms,
         chunks: args.chunks,
@@ -219,7 +230,10 @@ async fn bench(args: Args, threads: usize) -> Result<(), String> {
     });
     let body = Bytes::from(serde_json::to_vec(&body).map_err(|e| e.to_string())?);
     let pool = args.concurrency.max(args.max_in_flight.min(4096)).max(1);
-    let api = Api::new(&url, body, pool)?;
+    let mut api = Api::new(&url, body, pool)?;
+    if let Some(prefix) = &args.idempotency_prefix {
+        api = api.with_idempotency_keys(prefix);
+    }
     api.wait_ready("/healthz", Duration::from_secs(10)).await?;
 
     let duration = match (args.duration, args.executions) {

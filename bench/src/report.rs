@@ -34,6 +34,9 @@ pub struct LatencyReport {
     pub terminal: Option<Summary>,
     /// Open loop: actual dispatch − scheduled arrival.
     pub dispatch_lag: Option<Summary>,
+    /// (last − first `output.delta`) / (deltas − 1) per execution. Unit: **ns** (the `_us`
+    /// field names of `Summary` do not apply here).
+    pub per_delta_ns: Option<Summary>,
 }
 
 /// First versus last full window.
@@ -166,6 +169,7 @@ impl Report {
                 first_delta: Summary::of(&o.latencies.first_delta),
                 terminal: Summary::of(&o.latencies.terminal),
                 dispatch_lag: Summary::of(&o.latencies.dispatch_lag),
+                per_delta_ns: Summary::of(&o.latencies.per_delta_ns),
             },
             windows: o.windows,
             stability,
@@ -255,6 +259,13 @@ impl Report {
                     h.mean_us / 1000.0
                 );
             }
+        }
+        if let Some(h) = &self.latency.per_delta_ns {
+            let _ = writeln!(
+                s,
+                "  per delta (ns, (last-first)/(n-1)): count {} p50 {} p90 {} p99 {} max {} mean {:.0}",
+                h.count, h.p50_us, h.p90_us, h.p99_us, h.max_us, h.mean_us
+            );
         }
         let _ = writeln!(s);
         let _ = writeln!(

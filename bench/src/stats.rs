@@ -36,6 +36,8 @@ pub struct Latencies {
     /// Open loop only: how late each arrival was dispatched relative to its schedule (harness
     /// timer granularity and client overload show up here).
     pub dispatch_lag: Histogram<u64>,
+    /// Per execution with at least two deltas: (last − first delta) / (deltas − 1), in **ns**.
+    pub per_delta_ns: Histogram<u64>,
 }
 
 impl Latencies {
@@ -45,6 +47,7 @@ impl Latencies {
             first_delta: histogram(),
             terminal: histogram(),
             dispatch_lag: histogram(),
+            per_delta_ns: histogram(),
         }
     }
 }
@@ -95,6 +98,13 @@ impl Recorder {
             let _ = l.total.submit.record(micros(t.submit));
             if let Some(d) = t.first_delta {
                 let _ = l.total.first_delta.record(micros(d));
+                if let Some(last) = t.last_delta.filter(|_| t.deltas >= 2) {
+                    let gap = last.saturating_sub(d).as_nanos() / u128::from(t.deltas - 1);
+                    let _ = l
+                        .total
+                        .per_delta_ns
+                        .record(u64::try_from(gap).unwrap_or(u64::MAX).max(1));
+                }
             }
             let _ = l.total.terminal.record(micros(t.terminal));
             let _ = l.window.record(micros(t.terminal));
@@ -200,6 +210,8 @@ mod tests {
         let t = ExecTiming {
             submit: Duration::from_micros(100),
             first_delta: Some(Duration::from_micros(200)),
+            last_delta: Some(Duration::from_micros(290)),
+            deltas: 4,
             terminal: Duration::from_micros(300),
             completed: true,
         };
@@ -217,6 +229,9 @@ mod tests {
         let (lat, errors) = rec.finish();
         assert_eq!(lat.terminal.len(), 2);
         assert_eq!(lat.first_delta.len(), 1);
+        // (290 - 200) us / 3 gaps = 30 us = 30,000 ns (3 significant figures).
+        assert_eq!(lat.per_delta_ns.len(), 1);
+        assert_eq!(lat.per_delta_ns.value_at_quantile(0.5) / 100, 300);
         assert_eq!(errors.get("submit_http_429"), Some(&1));
     }
 }

@@ -6,9 +6,12 @@
 //! {execution_id}:{sequence}` makes a retried append idempotent: when the server reports a
 //! wrong last sequence, the last message is re-read, and if it carries our id, our write landed.
 //!
-//! Reads use an ordered consumer filtered on the execution's subject: it delivers every message
-//! exactly once and in order, re-creating itself after a gap or reconnect. That costs one
-//! ephemeral consumer per reader on the server (see BENCHMARKS.md for the measured cost).
+//! Reads of short logs (up to 64 events, the common case) use direct gets, and subscriptions
+//! to them subscribe to the execution's subject first, then read the history and merge by
+//! sequence, re-reading the stream on a gap or after a quiet second: no consumer state on the
+//! server per reader. Longer logs use an ordered consumer, which batches deliveries. (An
+//! ordered consumer for every reader cost the server most of a core at ~800 executions/s; see
+//! BENCHMARKS.md.)
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -41,6 +44,87 @@ struct Head {
 struct Fetched {
     head: Head,
     msg_id: Option<String>,
+}
+
+/// Logs up to this many events are read by direct gets and followed with a plain subscription;
+/// longer ones by an ordered consumer, which batches deliveries.
+const DIRECT_READ_MAX: u64 = 64;
+
+/// How long the live path may stay quiet before the stream is re-read.
+const LIVE_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// State of a merged history + live subscription.
+struct LiveMerge {
+    store: NatsEventStore,
+    id: ExecutionId,
+    subscriber: async_nats::Subscriber,
+    /// The next execution sequence to deliver.
+    expected: Sequence,
+    /// Stream sequence of the last record read from the stream.
+    last_stream_sequence: u64,
+    ready: std::collections::VecDeque<Arc<EventRecord>>,
+    finished: bool,
+}
+
+impl LiveMerge {
+    /// Queues the records that continue the log; skips ones already delivered.
+    fn accept(&mut self, record: EventRecord) {
+        if record.sequence() == self.expected && !self.finished {
+            self.expected = self.expected.next();
+            self.finished = record.event.is_terminal();
+            self.ready.push_back(Arc::new(record));
+        }
+    }
+
+    fn absorb(&mut self, records: Vec<(u64, EventRecord)>) -> Result<(), StoreError> {
+        for (stream_sequence, record) in records {
+            self.last_stream_sequence = self.last_stream_sequence.max(stream_sequence);
+            if record.sequence() > self.expected {
+                return Err(StoreError::Unavailable("gap in event log".into()));
+            }
+            self.accept(record);
+        }
+        Ok(())
+    }
+
+    async fn reread(&mut self) -> Result<(), StoreError> {
+        let records = self
+            .store
+            .history_from(self.id, self.last_stream_sequence + 1, None)
+            .await?;
+        self.absorb(records)
+    }
+
+    async fn next(&mut self) -> Option<Result<Arc<EventRecord>, StoreError>> {
+        loop {
+            if let Some(record) = self.ready.pop_front() {
+                return Some(Ok(record));
+            }
+            if self.finished {
+                return None;
+            }
+            let message = match tokio::time::timeout(LIVE_RECHECK, self.subscriber.next()).await {
+                Ok(Some(message)) => Some(message),
+                Ok(None) => {
+                    return Some(Err(StoreError::Unavailable("subscription closed".into())));
+                }
+                Err(_) => None,
+            };
+            let in_order = message
+                .and_then(|m| EventRecord::decode(m.payload))
+                .filter(|r| r.sequence() <= self.expected);
+            match in_order {
+                Some(record) => self.accept(record),
+                // A gap, an undecodable message or a quiet second: read what the stream has.
+                None => {
+                    if let Err(e) = self.reread().await {
+                        self.finished = true;
+                        return Some(Err(e));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Most heads cached; beyond this the cache is cleared (it only saves a round trip).
@@ -181,6 +265,17 @@ impl NatsEventStore {
         let wanted_last = head
             .sequence
             .min(Sequence(after.get().saturating_add(limit as u64)));
+        if head.sequence.get() <= DIRECT_READ_MAX {
+            let records = self.history_from(id, 1, Some(wanted_last)).await?;
+            return Ok(Some(
+                records
+                    .into_iter()
+                    .map(|(_, r)| r)
+                    .filter(|r| r.sequence() > after && r.sequence() <= wanted_last)
+                    .map(Arc::new)
+                    .collect(),
+            ));
+        }
         let mut stream = self.ordered(id).await?;
         let mut out = Vec::new();
         while let Some(item) = stream.next().await {
@@ -194,6 +289,71 @@ impl NatsEventStore {
             }
         }
         Ok(Some(out))
+    }
+
+    /// Records of the execution's subject from stream sequence `from` on, by direct get (one
+    /// round trip each), stopping after execution sequence `stop_after` if given.
+    async fn history_from(
+        &self,
+        id: ExecutionId,
+        mut from: u64,
+        stop_after: Option<Sequence>,
+    ) -> Result<Vec<(u64, EventRecord)>, StoreError> {
+        self.backend.check_connected()?;
+        let subject = self.subject(id);
+        let mut out = Vec::new();
+        loop {
+            match self
+                .stream
+                .direct_get_next_for_subject(subject.clone(), Some(from))
+                .await
+            {
+                Ok(message) => {
+                    let stream_sequence = message.sequence;
+                    let record = EventRecord::decode(message.payload)
+                        .ok_or_else(|| StoreError::Unavailable("undecodable event".into()))?;
+                    let done = stop_after.is_some_and(|s| record.sequence() >= s);
+                    from = stream_sequence + 1;
+                    out.push((stream_sequence, record));
+                    if done {
+                        return Ok(out);
+                    }
+                }
+                Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(out),
+                Err(e) => return Err(unavailable("direct get", e)),
+            }
+        }
+    }
+
+    /// Short logs: subscribe to the live subject first, then read the history by direct get,
+    /// and merge by sequence. No server-side consumer is created, so streams cost the server
+    /// one subscription each. A gap on the live path, or a quiet second, triggers a re-read
+    /// from the stream, so a message missed on the live path is still delivered.
+    async fn live(&self, id: ExecutionId, after: Sequence) -> Result<EventStream, StoreError> {
+        let subscriber = self
+            .backend
+            .client
+            .subscribe(self.subject(id))
+            .await
+            .map_err(|e| unavailable("subscribe", e))?;
+        // Read to the end of the stream, not just to the head seen before subscribing: events
+        // appended in between reached neither the subscription nor that head.
+        let history = self.history_from(id, 1, None).await?;
+        let mut merge = LiveMerge {
+            store: self.clone(),
+            id,
+            subscriber,
+            expected: after.next(),
+            last_stream_sequence: 0,
+            ready: std::collections::VecDeque::new(),
+            finished: false,
+        };
+        merge.absorb(history)?;
+        let stream = futures_util::stream::unfold(merge, |mut merge| async move {
+            let item = merge.next().await?;
+            Some((item, merge))
+        });
+        Ok(stream.boxed())
     }
 
     /// Every event of the execution from the start, live, in order; ends after the terminal.
@@ -376,6 +536,9 @@ impl EventStore for NatsEventStore {
         };
         if head.terminal && head.sequence <= after {
             return Ok(Some(futures_util::stream::empty().boxed()));
+        }
+        if head.sequence.get() <= DIRECT_READ_MAX {
+            return Ok(Some(self.live(id, after).await?.fuse().boxed()));
         }
         let stream = self.ordered(id).await?;
         let filtered = stream.filter(move |item| {
