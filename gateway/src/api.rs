@@ -77,6 +77,20 @@ fn well_formed_escapes(raw: &str) -> bool {
     true
 }
 
+/// A W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`); anything else is ignored, so only
+/// trace identifiers, never caller text, reach the job and the logs.
+fn valid_traceparent(value: &str) -> bool {
+    let parts: Vec<&str> = value.split('-').collect();
+    let hex = |s: &str, n: usize| {
+        s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    };
+    parts.len() == 4
+        && hex(parts[0], 2)
+        && hex(parts[1], 32)
+        && hex(parts[2], 16)
+        && hex(parts[3], 2)
+}
+
 const EXECUTION_NOT_FOUND: ApiError = ApiError::NotFound("Execution not found");
 
 async fn backends_ready(state: &AppState) -> bool {
@@ -229,6 +243,7 @@ async fn submit_execution_inner(
     let traceparent = headers
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
+        .filter(|v| valid_traceparent(v))
         .map(str::to_owned);
     // Reserve the stream slot before anything is created: a retryable 429 for the stream
     // after the execution exists would invite a retry that creates a duplicate.
@@ -433,6 +448,21 @@ async fn events_response(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_w3c_traceparents_are_kept() {
+        assert!(valid_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        for bad in [
+            "",
+            "00-xyz",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "secret text",
+        ] {
+            assert!(!valid_traceparent(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn cursors_follow_js_number_semantics() {

@@ -9,6 +9,7 @@ use runtime::{Delivery, JobQueue};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use crate::runner::{RunOutcome, Runner};
 
@@ -137,7 +138,15 @@ async fn run_delivery(runner: &Runner, delivery: Delivery, heartbeat: Duration) 
         delivered,
         handle,
     } = delivery;
-    let run = runner.run(&job, delivered);
+    // The submitting request's W3C trace context travels in the job; it is recorded on the
+    // execution span so logs of both processes can be joined.
+    let span = tracing::info_span!(
+        "execution",
+        execution_id = %job.execution_id,
+        delivered,
+        traceparent = job.traceparent.as_deref().unwrap_or(""),
+    );
+    let run = runner.run(&job, delivered).instrument(span);
     tokio::pin!(run);
     let outcome = loop {
         tokio::select! {

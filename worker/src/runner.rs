@@ -21,6 +21,7 @@ use protocol::{ErrorCode, RuntimeError, Target, Timestamp};
 use runtime::{CancelBus, EventStore, Job};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::provider::{ProviderCall, ProviderEvent, ProviderSink};
 use crate::registry::ProviderRegistry;
@@ -317,7 +318,19 @@ impl Runner {
                         model: &candidate.model,
                         cancel: cancel.clone(),
                     };
-                    candidate.entry.provider.execute(call, &mut sink).await
+                    // GenAI semantic-convention names; no prompt or output content in telemetry.
+                    let span = tracing::info_span!(
+                        "provider.attempt",
+                        gen_ai.system = %candidate.entry.provider.id(),
+                        gen_ai.request.model = %candidate.model,
+                        attempt,
+                    );
+                    candidate
+                        .entry
+                        .provider
+                        .execute(call, &mut sink)
+                        .instrument(span)
+                        .await
                 }
                 Err(e) => Err(e),
             };
