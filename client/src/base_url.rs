@@ -14,7 +14,7 @@ use crate::error::ClientError;
 
 /// Largest cursor every peer can represent exactly (JavaScript's `Number.MAX_SAFE_INTEGER`); the
 /// gateway rejects larger ones [R 51].
-pub const MAX_CURSOR: u64 = 9_007_199_254_740_991;
+pub const MAX_CURSOR: u64 = protocol::MAX_SAFE_INTEGER;
 
 /// A validated `http`/`https` base URL whose path ends with `/`.
 #[derive(Clone, PartialEq, Eq)]

@@ -67,10 +67,16 @@ pub enum ClientError {
     InvalidBaseUrl(&'static str),
     /// An event cursor outside `0..=2^53-1` (the range every peer can represent); rejected
     /// before any request is made.
-    #[error("event cursor must be a non-negative integer no larger than 9007199254740991")]
+    #[error(
+        "event cursor must be a non-negative integer no larger than {}",
+        protocol::MAX_SAFE_INTEGER
+    )]
     InvalidCursor,
     /// An `Idempotency-Key` that is not 1-256 visible ASCII characters.
-    #[error("Idempotency-Key must contain 1 to 256 visible ASCII characters")]
+    #[error(
+        "Idempotency-Key must contain 1 to {} visible ASCII characters",
+        protocol::idempotency::MAX_KEY_LEN
+    )]
     InvalidIdempotencyKey,
     /// The request could not be serialized as JSON (non-finite numbers).
     #[error("request must be bounded JSON data")]

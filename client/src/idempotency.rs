@@ -11,7 +11,7 @@ use std::str::FromStr;
 use crate::error::ClientError;
 
 /// Longest key, in characters (all ASCII, so bytes).
-pub const MAX_KEY_LEN: usize = 256;
+pub const MAX_KEY_LEN: usize = protocol::idempotency::MAX_KEY_LEN;
 
 /// A valid key: 1 to 256 visible ASCII characters (contract.md section 3).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -21,8 +21,7 @@ impl IdempotencyKey {
     /// Checks `key`.
     pub fn new(key: impl Into<String>) -> Result<Self, ClientError> {
         let key = key.into();
-        let visible = key.bytes().all(|b| b.is_ascii_graphic());
-        if key.is_empty() || key.len() > MAX_KEY_LEN || !visible {
+        if !protocol::idempotency::is_valid_key(key.as_bytes()) {
             return Err(ClientError::InvalidIdempotencyKey);
         }
         Ok(Self(key))

@@ -6,7 +6,7 @@ use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, Uri, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
 use protocol::manifest::ProviderList;
 use protocol::snapshot::{CancelResponse, CancelStatus, RuntimeInfo, RuntimeState};
@@ -183,18 +183,9 @@ async fn submit_execution(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Body,
-) -> Response {
-    match submit_execution_inner(&state, &headers, body).await {
-        Ok(response) => response,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn submit_execution_inner(
-    state: &AppState,
-    headers: &HeaderMap,
-    body: Body,
 ) -> Result<Response, ApiError> {
+    // Checked before the body is read: a stopping gateway answers 503 at once. The flow itself
+    // does not check again.
     if state.is_stopping() {
         return Err(ApiError::Unavailable("Runtime is shutting down"));
     }
@@ -221,7 +212,7 @@ async fn submit_execution_inner(
     let mut keys = headers.get_all("idempotency-key").iter();
     let key = match (keys.next(), keys.next()) {
         (None, _) => None,
-        (Some(v), None) if submit::valid_idempotency_key(v.as_bytes()) => {
+        (Some(v), None) if protocol::idempotency::is_valid_key(v.as_bytes()) => {
             Some(v.to_str().map_err(|_| {
                 ApiError::InvalidRequest("Idempotency-Key must contain 1 to 256 characters")
             })?)
@@ -247,14 +238,14 @@ async fn submit_execution_inner(
         .map(str::to_owned);
     // Reserve the stream slot before anything is created: a retryable 429 for the stream
     // after the execution exists would invite a retry that creates a duplicate.
-    let stream_permit = if wants_event_stream(headers) {
-        Some(stream_permit(state)?)
+    let stream_permit = if wants_event_stream(&headers) {
+        Some(stream_permit(&state)?)
     } else {
         None
     };
-    let submission = submit::submit(state, request, key, traceparent).await?;
+    let submission = submit::submit(&state, request, key, traceparent).await?;
     if let Some(permit) = stream_permit {
-        return events_response(state, submission.execution_id, Sequence::ZERO, permit).await;
+        return events_response(&state, submission.execution_id, Sequence::ZERO, permit).await;
     }
     let status = if submission.idempotent_replay {
         StatusCode::OK
@@ -275,8 +266,7 @@ async fn load_execution(
         .backend()
         .store
         .state(id)
-        .await
-        .map_err(|e| ApiError::from_store(&e))?
+        .await?
         .ok_or(EXECUTION_NOT_FOUND)
 }
 
@@ -284,54 +274,47 @@ async fn get_execution(
     State(state): State<AppState>,
     uri: Uri,
     path: Result<Path<String>, PathRejection>,
-) -> Response {
-    match load_execution(&state, path, &uri).await {
-        Ok(m) => json_response(StatusCode::OK, &m.snapshot()),
-        Err(e) => e.into_response(),
-    }
+) -> Result<Response, ApiError> {
+    let execution = load_execution(&state, path, &uri).await?;
+    Ok(json_response(StatusCode::OK, &execution.snapshot()))
 }
 
 async fn get_result(
     State(state): State<AppState>,
     uri: Uri,
     path: Result<Path<String>, PathRejection>,
-) -> Response {
-    match load_execution(&state, path, &uri).await {
-        Ok(m) => match m.result_response() {
-            Ok(result) => json_response(StatusCode::OK, &result),
-            Err(not_ready) => json_response(StatusCode::CONFLICT, &not_ready),
-        },
-        Err(e) => e.into_response(),
-    }
+) -> Result<Response, ApiError> {
+    let execution = load_execution(&state, path, &uri).await?;
+    Ok(match execution.result_response() {
+        Ok(result) => json_response(StatusCode::OK, &result),
+        Err(not_ready) => json_response(StatusCode::CONFLICT, &not_ready),
+    })
 }
 
 async fn cancel_execution(
     State(state): State<AppState>,
     uri: Uri,
     path: Result<Path<String>, PathRejection>,
-) -> Response {
-    let result = async {
-        let not_found = json_response(
+) -> Result<Response, ApiError> {
+    let cancelled = match execution_id(path, &uri)? {
+        Some(id) => submit::cancel(&state, id).await?,
+        None => false,
+    };
+    Ok(if cancelled {
+        json_response(
+            StatusCode::ACCEPTED,
+            &CancelResponse {
+                status: CancelStatus::CancellationRequested,
+            },
+        )
+    } else {
+        json_response(
             StatusCode::NOT_FOUND,
             &CancelResponse {
                 status: CancelStatus::NotFound,
             },
-        );
-        let Some(id) = execution_id(path, &uri)? else {
-            return Ok(not_found);
-        };
-        if submit::cancel(&state, id).await? {
-            Ok(json_response(
-                StatusCode::ACCEPTED,
-                &CancelResponse {
-                    status: CancelStatus::CancellationRequested,
-                },
-            ))
-        } else {
-            Ok::<_, ApiError>(not_found)
-        }
-    };
-    result.await.unwrap_or_else(IntoResponse::into_response)
+        )
+    })
 }
 
 /// Parses a cursor as the reference does (JS `Number()`, then a safe non-negative integer):
@@ -348,8 +331,7 @@ pub fn parse_cursor(raw: &str) -> Option<Sequence> {
         return None; // rejects "inf", "NaN", hex and anything Rust parses but JS would not
     }
     let n: f64 = s.parse().ok()?;
-    (n.is_finite() && n >= 0.0 && n.fract() == 0.0 && n <= 9_007_199_254_740_991.0)
-        .then_some(Sequence(n as u64))
+    protocol::number::safe_integer(n).map(Sequence)
 }
 
 fn cursor(query: Option<&str>, headers: &HeaderMap) -> Result<Sequence, ApiError> {
@@ -402,24 +384,20 @@ async fn get_events(
     path: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
-) -> Response {
-    let result = async {
-        let id = execution_id(path, &uri)?.ok_or(EXECUTION_NOT_FOUND)?;
-        // Existence is checked before the cursor [R 52]; the end of the log is all we need.
-        let found = state
-            .backend()
-            .store
-            .head(id)
-            .await
-            .map_err(|e| ApiError::from_store(&e))?;
-        let head = found.ok_or(EXECUTION_NOT_FOUND)?;
-        let after = cursor(query.as_deref(), &headers)?;
-        if head.terminal && after >= head.last_sequence {
-            return Ok(empty_sse_response());
-        }
-        events_response(&state, id, after, stream_permit(&state)?).await
-    };
-    result.await.unwrap_or_else(IntoResponse::into_response)
+) -> Result<Response, ApiError> {
+    let id = execution_id(path, &uri)?.ok_or(EXECUTION_NOT_FOUND)?;
+    // Existence is checked before the cursor [R 52]; the end of the log is all we need.
+    let head = state
+        .backend()
+        .store
+        .head(id)
+        .await?
+        .ok_or(EXECUTION_NOT_FOUND)?;
+    let after = cursor(query.as_deref(), &headers)?;
+    if head.terminal && after >= head.last_sequence {
+        return Ok(empty_sse_response());
+    }
+    events_response(&state, id, after, stream_permit(&state)?).await
 }
 
 /// One of the `max_sse_streams` slots, held by the stream until it ends.
@@ -439,8 +417,7 @@ async fn events_response(
         .backend()
         .store
         .subscribe(id, after)
-        .await
-        .map_err(|e| ApiError::from_store(&e))?
+        .await?
         .ok_or(EXECUTION_NOT_FOUND)?;
     Ok(sse_response(state, records, permit))
 }
@@ -472,7 +449,7 @@ mod tests {
         assert_eq!(parse_cursor("1e2"), Some(Sequence(100)));
         assert_eq!(
             parse_cursor("9007199254740991"),
-            Some(Sequence(9_007_199_254_740_991))
+            Some(Sequence(protocol::MAX_SAFE_INTEGER))
         );
         for bad in [
             "-1",

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runtime::StoreError;
-use runtime::nats::{NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings};
+use runtime::nats::{NatsBackend, NatsConnectSettings, NatsServices, NatsSettings};
 use runtime::redis_idempotency::RedisIdempotencyStore;
 use worker::config::DeploymentConfig;
 use worker::settings::CommonArgs;
@@ -30,14 +30,13 @@ pub async fn connect(
     args: &CommonArgs,
     deployment: &DeploymentConfig,
 ) -> Result<(Backend, NatsBackend), StoreError> {
-    let nats = NatsBackend::connect(
-        &args.nats_url,
-        nats_settings(args, deployment),
-        CONNECT_TIMEOUT,
-    )
+    let nats = NatsServices::connect(&NatsConnectSettings {
+        url: args.nats_url.clone(),
+        layout: nats_settings(args, deployment),
+        max_events: deployment.event_store.max_events as u64,
+        connect_timeout: CONNECT_TIMEOUT,
+    })
     .await?;
-    let store = NatsEventStore::new(nats.clone(), deployment.event_store.max_events as u64).await?;
-    let cancel = NatsCancelBus::new(nats.clone()).await?;
     let idempotency = RedisIdempotencyStore::connect(
         &args.redis_url,
         &args.namespace,
@@ -46,11 +45,11 @@ pub async fn connect(
     )
     .await?;
     let backend = Backend {
-        store: Arc::new(store),
-        queue: Arc::new(NatsJobQueue::new(nats.clone())),
+        store: Arc::new(nats.store),
+        queue: Arc::new(nats.queue),
         idempotency: Arc::new(idempotency),
-        cancel: Arc::new(cancel),
+        cancel: Arc::new(nats.cancel),
         heal_missing: true,
     };
-    Ok((backend, nats))
+    Ok((backend, nats.connection))
 }

@@ -35,9 +35,11 @@ pub enum ApiError {
     Internal(String),
 }
 
-impl ApiError {
-    /// Maps a store error on a synchronous path. Logs the internal detail.
-    pub fn from_store(e: &StoreError) -> Self {
+/// Each store error kind has one HTTP meaning. Flows that expect a kind as an outcome (the
+/// submission flow's `AlreadyExists`, the cancel flow's `Conflict`) match it before converting;
+/// what reaches this conversion is a failure.
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
         match e {
             StoreError::NotFound => ApiError::NotFound("Execution not found"),
             StoreError::AdmissionFull => ApiError::QueueFull("Runtime execution capacity is full"),
@@ -50,10 +52,16 @@ impl ApiError {
                 ApiError::Unavailable("A runtime backend is unavailable")
             }
             StoreError::Closed => ApiError::Unavailable("Runtime is shutting down"),
-            other => ApiError::Internal(other.to_string()),
+            // A log that exists, moved on or refused the event where the flow did not expect
+            // it: a bug or a concurrent writer the flow cannot reconcile. Never a success.
+            e @ (StoreError::AlreadyExists
+            | StoreError::Conflict { .. }
+            | StoreError::Violation(_)) => ApiError::Internal(e.to_string()),
         }
     }
+}
 
+impl ApiError {
     fn parts(&self) -> (StatusCode, ErrorCode, &'static str) {
         match self {
             ApiError::InvalidRequest(m) => (StatusCode::BAD_REQUEST, ErrorCode::InvalidRequest, m),

@@ -5,6 +5,11 @@
 //! execution id is minted before the key is bound (so a retry after a crash between the steps
 //! heals to the same execution), and the key is released when creation fails so a retry can
 //! create it [R 14].
+//!
+//! Store errors stay typed here until the flow has decided what they mean: `AlreadyExists` while
+//! healing a crash window is the one expected outcome (a concurrent retry healed it first);
+//! every other store error is a failure and converts to its one [`ApiError`]. Events are written
+//! through [`runtime::EventWriter`], which assigns their sequences and times.
 
 use std::time::{Duration, Instant};
 
@@ -12,19 +17,13 @@ use protocol::event::EventBody;
 use protocol::fingerprint::{request_fingerprint, sha256_hex};
 use protocol::snapshot::ExecutionSubmission;
 use protocol::{
-    ErrorCode, ExecutionId, ExecutionRequest, ExecutionStatus, RuntimeError, RuntimeEvent,
-    Sequence, Timestamp,
+    ErrorCode, ExecutionId, ExecutionRequest, ExecutionStatus, RuntimeError, Sequence, Timestamp,
 };
-use runtime::{IdempotencyRecord, Job, StoreError};
+use runtime::{EventWriter, IdempotencyRecord, Job, StoreError};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::state::AppState;
-
-/// Validates an `Idempotency-Key` value: 1-256 visible ASCII characters.
-pub fn valid_idempotency_key(key: &[u8]) -> bool {
-    (1..=256).contains(&key.len()) && key.iter().all(|b| (0x21..=0x7e).contains(b))
-}
 
 /// Runs the flow for a parsed request.
 pub async fn submit(
@@ -50,9 +49,6 @@ async fn submit_inner(
     traceparent: Option<String>,
 ) -> Result<ExecutionSubmission, ApiError> {
     let inner = &state.inner;
-    if state.is_stopping() {
-        return Err(ApiError::Unavailable("Runtime is shutting down"));
-    }
     let deadline_ms = request
         .deadline_ms
         .unwrap_or(inner.limits.default_deadline_ms);
@@ -65,7 +61,7 @@ async fn submit_inner(
         return Err(ApiError::CapabilityUnavailable);
     }
     let id = ExecutionId::new_random();
-    let created_at = Timestamp::now();
+    let created_at = runtime::writer::acceptance_time();
     let job = Job {
         execution_id: id,
         request,
@@ -78,7 +74,7 @@ async fn submit_inner(
         traceparent,
     };
     let Some(key) = idempotency_key else {
-        create_and_publish(state, &job).await?;
+        create_fresh(state, &job).await?;
         return Ok(accepted(id, created_at));
     };
     let key_hash = sha256_hex(format!("\u{0}{key}").as_bytes());
@@ -87,15 +83,10 @@ async fn submit_inner(
         execution_id: id,
         created_at,
     };
-    let claimed = inner
-        .backend
-        .idempotency
-        .claim(&key_hash, &record)
-        .await
-        .map_err(|e| ApiError::from_store(&e))?;
+    let claimed = inner.backend.idempotency.claim(&key_hash, &record).await?;
     match claimed {
         None => {
-            if let Err(e) = create_and_publish(state, &job).await {
+            if let Err(e) = create_fresh(state, &job).await {
                 if let Err(release) = inner.backend.idempotency.release(&key_hash, id).await {
                     tracing::warn!(error = %release, "could not release idempotency key after a failed submit");
                 }
@@ -119,41 +110,52 @@ fn accepted(execution_id: ExecutionId, created_at: Timestamp) -> ExecutionSubmis
     }
 }
 
+/// What creating an execution's log found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Creation {
+    /// The log was created and the job published.
+    Created,
+    /// The log already existed; nothing was written or published.
+    AlreadyExists,
+}
+
+/// Creates the log of an execution whose id was just minted: an existing log is a failure.
+async fn create_fresh(state: &AppState, job: &Job) -> Result<(), ApiError> {
+    match create_and_publish(state, job).await? {
+        Creation::Created => Ok(()),
+        Creation::AlreadyExists => Err(ApiError::Internal(format!(
+            "freshly minted execution id {} already has a log",
+            job.execution_id
+        ))),
+    }
+}
+
 /// Creates the log and publishes the job. If publishing fails, the log is closed with a
 /// failure so nothing is left waiting for a job that will never come.
-async fn create_and_publish(state: &AppState, job: &Job) -> Result<(), ApiError> {
+async fn create_and_publish(state: &AppState, job: &Job) -> Result<Creation, StoreError> {
     let backend = &state.inner.backend;
-    let accepted = RuntimeEvent::new(
-        job.execution_id,
-        Sequence(1),
-        job.accepted_at,
-        EventBody::Accepted,
-    );
-    backend
-        .store
-        .create(accepted)
-        .await
-        .map_err(|e| ApiError::from_store(&e))?;
+    let created =
+        EventWriter::create(backend.store.clone(), job.execution_id, job.accepted_at).await;
+    let mut writer = match created {
+        Ok(writer) => writer,
+        Err(StoreError::AlreadyExists) => return Ok(Creation::AlreadyExists),
+        Err(e) => return Err(e),
+    };
     if let Err(e) = backend.queue.publish(job).await {
         tracing::warn!(execution_id = %job.execution_id, error = %e, "job publish failed");
-        let failed = RuntimeEvent::new(
-            job.execution_id,
-            Sequence(2),
-            Timestamp::now().max(job.accepted_at),
-            EventBody::Failed {
-                error: RuntimeError::new(
-                    ErrorCode::InternalError,
-                    "Execution could not be queued",
-                    false,
-                ),
-            },
-        );
-        if let Err(close) = backend.store.append(failed).await {
+        let failed = EventBody::Failed {
+            error: RuntimeError::new(
+                ErrorCode::InternalError,
+                "Execution could not be queued",
+                false,
+            ),
+        };
+        if let Err(close) = writer.append_once(failed).await {
             tracing::warn!(execution_id = %job.execution_id, error = %close, "could not close unqueued execution");
         }
-        return Err(ApiError::from_store(&e));
+        return Err(e);
     }
-    Ok(())
+    Ok(Creation::Created)
 }
 
 /// The key is bound to an execution with the same request: answer with its current status.
@@ -182,13 +184,7 @@ async fn replay(
     };
     let waited = Instant::now();
     let status = loop {
-        match inner
-            .backend
-            .store
-            .state(id)
-            .await
-            .map_err(|e| ApiError::from_store(&e))?
-        {
+        match inner.backend.store.state(id).await? {
             Some(m) => break m.status(),
             None if waited.elapsed() < inner.limits.replay_wait => {
                 // A concurrent first submission bound the key and is creating the log.
@@ -197,12 +193,12 @@ async fn replay(
             None if inner.backend.heal_missing => {
                 // The first submitter died between binding the key and creating the log:
                 // create it now, under the recorded id and time.
-                match create_and_publish(state, &job).await {
-                    // `Internal` here is AlreadyExists: a concurrent retry healed it first.
-                    Ok(()) | Err(ApiError::Internal(_)) => {
+                // `AlreadyExists`: a concurrent retry healed it first. Any other store error
+                // (a `Conflict` or `Violation` included) is a failure, never a replay.
+                match create_and_publish(state, &job).await? {
+                    Creation::Created | Creation::AlreadyExists => {
                         return Ok(replayed(ExecutionStatus::Accepted));
                     }
-                    Err(e) => return Err(e),
                 }
             }
             None => {
@@ -215,9 +211,7 @@ async fn replay(
     if status == ExecutionStatus::Accepted && inner.backend.heal_missing {
         // The first submitter may have died after creating the log but before publishing the
         // job; the queue absorbs the duplicate if it did publish.
-        if let Err(e) = inner.backend.queue.publish(&job).await {
-            return Err(ApiError::from_store(&e));
-        }
+        inner.backend.queue.publish(&job).await?;
     }
     Ok(replayed(status))
 }
@@ -225,12 +219,7 @@ async fn replay(
 /// Cancels an execution [R 21, 41]. Returns `false` when it is unknown or already terminal.
 pub async fn cancel(state: &AppState, id: ExecutionId) -> Result<bool, ApiError> {
     let backend = &state.inner.backend;
-    let Some(head) = backend
-        .store
-        .head(id)
-        .await
-        .map_err(|e| ApiError::from_store(&e))?
-    else {
+    let Some(head) = backend.store.head(id).await? else {
         return Ok(false);
     };
     if head.terminal {
@@ -239,29 +228,26 @@ pub async fn cancel(state: &AppState, id: ExecutionId) -> Result<bool, ApiError>
     if head.last_sequence == Sequence(1) {
         // Still queued: close the log ourselves; the worker that later takes the job finds it
         // terminal and drops it.
-        let event = RuntimeEvent::new(
+        let mut writer = EventWriter::resume(
+            backend.store.clone(),
             id,
-            Sequence(2),
-            Timestamp::now().max(head.last_time),
-            EventBody::Failed {
-                error: RuntimeError::cancelled(),
-            },
+            head.last_sequence,
+            head.last_time,
         );
-        match backend.store.append(event).await {
+        let cancelled = EventBody::Failed {
+            error: RuntimeError::cancelled(),
+        };
+        match writer.append_once(cancelled).await {
             Ok(()) => {
                 Metrics::inc(&state.inner.metrics.cancellations);
                 return Ok(true);
             }
             Err(StoreError::Conflict { terminal: true, .. }) => return Ok(false),
             Err(StoreError::Conflict { .. }) => {} // a runner claimed it: signal the runner
-            Err(e) => return Err(ApiError::from_store(&e)),
+            Err(e) => return Err(e.into()),
         }
     }
-    backend
-        .cancel
-        .request(id)
-        .await
-        .map_err(|e| ApiError::from_store(&e))?;
+    backend.cancel.request(id).await?;
     Metrics::inc(&state.inner.metrics.cancellations);
     Ok(true)
 }

@@ -6,6 +6,8 @@
 //! - [`request`]: `ExecutionRequest` and its parts (the caller's input).
 //! - [`validate`]: bytes → checked `ExecutionRequest`, with fixed public messages only.
 //! - [`fingerprint`]: canonical JSON and the sha256 request fingerprint used by idempotency.
+//! - [`idempotency`]: the `Idempotency-Key` rule (1-256 visible ASCII characters).
+//! - [`number`]: `MAX_SAFE_INTEGER`, the largest integer on the wire, and whole-number checks.
 //! - [`error`]: portable error codes and the `RuntimeError` carried in events and responses.
 //! - [`usage`]: `UsageFact` with known and namespaced custom units.
 //! - [`event`]: the eleven runtime events and their envelope.
@@ -22,8 +24,10 @@ pub mod error;
 pub mod event;
 pub mod fingerprint;
 pub mod id;
+pub mod idempotency;
 pub mod manifest;
 pub mod materialize;
+pub mod number;
 pub mod request;
 pub mod schema;
 pub mod snapshot;
@@ -38,6 +42,7 @@ pub const PROTOCOL_VERSION: &str = "0.1.0";
 pub use error::{ErrorCode, RuntimeError};
 pub use event::{EventBody, ExecutionStatus, RuntimeEvent, Target};
 pub use id::{ExecutionId, Sequence};
+pub use number::MAX_SAFE_INTEGER;
 pub use request::ExecutionRequest;
 pub use snapshot::ExecutionSnapshot;
 pub use time::Timestamp;

@@ -407,7 +407,7 @@ where
     let as_u64 = if let Some(u) = n.as_u64() {
         Some(u)
     } else if let Some(f) = n.as_f64() {
-        (f.fract() == 0.0 && (0.0..=9_007_199_254_740_991.0).contains(&f)).then_some(f as u64)
+        crate::number::safe_integer(f)
     } else {
         None
     };

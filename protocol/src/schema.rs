@@ -483,7 +483,7 @@ fn openapi_parameters() -> Value {
             "in": "query",
             "required": false,
             "description": "Cursor: only events with a larger sequence are sent. Wins over `Last-Event-ID`. Default 0. A cursor at or past the terminal event gives an empty stream.",
-            "schema": { "type": "integer", "minimum": 0, "maximum": 9_007_199_254_740_991_u64 }
+            "schema": { "type": "integer", "minimum": 0, "maximum": crate::number::MAX_SAFE_INTEGER }
         },
         "LastEventId": {
             "name": "Last-Event-ID",

@@ -9,8 +9,11 @@
 //! - [`idempotency`]: the `IdempotencyStore` trait (one atomic claim per key).
 //! - [`cancel`]: the `CancelBus` trait that carries cancellation to the process running an
 //!   execution.
+//! - [`writer`]: `EventWriter`, the only place sequences and event times are assigned; the
+//!   worker's runner and the gateway's submission flow both write through it.
 //! - [`memory`]: in-process implementations of all four, used by embedded mode and tests.
-//! - [`nats`]: JetStream event store, job queue and cancel bus (distributed mode).
+//! - [`nats`]: JetStream event store, job queue and cancel bus (distributed mode), connected
+//!   together by `NatsServices::connect` for the gateway and the worker alike.
 //! - [`redis_idempotency`]: the Redis idempotency store (distributed mode).
 //! - `contract` (feature `contract-tests`): the test suite every implementation must pass, so
 //!   the NATS and Redis implementations are held to exactly the same behaviour.
@@ -30,9 +33,11 @@ pub mod job;
 pub mod memory;
 pub mod nats;
 pub mod redis_idempotency;
+pub mod writer;
 
 pub use cancel::CancelBus;
 pub use error::StoreError;
 pub use event_store::{EventRecord, EventStore, EventStream, LogHead, WriterId};
 pub use idempotency::{IdempotencyRecord, IdempotencyStore};
 pub use job::{Delivery, DeliveryHandle, Job, JobQueue};
+pub use writer::{EventWriter, WriteError};

@@ -7,14 +7,12 @@
 //! - [`registry`]: configured providers in registration order with their manifests; candidate
 //!   selection [R 25-28].
 //! - [`flow`]: per-provider concurrency gates with bounded FIFO queues [R 35-37].
-//! - [`writer`]: the per-execution event writer: assigns sequence and time, appends with
-//!   compare-and-set, tracks whether output was exposed.
 //! - [`runner`]: one execution from job to terminal event: attempts, fallback, deadline,
 //!   cancellation.
 //! - [`pool`]: N concurrent runner slots pulling from a `JobQueue`, with graceful shutdown.
 //!
-//! Adapters translate only; every decision (routing, fallback, sequence, time, ids) is the
-//! runner's.
+//! Adapters translate only; every decision (routing, fallback, ids) is the runner's, and the
+//! runner writes events through `runtime::EventWriter`, which assigns sequences and times.
 
 pub mod config;
 pub mod deployment;
@@ -25,7 +23,6 @@ pub mod provider;
 pub mod registry;
 pub mod runner;
 pub mod settings;
-pub mod writer;
 
 pub use pool::{PoolConfig, WorkerPool};
 pub use registry::ProviderRegistry;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use runtime::nats::{NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings};
+use runtime::nats::{NatsConnectSettings, NatsServices, NatsSettings};
 
 use crate::config::DeploymentConfig;
 use crate::runner::{Runner, RunnerSettings};
@@ -52,22 +52,19 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         Ok(r) => Arc::new(r),
         Err(e) => return startup_error(&e.to_string(), 1),
     };
-    let settings = NatsSettings {
-        retention: deployment.retention,
-        max_jobs: i64::try_from(deployment.max_active_executions).unwrap_or(i64::MAX),
-        ack_wait: common.ack_wait(),
-        ..NatsSettings::new(common.namespace.clone())
+    let settings = NatsConnectSettings {
+        url: common.nats_url.clone(),
+        layout: NatsSettings {
+            retention: deployment.retention,
+            max_jobs: i64::try_from(deployment.max_active_executions).unwrap_or(i64::MAX),
+            ack_wait: common.ack_wait(),
+            ..NatsSettings::new(common.namespace.clone())
+        },
+        max_events: deployment.event_store.max_events as u64,
+        connect_timeout: Duration::from_secs(15),
     };
-    let connected = async {
-        let nats =
-            NatsBackend::connect(&common.nats_url, settings, Duration::from_secs(15)).await?;
-        let store =
-            NatsEventStore::new(nats.clone(), deployment.event_store.max_events as u64).await?;
-        let cancel = NatsCancelBus::new(nats.clone()).await?;
-        Ok::<_, runtime::StoreError>((nats, store, cancel))
-    };
-    let (nats, store, cancel) = match connected.await {
-        Ok(parts) => parts,
+    let nats = match NatsServices::connect(&settings).await {
+        Ok(nats) => nats,
         Err(e) => {
             tracing::error!(error = %e, "backend connection failed");
             return startup_error("cannot reach NATS; check --nats-url", 1);
@@ -75,12 +72,12 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
     };
     let runner = Arc::new(Runner::new(
         registry,
-        Arc::new(store),
-        Arc::new(cancel),
+        Arc::new(nats.store),
+        Arc::new(nats.cancel),
         RunnerSettings::default(),
     ));
     let pool = WorkerPool::spawn(
-        Arc::new(NatsJobQueue::new(nats)),
+        Arc::new(nats.queue),
         runner,
         PoolConfig {
             concurrency: common.workers(),

@@ -18,14 +18,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use protocol::event::EventBody;
 use protocol::{ErrorCode, RuntimeError, Target, Timestamp};
-use runtime::{CancelBus, EventStore, Job};
+use runtime::{CancelBus, EventStore, EventWriter, Job, WriteError};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::provider::{ProviderCall, ProviderEvent, ProviderSink};
 use crate::registry::ProviderRegistry;
-use crate::writer::{EventWriter, WriteError};
 
 /// What the job loop should do with the delivery afterwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,10 +13,12 @@
 //!   `{ns}.cancel.{id}` for prompt delivery.
 //!
 //! Streams are created or verified at startup; several processes may start at once.
+//! [`NatsServices::connect`] is the one way a process connects all three.
 
 mod cancel;
 mod event_store;
 mod job_queue;
+mod services;
 
 use std::time::Duration;
 
@@ -25,6 +27,7 @@ use async_nats::jetstream::{self, stream};
 pub use cancel::NatsCancelBus;
 pub use event_store::NatsEventStore;
 pub use job_queue::NatsJobQueue;
+pub use services::{NatsConnectSettings, NatsServices};
 
 use crate::error::StoreError;
 

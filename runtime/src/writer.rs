@@ -1,16 +1,35 @@
-//! The per-execution event writer: the only place sequences and timestamps are assigned.
+//! The per-execution event writer: the only place sequences and event times are assigned.
+//!
+//! Every event of every log goes through an [`EventWriter`]: the worker's runner (routing,
+//! output, the terminal event) and the gateway's submission flow (`execution.accepted`, the
+//! failure that closes an execution whose job could not be queued, the cancellation of a queued
+//! execution). Sequences are the last one plus one; event times are the wall clock but never
+//! earlier than the previous event's, so a log's times never go backwards even if the clock
+//! does. The one time a writer does not pick is the acceptance time: the submission chooses it
+//! once, because the job and the idempotency record carry it too (and a healed log must repeat
+//! it).
 //!
 //! Appends are compare-and-set on the sequence, so a writer that lost its claim (a zombie
 //! worker, or a gateway cancel that won the race for sequence 2) is fenced and stops. Transient
-//! store failures are retried with bounded backoff; a retried append is safe because stores
-//! de-duplicate on `{execution_id}:{sequence}`.
+//! store failures are retried with bounded backoff by [`EventWriter::append`]; a retried append
+//! is safe because stores de-duplicate on `{execution_id}:{sequence}`. Request paths that must
+//! answer promptly use [`EventWriter::append_once`] and get the store's error as it is.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::event::EventBody;
 use protocol::{ExecutionId, RuntimeEvent, Sequence, Timestamp};
-use runtime::{EventStore, StoreError, WriterId};
+
+use crate::error::StoreError;
+use crate::event_store::{EventStore, WriterId};
+
+/// The acceptance time of a new execution: the time of its `execution.accepted` event. The
+/// submission takes it before the log exists because the job and the idempotency record carry
+/// it too; it is then passed to [`EventWriter::create`].
+pub fn acceptance_time() -> Timestamp {
+    Timestamp::now()
+}
 
 /// Why an append did not happen.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -51,6 +70,20 @@ impl std::fmt::Debug for EventWriter {
 }
 
 impl EventWriter {
+    /// Creates the log of a new execution with `execution.accepted` (sequence 1) at
+    /// `accepted_at`, and returns the writer that continues it. Store errors are returned as
+    /// they are (`AlreadyExists` when the log exists): creation is never retried here, the
+    /// submitter decides.
+    pub async fn create(
+        store: Arc<dyn EventStore>,
+        id: ExecutionId,
+        accepted_at: Timestamp,
+    ) -> Result<Self, StoreError> {
+        let accepted = RuntimeEvent::new(id, Sequence(1), accepted_at, EventBody::Accepted);
+        store.create(accepted).await?;
+        Ok(Self::resume(store, id, Sequence(1), accepted_at))
+    }
+
     /// A writer continuing a log whose last event is `last`.
     pub fn resume(
         store: Arc<dyn EventStore>,
@@ -81,12 +114,31 @@ impl EventWriter {
         self.output_exposed
     }
 
-    /// Appends `body` as the next event.
-    pub async fn append(&mut self, body: EventBody) -> Result<(), WriteError> {
+    /// The next event: sequence and time are assigned here and nowhere else.
+    fn next_event(&self, body: EventBody) -> RuntimeEvent {
         // Event times never go backwards, even if the wall clock does.
         let now = Timestamp::now().max(self.last_time);
-        let exposes = body.exposes_output();
-        let event = RuntimeEvent::new(self.id, self.last.next(), now, body);
+        RuntimeEvent::new(self.id, self.last.next(), now, body)
+    }
+
+    fn appended(&mut self, event: &RuntimeEvent) {
+        self.last = event.sequence;
+        self.last_time = event.time;
+        self.output_exposed |= event.body.exposes_output();
+    }
+
+    /// Appends `body` as the next event in one attempt, for request paths that answer at once.
+    /// The store's error is returned unchanged (`Conflict` when another writer appended first).
+    pub async fn append_once(&mut self, body: EventBody) -> Result<(), StoreError> {
+        let event = self.next_event(body);
+        self.store.append_as(event.clone(), self.writer_id).await?;
+        self.appended(&event);
+        Ok(())
+    }
+
+    /// Appends `body` as the next event, retrying transient store failures.
+    pub async fn append(&mut self, body: EventBody) -> Result<(), WriteError> {
+        let event = self.next_event(body);
         let mut delay = Duration::from_millis(50);
         let mut tries = 0;
         loop {
@@ -103,9 +155,7 @@ impl EventWriter {
                 Err(e) => return Err(WriteError::Store(e)),
             }
         }
-        self.last = event.sequence;
-        self.last_time = now;
-        self.output_exposed |= exposes;
+        self.appended(&event);
         Ok(())
     }
 }
