@@ -6,7 +6,6 @@
 
 use std::fmt;
 
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -19,7 +18,8 @@ use crate::usage::UsageFact;
 pub const MAX_TERMINAL_EVENT_BYTES: usize = 2048;
 
 /// The lifecycle status of an execution, as carried by each event and the snapshot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ExecutionStatus {
     Accepted,
@@ -56,14 +56,16 @@ impl fmt::Display for ExecutionStatus {
 }
 
 /// One provider/model attempt.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Target {
     pub provider: String,
     pub model: String,
 }
 
 /// Phase reported by asynchronous providers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ProgressPhase {
     Queued,
@@ -71,7 +73,8 @@ pub enum ProgressPhase {
 }
 
 /// A reference to a provider-produced artifact. The runtime never fetches it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct OutputArtifact {
     pub uri: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -79,7 +82,8 @@ pub struct OutputArtifact {
 }
 
 /// The type-specific part of an event.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type")]
 pub enum EventBody {
     /// The runtime accepted the request (always sequence 1).
@@ -196,7 +200,8 @@ impl EventBody {
 }
 
 /// A runtime event: a body plus the runtime-owned envelope.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RuntimeEvent {
     #[serde(flatten)]
     pub body: EventBody,

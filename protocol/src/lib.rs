@@ -15,7 +15,8 @@
 //! - [`manifest`]: provider manifests and model capabilities.
 //! - [`materialize`]: ordered events → snapshot and result, enforcing the log rules.
 //! - [`sse`]: SSE frame encoding and a WHATWG-conformant incremental parser.
-//! - [`schema`]: JSON Schema documents generated from these types (`spec/`).
+//! - `schema` (feature `schema`): the spec generator, JSON Schema and OpenAPI documents
+//!   generated from these types (`spec/`); off in the binaries, on for the spec drift test.
 //!
 //! This crate has no async runtime and no I/O: the gateway, the worker and the client all build
 //! on it, and every public function returns a typed error instead of panicking on bad input.
@@ -29,6 +30,7 @@ pub mod manifest;
 pub mod materialize;
 pub mod number;
 pub mod request;
+#[cfg(feature = "schema")]
 pub mod schema;
 pub mod snapshot;
 pub mod sse;

@@ -1,13 +1,13 @@
 //! Provider manifests: what each configured model can do. Capabilities describe a configured
 //! model, never the union of a vendor's features, and are never inferred from an adapter name.
 
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::request::{ExecutionRequest, Modality};
 
 /// The declared capabilities of one configured model.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ModelCapability {
     pub model: String,
     pub abilities: Vec<String>,
@@ -56,14 +56,16 @@ impl ModelCapability {
 }
 
 /// Informational flow-control limits of a provider.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ProviderLimits {
     pub max_concurrency: u32,
     pub max_queue_depth: u32,
 }
 
 /// What one configured provider offers [R 23].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ProviderManifest {
     pub provider: String,
     pub protocol_version: String,
@@ -73,7 +75,8 @@ pub struct ProviderManifest {
 }
 
 /// `GET /v1/providers`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ProviderList {
     pub data: Vec<ProviderManifest>,
 }

@@ -6,7 +6,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
@@ -26,15 +25,16 @@ pub const MAX_MEDIA_TYPE_CHARS: usize = 256;
 pub const MAX_ATTEMPTS: u32 = 32;
 
 /// A request to run one ability over typed input.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
-#[schemars(title = "ExecutionRequest")]
+#[cfg_attr(feature = "schema", schemars(title = "ExecutionRequest"))]
 pub struct ExecutionRequest {
     /// Stable caller intent, e.g. `text-generation`.
-    #[schemars(length(min = 1, max = 256))]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 256)))]
     pub ability: String,
     /// One or more typed input parts.
-    #[schemars(length(min = 1, max = 1024))]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 1024)))]
     pub input: Vec<InputPart>,
     /// Capabilities that must be present before routing.
     #[serde(
@@ -56,7 +56,7 @@ pub struct ExecutionRequest {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "de_opt_integer"
     )]
-    #[schemars(range(min = 1, max = 86_400_000))]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 86_400_000)))]
     pub deadline_ms: Option<u64>,
     /// Low-cardinality caller metadata without sensitive content.
     #[serde(
@@ -64,7 +64,7 @@ pub struct ExecutionRequest {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
-    #[schemars(extend("maxProperties" = 64))]
+    #[cfg_attr(feature = "schema", schemars(extend("maxProperties" = 64)))]
     pub metadata: Option<BTreeMap<String, MetadataValue>>,
     /// Explicitly provider-neutral extension data.
     #[serde(
@@ -72,12 +72,13 @@ pub struct ExecutionRequest {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
-    #[schemars(extend("maxProperties" = 64))]
+    #[cfg_attr(feature = "schema", schemars(extend("maxProperties" = 64)))]
     pub extensions: Option<serde_json::Map<String, Value>>,
 }
 
 /// One typed input part.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum InputPart {
     /// Plain text (may be empty).
@@ -86,50 +87,50 @@ pub enum InputPart {
     Json { value: Value },
     /// An image by reference.
     Image {
-        #[schemars(length(min = 1, max = 8192))]
+        #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 8192)))]
         uri: String,
         #[serde(
             default,
             skip_serializing_if = "Option::is_none",
             deserialize_with = "present"
         )]
-        #[schemars(length(max = 256))]
+        #[cfg_attr(feature = "schema", schemars(length(max = 256)))]
         media_type: Option<String>,
     },
     /// Audio by reference.
     Audio {
-        #[schemars(length(min = 1, max = 8192))]
+        #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 8192)))]
         uri: String,
         #[serde(
             default,
             skip_serializing_if = "Option::is_none",
             deserialize_with = "present"
         )]
-        #[schemars(length(max = 256))]
+        #[cfg_attr(feature = "schema", schemars(length(max = 256)))]
         media_type: Option<String>,
     },
     /// Video by reference.
     Video {
-        #[schemars(length(min = 1, max = 8192))]
+        #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 8192)))]
         uri: String,
         #[serde(
             default,
             skip_serializing_if = "Option::is_none",
             deserialize_with = "present"
         )]
-        #[schemars(length(max = 256))]
+        #[cfg_attr(feature = "schema", schemars(length(max = 256)))]
         media_type: Option<String>,
     },
     /// Any other file by reference.
     File {
-        #[schemars(length(min = 1, max = 8192))]
+        #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 8192)))]
         uri: String,
         #[serde(
             default,
             skip_serializing_if = "Option::is_none",
             deserialize_with = "present"
         )]
-        #[schemars(length(max = 256))]
+        #[cfg_attr(feature = "schema", schemars(length(max = 256)))]
         media_type: Option<String>,
     },
 }
@@ -160,9 +161,8 @@ impl InputPart {
 }
 
 /// Input and output modalities.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Modality {
     Text,
@@ -175,7 +175,8 @@ pub enum Modality {
 
 /// Capabilities that must be present before routing. Boolean requirements are checked only
 /// when `true`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Requirements {
     #[serde(
@@ -183,14 +184,14 @@ pub struct Requirements {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
-    #[schemars(extend("uniqueItems" = true))]
+    #[cfg_attr(feature = "schema", schemars(extend("uniqueItems" = true)))]
     pub input_modalities: Option<Vec<Modality>>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
-    #[schemars(extend("uniqueItems" = true))]
+    #[cfg_attr(feature = "schema", schemars(extend("uniqueItems" = true)))]
     pub output_modalities: Option<Vec<Modality>>,
     #[serde(
         default,
@@ -226,7 +227,8 @@ pub struct Requirements {
 }
 
 /// Routing strategy. Accepted for compatibility; both values route the same way [R 27].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum RoutingStrategy {
     FirstAvailable,
@@ -234,7 +236,8 @@ pub enum RoutingStrategy {
 }
 
 /// Bounded execution-routing preferences.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RoutingPreferences {
     #[serde(
@@ -249,7 +252,7 @@ pub struct RoutingPreferences {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
-    #[schemars(extend("uniqueItems" = true), inner(length(min = 1)))]
+    #[cfg_attr(feature = "schema", schemars(extend("uniqueItems" = true), inner(length(min = 1))))]
     pub provider_order: Option<Vec<String>>,
     /// Whether a retryable failure may move on to the next candidate (default false).
     #[serde(
@@ -263,14 +266,14 @@ pub struct RoutingPreferences {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "de_opt_integer"
     )]
-    #[schemars(range(min = 1, max = 32))]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 32)))]
     pub max_attempts: Option<u32>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "de_opt_integer"
     )]
-    #[schemars(range(min = 1, max = 86_400_000))]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 86_400_000)))]
     pub retry_budget_ms: Option<u64>,
 }
 
@@ -283,7 +286,8 @@ pub enum MetadataValue {
     Bool(bool),
 }
 
-impl JsonSchema for MetadataValue {
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for MetadataValue {
     fn schema_name() -> std::borrow::Cow<'static, str> {
         "MetadataValue".into()
     }

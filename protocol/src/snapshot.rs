@@ -1,6 +1,5 @@
 //! Response shapes: the materialized snapshot, submission, result, cancel and runtime info.
 
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -11,7 +10,8 @@ use crate::time::Timestamp;
 use crate::usage::UsageFact;
 
 /// The materialized state of one execution [R 17, 56-59].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ExecutionSnapshot {
     pub execution_id: ExecutionId,
     pub status: ExecutionStatus,
@@ -33,14 +33,16 @@ pub struct ExecutionSnapshot {
 }
 
 /// The result built from text and tool events when no `output.result` exists.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SynthesizedResult {
     pub outputs: Vec<TextOutput>,
     pub tool_calls: Vec<ToolCall>,
 }
 
 /// Concatenated text of one `output_index`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TextOutput {
     pub index: u32,
     /// Always `"text"`.
@@ -50,7 +52,8 @@ pub struct TextOutput {
 }
 
 /// A tool call with its concatenated argument text (not parsed).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ToolCall {
     pub call_id: String,
     pub name: String,
@@ -58,7 +61,8 @@ pub struct ToolCall {
 }
 
 /// `POST /v1/executions` response [R 15, 10].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ExecutionSubmission {
     pub execution_id: ExecutionId,
     /// `accepted` for a new execution, the current status on an idempotent replay.
@@ -68,7 +72,8 @@ pub struct ExecutionSubmission {
 }
 
 /// `GET /v1/executions/{id}/result` on success [R 19].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ExecutionResultResponse {
     pub execution_id: ExecutionId,
     pub target: Option<Target>,
@@ -78,7 +83,8 @@ pub struct ExecutionResultResponse {
 }
 
 /// `GET /v1/executions/{id}/result` before success: 409 [R 20].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ResultNotReady {
     pub status: ExecutionStatus,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -86,13 +92,15 @@ pub struct ResultNotReady {
 }
 
 /// `POST /v1/executions/{id}/cancel` responses [R 21]: `cancellation_requested` or `not_found`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct CancelResponse {
     pub status: CancelStatus,
 }
 
 /// See [`CancelResponse`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum CancelStatus {
     CancellationRequested,
@@ -100,7 +108,8 @@ pub enum CancelStatus {
 }
 
 /// Readiness of the runtime as reported by `/v1/runtime`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum RuntimeState {
     Ready,
@@ -109,7 +118,8 @@ pub enum RuntimeState {
 }
 
 /// Feature flags of `/v1/runtime`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RuntimeFeatures {
     pub routing: bool,
     pub flow_control: bool,
@@ -118,7 +128,8 @@ pub struct RuntimeFeatures {
 }
 
 /// `GET /v1/runtime` [R 22].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RuntimeInfo {
     /// Always `model-runtime-api`.
     pub name: String,

@@ -6,7 +6,6 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Milliseconds since the Unix epoch, rendered as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
@@ -152,7 +151,8 @@ impl<'de> Deserialize<'de> for Timestamp {
     }
 }
 
-impl JsonSchema for Timestamp {
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Timestamp {
     fn schema_name() -> std::borrow::Cow<'static, str> {
         "Timestamp".into()
     }

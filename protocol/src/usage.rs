@@ -3,7 +3,6 @@
 
 use std::fmt;
 
-use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// The known units of Model Runtime API 0.1.0.
@@ -26,9 +25,10 @@ pub const MAX_UNIT_CHARS: usize = 128;
 
 /// A usage unit: one of [`KNOWN_UNITS`] or a namespaced custom unit such as `vendor.gpu_second`
 /// (two or more dot-separated segments of ASCII letters, digits, `_` and `-`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(transparent)]
-#[schemars(extend("pattern" = "^(input_token|output_token|cache_write_token|cache_read_token|reasoning_token|image_count|video_second|audio_input_second|audio_output_second|tool_request|request|[A-Za-z0-9_-]+(\\.[A-Za-z0-9_-]+)+)$", "maxLength" = 128))]
+#[cfg_attr(feature = "schema", schemars(extend("pattern" = "^(input_token|output_token|cache_write_token|cache_read_token|reasoning_token|image_count|video_second|audio_input_second|audio_output_second|tool_request|request|[A-Za-z0-9_-]+(\\.[A-Za-z0-9_-]+)+)$", "maxLength" = 128)))]
 pub struct UsageUnit(String);
 
 /// The unit is neither known nor namespaced.
@@ -92,7 +92,8 @@ impl<'de> Deserialize<'de> for UsageUnit {
 }
 
 /// Whether the provider reported a fact or the runtime derived it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum UsageSource {
     Provider,
@@ -100,12 +101,13 @@ pub enum UsageSource {
 }
 
 /// One usage fact.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct UsageFact {
     pub unit: UsageUnit,
     /// Finite and non-negative. Integral values are written without a fraction (`3`, not
     /// `3.0`), as JavaScript peers write them.
-    #[schemars(range(min = 0))]
+    #[cfg_attr(feature = "schema", schemars(range(min = 0)))]
     #[serde(serialize_with = "serialize_quantity")]
     pub quantity: f64,
     pub source: UsageSource,

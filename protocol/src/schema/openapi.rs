@@ -1,0 +1,451 @@
+//! The OpenAPI 3.1 document (`spec/openapi.yaml`): every endpoint of the HTTP API with its
+//! parameters, responses and headers, over components generated from the wire types.
+
+use serde_json::{Map, Value, json};
+
+use super::event::{EVENT_TYPES, event_schemas};
+use super::normalize::normalize;
+use super::{
+    COMPONENTS, DRAFT_2020_12, generator, ref_prefix, reference, subschema, take_definitions,
+};
+use crate::PROTOCOL_VERSION;
+use crate::error::ErrorResponse;
+use crate::manifest::ProviderList;
+use crate::request::ExecutionRequest;
+use crate::snapshot::{
+    CancelResponse, ExecutionResultResponse, ExecutionSnapshot, ExecutionSubmission,
+    ResultNotReady, RuntimeInfo,
+};
+
+/// The OpenAPI 3.1 document (`spec/openapi.yaml`) for every endpoint of the HTTP API.
+pub fn openapi_document() -> Value {
+    let prefix = ref_prefix(COMPONENTS);
+    let p = prefix.as_str();
+
+    // Requests are described as deserialized, responses and events as serialized.
+    let mut request_gen = generator(COMPONENTS, false);
+    let _ = request_gen.subschema_for::<ExecutionRequest>();
+    let mut response_gen = generator(COMPONENTS, true);
+    // Registering is all that is needed: the schemas land in the components.
+    let _ = subschema::<ExecutionSnapshot>(&mut response_gen);
+    let _ = subschema::<ExecutionSubmission>(&mut response_gen);
+    let _ = subschema::<ExecutionResultResponse>(&mut response_gen);
+    let _ = subschema::<ResultNotReady>(&mut response_gen);
+    let _ = subschema::<CancelResponse>(&mut response_gen);
+    let _ = subschema::<RuntimeInfo>(&mut response_gen);
+    let _ = subschema::<ProviderList>(&mut response_gen);
+    let _ = subschema::<ErrorResponse>(&mut response_gen);
+    let events = event_schemas(&mut response_gen, p);
+
+    let mut schemas = take_definitions(&mut request_gen);
+    // Shared names (e.g. `Modality`) generate identically under both contracts; responses win
+    // if they ever differ, and a test checks that they do not.
+    schemas.extend(take_definitions(&mut response_gen));
+    schemas.extend(events.definitions);
+    let mut event_root = events.root;
+    if let Value::Object(map) = &mut event_root {
+        map.insert("title".into(), "RuntimeEvent".into());
+        let mapping: Map<String, Value> = EVENT_TYPES
+            .iter()
+            .map(|(t, d)| ((*t).to_owned(), Value::from(format!("{p}{d}"))))
+            .collect();
+        map.insert(
+            "discriminator".into(),
+            json!({ "propertyName": "type", "mapping": mapping }),
+        );
+    }
+    schemas.insert("RuntimeEvent".into(), event_root);
+    schemas.insert("RuntimeEventFrame".into(), sse_frame_schema(p));
+    schemas.insert(
+        "NotFoundError".into(),
+        json!({
+            "description": "404 body. Unknown executions and routes; the reference omits `retryable` here, this runtime may send `retryable: false`.",
+            "type": "object",
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "properties": {
+                        "code": { "type": "string", "const": "not_found" },
+                        "message": { "type": "string" },
+                        "retryable": { "type": "boolean", "const": false }
+                    },
+                    "required": ["code", "message"]
+                }
+            },
+            "required": ["error"]
+        }),
+    );
+
+    let mut doc = json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Model Runtime API",
+            "version": PROTOCOL_VERSION,
+            "summary": "Provider-neutral AI model execution runtime.",
+            "description": "Submit an execution request, then follow its ordered, resumable event log over SSE, read its materialized snapshot and result, or cancel it. Wire-compatible with Model Runtime API 0.1.0; status codes are finer than the reference's (see docs/contract.md). Every JSON response carries `cache-control: no-store` and `x-content-type-options: nosniff`; error messages are fixed sentences that never echo caller input.",
+            "license": { "name": "Apache-2.0", "identifier": "Apache-2.0" }
+        },
+        "jsonSchemaDialect": DRAFT_2020_12,
+        "servers": [{ "url": "http://127.0.0.1:4320", "description": "Default local gateway" }],
+        "tags": [
+            { "name": "executions", "description": "Submit, observe and cancel executions." },
+            { "name": "runtime", "description": "Runtime and provider information." },
+            { "name": "operations", "description": "Health, readiness and metrics." }
+        ],
+        "paths": openapi_paths(p),
+        "components": {
+            "schemas": schemas,
+            "parameters": openapi_parameters(),
+            "headers": {
+                "CacheControl": {
+                    "description": "Responses are never cached.",
+                    "required": true,
+                    "schema": { "type": "string", "const": "no-store" }
+                },
+                "ContentTypeOptions": {
+                    "description": "MIME sniffing is disabled.",
+                    "required": true,
+                    "schema": { "type": "string", "const": "nosniff" }
+                },
+                "RetryAfter": {
+                    "description": "Seconds to wait before retrying.",
+                    "required": true,
+                    "schema": { "type": "integer", "minimum": 0 }
+                }
+            },
+            "responses": openapi_responses(p),
+        }
+    });
+    normalize(&mut doc);
+    doc
+}
+
+/// One SSE frame on the events stream: `id: <sequence>\nevent: <type>\ndata: <event json>\n\n`.
+fn sse_frame_schema(p: &str) -> Value {
+    let types: Vec<Value> = EVENT_TYPES.iter().map(|(t, _)| Value::from(*t)).collect();
+    json!({
+        "description": "One server-sent event of the stream, framed `id: <sequence>\\nevent: <type>\\ndata: <event json>\\n\\n`: `id` is the event's sequence, `event` its type and `data` the event JSON on one line. Events with a sequence larger than the cursor are replayed, then live ones follow; the stream closes after the terminal event. Keep-alive comment lines (`: keep-alive`) may appear between events.",
+        "type": "object",
+        "properties": {
+            "id": { "type": "string", "pattern": "^[1-9][0-9]*$" },
+            "event": { "type": "string", "enum": types },
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": reference(p, "RuntimeEvent")
+            }
+        },
+        "required": ["id", "event", "data"]
+    })
+}
+
+fn openapi_parameters() -> Value {
+    json!({
+        "ExecutionId": {
+            "name": "id",
+            "in": "path",
+            "required": true,
+            "description": "Execution id (canonical hyphenated UUID). Anything that is not a UUID is 404, the same as an unknown id.",
+            "schema": { "type": "string", "format": "uuid" }
+        },
+        "IdempotencyKey": {
+            "name": "Idempotency-Key",
+            "in": "header",
+            "required": false,
+            "description": "1-256 visible ASCII characters. The same key with the same request (compared canonically) returns the same execution (200, `idempotent_replay: true`); with a different request, 422 `idempotency_conflict`. A malformed key is 400.",
+            "schema": { "type": "string", "minLength": 1, "maxLength": 256, "pattern": "^[!-~]+$" }
+        },
+        "Accept": {
+            "name": "Accept",
+            "in": "header",
+            "required": false,
+            "description": "Documentation only (OpenAPI tools ignore `Accept` parameters): a value containing `text/event-stream` makes the submission answer 200 with the event stream from sequence 1 instead of JSON, also on replays.",
+            "schema": { "type": "string" }
+        },
+        "After": {
+            "name": "after",
+            "in": "query",
+            "required": false,
+            "description": "Cursor: only events with a larger sequence are sent. Wins over `Last-Event-ID`. Default 0. A cursor at or past the terminal event gives an empty stream.",
+            "schema": { "type": "integer", "minimum": 0, "maximum": crate::number::MAX_SAFE_INTEGER }
+        },
+        "LastEventId": {
+            "name": "Last-Event-ID",
+            "in": "header",
+            "required": false,
+            "description": "Cursor sent by reconnecting SSE clients (a non-negative integer); ignored when `after` is given. Anything else is 400.",
+            "schema": { "type": "string" }
+        }
+    })
+}
+
+/// A JSON response with the standard headers.
+fn json_response(description: &str, schema: Value) -> Value {
+    json!({
+        "description": description,
+        "headers": {
+            "Cache-Control": { "$ref": "#/components/headers/CacheControl" },
+            "X-Content-Type-Options": { "$ref": "#/components/headers/ContentTypeOptions" }
+        },
+        "content": { "application/json": { "schema": schema } }
+    })
+}
+
+/// `ErrorResponse` narrowed to the given codes and retryability.
+fn error_schema(p: &str, codes: &[&str], retryable: bool) -> Value {
+    let code = if let [only] = codes {
+        json!({ "const": only })
+    } else {
+        json!({ "enum": codes })
+    };
+    json!({
+        "allOf": [
+            reference(p, "ErrorResponse"),
+            { "properties": { "error": { "properties": {
+                "code": code,
+                "retryable": { "const": retryable }
+            } } } }
+        ]
+    })
+}
+
+/// The events stream. In OpenAPI 3.1 the `schema` of a sequential media type such as
+/// `text/event-stream` is read by tools (schemathesis among them) as the schema of each event,
+/// which OpenAPI 3.2 calls `itemSchema`; each event is `{id, event, data}`.
+fn sse_content(p: &str) -> Value {
+    json!({ "schema": reference(p, "RuntimeEventFrame") })
+}
+
+fn response_ref(name: &str) -> Value {
+    json!({ "$ref": format!("#/components/responses/{name}") })
+}
+
+fn openapi_responses(p: &str) -> Value {
+    json!({
+        "InvalidRequest": json_response(
+            "`invalid_request`: malformed JSON, schema violation, bad cursor or bad header.",
+            error_schema(p, &["invalid_request"], false),
+        ),
+        "NotFound": {
+            "description": "`not_found`: unknown execution (or an id that is not a UUID).",
+            "headers": {
+                "Cache-Control": { "$ref": "#/components/headers/CacheControl" },
+                "X-Content-Type-Options": { "$ref": "#/components/headers/ContentTypeOptions" }
+            },
+            "content": { "application/json": { "schema": reference(p, "NotFoundError") } }
+        },
+        "Unavailable": json_response(
+            "`unavailable`: a backend (NATS, Redis) is unreachable, or the runtime is shutting down.",
+            error_schema(p, &["unavailable"], true),
+        ),
+        "InternalError": json_response(
+            "`internal_error`: a bug; the message is generic and details are only logged.",
+            error_schema(p, &["internal_error"], false),
+        ),
+    })
+}
+
+fn openapi_paths(p: &str) -> Value {
+    let execution_id = json!({ "$ref": "#/components/parameters/ExecutionId" });
+    let accepted_submission = json!({
+        "allOf": [
+            reference(p, "ExecutionSubmission"),
+            { "properties": {
+                "status": { "const": "accepted" },
+                "idempotent_replay": { "const": false }
+            } }
+        ]
+    });
+    let replayed_submission = json!({
+        "allOf": [
+            reference(p, "ExecutionSubmission"),
+            { "properties": { "idempotent_replay": { "const": true } } }
+        ]
+    });
+    let mut replay = json_response(
+        "Idempotent replay: the existing execution with its current status. With `Accept: text/event-stream` (new or replayed execution), the event stream from sequence 1 instead.",
+        replayed_submission,
+    );
+    if let Some(Value::Object(content)) = replay.get_mut("content") {
+        content.insert("text/event-stream".into(), sse_content(p));
+    }
+    json!({
+        "/v1/runtime": {
+            "get": {
+                "tags": ["runtime"],
+                "operationId": "getRuntime",
+                "summary": "Runtime information and readiness",
+                "responses": {
+                    "200": json_response("The runtime is ready.", json!({
+                        "allOf": [reference(p, "RuntimeInfo"), { "properties": { "state": { "const": "ready" } } }]
+                    })),
+                    "503": json_response("The runtime is stopping or a backend is unavailable; same body.", json!({
+                        "allOf": [reference(p, "RuntimeInfo"), { "properties": { "state": { "enum": ["stopping", "unavailable"] } } }]
+                    })),
+                    "500": response_ref("InternalError")
+                }
+            }
+        },
+        "/v1/providers": {
+            "get": {
+                "tags": ["runtime"],
+                "operationId": "listProviders",
+                "summary": "Configured provider manifests",
+                "responses": {
+                    "200": json_response("The manifests from the deployment file.", reference(p, "ProviderList")),
+                    "500": response_ref("InternalError")
+                }
+            }
+        },
+        "/v1/executions": {
+            "post": {
+                "tags": ["executions"],
+                "operationId": "createExecution",
+                "summary": "Submit an execution",
+                "description": "Returns once `execution.accepted` (sequence 1) is stored. Requests no configured model can serve are rejected synchronously with 422 `capability_unavailable` and nothing is created.",
+                "parameters": [
+                    { "$ref": "#/components/parameters/IdempotencyKey" },
+                    { "$ref": "#/components/parameters/Accept" }
+                ],
+                "requestBody": {
+                    "required": true,
+                    "content": { "application/json": { "schema": reference(p, "ExecutionRequest") } }
+                },
+                "responses": {
+                    "202": json_response("A new execution was accepted.", accepted_submission),
+                    "200": replay,
+                    "400": response_ref("InvalidRequest"),
+                    "413": json_response(
+                        "`invalid_request`: the body exceeds the limit (1 MiB by default).",
+                        error_schema(p, &["invalid_request"], false),
+                    ),
+                    "415": json_response(
+                        "`invalid_request`: the Content-Type is not `application/json`.",
+                        error_schema(p, &["invalid_request"], false),
+                    ),
+                    "422": json_response(
+                        "`idempotency_conflict` (the key was used with a different request) or `capability_unavailable` (no configured model serves the ability with the required and inferred capabilities).",
+                        error_schema(p, &["idempotency_conflict", "capability_unavailable"], false),
+                    ),
+                    "429": {
+                        "description": "`queue_full`: admission limits reached.",
+                        "headers": {
+                            "Cache-Control": { "$ref": "#/components/headers/CacheControl" },
+                            "X-Content-Type-Options": { "$ref": "#/components/headers/ContentTypeOptions" },
+                            "Retry-After": { "$ref": "#/components/headers/RetryAfter" }
+                        },
+                        "content": { "application/json": { "schema": error_schema(p, &["queue_full"], true) } }
+                    },
+                    "503": response_ref("Unavailable"),
+                    "500": response_ref("InternalError")
+                }
+            }
+        },
+        "/v1/executions/{id}": {
+            "parameters": [execution_id.clone()],
+            "get": {
+                "tags": ["executions"],
+                "operationId": "getExecution",
+                "summary": "The materialized snapshot of an execution",
+                "responses": {
+                    "200": json_response("The snapshot; optional keys are omitted when unset.", reference(p, "ExecutionSnapshot")),
+                    "404": response_ref("NotFound"),
+                    "503": response_ref("Unavailable"),
+                    "500": response_ref("InternalError")
+                }
+            }
+        },
+        "/v1/executions/{id}/result": {
+            "parameters": [execution_id.clone()],
+            "get": {
+                "tags": ["executions"],
+                "operationId": "getExecutionResult",
+                "summary": "The result of a succeeded execution",
+                "responses": {
+                    "200": json_response("The execution succeeded; `artifacts` defaults to `[]`.", reference(p, "ExecutionResultResponse")),
+                    "409": json_response("The execution has not succeeded (yet): its status, and its error once failed or cancelled.", reference(p, "ResultNotReady")),
+                    "404": response_ref("NotFound"),
+                    "503": response_ref("Unavailable"),
+                    "500": response_ref("InternalError")
+                }
+            }
+        },
+        "/v1/executions/{id}/cancel": {
+            "parameters": [execution_id.clone()],
+            "post": {
+                "tags": ["executions"],
+                "operationId": "cancelExecution",
+                "summary": "Request cancellation",
+                "description": "The execution ends with `execution.failed` (status `cancelled`) unless it finishes first.",
+                "responses": {
+                    "202": json_response("Cancellation was requested.", json!({
+                        "allOf": [reference(p, "CancelResponse"), { "properties": { "status": { "const": "cancellation_requested" } } }]
+                    })),
+                    "404": json_response("Unknown or already terminal execution.", json!({
+                        "allOf": [reference(p, "CancelResponse"), { "properties": { "status": { "const": "not_found" } } }]
+                    })),
+                    "503": response_ref("Unavailable"),
+                    "500": response_ref("InternalError")
+                }
+            }
+        },
+        "/v1/executions/{id}/events": {
+            "parameters": [execution_id],
+            "get": {
+                "tags": ["executions"],
+                "operationId": "streamExecutionEvents",
+                "summary": "Replay and follow the event log (SSE)",
+                "description": "Events with a sequence larger than the cursor are replayed, then live events follow; the stream closes after the terminal event. `: keep-alive` comments are sent every 15 s while idle. A failure after the headers ends the stream without a partial frame; clients resume from their last sequence.",
+                "parameters": [
+                    { "$ref": "#/components/parameters/After" },
+                    { "$ref": "#/components/parameters/LastEventId" }
+                ],
+                "responses": {
+                    "200": {
+                        "description": "The event stream (empty and closed when the cursor is at or past the terminal event).",
+                        "content": { "text/event-stream": sse_content(p) }
+                    },
+                    "400": response_ref("InvalidRequest"),
+                    "404": response_ref("NotFound"),
+                    "503": response_ref("Unavailable"),
+                    "500": response_ref("InternalError")
+                }
+            }
+        },
+        "/healthz": {
+            "get": {
+                "tags": ["operations"],
+                "operationId": "healthz",
+                "summary": "Liveness",
+                "responses": {
+                    "200": { "description": "The process is alive." },
+                    "503": { "description": "The process is shutting down." }
+                }
+            }
+        },
+        "/readyz": {
+            "get": {
+                "tags": ["operations"],
+                "operationId": "readyz",
+                "summary": "Readiness (checks the backends)",
+                "responses": {
+                    "200": { "description": "Ready to accept executions." },
+                    "503": { "description": "A backend is unreachable or the runtime is shutting down." }
+                }
+            }
+        },
+        "/metrics": {
+            "get": {
+                "tags": ["operations"],
+                "operationId": "metrics",
+                "summary": "Prometheus metrics",
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text exposition format.",
+                        "content": { "text/plain": { "schema": { "type": "string" } } }
+                    }
+                }
+            }
+        }
+    })
+}
