@@ -3,14 +3,17 @@
 //! Module map:
 //! - [`api`]: the axum router and handlers (contract.md section 2).
 //! - [`submit`]: the submission and cancellation flows (idempotency, capability check, log
-//!   creation, job publish), independent of HTTP.
+//!   creation, job publish), independent of HTTP; events are written through
+//!   `runtime::EventWriter`, never built here.
 //! - [`events`]: the SSE projection with backpressure, batching and keep-alives.
-//! - [`error`]: `ApiError`, the only place errors become status codes and fixed messages.
+//! - [`error`]: `ApiError`, the only place errors become status codes and fixed messages;
+//!   `From<StoreError>` gives each store error kind its one HTTP meaning, so handlers use `?`.
 //! - [`response`]: JSON responses and the headers every response carries.
 //! - [`state`]: backends, limits, lifecycle and metrics shared by handlers.
 //! - [`metrics`]: Prometheus counters.
 //! - [`embedded`]: the in-memory runtime with the worker pool in-process.
-//! - [`distributed`]: NATS JetStream and Redis backends for stateless gateways.
+//! - [`distributed`]: NATS JetStream (`runtime::nats::NatsServices`, as the worker connects) and
+//!   Redis backends for stateless gateways.
 //! - [`server`]: settings, startup, serving and graceful shutdown; the binary only calls
 //!   [`server::run`].
 //!
