@@ -159,3 +159,82 @@ impl EventWriter {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{MemoryEventStore, MemoryLimits};
+
+    fn store() -> Arc<dyn EventStore> {
+        Arc::new(MemoryEventStore::new(MemoryLimits::default()))
+    }
+
+    fn progress() -> EventBody {
+        EventBody::Progress {
+            phase: protocol::event::ProgressPhase::Processing,
+            progress: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn create_writes_accepted_as_sequence_one_at_the_acceptance_time() {
+        let store = store();
+        let id = ExecutionId::new_random();
+        let accepted_at = Timestamp::from_unix_millis(1_767_225_600_000);
+        let writer = EventWriter::create(Arc::clone(&store), id, accepted_at)
+            .await
+            .unwrap();
+        assert_eq!(writer.last_sequence(), Sequence(1));
+        let head = store.head(id).await.unwrap().unwrap();
+        assert_eq!(head.last_sequence, Sequence(1));
+        assert_eq!(head.last_time, accepted_at);
+        let again = EventWriter::create(store, id, accepted_at).await;
+        assert!(matches!(again, Err(StoreError::AlreadyExists)), "{again:?}");
+    }
+
+    #[tokio::test]
+    async fn appends_take_the_next_sequence_and_never_go_back_in_time() {
+        let store = store();
+        let id = ExecutionId::new_random();
+        // An acceptance time in the future: later events must not be earlier than it.
+        let future = Timestamp::from_unix_millis(Timestamp::now().unix_millis() + 3_600_000);
+        let mut writer = EventWriter::create(Arc::clone(&store), id, future)
+            .await
+            .unwrap();
+        writer.append(progress()).await.unwrap();
+        writer.append_once(progress()).await.unwrap();
+        assert_eq!(writer.last_sequence(), Sequence(3));
+        let events = store.read(id, Sequence::ZERO, 10).await.unwrap().unwrap();
+        let sequences: Vec<u64> = events.iter().map(|e| e.sequence().get()).collect();
+        assert_eq!(sequences, [1, 2, 3]);
+        assert!(events.iter().all(|e| e.event.time == future));
+    }
+
+    #[tokio::test]
+    async fn a_writer_that_lost_the_race_is_fenced() {
+        let store = store();
+        let id = ExecutionId::new_random();
+        let accepted_at = Timestamp::now();
+        let mut first = EventWriter::create(Arc::clone(&store), id, accepted_at)
+            .await
+            .unwrap();
+        let mut second = EventWriter::resume(Arc::clone(&store), id, Sequence(1), accepted_at);
+        first.append(progress()).await.unwrap();
+        let once = second.append_once(progress()).await;
+        assert!(
+            matches!(
+                once,
+                Err(StoreError::Conflict {
+                    terminal: false,
+                    ..
+                })
+            ),
+            "{once:?}"
+        );
+        assert!(matches!(
+            second.append(progress()).await,
+            Err(WriteError::Fenced)
+        ));
+        assert_eq!(second.last_sequence(), Sequence(1), "nothing was written");
+    }
+}
