@@ -1,73 +1,55 @@
 //! The mock provider [R 74-75]: deterministic text chunks with an optional cancellable delay,
-//! for demos, tests and benchmarks.
+//! for demos, tests and benchmarks. `config.rs` has its settings, which are its section of the
+//! deployment file.
 
-use std::time::Duration;
+pub mod config;
 
 use async_trait::async_trait;
-use protocol::manifest::{ModelCapability, ProviderLimits, ProviderManifest};
+use protocol::manifest::{ModelCapability, ProviderManifest};
 use protocol::request::Modality;
 use protocol::{ErrorCode, RuntimeError, UsageFact, UsageSource, UsageUnit};
+use serde_json::Value;
 
+pub use self::config::MockConfig;
+use super::catalog::ProviderType;
+use super::manifest;
 use super::{Provider, ProviderCall, ProviderEvent, ProviderSink};
-
-/// How the mock behaves.
-#[derive(Debug, Clone)]
-pub struct MockOptions {
-    pub id: String,
-    pub model: String,
-    pub abilities: Vec<String>,
-    pub chunks: Vec<String>,
-    /// Waited before each chunk; cancellation interrupts it.
-    pub delay: Duration,
-    /// Fail with retryable `provider_unavailable` before any output.
-    pub fail_retryably: bool,
-    /// Informational limits shown in the manifest.
-    pub limits: ProviderLimits,
-}
-
-impl Default for MockOptions {
-    fn default() -> Self {
-        Self {
-            id: "provider-mock".into(),
-            model: "model-alpha".into(),
-            abilities: vec!["text-generation".into()],
-            chunks: vec!["hello".into(), " from".into(), " mock".into()],
-            delay: Duration::ZERO,
-            fail_retryably: false,
-            limits: ProviderLimits {
-                max_concurrency: 4,
-                max_queue_depth: 8,
-            },
-        }
-    }
-}
 
 /// See the module docs.
 #[derive(Debug)]
 pub struct MockProvider {
-    options: MockOptions,
+    options: MockConfig,
     manifest: ProviderManifest,
 }
 
 impl MockProvider {
-    pub fn new(options: MockOptions) -> Self {
-        let manifest = ProviderManifest {
-            provider: options.id.clone(),
-            protocol_version: protocol::PROTOCOL_VERSION.into(),
-            models: vec![ModelCapability {
-                model: options.model.clone(),
-                abilities: options.abilities.clone(),
-                input_modalities: vec![Modality::Text],
-                output_modalities: vec![Modality::Text],
-                stream: true,
-                tools: false,
-                structured_output: false,
-                r#async: false,
-                cancel: true,
-            }],
-            limits: Some(options.limits),
+    pub fn new(options: MockConfig) -> Self {
+        let model = ModelCapability {
+            model: options.model.clone(),
+            abilities: options.abilities.clone(),
+            input_modalities: vec![Modality::Text],
+            output_modalities: vec![Modality::Text],
+            stream: true,
+            tools: false,
+            structured_output: false,
+            r#async: false,
+            cancel: true,
         };
+        let manifest = manifest::single_model(&options.id, model, options.flow);
         Self { options, manifest }
+    }
+}
+
+impl ProviderType for MockProvider {
+    const NAME: &'static str = "mock";
+    type Config = MockConfig;
+
+    fn parse(section: &Value, path: String) -> Result<MockConfig, ::config::ConfigError> {
+        MockConfig::parse(section, path)
+    }
+
+    fn build(config: &MockConfig) -> Self {
+        Self::new(config.clone())
     }
 }
 
