@@ -96,7 +96,11 @@ pub struct ProviderCall<'a> {
 ///   in events or errors.
 #[async_trait]
 pub trait Provider: Send + Sync + 'static {
-    fn id(&self) -> &str;
+    /// The provider id: by default, and necessarily, the manifest's `provider`.
+    fn id(&self) -> &str {
+        &self.manifest().provider
+    }
+
     fn manifest(&self) -> &ProviderManifest;
 
     /// Adapter policy beyond the manifest, checked at routing and at submit: for example text

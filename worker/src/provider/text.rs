@@ -10,11 +10,12 @@ use config::{BaseUrl, ConfigError, Fields, FlowLimits};
 use protocol::manifest::{ModelCapability, ProviderManifest};
 use protocol::request::Modality;
 use protocol::{ExecutionRequest, RuntimeError};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::catalog::Section;
-use super::credential::KeySource;
-use super::{extension, manifest};
+use super::credential::{self, KeySource};
+use super::frame_loop::{self, FrameMapper};
+use super::{ProviderCall, ProviderSink, extension, http, manifest};
 
 const TEXT_FIELDS: &[&str] = &[
     "type",
@@ -132,10 +133,9 @@ impl Section for TextProviderConfig {
 }
 
 /// What a text adapter keeps from its section: where to send, with which credential, whether
-/// tools are enabled, and the manifest.
+/// tools are enabled, and the manifest; and the attempt of the OpenAI-compatible ones.
 #[derive(Debug)]
 pub struct TextTarget {
-    pub id: String,
     pub base_url: BaseUrl,
     pub key: KeySource,
     pub tools: bool,
@@ -146,7 +146,6 @@ impl TextTarget {
     /// The target of a deployment entry, with its credential from `key`.
     pub fn new(config: &TextProviderConfig, key: KeySource) -> Self {
         Self {
-            id: config.id.clone(),
             base_url: config.base_url.clone(),
             key,
             tools: config.tools,
@@ -159,5 +158,22 @@ impl TextTarget {
     pub fn admits(&self, request: &ExecutionRequest, key: &str, tool_fields: &[&str]) -> bool {
         let forbidden = if self.tools { &[][..] } else { tool_fields };
         extension::admits(request, key, "request", forbidden)
+    }
+
+    /// One OpenAI-compatible attempt (openai-responses, openai-chat): `body` POSTed to
+    /// `{base}/{path}` with a bearer credential read now, its event stream read through
+    /// `mapper` by the frame loop.
+    pub async fn bearer_attempt(
+        &self,
+        path: &str,
+        body: &Map<String, Value>,
+        call: &ProviderCall<'_>,
+        sink: &mut dyn ProviderSink,
+        mapper: &mut dyn FrameMapper,
+    ) -> Result<(), RuntimeError> {
+        let endpoint = http::endpoint(&self.base_url, path)?;
+        let key = self.key.resolve()?;
+        let request = http::sse_post(endpoint, credential::bearer(&key)?, body)?;
+        frame_loop::run(request, &call.cancel, sink, mapper).await
     }
 }

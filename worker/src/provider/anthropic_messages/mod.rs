@@ -70,10 +70,6 @@ impl AnthropicMessagesProvider {
 
 #[async_trait]
 impl Provider for AnthropicMessagesProvider {
-    fn id(&self) -> &str {
-        &self.target.id
-    }
-
     fn manifest(&self) -> &ProviderManifest {
         &self.target.manifest
     }

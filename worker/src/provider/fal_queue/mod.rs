@@ -54,7 +54,6 @@ impl Default for FalOptions {
 /// See the module docs.
 #[derive(Debug)]
 pub struct FalQueueProvider {
-    id: String,
     base_url: BaseUrl,
     /// `None` when the model path would leave the base URL (`../`, a query, another origin):
     /// every attempt then fails with `invalid_request` before any credential read or request.
@@ -91,7 +90,6 @@ impl FalQueueProvider {
         let manifest = manifest::single_model(&config.id, model, config.flow);
         Self {
             submit_url: config.base_url.endpoint(&config.model),
-            id: config.id.clone(),
             base_url: config.base_url.clone(),
             key,
             options,
@@ -172,10 +170,6 @@ impl FalQueueProvider {
 
 #[async_trait]
 impl Provider for FalQueueProvider {
-    fn id(&self) -> &str {
-        &self.id
-    }
-
     fn manifest(&self) -> &ProviderManifest {
         &self.manifest
     }

@@ -55,10 +55,6 @@ impl ProviderType for MockProvider {
 
 #[async_trait]
 impl Provider for MockProvider {
-    fn id(&self) -> &str {
-        &self.options.id
-    }
-
     fn manifest(&self) -> &ProviderManifest {
         &self.manifest
     }

@@ -26,9 +26,9 @@ use protocol::{ExecutionRequest, RuntimeError};
 use serde_json::{Map, Value};
 
 use self::stream::ChatStream;
-use super::credential::{self, KeySource};
+use super::credential::KeySource;
 use super::text::{TextProviderConfig, TextTarget, json_text};
-use super::{Provider, ProviderCall, ProviderSink, extension, frame_loop, http};
+use super::{Provider, ProviderCall, ProviderSink, extension};
 
 /// The `extensions` key this adapter reads: `extensions["openai-chat"].request`.
 pub const EXTENSION_KEY: &str = "openai-chat";
@@ -104,10 +104,6 @@ fn content_part(part: &InputPart) -> Result<wire::ContentPart<'_>, RuntimeError>
 
 #[async_trait]
 impl Provider for OpenAiChatProvider {
-    fn id(&self) -> &str {
-        &self.target.id
-    }
-
     fn manifest(&self) -> &ProviderManifest {
         &self.target.manifest
     }
@@ -121,11 +117,11 @@ impl Provider for OpenAiChatProvider {
         call: ProviderCall<'_>,
         sink: &mut dyn ProviderSink,
     ) -> Result<(), RuntimeError> {
-        let endpoint = http::endpoint(&self.target.base_url, "chat/completions")?;
         let body = self.body(&call)?;
-        let key = self.target.key.resolve()?;
-        let request = http::sse_post(endpoint, credential::bearer(&key)?, &body)?;
-        frame_loop::run(request, &call.cancel, sink, &mut ChatStream::new()).await
+        let mut mapper = ChatStream::new();
+        self.target
+            .bearer_attempt("chat/completions", &body, &call, sink, &mut mapper)
+            .await
     }
 }
 

@@ -29,9 +29,9 @@ use protocol::{ExecutionRequest, RuntimeError};
 use serde_json::{Map, Value};
 
 use self::stream::ResponsesStream;
-use super::credential::{self, KeySource};
+use super::credential::KeySource;
 use super::text::{TextProviderConfig, TextTarget, json_text};
-use super::{Provider, ProviderCall, ProviderSink, extension, frame_loop, http};
+use super::{Provider, ProviderCall, ProviderSink, extension};
 
 /// The `extensions` key this adapter reads: `extensions.openai.request` [R 63].
 pub const EXTENSION_KEY: &str = "openai";
@@ -103,10 +103,6 @@ fn input_content(part: &InputPart) -> Result<wire::InputContent<'_>, RuntimeErro
 
 #[async_trait]
 impl Provider for OpenAiResponsesProvider {
-    fn id(&self) -> &str {
-        &self.target.id
-    }
-
     fn manifest(&self) -> &ProviderManifest {
         &self.target.manifest
     }
@@ -120,11 +116,11 @@ impl Provider for OpenAiResponsesProvider {
         call: ProviderCall<'_>,
         sink: &mut dyn ProviderSink,
     ) -> Result<(), RuntimeError> {
-        let endpoint = http::endpoint(&self.target.base_url, "responses")?;
         let body = self.body(&call)?;
-        let key = self.target.key.resolve()?;
-        let request = http::sse_post(endpoint, credential::bearer(&key)?, &body)?;
-        frame_loop::run(request, &call.cancel, sink, &mut ResponsesStream::new()).await
+        let mut mapper = ResponsesStream::new();
+        self.target
+            .bearer_attempt("responses", &body, &call, sink, &mut mapper)
+            .await
     }
 }
 
