@@ -31,13 +31,7 @@ impl std::fmt::Debug for Embedded {
 
 /// API limits from the deployment file.
 pub fn api_limits<P>(config: &DeploymentConfig<P>) -> ApiLimits {
-    ApiLimits {
-        max_body_bytes: config.limits.max_body_bytes,
-        max_deadline_ms: config.limits.max_deadline_ms,
-        default_deadline_ms: config.limits.default_deadline_ms,
-        max_sse_streams: config.limits.max_sse_streams,
-        ..ApiLimits::default()
-    }
+    ApiLimits::new(&config.limits)
 }
 
 impl Embedded {
