@@ -12,10 +12,10 @@ use protocol::request::Modality;
 use protocol::{ExecutionRequest, RuntimeError};
 use serde_json::{Map, Value};
 
-use super::catalog::Section;
+use super::catalog::{ProviderType, Section};
 use super::credential::{self, KeySource};
 use super::frame_loop::{self, FrameMapper};
-use super::{ProviderCall, ProviderSink, extension, http, manifest};
+use super::{Provider, ProviderCall, ProviderSink, extension, http, manifest};
 
 const TEXT_FIELDS: &[&str] = &[
     "type",
@@ -51,6 +51,30 @@ pub struct TextProviderConfig {
     /// `capabilities.tools`; default false.
     pub tools: bool,
     pub flow: FlowLimits,
+}
+
+/// A text adapter: its `type` and section defaults. Through this, every text adapter is a
+/// [`ProviderType`] whose section is a [`TextProviderConfig`].
+pub trait TextAdapter: Provider + Sized {
+    /// The `type` the file names it by.
+    const NAME: &'static str;
+    /// What its section defaults to and may declare.
+    const KIND: TextKind;
+    /// The adapter for a parsed section, with its credential from `api_key_env`.
+    fn from_section(config: &TextProviderConfig) -> Self;
+}
+
+impl<T: TextAdapter> ProviderType for T {
+    const NAME: &'static str = <T as TextAdapter>::NAME;
+    type Config = TextProviderConfig;
+
+    fn parse(section: &Value, path: String) -> Result<TextProviderConfig, ConfigError> {
+        TextProviderConfig::parse(section, path, &T::KIND)
+    }
+
+    fn build(config: &TextProviderConfig) -> Self {
+        T::from_section(config)
+    }
 }
 
 /// What differs between the text adapters' sections.
