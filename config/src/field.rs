@@ -115,8 +115,8 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// An integer in `min..=max` (`max` at most [`MAX_SAFE_INTEGER`]). Integral floats such as
-    /// `5.0` count, as in the request schema.
+    /// An integer in `min..=max` (`max` at most `MAX_SAFE_INTEGER`, the JS safe integer).
+    /// Integral floats such as `5.0` count, as in the request schema.
     pub fn integer(&self, key: &str, min: u64, max: u64, default: u64) -> Result<u64, ConfigError> {
         let Some(value) = self.get(key) else {
             return Ok(default);
