@@ -4,11 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use config::{CommonArgs, DeploymentConfig};
 use runtime::StoreError;
 use runtime::nats::{NatsBackend, NatsConnectSettings, NatsServices, NatsSettings};
 use runtime::redis_idempotency::RedisIdempotencyStore;
-use worker::config::DeploymentConfig;
-use worker::settings::CommonArgs;
 
 use crate::state::Backend;
 
@@ -16,7 +15,7 @@ use crate::state::Backend;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// The JetStream layout settings for this deployment.
-pub fn nats_settings(args: &CommonArgs, deployment: &DeploymentConfig) -> NatsSettings {
+pub fn nats_settings<P>(args: &CommonArgs, deployment: &DeploymentConfig<P>) -> NatsSettings {
     NatsSettings {
         retention: deployment.retention,
         max_jobs: i64::try_from(deployment.max_active_executions).unwrap_or(i64::MAX),
@@ -26,9 +25,9 @@ pub fn nats_settings(args: &CommonArgs, deployment: &DeploymentConfig) -> NatsSe
 }
 
 /// Connects every distributed backend (bounded by [`CONNECT_TIMEOUT`] each).
-pub async fn connect(
+pub async fn connect<P>(
     args: &CommonArgs,
-    deployment: &DeploymentConfig,
+    deployment: &DeploymentConfig<P>,
 ) -> Result<(Backend, NatsBackend), StoreError> {
     let nats = NatsServices::connect(&NatsConnectSettings {
         url: args.nats_url.clone(),

@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use config::DeploymentConfig;
 use runtime::JobQueue;
 use runtime::memory::{
     MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
 };
-use worker::config::DeploymentConfig;
 use worker::runner::{Runner, RunnerSettings};
 use worker::{PoolConfig, ProviderRegistry, WorkerPool};
 
@@ -30,20 +30,14 @@ impl std::fmt::Debug for Embedded {
 }
 
 /// API limits from the deployment file.
-pub fn api_limits(config: &DeploymentConfig) -> ApiLimits {
-    ApiLimits {
-        max_body_bytes: config.limits.max_body_bytes,
-        max_deadline_ms: config.limits.max_deadline_ms,
-        default_deadline_ms: config.limits.default_deadline_ms,
-        max_sse_streams: config.limits.max_sse_streams,
-        ..ApiLimits::default()
-    }
+pub fn api_limits<P>(config: &DeploymentConfig<P>) -> ApiLimits {
+    ApiLimits::new(&config.limits)
 }
 
 impl Embedded {
     /// Builds the memory backends and starts `workers` runner slots.
-    pub fn start(
-        config: &DeploymentConfig,
+    pub fn start<P>(
+        config: &DeploymentConfig<P>,
         registry: Arc<ProviderRegistry>,
         workers: usize,
     ) -> Self {

@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use axum::serve::ListenerExt;
 use clap::Parser;
+use config::{BackendKind, CommonArgs};
 use tokio::net::TcpListener;
-use worker::config::DeploymentConfig;
-use worker::settings::{BackendKind, CommonArgs};
 
 use crate::api::router;
 use crate::embedded::Embedded;
@@ -38,15 +37,8 @@ fn startup_error(message: &str) -> ExitCode {
 /// The `gateway` binary.
 pub async fn run(args: GatewayArgs) -> ExitCode {
     args.common.init_tracing();
-    let deployment = match &args.common.config {
-        Some(path) => match worker::config::load(path) {
-            Ok(c) => c,
-            Err(e) => return startup_error(&e.to_string()),
-        },
-        None => DeploymentConfig::default(),
-    };
-    let registry = match worker::deployment::build_registry(&deployment) {
-        Ok(r) => Arc::new(r),
+    let (deployment, registry) = match worker::deployment::open(args.common.config.as_deref()) {
+        Ok((deployment, registry)) => (deployment, Arc::new(registry)),
         Err(e) => return startup_error(&e.to_string()),
     };
     let grace = args.common.shutdown_grace();

@@ -44,16 +44,24 @@ pub struct ApiLimits {
     pub replay_wait: Duration,
 }
 
-impl Default for ApiLimits {
-    fn default() -> Self {
+impl ApiLimits {
+    /// The deployment file's `limits`, with the fixed keep-alive and replay timings.
+    pub fn new(limits: &config::Limits) -> Self {
         Self {
-            max_body_bytes: 1024 * 1024,
-            max_deadline_ms: 86_400_000,
-            default_deadline_ms: 600_000,
-            max_sse_streams: 10_000,
+            max_body_bytes: limits.max_body_bytes,
+            max_deadline_ms: limits.max_deadline_ms,
+            default_deadline_ms: limits.default_deadline_ms,
+            max_sse_streams: limits.max_sse_streams,
             keep_alive: Duration::from_secs(15),
             replay_wait: Duration::from_secs(2),
         }
+    }
+}
+
+impl Default for ApiLimits {
+    /// The limits of a deployment file that sets none.
+    fn default() -> Self {
+        Self::new(&config::Limits::default())
     }
 }
 

@@ -325,18 +325,19 @@ async fn a_client_that_stops_reading_neither_stalls_the_execution_nor_loses_even
             s
         })
         .collect();
-    let config = worker::config::DeploymentConfig {
-        providers: vec![worker::config::ProviderConfig::Mock(
-            worker::config::MockConfig {
+    let config = worker::deployment::DeploymentConfig {
+        providers: vec![
+            worker::provider::mock::MockConfig {
                 chunks: chunks.clone(),
-                ..worker::config::MockConfig::default()
-            },
-        )],
-        event_store: worker::config::EventStoreConfig {
+                ..worker::provider::mock::MockConfig::default()
+            }
+            .into(),
+        ],
+        event_store: config::EventStoreConfig {
             max_execution_bytes: 64 * 1024 * 1024,
-            ..worker::config::EventStoreConfig::default()
+            ..config::EventStoreConfig::default()
         },
-        ..worker::config::DeploymentConfig::default()
+        ..worker::deployment::standalone()
     };
     let gw = Gateway::from_config(&config, 2, Duration::from_secs(10)).await;
 
@@ -434,7 +435,7 @@ async fn an_idle_stream_receives_keep_alive_comments() {
         MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
     };
     // No workers: an execution stays queued, so its stream is idle after `accepted`.
-    let config = worker::config::DeploymentConfig::default();
+    let config = worker::deployment::standalone();
     let registry = Arc::new(worker::deployment::build_registry(&config).expect("registry"));
     let backend = gateway::Backend {
         store: Arc::new(MemoryEventStore::new(MemoryLimits::default())),

@@ -144,18 +144,19 @@ async fn after_a_short_grace_running_and_queued_executions_end_cancelled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_completes_even_when_a_client_stops_reading_its_stream() {
     // A long log (about 8 MiB of events) so the stream cannot fit in the socket buffers.
-    let config = worker::config::DeploymentConfig {
-        providers: vec![worker::config::ProviderConfig::Mock(
-            worker::config::MockConfig {
+    let config = worker::deployment::DeploymentConfig {
+        providers: vec![
+            worker::provider::mock::MockConfig {
                 chunks: vec!["y".repeat(8 * 1024); 1000],
-                ..worker::config::MockConfig::default()
-            },
-        )],
-        event_store: worker::config::EventStoreConfig {
+                ..worker::provider::mock::MockConfig::default()
+            }
+            .into(),
+        ],
+        event_store: config::EventStoreConfig {
             max_execution_bytes: 64 * 1024 * 1024,
-            ..worker::config::EventStoreConfig::default()
+            ..config::EventStoreConfig::default()
         },
-        ..worker::config::DeploymentConfig::default()
+        ..worker::deployment::standalone()
     };
     let mut gw = Gateway::from_config(&config, 2, Duration::from_secs(10)).await;
     let id = gw.submit_ok(&text_request("hi")).await;

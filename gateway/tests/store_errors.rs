@@ -89,7 +89,7 @@ struct Harness {
 }
 
 fn harness(create_error: StoreError) -> Harness {
-    let config = worker::config::DeploymentConfig::default();
+    let config = worker::deployment::standalone();
     let registry = Arc::new(worker::deployment::build_registry(&config).expect("registry"));
     let queue = Arc::new(MemoryJobQueue::new());
     let backend = gateway::Backend {

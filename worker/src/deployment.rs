@@ -1,12 +1,17 @@
-//! Builds the provider registry from the deployment file.
+//! The deployment this process runs: the deployment file parsed with the adapters' own section
+//! parsers (the provider catalog), or the mock alone without a file; and the provider registry
+//! built from it. Both binaries, and the gateway's embedded mode, start here.
 
-use std::sync::Arc;
+use std::path::Path;
 
-use protocol::manifest::ProviderLimits;
+use config::ConfigError;
 
-use crate::config::{DeploymentConfig, ProviderConfig};
-use crate::provider::mock::{MockOptions, MockProvider};
+use crate::provider::catalog::{Catalog, ProviderConfig};
+use crate::provider::mock::MockConfig;
 use crate::registry::{ProviderRegistry, RegistryError};
+
+/// The deployment file, with provider sections parsed by their adapters.
+pub type DeploymentConfig = config::DeploymentConfig<ProviderConfig>;
 
 /// The providers cannot be registered together.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -15,38 +20,47 @@ pub enum BuildError {
     Registry(#[from] RegistryError),
 }
 
+/// Why the process cannot start with its deployment. `Display` is the one sanitized startup
+/// line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeploymentError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Build(#[from] BuildError),
+}
+
+/// No file: the mock provider alone, with concurrency 4 and queue depth 8 [R 39].
+pub fn standalone() -> DeploymentConfig {
+    DeploymentConfig::with_providers(vec![MockConfig::default().into()])
+}
+
+/// Parses deployment JSON.
+pub fn parse(json: &str) -> Result<DeploymentConfig, ConfigError> {
+    config::deployment::parse(json, &Catalog)
+}
+
+/// Reads and parses the deployment file at `path`.
+pub fn load(path: &Path) -> Result<DeploymentConfig, ConfigError> {
+    config::deployment::load(path, &Catalog)
+}
+
+/// The deployment at `path` (or [`standalone`] without one) and its registry.
+pub fn open(path: Option<&Path>) -> Result<(DeploymentConfig, ProviderRegistry), DeploymentError> {
+    let deployment = match path {
+        Some(path) => load(path)?,
+        None => standalone(),
+    };
+    let registry = build_registry(&deployment)?;
+    Ok((deployment, registry))
+}
+
 /// Registers every configured provider, in file order.
 pub fn build_registry(config: &DeploymentConfig) -> Result<ProviderRegistry, BuildError> {
     let mut registry = ProviderRegistry::new();
     for provider in &config.providers {
         let flow = provider.flow();
-        let adapter: Arc<dyn crate::provider::Provider> = match provider {
-            ProviderConfig::Mock(m) => Arc::new(MockProvider::new(MockOptions {
-                id: m.id.clone(),
-                model: m.model.clone(),
-                abilities: m.abilities.clone(),
-                chunks: m.chunks.clone(),
-                delay: m.delay,
-                fail_retryably: m.fail_retryably,
-                limits: ProviderLimits {
-                    max_concurrency: flow.max_concurrency,
-                    max_queue_depth: flow.max_queue_depth,
-                },
-            })),
-            ProviderConfig::OpenAiResponses(c) => {
-                Arc::new(crate::provider::openai_responses::OpenAiResponsesProvider::from_config(c))
-            }
-            ProviderConfig::OpenAiChat(c) => {
-                Arc::new(crate::provider::openai_chat::OpenAiChatProvider::from_config(c))
-            }
-            ProviderConfig::AnthropicMessages(c) => Arc::new(
-                crate::provider::anthropic_messages::AnthropicMessagesProvider::from_config(c),
-            ),
-            ProviderConfig::FalQueue(c) => {
-                Arc::new(crate::provider::fal_queue::FalQueueProvider::from_config(c))
-            }
-        };
-        registry.register(adapter, flow.max_concurrency, flow.max_queue_depth)?;
+        registry.register(provider.build(), flow.max_concurrency, flow.max_queue_depth)?;
     }
     Ok(registry)
 }

@@ -2,19 +2,23 @@
 //! cancellation and flow control, and turns what providers do into runtime events.
 //!
 //! Module map:
-//! - [`config`]: the deployment file (providers, limits, retention), typed and strictly parsed.
-//! - [`provider`]: the `Provider` trait adapters implement, and the adapters (`mock`, ...).
+//! - [`deployment`]: the deployment this process runs (the `config` crate's file format with
+//!   provider sections parsed by their adapters) and the registry built from it; the one entry
+//!   point the binaries, and the gateway's embedded mode, use.
+//! - [`provider`]: the `Provider` trait adapters implement, the adapters (`mock`, ...), the
+//!   catalog of provider types, and the kit the adapters share (`http`, `frame_loop`,
+//!   `credential`, `extension`, `manifest`, `text`, `usage`).
 //! - [`registry`]: configured providers in registration order with their manifests; candidate
 //!   selection [R 25-28].
 //! - [`flow`]: per-provider concurrency gates with bounded FIFO queues [R 35-37].
 //! - [`runner`]: one execution from job to terminal event: attempts, fallback, deadline,
 //!   cancellation.
 //! - [`pool`]: N concurrent runner slots pulling from a `JobQueue`, with graceful shutdown.
+//! - [`process`]: the `worker` binary: settings, startup, graceful shutdown.
 //!
 //! Adapters translate only; every decision (routing, fallback, ids) is the runner's, and the
 //! runner writes events through `runtime::EventWriter`, which assigns sequences and times.
 
-pub mod config;
 pub mod deployment;
 pub mod flow;
 pub mod pool;
@@ -22,7 +26,6 @@ pub mod process;
 pub mod provider;
 pub mod registry;
 pub mod runner;
-pub mod settings;
 
 pub use pool::{PoolConfig, WorkerPool};
 pub use registry::ProviderRegistry;

@@ -9,9 +9,9 @@ use std::time::Duration;
 use clap::Parser;
 use runtime::nats::{NatsConnectSettings, NatsServices, NatsSettings};
 
-use crate::config::DeploymentConfig;
+use config::{BackendKind, CommonArgs};
+
 use crate::runner::{Runner, RunnerSettings};
-use crate::settings::{BackendKind, CommonArgs};
 use crate::{PoolConfig, WorkerPool};
 
 /// `worker` command line.
@@ -41,15 +41,8 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
             2,
         );
     }
-    let deployment = match &common.config {
-        Some(path) => match crate::config::load(path) {
-            Ok(c) => c,
-            Err(e) => return startup_error(&e.to_string(), 1),
-        },
-        None => DeploymentConfig::default(),
-    };
-    let registry = match crate::deployment::build_registry(&deployment) {
-        Ok(r) => Arc::new(r),
+    let (deployment, registry) = match crate::deployment::open(common.config.as_deref()) {
+        Ok((deployment, registry)) => (deployment, Arc::new(registry)),
         Err(e) => return startup_error(&e.to_string(), 1),
     };
     let settings = NatsConnectSettings {

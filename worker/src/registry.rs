@@ -150,12 +150,12 @@ impl ProviderRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::mock::{MockOptions, MockProvider};
+    use crate::provider::mock::{MockConfig, MockProvider};
 
     fn mock(id: &str) -> Arc<dyn Provider> {
-        Arc::new(MockProvider::new(MockOptions {
+        Arc::new(MockProvider::new(MockConfig {
             id: id.into(),
-            ..MockOptions::default()
+            ..MockConfig::default()
         }))
     }
 

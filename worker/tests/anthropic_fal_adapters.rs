@@ -17,6 +17,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
+use config::{BaseUrl, FlowLimits};
 use futures_util::StreamExt;
 use protocol::event::{EventBody, ExecutionStatus, OutputArtifact, ProgressPhase};
 use protocol::request::Modality;
@@ -25,11 +26,11 @@ use runtime::CancelBus;
 use serde_json::{Value, json};
 use support::*;
 use tokio_util::sync::CancellationToken;
-use worker::config::{BaseUrl, FalConfig, FlowLimits, TextProviderConfig};
-use worker::provider::anthropic_messages::{AnthropicMessagesProvider, KeySource};
-use worker::provider::fal_queue::{FalOptions, FalQueueProvider};
-use worker::provider::mock::{MockOptions, MockProvider};
-use worker::provider::secret::Secret;
+use worker::provider::anthropic_messages::AnthropicMessagesProvider;
+use worker::provider::credential::{KeySource, Secret};
+use worker::provider::fal_queue::{FalConfig, FalOptions, FalQueueProvider};
+use worker::provider::mock::{MockConfig, MockProvider};
+use worker::provider::text::TextProviderConfig;
 use worker::provider::{Provider, ProviderCall, ProviderEvent, ProviderSink};
 use worker::runner::RunOutcome;
 
@@ -330,10 +331,10 @@ fn fal(server: &FakeProvider, options: FalOptions) -> Arc<dyn Provider> {
 
 /// A mock registered after the adapter under test, serving `ability`.
 fn fallback_mock(ability: &str) -> Arc<dyn Provider> {
-    Arc::new(MockProvider::new(MockOptions {
+    Arc::new(MockProvider::new(MockConfig {
         id: "mock".into(),
         abilities: vec![ability.into()],
-        ..MockOptions::default()
+        ..MockConfig::default()
     }))
 }
 
@@ -2041,7 +2042,7 @@ async fn fal_attempt_dropped_mid_poll_still_cancels_once() {
 
 #[tokio::test]
 async fn the_deployment_file_builds_both_adapters() {
-    let config = worker::config::parse(
+    let config = worker::deployment::parse(
         r#"{"providers":[
             {"type":"anthropic-messages","model":"claude-sonnet-4-5","api_key_env":"ANTHROPIC_API_KEY",
              "capabilities":{"input_modalities":["text","image"],"tools":true}},

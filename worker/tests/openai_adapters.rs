@@ -22,6 +22,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
+use config::{BaseUrl, FlowLimits};
 use parking_lot::Mutex;
 use protocol::event::EventBody;
 use protocol::request::Modality;
@@ -30,12 +31,12 @@ use runtime::CancelBus;
 use runtime::memory::MemoryLimits;
 use serde_json::{Value, json};
 use support::*;
-use worker::config::{BaseUrl, FlowLimits, TextProviderConfig};
 use worker::provider::Provider;
-use worker::provider::mock::{MockOptions, MockProvider};
+use worker::provider::credential::{KeySource, Secret};
+use worker::provider::mock::{MockConfig, MockProvider};
 use worker::provider::openai_chat::OpenAiChatProvider;
-use worker::provider::openai_responses::{KeySource, OpenAiResponsesProvider};
-use worker::provider::secret::Secret;
+use worker::provider::openai_responses::OpenAiResponsesProvider;
+use worker::provider::text::TextProviderConfig;
 use worker::runner::{RunOutcome, RunnerSettings};
 
 // ---------------------------------------------------------------------------------------------
@@ -345,7 +346,7 @@ fn fixed(key: &str) -> KeySource {
 }
 
 fn mock() -> Arc<dyn Provider> {
-    Arc::new(MockProvider::new(MockOptions::default()))
+    Arc::new(MockProvider::new(MockConfig::default()))
 }
 
 fn mock_target() -> Target {
@@ -1298,7 +1299,7 @@ async fn the_credential_never_reaches_events_errors_or_logs() {
 
 #[test]
 fn the_deployment_file_declares_the_capabilities() {
-    let config = worker::config::parse(
+    let config = worker::deployment::parse(
         r#"{"providers":[
             {"type":"openai-responses","model":"gpt-4.1-mini","api_key_env":"OPENAI_API_KEY",
              "capabilities":{"input_modalities":["text","image","file"],"tools":true}},

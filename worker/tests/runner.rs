@@ -14,7 +14,7 @@ use runtime::memory::{MemoryJobQueue, MemoryLimits};
 use runtime::{CancelBus, EventStore, JobQueue, StoreError};
 use support::*;
 use tokio::sync::Semaphore;
-use worker::provider::mock::{MockOptions, MockProvider};
+use worker::provider::mock::{MockConfig, MockProvider};
 use worker::provider::{Provider, ProviderEvent};
 use worker::runner::{RunOutcome, RunnerSettings, interrupted_error};
 use worker::{PoolConfig, WorkerPool};
@@ -45,7 +45,7 @@ fn spawn_run(h: &Harness, job: &runtime::Job) -> tokio::task::JoinHandle<RunOutc
 
 #[tokio::test]
 async fn mock_success_writes_the_reference_sequence_and_snapshot() {
-    let mock: Arc<dyn Provider> = Arc::new(MockProvider::new(MockOptions::default()));
+    let mock: Arc<dyn Provider> = Arc::new(MockProvider::new(MockConfig::default()));
     let h = Harness::new(vec![(mock, limits(4, 8))]);
     let job = h.submit(&text_request(""), LONG).await;
 

@@ -63,7 +63,7 @@ impl Gateway {
 
     /// A deployment file's JSON, four workers.
     pub async fn start(config: Value) -> Self {
-        let config = worker::config::parse(&config.to_string()).expect("valid deployment");
+        let config = worker::deployment::parse(&config.to_string()).expect("valid deployment");
         let registry =
             Arc::new(worker::deployment::build_registry(&config).expect("buildable registry"));
         let embedded = gateway::Embedded::start(&config, registry, 4);

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use worker::config::DeploymentConfig;
+use worker::deployment::DeploymentConfig;
 
 /// Longest any condition is awaited.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -90,7 +90,7 @@ impl Gateway {
 
     /// The deployment `config` with `workers` runner slots and a shutdown `grace`.
     pub async fn start_with(config: Value, workers: usize, grace: Duration) -> Self {
-        let config = worker::config::parse(&config.to_string()).expect("valid deployment file");
+        let config = worker::deployment::parse(&config.to_string()).expect("valid deployment file");
         Self::from_config(&config, workers, grace).await
     }
 

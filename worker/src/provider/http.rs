@@ -14,11 +14,15 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
+use config::BaseUrl;
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use protocol::sse::{SseEvent, SseParser};
 use protocol::{ErrorCode, RuntimeError};
 use reqwest::StatusCode;
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use serde_json::{Map, Value};
+use url::Url;
 
 /// Largest JSON response body read from a provider.
 pub const MAX_JSON_BYTES: usize = 4 * 1024 * 1024;
@@ -105,6 +109,28 @@ pub async fn send(request: reqwest::RequestBuilder) -> Result<reqwest::Response,
         drop(response);
         Err(status_error(status))
     }
+}
+
+/// `{base}/{path}` for a constant `path`, which cannot leave the base; the error arm is a
+/// guard.
+pub fn endpoint(base: &BaseUrl, path: &str) -> Result<Url, RuntimeError> {
+    base.endpoint(path).ok_or_else(RuntimeError::internal)
+}
+
+/// A JSON POST asking for server-sent events, with `authorization` (a sensitive header from
+/// [`super::credential`]).
+pub fn sse_post(
+    endpoint: Url,
+    authorization: HeaderValue,
+    body: &Map<String, Value>,
+) -> Result<reqwest::RequestBuilder, RuntimeError> {
+    let body = serde_json::to_vec(body).map_err(|_| RuntimeError::internal())?;
+    Ok(client()?
+        .post(endpoint)
+        .header(AUTHORIZATION, authorization)
+        .header(CONTENT_TYPE, "application/json")
+        .header(ACCEPT, "text/event-stream")
+        .body(body))
 }
 
 /// Reads a JSON body of at most [`MAX_JSON_BYTES`].

@@ -4,14 +4,33 @@
 //! reads what the provider sends, and reports it through a [`ProviderSink`] as
 //! [`ProviderEvent`]s. It never assigns sequences, timestamps or execution ids, never decides
 //! about fallback, and never touches the event store: the runner does all of that.
+//!
+//! Adapters (one folder each; each owns its section of the deployment file in `config.rs`):
+//! [`mock`], [`openai_responses`], [`openai_chat`], [`anthropic_messages`], [`fal_queue`].
+//! [`catalog`] maps each file `type` to its adapter.
+//!
+//! The kit the adapters share (an adapter imports from these and never from another adapter):
+//! - [`http`]: the one HTTP client, status classification, bounded bodies and SSE frames.
+//! - [`frame_loop`]: the streaming attempt: request, frames through a `FrameMapper`, completion.
+//! - [`credential`]: `Secret`, `KeySource`, sensitive headers, scrubbing echoed keys.
+//! - [`extension`]: `extensions.<key>.<field>` shape checks, tool policy, copies.
+//! - [`manifest`]: the single-model manifest built from the deployment's declaration.
+//! - [`text`]: the text adapters' section, manifest and target.
+//! - [`usage`]: usage facts from a table of counter paths.
 
 pub mod anthropic_messages;
+pub mod catalog;
+pub mod credential;
+pub mod extension;
 pub mod fal_queue;
+pub mod frame_loop;
 pub mod http;
+pub mod manifest;
 pub mod mock;
 pub mod openai_chat;
 pub mod openai_responses;
-pub mod secret;
+pub mod text;
+pub mod usage;
 
 use async_trait::async_trait;
 use protocol::event::{OutputArtifact, ProgressPhase};
@@ -77,7 +96,11 @@ pub struct ProviderCall<'a> {
 ///   in events or errors.
 #[async_trait]
 pub trait Provider: Send + Sync + 'static {
-    fn id(&self) -> &str;
+    /// The provider id: by default, and necessarily, the manifest's `provider`.
+    fn id(&self) -> &str {
+        &self.manifest().provider
+    }
+
     fn manifest(&self) -> &ProviderManifest;
 
     /// Adapter policy beyond the manifest, checked at routing and at submit: for example text

@@ -26,6 +26,7 @@ use super::wire::{
     ContentBlockDelta, ContentBlockStart, MessageDelta, MessageStart, StreamError, unexpected_event,
 };
 use crate::provider::ProviderEvent;
+use crate::provider::frame_loop::{FrameMapper, FrameOutcome};
 use crate::provider::http::protocol_error;
 
 /// Whether the stream goes on after an event.
@@ -218,6 +219,17 @@ impl MessageStream {
             _ => {}
         }
         Ok(())
+    }
+}
+
+impl FrameMapper for MessageStream {
+    fn on_frame(&mut self, frame: &SseEvent) -> Result<FrameOutcome, RuntimeError> {
+        let mut events = Vec::new();
+        let step = self.on_event(frame, &mut events)?;
+        Ok(FrameOutcome {
+            events,
+            completed: step == Step::Completed,
+        })
     }
 }
 

@@ -11,6 +11,8 @@ use protocol::{ErrorCode, ExecutionRequest, RuntimeError};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::provider::extension;
+
 /// The API version header value the mapping in `stream.rs` is written against.
 pub const API_VERSION: &str = "2023-06-01";
 /// Path of the Messages endpoint below the base URL.
@@ -19,30 +21,6 @@ pub const MESSAGES_PATH: &str = "v1/messages";
 pub const DEFAULT_MAX_TOKENS: u64 = 1024;
 /// The extension key under `extensions`.
 pub const EXTENSION: &str = "anthropic";
-
-/// `extensions.anthropic` or its `request` exists but is not a JSON object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NotAnObject;
-
-/// `extensions.<name>.<field>`: `Ok(None)` when absent, an error when it (or
-/// `extensions.<name>`) is present but not an object.
-pub fn extension_object<'a>(
-    request: &'a ExecutionRequest,
-    name: &str,
-    field: &str,
-) -> Result<Option<&'a Map<String, Value>>, NotAnObject> {
-    let Some(extension) = request.extensions.as_ref().and_then(|e| e.get(name)) else {
-        return Ok(None);
-    };
-    let Value::Object(extension) = extension else {
-        return Err(NotAnObject);
-    };
-    match extension.get(field) {
-        None => Ok(None),
-        Some(Value::Object(object)) => Ok(Some(object)),
-        Some(_) => Err(NotAnObject),
-    }
-}
 
 /// One content block of the user message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -82,11 +60,7 @@ pub fn content_block(part: &InputPart) -> Result<ContentBlock<'_>, RuntimeError>
 /// otherwise [`DEFAULT_MAX_TOKENS`]. A non-object extension is treated as absent (routing
 /// refuses such requests before they reach the adapter).
 pub fn request_body(request: &ExecutionRequest, model: &str) -> Result<Value, RuntimeError> {
-    let mut body = extension_object(request, EXTENSION, "request")
-        .ok()
-        .flatten()
-        .cloned()
-        .unwrap_or_default();
+    let mut body = extension::copy(request, EXTENSION, "request");
     let max_tokens = body
         .get("max_tokens")
         .and_then(Value::as_u64)
@@ -247,42 +221,6 @@ mod tests {
                 "extensions": {"anthropic": {"request": {"max_tokens": given}}}
             }));
             assert_eq!(request_body(&req, "m").unwrap()["max_tokens"], json!(sent));
-        }
-    }
-
-    #[test]
-    fn extension_shape_is_checked() {
-        let with = |ext: Value| {
-            request(
-                json!({"ability": "a", "input": [{"type": "text", "text": "x"}], "extensions": ext}),
-            )
-        };
-        assert_eq!(
-            extension_object(&with(json!({})), EXTENSION, "request"),
-            Ok(None)
-        );
-        assert_eq!(
-            extension_object(&with(json!({"anthropic": {}})), EXTENSION, "request"),
-            Ok(None)
-        );
-        assert!(
-            extension_object(
-                &with(json!({"anthropic": {"request": {"a": 1}}})),
-                EXTENSION,
-                "request"
-            )
-            .unwrap()
-            .is_some()
-        );
-        for bad in [
-            json!({"anthropic": 1}),
-            json!({"anthropic": {"request": []}}),
-            json!({"anthropic": {"request": "x"}}),
-        ] {
-            assert_eq!(
-                extension_object(&with(bad), EXTENSION, "request"),
-                Err(NotAnObject)
-            );
         }
     }
 

@@ -10,23 +10,23 @@
 //! (architecture invariant 4). Only an explicit HTTP rejection of the submit keeps the usual
 //! status mapping [R 61], so a 429 or 503 at submit may still fall back.
 
+pub mod config;
 pub mod stream;
 pub mod wire;
 
 use std::time::Duration;
 
+use ::config::BaseUrl;
 use async_trait::async_trait;
-use protocol::manifest::{ModelCapability, ProviderLimits, ProviderManifest};
+use protocol::manifest::{ModelCapability, ProviderManifest};
 use protocol::{ErrorCode, ExecutionRequest, RuntimeError};
 use reqwest::header::{AUTHORIZATION, HeaderValue};
 use serde_json::Value;
 use url::Url;
 
-use super::anthropic_messages::{credential_header, scrub};
-use super::http;
-pub use super::secret::KeySource;
-use super::{Provider, ProviderCall, ProviderSink};
-use crate::config::{BaseUrl, FalConfig};
+pub use self::config::FalConfig;
+use super::credential::{self, KeySource};
+use super::{Provider, ProviderCall, ProviderSink, extension, http, manifest};
 use stream::{Lifecycle, RemoteTask};
 
 /// Polling and cleanup timing.
@@ -54,7 +54,6 @@ impl Default for FalOptions {
 /// See the module docs.
 #[derive(Debug)]
 pub struct FalQueueProvider {
-    id: String,
     base_url: BaseUrl,
     /// `None` when the model path would leave the base URL (`../`, a query, another origin):
     /// every attempt then fails with `invalid_request` before any credential read or request.
@@ -77,28 +76,20 @@ impl FalQueueProvider {
 
     /// The adapter with an explicit credential source and timing (tests).
     pub fn new(config: &FalConfig, key: KeySource, options: FalOptions) -> Self {
-        let manifest = ProviderManifest {
-            provider: config.id.clone(),
-            protocol_version: protocol::PROTOCOL_VERSION.into(),
-            models: vec![ModelCapability {
-                model: config.model.clone(),
-                abilities: vec![config.ability.clone()],
-                input_modalities: config.input_modalities.clone(),
-                output_modalities: config.output_modalities.clone(),
-                stream: false,
-                tools: false,
-                structured_output: false,
-                r#async: true,
-                cancel: true,
-            }],
-            limits: Some(ProviderLimits {
-                max_concurrency: config.flow.max_concurrency,
-                max_queue_depth: config.flow.max_queue_depth,
-            }),
+        let model = ModelCapability {
+            model: config.model.clone(),
+            abilities: vec![config.ability.clone()],
+            input_modalities: config.input_modalities.clone(),
+            output_modalities: config.output_modalities.clone(),
+            stream: false,
+            tools: false,
+            structured_output: false,
+            r#async: true,
+            cancel: true,
         };
+        let manifest = manifest::single_model(&config.id, model, config.flow);
         Self {
             submit_url: config.base_url.endpoint(&config.model),
-            id: config.id.clone(),
             base_url: config.base_url.clone(),
             key,
             options,
@@ -179,17 +170,13 @@ impl FalQueueProvider {
 
 #[async_trait]
 impl Provider for FalQueueProvider {
-    fn id(&self) -> &str {
-        &self.id
-    }
-
     fn manifest(&self) -> &ProviderManifest {
         &self.manifest
     }
 
     /// Refuses a non-object `extensions.fal` or `extensions.fal.input`.
     fn admits(&self, request: &ExecutionRequest) -> bool {
-        wire::extension_object(request, wire::EXTENSION, "input").is_ok()
+        extension::object(request, wire::EXTENSION, "input").is_ok()
     }
 
     async fn execute(
@@ -205,9 +192,9 @@ impl Provider for FalQueueProvider {
             )
         })?;
         let key = self.key.resolve()?;
-        let auth = credential_header(&format!("Key {}", key.expose()))?;
+        let auth = credential::header(&format!("Key {}", key.expose()))?;
         self.run(&call, submit_url, &auth, sink)
             .await
-            .map_err(|error| scrub(error, &key))
+            .map_err(|error| credential::scrub(error, &key))
     }
 }

@@ -7,12 +7,14 @@
 //! otherwise the attempt fails with `provider_protocol_error` and the URL is never requested.
 
 use protocol::request::InputPart;
-use protocol::{ErrorCode, ExecutionRequest, RuntimeError};
+use protocol::{ExecutionRequest, RuntimeError};
 use serde_json::Value;
 use url::Url;
 
-use crate::config::BaseUrl;
-pub use crate::provider::anthropic_messages::wire::extension_object;
+use config::BaseUrl;
+
+use crate::provider::extension;
+use crate::provider::http::protocol_error;
 
 /// The extension key under `extensions`.
 pub const EXTENSION: &str = "fal";
@@ -26,11 +28,7 @@ pub const OWNED_FIELDS: [&str; 3] = ["prompt", "image_url", "image_urls"];
 /// - one image part gives `image_url`, several give `image_urls` (in input order).
 /// - the extension's own `prompt`, `image_url` and `image_urls` are always dropped first.
 pub fn submit_body(request: &ExecutionRequest) -> Value {
-    let mut body = extension_object(request, EXTENSION, "input")
-        .ok()
-        .flatten()
-        .cloned()
-        .unwrap_or_default();
+    let mut body = extension::copy(request, EXTENSION, "input");
     for field in OWNED_FIELDS {
         body.remove(field);
     }
@@ -130,13 +128,10 @@ fn is_code(code: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
-fn protocol_error(message: &'static str) -> RuntimeError {
-    RuntimeError::new(ErrorCode::ProviderProtocolError, message, false)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use protocol::ErrorCode;
     use serde_json::json;
 
     fn request(value: Value) -> ExecutionRequest {

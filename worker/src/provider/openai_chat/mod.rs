@@ -8,11 +8,12 @@
 //! provider type name); the runtime-owned fields `model`, `messages`, `stream` and
 //! `stream_options` are written over it.
 //!
-//! Capabilities, credentials, extension policy and the transport loop are shared with the
-//! `openai-responses` adapter (see its module docs): the manifest is the deployment's
-//! declaration, and an extension that would enable tools (`tools`, `tool_choice`, or the legacy
+//! Section, capabilities, credentials, extension policy and the frame loop come from the
+//! provider kit, as for `openai-responses` (see its module docs): the manifest is the
+//! deployment's declaration, and an extension that would enable tools (`tools`, `tool_choice`, or the legacy
 //! `functions`, `function_call`) is refused unless the deployment enabled them.
 
+pub mod config;
 pub mod stream;
 pub mod wire;
 
@@ -25,14 +26,9 @@ use protocol::{ExecutionRequest, RuntimeError};
 use serde_json::{Map, Value};
 
 use self::stream::ChatStream;
-use super::openai_responses::{
-    endpoint, extension_admits, extension_request, json_post, json_text, stream_attempt,
-    text_manifest,
-};
-use super::{Provider, ProviderCall, ProviderSink};
-use crate::config::{BaseUrl, TextProviderConfig};
-
-pub use super::secret::KeySource;
+use super::credential::KeySource;
+use super::text::{TextProviderConfig, TextTarget, json_text};
+use super::{Provider, ProviderCall, ProviderSink, extension};
 
 /// The `extensions` key this adapter reads: `extensions["openai-chat"].request`.
 pub const EXTENSION_KEY: &str = "openai-chat";
@@ -44,11 +40,7 @@ pub const TOOL_FIELDS: &[&str] = &["tools", "tool_choice", "functions", "functio
 /// See the module docs.
 #[derive(Debug)]
 pub struct OpenAiChatProvider {
-    id: String,
-    base_url: BaseUrl,
-    key: KeySource,
-    tools: bool,
-    manifest: ProviderManifest,
+    target: TextTarget,
 }
 
 impl OpenAiChatProvider {
@@ -60,11 +52,7 @@ impl OpenAiChatProvider {
     /// The adapter for a deployment entry with an explicit credential source (tests).
     pub fn new(config: &TextProviderConfig, key: KeySource) -> Self {
         Self {
-            id: config.id.clone(),
-            base_url: config.base_url.clone(),
-            key,
-            tools: config.tools,
-            manifest: text_manifest(config),
+            target: TextTarget::new(config, key),
         }
     }
 
@@ -80,7 +68,7 @@ impl OpenAiChatProvider {
             role: "user",
             content,
         }];
-        let mut body = extension_request(call.request, EXTENSION_KEY);
+        let mut body = extension::copy(call.request, EXTENSION_KEY, "request");
         body.insert("model".into(), Value::String(call.model.to_owned()));
         body.insert(
             "messages".into(),
@@ -116,16 +104,12 @@ fn content_part(part: &InputPart) -> Result<wire::ContentPart<'_>, RuntimeError>
 
 #[async_trait]
 impl Provider for OpenAiChatProvider {
-    fn id(&self) -> &str {
-        &self.id
-    }
-
     fn manifest(&self) -> &ProviderManifest {
-        &self.manifest
+        &self.target.manifest
     }
 
     fn admits(&self, request: &ExecutionRequest) -> bool {
-        extension_admits(request, EXTENSION_KEY, TOOL_FIELDS, self.tools)
+        self.target.admits(request, EXTENSION_KEY, TOOL_FIELDS)
     }
 
     async fn execute(
@@ -133,18 +117,18 @@ impl Provider for OpenAiChatProvider {
         call: ProviderCall<'_>,
         sink: &mut dyn ProviderSink,
     ) -> Result<(), RuntimeError> {
-        let endpoint = endpoint(&self.base_url, "chat/completions")?;
         let body = self.body(&call)?;
-        let key = self.key.resolve()?;
-        let request = json_post(endpoint, &key, &body)?;
-        stream_attempt(request, &call.cancel, sink, &mut ChatStream::new()).await
+        let mut mapper = ChatStream::new();
+        self.target
+            .bearer_attempt("chat/completions", &body, &call, sink, &mut mapper)
+            .await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::FlowLimits;
+    use ::config::{BaseUrl, FlowLimits};
     use protocol::request::Modality;
     use tokio_util::sync::CancellationToken;
 

@@ -24,10 +24,9 @@ use protocol::{RuntimeError, UsageFact, UsageUnit};
 
 use super::wire;
 use crate::provider::ProviderEvent;
+use crate::provider::frame_loop::{FrameMapper, FrameOutcome, decode, parse_data, stream_failure};
 use crate::provider::http::protocol_error;
-use crate::provider::openai_responses::stream::{
-    FrameMapper, FrameOutcome, UsageMapping, decode, parse_data, stream_failure, usage_facts,
-};
+use crate::provider::usage::{UsageMapping, usage_facts};
 
 /// Chat Completions usage counters and their units (contract section 5).
 const USAGE: &[UsageMapping] = &[

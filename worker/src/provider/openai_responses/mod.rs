@@ -13,27 +13,25 @@
 //! request (a 2xx answer) is non-retryable, because a new attempt would repeat work the
 //! provider may already be doing.
 //!
-//! The pieces shared with the `openai-chat` adapter (credential source, manifest, extension
-//! policy, the streaming transport loop) live here and are `pub(crate)`.
+//! The pieces shared with the other text adapters (section, manifest, extension policy,
+//! credential, frame loop) live in the provider kit beside `http.rs`.
 
+pub mod config;
 pub mod stream;
 pub mod wire;
 
 use std::borrow::Cow;
 
 use async_trait::async_trait;
-use protocol::manifest::{ModelCapability, ProviderLimits, ProviderManifest};
-use protocol::request::{InputPart, Modality};
-use protocol::{ErrorCode, ExecutionRequest, RuntimeError};
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use protocol::manifest::ProviderManifest;
+use protocol::request::InputPart;
+use protocol::{ExecutionRequest, RuntimeError};
 use serde_json::{Map, Value};
-use tokio_util::sync::CancellationToken;
 
-use self::stream::{FrameMapper, ResponsesStream};
-use super::http::{self, SseStream};
-use super::secret::Secret;
-use super::{Provider, ProviderCall, ProviderSink};
-use crate::config::{BaseUrl, TextProviderConfig};
+use self::stream::ResponsesStream;
+use super::credential::KeySource;
+use super::text::{TextProviderConfig, TextTarget, json_text};
+use super::{Provider, ProviderCall, ProviderSink, extension};
 
 /// The `extensions` key this adapter reads: `extensions.openai.request` [R 63].
 pub const EXTENSION_KEY: &str = "openai";
@@ -42,16 +40,10 @@ pub const EXTENSION_KEY: &str = "openai";
 /// declared `capabilities.tools` [R 68].
 pub const TOOL_FIELDS: &[&str] = &["tools", "tool_choice"];
 
-pub use super::secret::KeySource;
-
 /// See the module docs.
 #[derive(Debug)]
 pub struct OpenAiResponsesProvider {
-    id: String,
-    base_url: BaseUrl,
-    key: KeySource,
-    tools: bool,
-    manifest: ProviderManifest,
+    target: TextTarget,
 }
 
 impl OpenAiResponsesProvider {
@@ -63,11 +55,7 @@ impl OpenAiResponsesProvider {
     /// The adapter for a deployment entry with an explicit credential source (tests).
     pub fn new(config: &TextProviderConfig, key: KeySource) -> Self {
         Self {
-            id: config.id.clone(),
-            base_url: config.base_url.clone(),
-            key,
-            tools: config.tools,
-            manifest: text_manifest(config),
+            target: TextTarget::new(config, key),
         }
     }
 
@@ -83,7 +71,7 @@ impl OpenAiResponsesProvider {
             role: "user",
             content,
         }];
-        let mut body = extension_request(call.request, EXTENSION_KEY);
+        let mut body = extension::copy(call.request, EXTENSION_KEY, "request");
         body.insert("model".into(), Value::String(call.model.to_owned()));
         body.insert(
             "input".into(),
@@ -115,16 +103,12 @@ fn input_content(part: &InputPart) -> Result<wire::InputContent<'_>, RuntimeErro
 
 #[async_trait]
 impl Provider for OpenAiResponsesProvider {
-    fn id(&self) -> &str {
-        &self.id
-    }
-
     fn manifest(&self) -> &ProviderManifest {
-        &self.manifest
+        &self.target.manifest
     }
 
     fn admits(&self, request: &ExecutionRequest) -> bool {
-        extension_admits(request, EXTENSION_KEY, TOOL_FIELDS, self.tools)
+        self.target.admits(request, EXTENSION_KEY, TOOL_FIELDS)
     }
 
     async fn execute(
@@ -132,160 +116,22 @@ impl Provider for OpenAiResponsesProvider {
         call: ProviderCall<'_>,
         sink: &mut dyn ProviderSink,
     ) -> Result<(), RuntimeError> {
-        let endpoint = endpoint(&self.base_url, "responses")?;
         let body = self.body(&call)?;
-        let key = self.key.resolve()?;
-        let request = json_post(endpoint, &key, &body)?;
-        stream_attempt(request, &call.cancel, sink, &mut ResponsesStream::new()).await
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Shared with the openai-chat adapter.
-
-/// The manifest of a text adapter: exactly the deployment's declaration [R 68].
-pub(crate) fn text_manifest(config: &TextProviderConfig) -> ProviderManifest {
-    ProviderManifest {
-        provider: config.id.clone(),
-        protocol_version: protocol::PROTOCOL_VERSION.into(),
-        models: vec![ModelCapability {
-            model: config.model.clone(),
-            abilities: config.abilities.clone(),
-            input_modalities: config.input_modalities.clone(),
-            output_modalities: vec![Modality::Text],
-            stream: true,
-            tools: config.tools,
-            structured_output: false,
-            r#async: false,
-            cancel: true,
-        }],
-        limits: Some(ProviderLimits {
-            max_concurrency: config.flow.max_concurrency,
-            max_queue_depth: config.flow.max_queue_depth,
-        }),
-    }
-}
-
-/// The extension policy: `extensions.<key>`, when present, must be an object; its `request`,
-/// when present, must be an object; and unless `tools_enabled`, that object must not contain
-/// any of `tool_fields` (whatever their value, `null` included).
-pub(crate) fn extension_admits(
-    request: &ExecutionRequest,
-    key: &str,
-    tool_fields: &[&str],
-    tools_enabled: bool,
-) -> bool {
-    let Some(extension) = request.extensions.as_ref().and_then(|e| e.get(key)) else {
-        return true;
-    };
-    let Value::Object(extension) = extension else {
-        return false;
-    };
-    match extension.get("request") {
-        None => true,
-        Some(Value::Object(fields)) => {
-            tools_enabled || !tool_fields.iter().any(|f| fields.contains_key(*f))
-        }
-        Some(_) => false,
-    }
-}
-
-/// A copy of `extensions.<key>.request`, or an empty object.
-pub(crate) fn extension_request(request: &ExecutionRequest, key: &str) -> Map<String, Value> {
-    request
-        .extensions
-        .as_ref()
-        .and_then(|e| e.get(key))
-        .and_then(|e| e.get("request"))
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default()
-}
-
-/// A JSON part as text: its compact serialization.
-pub(crate) fn json_text(value: &Value) -> Result<String, RuntimeError> {
-    serde_json::to_string(value).map_err(|_| RuntimeError::internal())
-}
-
-/// `{base}/{path}`. The path is a constant, so this cannot leave the base; the error arm is a
-/// guard.
-pub(crate) fn endpoint(base: &BaseUrl, path: &str) -> Result<url::Url, RuntimeError> {
-    base.endpoint(path).ok_or_else(RuntimeError::internal)
-}
-
-/// A streaming JSON POST with a bearer credential. The header is marked sensitive so the HTTP
-/// stack never prints it; a key that is not a valid header value is treated as unavailable
-/// (without saying why, which could reveal part of it).
-pub(crate) fn json_post(
-    endpoint: url::Url,
-    key: &Secret,
-    body: &Map<String, Value>,
-) -> Result<reqwest::RequestBuilder, RuntimeError> {
-    let mut authorization =
-        HeaderValue::try_from(format!("Bearer {}", key.expose())).map_err(|_| {
-            RuntimeError::new(
-                ErrorCode::ProviderUnavailable,
-                "Required provider credential is unavailable",
-                false,
-            )
-        })?;
-    authorization.set_sensitive(true);
-    let body = serde_json::to_vec(body).map_err(|_| RuntimeError::internal())?;
-    Ok(http::client()?
-        .post(endpoint)
-        .header(AUTHORIZATION, authorization)
-        .header(CONTENT_TYPE, "application/json")
-        .header(ACCEPT, "text/event-stream")
-        .body(body))
-}
-
-/// Sends `request` and feeds its event stream to `mapper`, reporting through `sink`, until the
-/// mapper sees completion.
-///
-/// - A non-2xx answer is classified by [`http::send`] [R 61] (body discarded unread).
-/// - After a 2xx, every failure is non-retryable (the provider accepted the request).
-/// - End of stream before completion is `provider_protocol_error` "Provider stream ended
-///   without a completion event" [R 33].
-/// - Cancellation (the execution's cancel or deadline) is checked while waiting for the answer
-///   and for every frame; it returns `cancelled` at once, and dropping the response closes the
-///   connection.
-/// - At completion the response is dropped unread: the attempt stops reading the provider
-///   [R 33].
-pub(crate) async fn stream_attempt(
-    request: reqwest::RequestBuilder,
-    cancel: &CancellationToken,
-    sink: &mut dyn ProviderSink,
-    mapper: &mut dyn FrameMapper,
-) -> Result<(), RuntimeError> {
-    let response = tokio::select! {
-        biased;
-        () = cancel.cancelled() => return Err(RuntimeError::cancelled()),
-        response = http::send(request) => response?,
-    };
-    let mut frames = SseStream::new(response);
-    loop {
-        let frame = tokio::select! {
-            biased;
-            () = cancel.cancelled() => return Err(RuntimeError::cancelled()),
-            frame = frames.next() => frame.map_err(RuntimeError::not_retryable)?,
-        };
-        let Some(frame) = frame else {
-            return Err(RuntimeError::stream_ended_early());
-        };
-        let outcome = mapper.on_frame(&frame)?;
-        for event in outcome.events {
-            sink.emit(event).await?;
-        }
-        if outcome.completed {
-            return Ok(());
-        }
+        let mut mapper = ResponsesStream::new();
+        self.target
+            .bearer_attempt("responses", &body, &call, sink, &mut mapper)
+            .await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::FlowLimits;
+    use crate::provider::credential::Secret;
+    use ::config::{BaseUrl, FlowLimits};
+    use protocol::ErrorCode;
+    use protocol::request::Modality;
+    use tokio_util::sync::CancellationToken;
 
     fn config(tools: bool) -> TextProviderConfig {
         TextProviderConfig {

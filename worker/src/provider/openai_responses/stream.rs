@@ -1,7 +1,7 @@
 //! Maps the Responses API event stream to [`ProviderEvent`]s [R 64-65].
 //!
 //! [`ResponsesStream`] is a pure state machine over SSE frames (no I/O), so every mapping rule
-//! is unit-tested here and the transport loop stays generic. The one piece of state is the
+//! is unit-tested here and the kit's frame loop drives it. The one piece of state is the
 //! function-call table: argument deltas name the output *item* (`item_id`), while callers know
 //! a call by its `call_id`, so each `function_call` item's id is remembered when it is added.
 //!
@@ -10,93 +10,13 @@
 use std::collections::HashMap;
 
 use protocol::sse::SseEvent;
-use protocol::{ErrorCode, RuntimeError, UsageFact, UsageSource, UsageUnit};
+use protocol::{RuntimeError, UsageUnit};
 use serde_json::Value;
 
 use super::wire;
 use crate::provider::ProviderEvent;
-use crate::provider::http::protocol_error;
-
-/// What one frame produced.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct FrameOutcome {
-    /// Events to report, in order.
-    pub events: Vec<ProviderEvent>,
-    /// The provider signalled completion: report `events`, then end the attempt successfully
-    /// without reading further.
-    pub completed: bool,
-}
-
-impl FrameOutcome {
-    fn none() -> Self {
-        Self::default()
-    }
-
-    fn event(event: ProviderEvent) -> Self {
-        Self {
-            events: vec![event],
-            completed: false,
-        }
-    }
-}
-
-/// A stream mapper the shared transport loop drives, one frame at a time.
-pub trait FrameMapper: Send {
-    /// Maps one SSE frame; an error ends the attempt with it.
-    fn on_frame(&mut self, frame: &SseEvent) -> Result<FrameOutcome, RuntimeError>;
-}
-
-/// The provider reported a failure in its stream (`response.failed`, `error`). Not retryable:
-/// the provider accepted the request. The provider's own message is never copied.
-pub fn stream_failure() -> RuntimeError {
-    RuntimeError::new(
-        ErrorCode::ProviderUnavailable,
-        "Provider response failed",
-        false,
-    )
-}
-
-/// Frame data that is not JSON, or a mapped event with the wrong shape.
-pub fn malformed() -> RuntimeError {
-    protocol_error("Provider returned malformed stream JSON")
-}
-
-/// Parses a frame's data as JSON.
-pub fn parse_data(frame: &SseEvent) -> Result<Value, RuntimeError> {
-    serde_json::from_str(&frame.data).map_err(|_| malformed())
-}
-
-/// Decodes a mapped event's typed shape.
-pub fn decode<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, RuntimeError> {
-    serde_json::from_value(value).map_err(|_| malformed())
-}
-
-/// The number at `path` inside `value`, if it is a JSON number.
-fn number_at(value: &Value, path: &[&str]) -> Option<f64> {
-    path.iter()
-        .try_fold(value, |v, key| v.get(key))
-        .and_then(Value::as_f64)
-}
-
-/// A usage counter's path in the provider's usage object, and its unit.
-pub type UsageMapping = (&'static [&'static str], fn() -> UsageUnit);
-
-/// Usage facts from a provider usage object: one complete `provider` fact per counter that is
-/// present and numeric, in `mapping` order; absent, null or non-numeric counters are skipped.
-/// A negative or non-finite count is `provider_protocol_error`.
-pub fn usage_facts(
-    usage: &Value,
-    mapping: &[UsageMapping],
-) -> Result<Vec<UsageFact>, RuntimeError> {
-    mapping
-        .iter()
-        .filter_map(|(path, unit)| number_at(usage, path).map(|q| (unit(), q)))
-        .map(|(unit, quantity)| {
-            UsageFact::new(unit, quantity, UsageSource::Provider)
-                .map_err(|_| protocol_error("Provider reported invalid usage"))
-        })
-        .collect()
-}
+use crate::provider::frame_loop::{FrameMapper, FrameOutcome, decode, parse_data, stream_failure};
+use crate::provider::usage::{UsageMapping, usage_facts};
 
 /// Responses API usage counters and their units [R 65].
 const USAGE: &[UsageMapping] = &[
@@ -207,6 +127,7 @@ impl FrameMapper for ResponsesStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use protocol::{ErrorCode, UsageFact, UsageSource};
 
     fn frame(event: &str, data: &str) -> SseEvent {
         SseEvent {

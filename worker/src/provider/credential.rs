@@ -1,11 +1,54 @@
-//! Provider credentials. They come only from the deployment's environment, by the name the
-//! deployment file gives (`api_key_env`), and are read at execution time so a rotated key takes
-//! effect without a restart. `Secret` never prints its value: `Debug` and `Display` are
-//! redacted, and nothing in this crate serializes it.
+//! Provider credentials, for every adapter that sends one (openai-responses, openai-chat,
+//! anthropic-messages, fal-queue). They come only from the deployment's environment, by the
+//! name the deployment file gives (`api_key_env`), and are read at execution time so a rotated
+//! key takes effect without a restart.
+//!
+//! The one decision a reader must know: a credential never prints. [`Secret`]'s `Debug` and
+//! `Display` are redacted, nothing in this crate serializes it, [`header`] marks the header
+//! sensitive so no HTTP layer logs it, and [`scrub`] drops a provider code that echoes it.
+//! Every failure to obtain or send it is the one [`unavailable`] error.
 
 use std::fmt;
 
 use protocol::{ErrorCode, RuntimeError};
+use reqwest::header::HeaderValue;
+
+/// `provider_unavailable` "Required provider credential is unavailable", not retryable
+/// [R 78]: the credential is missing, empty, or not sendable as a header value (without saying
+/// why, which could reveal part of it).
+pub fn unavailable() -> RuntimeError {
+    RuntimeError::new(
+        ErrorCode::ProviderUnavailable,
+        "Required provider credential is unavailable",
+        false,
+    )
+}
+
+/// A header value carrying the credential (`value` is the whole value, such as
+/// `Bearer <key>`), marked sensitive.
+pub fn header(value: &str) -> Result<HeaderValue, RuntimeError> {
+    let mut header = HeaderValue::from_str(value).map_err(|_| unavailable())?;
+    header.set_sensitive(true);
+    Ok(header)
+}
+
+/// `Authorization: Bearer <key>`, as OpenAI-compatible APIs take it.
+pub fn bearer(key: &Secret) -> Result<HeaderValue, RuntimeError> {
+    header(&format!("Bearer {}", key.expose()))
+}
+
+/// Drops a provider code that contains the credential. Provider codes are short tokens taken
+/// from provider payloads; a provider echoing the key there must not carry it into an event.
+pub fn scrub(mut error: RuntimeError, key: &Secret) -> RuntimeError {
+    if error
+        .provider_code
+        .as_deref()
+        .is_some_and(|code| code.contains(key.expose()))
+    {
+        error.provider_code = None;
+    }
+    error
+}
 
 /// A credential value. Use [`Secret::expose`] only to build the request header.
 #[derive(Clone, PartialEq, Eq)]
@@ -17,11 +60,7 @@ impl Secret {
     pub fn from_env(env_name: &str) -> Result<Self, RuntimeError> {
         match std::env::var(env_name) {
             Ok(value) if !value.is_empty() => Ok(Self(value)),
-            _ => Err(RuntimeError::new(
-                ErrorCode::ProviderUnavailable,
-                "Required provider credential is unavailable",
-                false,
-            )),
+            _ => Err(unavailable()),
         }
     }
 
@@ -65,7 +104,7 @@ impl KeySource {
         match self {
             KeySource::Env(name) => Secret::from_env(name),
             KeySource::Fixed(secret) if !secret.expose().is_empty() => Ok(secret.clone()),
-            KeySource::Fixed(_) => Secret::from_env(""),
+            KeySource::Fixed(_) => Err(unavailable()),
         }
     }
 }

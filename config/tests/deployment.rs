@@ -1,0 +1,137 @@
+//! The file format without any real provider type: a stub catalog shows what this crate does
+//! itself (root fields, dispatch by `type`, unique ids, defaults) and what it leaves to the
+//! catalog. The worker's `tests/deployment_file.rs` covers the real provider sections.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use config::deployment::parse;
+use config::{ConfigError, DeploymentConfig, Fields, FlowLimits, Limits, ProviderCatalog};
+use serde_json::Value;
+
+/// Types `a` and `b`; a section has an optional `id` (default: the type name) and flow limits.
+struct Stub;
+
+#[derive(Debug, PartialEq)]
+struct StubProvider {
+    type_name: &'static str,
+    id: String,
+    flow: FlowLimits,
+}
+
+impl ProviderCatalog for Stub {
+    type Provider = StubProvider;
+
+    fn type_names(&self) -> Vec<&'static str> {
+        vec!["a", "b"]
+    }
+
+    fn parse(
+        &self,
+        type_name: &str,
+        section: &Value,
+        path: String,
+    ) -> Option<Result<StubProvider, ConfigError>> {
+        let type_name = *self.type_names().iter().find(|t| **t == type_name)?;
+        let parsed = (|| {
+            let fields = Fields::open(
+                section,
+                path,
+                &["type", "id", "max_concurrency", "max_queue_depth"],
+            )?;
+            Ok(StubProvider {
+                type_name,
+                id: fields.name("id", Some(type_name))?,
+                flow: FlowLimits::parse(&fields)?,
+            })
+        })();
+        Some(parsed)
+    }
+
+    fn id<'a>(&self, provider: &'a StubProvider) -> &'a str {
+        &provider.id
+    }
+}
+
+fn err(json: &str) -> String {
+    parse(json, &Stub).unwrap_err().to_string()
+}
+
+#[test]
+fn sections_are_dispatched_by_type_in_file_order() {
+    let config = parse(
+        r#"{"providers":[{"type":"b","max_concurrency":2},{"type":"a","id":"x"}]}"#,
+        &Stub,
+    )
+    .unwrap();
+    assert_eq!(
+        config.providers,
+        [
+            StubProvider {
+                type_name: "b",
+                id: "b".into(),
+                flow: FlowLimits {
+                    max_concurrency: 2,
+                    max_queue_depth: 64
+                }
+            },
+            StubProvider {
+                type_name: "a",
+                id: "x".into(),
+                flow: FlowLimits::CONFIG_DEFAULT
+            }
+        ]
+    );
+    let defaults = DeploymentConfig::with_providers(Vec::<StubProvider>::new());
+    assert_eq!(config.limits, Limits::default());
+    assert_eq!(config.retention, defaults.retention);
+    assert_eq!(config.max_active_executions, defaults.max_active_executions);
+    assert_eq!(config.event_store, defaults.event_store);
+}
+
+#[test]
+fn an_unknown_type_lists_the_catalog() {
+    for provider in [r#"{"type":"c"}"#, r#"{"type":7}"#] {
+        assert_eq!(
+            err(&format!(r#"{{"providers":[{{"type":"a"}},{provider}]}}"#)),
+            "providers[1].type must be one of a, b"
+        );
+    }
+    assert_eq!(
+        err(r#"{"providers":[{"id":"x"}]}"#),
+        "providers[0].type is required"
+    );
+    assert_eq!(
+        err(r#"{"providers":[[]]}"#),
+        "providers[0] must be an object"
+    );
+}
+
+#[test]
+fn ids_are_unique_and_sections_are_the_catalogs() {
+    assert_eq!(
+        err(r#"{"providers":[{"type":"a"},{"type":"b","id":"a"}]}"#),
+        "providers[1].id duplicates an earlier provider id"
+    );
+    assert_eq!(
+        err(r#"{"providers":[{"type":"a","api_key":"sk-CANARY"}]}"#),
+        "unsupported or unsafe field providers[0].api_key"
+    );
+    assert_eq!(
+        err(r#"{"providers":[{"type":"a","max_queue_depth":-1}]}"#),
+        "providers[0].max_queue_depth must be a non-negative integer"
+    );
+}
+
+#[test]
+fn root_fields_are_closed() {
+    assert_eq!(
+        err(r#"{"providers":[]}"#),
+        "providers must be a non-empty array"
+    );
+    assert_eq!(err(r#"{}"#), "providers is required");
+    assert_eq!(
+        err(r#"{"providers":[{"type":"a"}],"api_key":"sk-CANARY"}"#),
+        "unsupported or unsafe field api_key"
+    );
+    assert_eq!(err("[]"), "configuration root must be a JSON object");
+}
