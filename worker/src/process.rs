@@ -64,13 +64,19 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         let store =
             NatsEventStore::new(nats.clone(), deployment.event_store.max_events as u64).await?;
         let cancel = NatsCancelBus::new(nats.clone()).await?;
-        Ok::<_, runtime::StoreError>((nats, store, cancel))
+        // The consumer is reconciled now, so a setting JetStream refuses stops the start.
+        let queue = NatsJobQueue::new(nats);
+        queue.reconcile_consumer().await?;
+        Ok::<_, runtime::StoreError>((queue, store, cancel))
     };
-    let (nats, store, cancel) = match connected.await {
+    let (queue, store, cancel) = match connected.await {
         Ok(parts) => parts,
         Err(e) => {
             tracing::error!(error = %e, "backend connection failed");
-            return startup_error("cannot reach NATS; check --nats-url", 1);
+            return startup_error(
+                &format!("cannot start with NATS ({e}); check --nats-url"),
+                1,
+            );
         }
     };
     let runner = Arc::new(Runner::new(
@@ -79,12 +85,14 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         Arc::new(cancel),
         RunnerSettings::default(),
     ));
+    // Deliveries heartbeat at a third of the lease the server holds (see `NatsJobQueue`).
+    let heartbeat = queue.lease().unwrap_or_else(|| common.ack_wait()) / 3;
     let pool = WorkerPool::spawn(
-        Arc::new(NatsJobQueue::new(nats)),
+        Arc::new(queue),
         runner,
         PoolConfig {
             concurrency: common.workers(),
-            heartbeat: common.ack_wait() / 3,
+            heartbeat,
         },
     );
     println!("worker started");
