@@ -20,11 +20,29 @@ fn mock(delay_ms: u64, chunks: usize) -> Value {
 
 const ACK_WAIT: &str = "MODEL_RUNTIME_ACK_WAIT_MS";
 
-/// Starts a worker with `ack_wait_ms` and stops it, leaving the consumer it created behind.
-fn leave_a_consumer_with(cluster: &Cluster, ack_wait_ms: &str) {
-    let mut first = cluster.worker_with(&[(ACK_WAIT, ack_wait_ms)]);
-    first.signal("TERM");
-    assert_eq!(first.wait_exit(PROMPT), Some(0), "{}", first.log_text());
+/// The workers' consumer's `ack_wait` on the server, once the consumer exists.
+async fn consumer_ack_wait(cluster: &Cluster) -> Option<Duration> {
+    let client = async_nats::connect(cluster.nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let upper = cluster.namespace.to_ascii_uppercase();
+    let stream = js.get_stream(format!("{upper}_JOBS")).await.ok()?;
+    let info = stream
+        .consumer_info(format!("{}_workers", cluster.namespace))
+        .await
+        .ok()?;
+    Some(info.config.ack_wait)
+}
+
+/// Starts a worker with `ack_wait_ms`, waits until the consumer holds that lease, and kills the
+/// worker, leaving the consumer behind as the namespace's first settings.
+async fn leave_a_consumer_with(cluster: &Cluster, ack_wait_ms: u64) {
+    let first = cluster.worker_with(&[(ACK_WAIT, &ack_wait_ms.to_string())]);
+    let deadline = Instant::now() + PROMPT;
+    while consumer_ack_wait(cluster).await != Some(Duration::from_millis(ack_wait_ms)) {
+        assert!(Instant::now() < deadline, "{}", first.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    first.signal("KILL");
 }
 
 /// Polls the snapshot until `pred` holds.
@@ -44,7 +62,7 @@ async fn wait_snapshot(base: &str, id: &str, within: Duration, pred: impl Fn(&Va
 async fn a_shorter_ack_wait_on_restart_detects_a_killed_worker_in_seconds() {
     let cluster = Cluster::start(&mock(300, 100));
     let gateway = cluster.gateway();
-    leave_a_consumer_with(&cluster, "30000");
+    leave_a_consumer_with(&cluster, 30_000).await;
     let doomed = cluster.worker_with(&[(ACK_WAIT, "3000")]);
     let (status, sub) = submit(&gateway.url, &text_request("hi"), None).await;
     assert_eq!(status, 202, "{sub}");
@@ -75,7 +93,7 @@ async fn a_worker_started_after_a_shorter_lease_keeps_healthy_executions_alive()
     // 25 chunks every 300 ms: about 7.5 s, far longer than the 2 s lease of the first worker.
     let cluster = Cluster::start(&mock(300, 25));
     let gateway = cluster.gateway();
-    leave_a_consumer_with(&cluster, "2000");
+    leave_a_consumer_with(&cluster, 2_000).await;
     let _worker = cluster.worker_with(&[(ACK_WAIT, "30000")]);
     let (status, sub) = submit(&gateway.url, &text_request("hi"), None).await;
     assert_eq!(status, 202, "{sub}");
