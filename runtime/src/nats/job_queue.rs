@@ -6,7 +6,9 @@
 //! The lease is the consumer's `ack_wait` as the server holds it, read back when the consumer is
 //! created or updated and re-read while deliveries heartbeat: another worker started with a
 //! different `--ack-wait-ms` changes it for everyone, and heartbeating at a third of a stale
-//! local value would let the server redeliver healthy executions.
+//! local value would let the server redeliver healthy executions. (A delivery already waiting
+//! for its next beat when the lease shrinks keeps that one wait: shrinking the lease below a
+//! third of the old one while executions run may still cost them a redelivery.)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
