@@ -28,6 +28,12 @@ pub trait DeliveryHandle: Send + Sync {
     async fn ack(&self) -> Result<(), StoreError>;
     /// The job is still running: extend its lease (heartbeat).
     async fn in_progress(&self) -> Result<(), StoreError>;
+    /// How long the queue holds this delivery without a heartbeat, as the queue's server has
+    /// it now (it may change while the job runs); holders heartbeat at a third of it. `None`:
+    /// the lease never lapses (a queue in this process), so heartbeats are a formality.
+    fn lease(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 /// One delivery of a job to a worker.

@@ -18,7 +18,8 @@ use crate::runner::{RunOutcome, Runner};
 pub struct PoolConfig {
     /// Executions run at once by this process.
     pub concurrency: usize,
-    /// How often a running delivery's lease is extended.
+    /// How often a running delivery's lease is extended when its queue does not report the
+    /// lease (see `DeliveryHandle::lease`).
     pub heartbeat: Duration,
 }
 
@@ -132,6 +133,11 @@ async fn receive_loop(
     }
 }
 
+/// Heartbeats at a third of the lease, so two may be lost before the lease lapses.
+fn heartbeat_interval(lease: Duration) -> Duration {
+    (lease / 3).max(Duration::from_millis(100))
+}
+
 async fn run_delivery(runner: &Runner, delivery: Delivery, heartbeat: Duration) {
     let Delivery {
         job,
@@ -149,9 +155,11 @@ async fn run_delivery(runner: &Runner, delivery: Delivery, heartbeat: Duration) 
     let run = runner.run(&job, delivered).instrument(span);
     tokio::pin!(run);
     let outcome = loop {
+        // The lease is read on every beat: the server's value wins over the configured one.
+        let interval = handle.lease().map_or(heartbeat, heartbeat_interval);
         tokio::select! {
             outcome = &mut run => break outcome,
-            () = tokio::time::sleep(heartbeat) => {
+            () = tokio::time::sleep(interval) => {
                 if let Err(e) = handle.in_progress().await {
                     tracing::warn!(execution_id = %job.execution_id, error = %e, "heartbeat failed");
                 }

@@ -56,11 +56,20 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         max_events: deployment.event_store.max_events as u64,
         connect_timeout: Duration::from_secs(15),
     };
-    let nats = match NatsServices::connect(&settings).await {
+    let connected = async {
+        let nats = NatsServices::connect(&settings).await?;
+        // The consumer is reconciled now, so a setting JetStream refuses stops the start.
+        nats.queue.reconcile_consumer().await?;
+        Ok::<_, runtime::StoreError>(nats)
+    };
+    let nats = match connected.await {
         Ok(nats) => nats,
         Err(e) => {
             tracing::error!(error = %e, "backend connection failed");
-            return startup_error("cannot reach NATS; check --nats-url", 1);
+            return startup_error(
+                &format!("cannot start with NATS ({e}); check --nats-url"),
+                1,
+            );
         }
     };
     let runner = Arc::new(Runner::new(
@@ -69,12 +78,14 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         Arc::new(nats.cancel),
         RunnerSettings::default(),
     ));
+    // Deliveries heartbeat at a third of the lease the server holds (see `NatsJobQueue`).
+    let heartbeat = nats.queue.lease().unwrap_or_else(|| common.ack_wait()) / 3;
     let pool = WorkerPool::spawn(
         Arc::new(nats.queue),
         runner,
         PoolConfig {
             concurrency: common.workers(),
-            heartbeat: common.ack_wait() / 3,
+            heartbeat,
         },
     );
     println!("worker started");

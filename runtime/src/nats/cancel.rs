@@ -19,6 +19,9 @@ use crate::error::StoreError;
 /// Interval of the durable-mark re-check for watched executions.
 pub const RECHECK: Duration = Duration::from_secs(2);
 
+/// Marks kept per execution: only whether one exists matters.
+const CANCEL_HISTORY: i64 = 1;
+
 type Tokens = Arc<Watches>;
 
 /// See the module docs.
@@ -42,16 +45,26 @@ impl Drop for NatsCancelBus {
 }
 
 impl NatsCancelBus {
-    /// Creates or opens the bucket and starts listening for cancel messages.
+    /// Creates the bucket or reconciles its age limit, and starts listening for cancel messages.
     pub async fn new(backend: NatsBackend) -> Result<Self, StoreError> {
         let s = &backend.settings;
         let kv = match backend.jetstream.get_key_value(s.cancel_bucket()).await {
-            Ok(kv) => kv,
+            Ok(kv) => {
+                // An existing bucket keeps marks as long as this process's retention says.
+                super::reconcile::kv_bucket(
+                    &backend.jetstream,
+                    &s.cancel_bucket(),
+                    s.retention,
+                    CANCEL_HISTORY,
+                )
+                .await?;
+                kv
+            }
             Err(_) => match backend
                 .jetstream
                 .create_key_value(kv::Config {
                     bucket: s.cancel_bucket(),
-                    history: 1,
+                    history: CANCEL_HISTORY,
                     max_age: s.retention,
                     storage: async_nats::jetstream::stream::StorageType::File,
                     ..Default::default()

@@ -7,11 +7,17 @@
 //! wrong last sequence, the last message is re-read, and if it carries our id, our write landed.
 //!
 //! Reads of short logs (up to 64 events, the common case) use direct gets, and subscriptions
-//! to them subscribe to the execution's subject first, then read the history and merge by
-//! sequence, re-reading the stream on a gap or after a quiet second: no consumer state on the
-//! server per reader. Longer logs use an ordered consumer, which batches deliveries. (An
-//! ordered consumer for every reader cost the server most of a core at ~800 executions/s; see
-//! BENCHMARKS.md.)
+//! to them subscribe to the stream's republish of the execution (`{ns}.stored.{id}`) first,
+//! then read the history and merge by sequence, re-reading the stream on a gap or after a quiet
+//! second: no consumer state on the server per reader. Longer logs use an ordered consumer,
+//! which batches deliveries. (An ordered consumer for every reader cost the server most of a
+//! core at ~800 executions/s; see BENCHMARKS.md.)
+//!
+//! Readers never follow the write subject `{ns}.events.{id}`: core NATS delivers every publish
+//! there, including appends the stream refuses (a fenced writer's failed compare-and-set) or
+//! never stores (its leader was lost), so a reader would show events the log does not hold.
+//! The server republishes a message only once it is stored, so everything a reader sees comes
+//! from the log.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -111,10 +117,17 @@ impl LiveMerge {
                 Err(_) => None,
             };
             let in_order = message
-                .and_then(|m| EventRecord::decode(m.payload))
-                .filter(|r| r.sequence() <= self.expected);
+                .and_then(|m| Some((stored_sequence(&m), EventRecord::decode(m.payload)?)))
+                .filter(|(_, r)| r.sequence() <= self.expected);
             match in_order {
-                Some(record) => self.accept(record),
+                Some((stream_sequence, record)) => {
+                    // Everything of this execution up to here has been delivered, so a re-read
+                    // may start after it.
+                    if let Some(s) = stream_sequence {
+                        self.last_stream_sequence = self.last_stream_sequence.max(s);
+                    }
+                    self.accept(record);
+                }
                 // A gap, an undecodable message or a quiet second: read what the stream has.
                 None => {
                     if let Err(e) = self.reread().await {
@@ -125,6 +138,17 @@ impl LiveMerge {
             }
         }
     }
+}
+
+/// The stream sequence the server stamped on a republished (stored) message.
+fn stored_sequence(message: &async_nats::Message) -> Option<u64> {
+    message
+        .headers
+        .as_ref()?
+        .get_last("Nats-Sequence")?
+        .as_str()
+        .parse()
+        .ok()
 }
 
 /// Most heads cached; beyond this the cache is cleared (it only saves a round trip).
@@ -325,15 +349,16 @@ impl NatsEventStore {
         }
     }
 
-    /// Short logs: subscribe to the live subject first, then read the history by direct get,
-    /// and merge by sequence. No server-side consumer is created, so streams cost the server
-    /// one subscription each. A gap on the live path, or a quiet second, triggers a re-read
-    /// from the stream, so a message missed on the live path is still delivered.
+    /// Short logs: subscribe to the stream's republish of the execution first (stored events
+    /// only), then read the history by direct get, and merge by sequence. No server-side
+    /// consumer is created, so streams cost the server one subscription each. A gap on the
+    /// live path (republish is at most once), or a quiet second, triggers a re-read from the
+    /// stream, so a message missed on the live path is still delivered.
     async fn live(&self, id: ExecutionId, after: Sequence) -> Result<EventStream, StoreError> {
         let subscriber = self
             .backend
             .client
-            .subscribe(self.subject(id))
+            .subscribe(self.backend.settings.stored_events_subject(&id))
             .await
             .map_err(|e| unavailable("subscribe", e))?;
         // Read to the end of the stream, not just to the head seen before subscribing: events

@@ -2,8 +2,17 @@
 //! workers. Each `receive` fetches exactly one job, so a worker never holds jobs it has no free
 //! slot for; unacknowledged jobs are redelivered after `ack_wait` (worker loss), and running
 //! executions extend their lease with progress acks.
+//!
+//! The lease is the consumer's `ack_wait` as the server holds it, read back when the consumer is
+//! created or updated and re-read while deliveries heartbeat: another worker started with a
+//! different `--ack-wait-ms` changes it for everyone, and heartbeating at a third of a stale
+//! local value would let the server redeliver healthy executions. (A delivery already waiting
+//! for its next beat when the lease shrinks keeps that one wait: shrinking the lease below a
+//! third of the old one while executions run may still cost them a redelivery.)
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::AckKind;
 use async_nats::jetstream::consumer::{self, PullConsumer};
@@ -21,10 +30,59 @@ use crate::job::{Delivery, DeliveryHandle, Job, JobQueue};
 /// How long one fetch waits for a job before asking again.
 const FETCH_EXPIRES: Duration = Duration::from_secs(5);
 
+/// How often a process re-reads the consumer's `ack_wait` while it holds deliveries.
+const LEASE_REFRESH: Duration = Duration::from_secs(5);
+
+/// The lease in force on the server, shared by the queue and its deliveries.
+struct Lease {
+    consumer: PullConsumer,
+    ack_wait_ms: AtomicU64,
+    read_at: parking_lot::Mutex<Instant>,
+}
+
+impl Lease {
+    fn new(consumer: PullConsumer) -> Self {
+        let ack_wait = consumer.cached_info().config.ack_wait;
+        Self {
+            consumer,
+            ack_wait_ms: AtomicU64::new(millis(ack_wait)),
+            read_at: parking_lot::Mutex::new(Instant::now()),
+        }
+    }
+
+    fn get(&self) -> Duration {
+        Duration::from_millis(self.ack_wait_ms.load(Ordering::Relaxed))
+    }
+
+    /// Re-reads `ack_wait` from the server when the last read is older than [`LEASE_REFRESH`].
+    async fn refresh(&self) {
+        {
+            let mut read_at = self.read_at.lock();
+            if read_at.elapsed() < LEASE_REFRESH {
+                return;
+            }
+            *read_at = Instant::now();
+        }
+        match self.consumer.get_info().await {
+            Ok(info) => {
+                let ms = millis(info.config.ack_wait);
+                if self.ack_wait_ms.swap(ms, Ordering::Relaxed) != ms {
+                    tracing::info!(ack_wait_ms = ms, "job lease changed on the server");
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "could not re-read the job lease"),
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// See the module docs.
 pub struct NatsJobQueue {
     backend: NatsBackend,
-    consumer: OnceCell<PullConsumer>,
+    lease: OnceCell<Arc<Lease>>,
     closed: CancellationToken,
 }
 
@@ -38,14 +96,28 @@ impl NatsJobQueue {
     pub fn new(backend: NatsBackend) -> Self {
         Self {
             backend,
-            consumer: OnceCell::new(),
+            lease: OnceCell::new(),
             closed: CancellationToken::new(),
         }
     }
 
-    /// The shared durable consumer, created or verified on first use (workers only).
-    async fn consumer(&self) -> Result<&PullConsumer, StoreError> {
-        self.consumer
+    /// Creates the workers' consumer or updates it to this process's settings (`ack_wait`,
+    /// `max_ack_pending`), and returns the lease the server then holds. Workers call it at
+    /// startup so a setting JetStream refuses stops the start; otherwise the first `receive`
+    /// does it. Publishers (gateways) never touch the consumer.
+    pub async fn reconcile_consumer(&self) -> Result<Duration, StoreError> {
+        Ok(self.shared_lease().await?.get())
+    }
+
+    /// The lease (`ack_wait`) of a delivery as last read from the server; `None` until the
+    /// consumer was reconciled.
+    pub fn lease(&self) -> Option<Duration> {
+        self.lease.get().map(|l| l.get())
+    }
+
+    /// The shared durable consumer and its lease, reconciled on first use (workers only).
+    async fn shared_lease(&self) -> Result<&Arc<Lease>, StoreError> {
+        self.lease
             .get_or_try_init(|| async {
                 let s = &self.backend.settings;
                 let stream = self
@@ -62,10 +134,8 @@ impl NatsJobQueue {
                     max_deliver: -1,
                     ..Default::default()
                 };
-                stream
-                    .get_or_create_consumer(&s.workers_consumer(), config)
-                    .await
-                    .map_err(|e| unavailable("workers consumer", e))
+                let consumer = super::reconcile::pull_consumer(&stream, config).await?;
+                Ok(Arc::new(Lease::new(consumer)))
             })
             .await
     }
@@ -73,6 +143,7 @@ impl NatsJobQueue {
 
 struct NatsDelivery {
     acker: Acker,
+    lease: Arc<Lease>,
 }
 
 #[async_trait]
@@ -88,7 +159,13 @@ impl DeliveryHandle for NatsDelivery {
         self.acker
             .ack_with(AckKind::Progress)
             .await
-            .map_err(|e| unavailable("progress ack", e))
+            .map_err(|e| unavailable("progress ack", e))?;
+        self.lease.refresh().await;
+        Ok(())
+    }
+
+    fn lease(&self) -> Option<Duration> {
+        Some(self.lease.get())
     }
 }
 
@@ -120,7 +197,9 @@ impl JobQueue for NatsJobQueue {
             if self.closed.is_cancelled() {
                 return Ok(None);
             }
-            let consumer = self.consumer().await?;
+            let lease = self.shared_lease().await?;
+            lease.refresh().await;
+            let consumer = &lease.consumer;
             let fetch = async {
                 let mut batch = consumer
                     .fetch()
@@ -147,7 +226,10 @@ impl JobQueue for NatsJobQueue {
                     return Ok(Some(Delivery {
                         job,
                         delivered: u32::try_from(delivered).unwrap_or(u32::MAX),
-                        handle: Box::new(NatsDelivery { acker }),
+                        handle: Box::new(NatsDelivery {
+                            acker,
+                            lease: Arc::clone(lease),
+                        }),
                     }));
                 }
                 Err(e) => {

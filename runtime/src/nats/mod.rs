@@ -4,7 +4,9 @@
 //! - `{NS}_EVENTS`: subjects `{ns}.events.*`, one subject per execution, Limits retention with
 //!   `max_age` = retention, file storage, direct get allowed. Appends are compare-and-set with
 //!   `Nats-Expected-Last-Subject-Sequence` and deduplicated with `Nats-Msg-Id =
-//!   {execution_id}:{sequence}`.
+//!   {execution_id}:{sequence}:{writer}`. The stream republishes each stored event on
+//!   `{ns}.stored.{id}`, which live readers follow (never the write subject, which also carries
+//!   appends the stream refuses).
 //! - `{NS}_JOBS`: subject `{ns}.jobs`, WorkQueue retention, file storage; `Nats-Msg-Id` = the
 //!   execution id, so a republish within the duplicate window is absorbed. One durable pull
 //!   consumer `{ns}_workers` shared by every worker, explicit acks, `ack_wait` with progress
@@ -12,12 +14,14 @@
 //! - `{NS}_CANCEL`: a KV bucket holding durable cancel marks, plus core subjects
 //!   `{ns}.cancel.{id}` for prompt delivery.
 //!
-//! Streams are created or verified at startup; several processes may start at once.
+//! Streams, the consumer and the bucket are created or reconciled with the process's settings at
+//! startup (see `reconcile`); several processes may start at once.
 //! [`NatsServices::connect`] is the one way a process connects all three.
 
 mod cancel;
 mod event_store;
 mod job_queue;
+mod reconcile;
 mod services;
 
 use std::time::Duration;
@@ -30,6 +34,9 @@ pub use job_queue::NatsJobQueue;
 pub use services::{NatsConnectSettings, NatsServices};
 
 use crate::error::StoreError;
+
+/// How long a re-sent job or event is recognised as a duplicate (capped at the retention).
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
 /// Settings of the JetStream layout.
 #[derive(Debug, Clone)]
@@ -78,6 +85,11 @@ impl NatsSettings {
 
     pub fn events_subject(&self, id: &protocol::ExecutionId) -> String {
         format!("{}.events.{id}", self.namespace)
+    }
+
+    /// Where the events stream republishes an execution's events once stored (live readers).
+    pub fn stored_events_subject(&self, id: &protocol::ExecutionId) -> String {
+        format!("{}.stored.{id}", self.namespace)
     }
 
     pub fn jobs_subject(&self) -> String {
@@ -163,74 +175,46 @@ impl NatsBackend {
         }
     }
 
-    async fn ensure_stream(&self, config: stream::Config) -> Result<(), StoreError> {
-        let name = config.name.clone();
-        for _ in 0..3 {
-            match self.jetstream.get_stream(&name).await {
-                Ok(mut existing) => {
-                    let info = existing
-                        .info()
-                        .await
-                        .map_err(|e| unavailable("stream info", e))?;
-                    let c = &info.config;
-                    if c.subjects != config.subjects
-                        || c.retention != config.retention
-                        || c.max_age != config.max_age
-                    {
-                        self.jetstream
-                            .update_stream(config.clone())
-                            .await
-                            .map_err(|e| unavailable("update stream", e))?;
-                    }
-                    return Ok(());
-                }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        jetstream::context::GetStreamErrorKind::JetStream(_)
-                    ) =>
-                {
-                    match self.jetstream.create_stream(config.clone()).await {
-                        Ok(_) => return Ok(()),
-                        // Another process created it between our get and create: verify again.
-                        Err(create) => {
-                            tracing::debug!(stream = %name, error = %create, "create stream raced")
-                        }
-                    }
-                }
-                Err(e) => return Err(unavailable("get stream", e)),
-            }
-        }
-        Err(StoreError::Unavailable(format!(
-            "cannot create or verify stream {name}"
-        )))
-    }
-
+    /// Creates the streams or reconciles them with these settings (see [`reconcile`]).
     async fn ensure_streams(&self) -> Result<(), StoreError> {
         let s = &self.settings;
-        self.ensure_stream(stream::Config {
-            name: s.events_stream(),
-            subjects: vec![format!("{}.events.*", s.namespace)],
-            retention: stream::RetentionPolicy::Limits,
-            storage: stream::StorageType::File,
-            max_age: s.retention,
-            max_message_size: s.max_event_bytes,
-            allow_direct: true,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        })
+        let window = reconcile::duplicate_window(DUPLICATE_WINDOW, s.retention);
+        reconcile::stream(
+            &self.jetstream,
+            stream::Config {
+                name: s.events_stream(),
+                subjects: vec![format!("{}.events.*", s.namespace)],
+                retention: stream::RetentionPolicy::Limits,
+                storage: stream::StorageType::File,
+                max_age: s.retention,
+                max_message_size: s.max_event_bytes,
+                allow_direct: true,
+                duplicate_window: window,
+                // Live readers follow this copy: the server sends it only once the event is
+                // stored, so a rejected or lost append never reaches a reader.
+                republish: Some(stream::Republish {
+                    source: format!("{}.events.*", s.namespace),
+                    destination: format!("{}.stored.{{{{wildcard(1)}}}}", s.namespace),
+                    headers_only: false,
+                }),
+                ..Default::default()
+            },
+        )
         .await?;
-        self.ensure_stream(stream::Config {
-            name: s.jobs_stream(),
-            subjects: vec![s.jobs_subject()],
-            retention: stream::RetentionPolicy::WorkQueue,
-            storage: stream::StorageType::File,
-            max_messages: s.max_jobs,
-            discard: stream::DiscardPolicy::New,
-            max_age: s.retention,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        })
+        reconcile::stream(
+            &self.jetstream,
+            stream::Config {
+                name: s.jobs_stream(),
+                subjects: vec![s.jobs_subject()],
+                retention: stream::RetentionPolicy::WorkQueue,
+                storage: stream::StorageType::File,
+                max_messages: s.max_jobs,
+                discard: stream::DiscardPolicy::New,
+                max_age: s.retention,
+                duplicate_window: window,
+                ..Default::default()
+            },
+        )
         .await?;
         Ok(())
     }
