@@ -61,6 +61,10 @@ const LIMITS_FIELDS: &[&str] = &[
     "max_deadline_ms",
     "default_deadline_ms",
     "max_sse_streams",
+    "header_timeout_ms",
+    "body_timeout_ms",
+    "idle_timeout_ms",
+    "max_connections",
 ];
 /// `memory` fields only: the reference's file-only fields (`directory`, `encryption_key_env`,
 /// `max_disk_bytes`) are therefore "unsupported or unsafe".
@@ -149,6 +153,14 @@ pub struct Limits {
     pub default_deadline_ms: u64,
     /// Open SSE streams per gateway process.
     pub max_sse_streams: usize,
+    /// Time for a connection to send a request line and headers (10 s by default).
+    pub header_timeout_ms: u64,
+    /// Time to receive a request body once the headers are in (30 s by default).
+    pub body_timeout_ms: u64,
+    /// Keep-alive time between requests, and longest stall of a response write (60 s).
+    pub idle_timeout_ms: u64,
+    /// Open connections per gateway; `None`: the open-file limit minus a reserve.
+    pub max_connections: Option<usize>,
 }
 
 impl Default for Limits {
@@ -158,6 +170,10 @@ impl Default for Limits {
             max_deadline_ms: MAX_DURATION_MS,
             default_deadline_ms: 600_000,
             max_sse_streams: 10_000,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
+            idle_timeout_ms: 60_000,
+            max_connections: None,
         }
     }
 }
@@ -694,6 +710,28 @@ fn parse_limits(value: &Value) -> Result<Limits, ConfigError> {
         max_deadline_ms,
         default_deadline_ms,
         max_sse_streams: fields.size("max_sse_streams", 1, defaults.max_sse_streams)?,
+        header_timeout_ms: fields.integer(
+            "header_timeout_ms",
+            1,
+            MAX_DURATION_MS,
+            defaults.header_timeout_ms,
+        )?,
+        body_timeout_ms: fields.integer(
+            "body_timeout_ms",
+            1,
+            MAX_DURATION_MS,
+            defaults.body_timeout_ms,
+        )?,
+        idle_timeout_ms: fields.integer(
+            "idle_timeout_ms",
+            1,
+            MAX_DURATION_MS,
+            defaults.idle_timeout_ms,
+        )?,
+        max_connections: match fields.get("max_connections") {
+            None => None,
+            Some(_) => Some(fields.size("max_connections", 1, 0)?),
+        },
     })
 }
 
@@ -1056,7 +1094,11 @@ mod tests {
                 max_body_bytes: 1 << 20,
                 max_deadline_ms: 86_400_000,
                 default_deadline_ms: 600_000,
-                max_sse_streams: 10_000
+                max_sse_streams: 10_000,
+                header_timeout_ms: 10_000,
+                body_timeout_ms: 30_000,
+                idle_timeout_ms: 60_000,
+                max_connections: None,
             }
         );
         assert_eq!(
@@ -1245,7 +1287,8 @@ mod tests {
         let config = parse(
             r#"{"providers":[{"type":"mock"}],"max_active_executions":3,"retention_ms":5000,
                 "limits":{"max_body_bytes":2048,"max_deadline_ms":60000,"default_deadline_ms":1000,
-                          "max_sse_streams":7},
+                          "max_sse_streams":7,"header_timeout_ms":2000,"body_timeout_ms":3000,
+                          "idle_timeout_ms":4000,"max_connections":500},
                 "event_store":{"type":"memory","max_executions":5,"max_bytes":6,
                                "max_execution_bytes":7,"max_events":8}}"#,
         )
@@ -1258,7 +1301,11 @@ mod tests {
                 max_body_bytes: 2048,
                 max_deadline_ms: 60_000,
                 default_deadline_ms: 1000,
-                max_sse_streams: 7
+                max_sse_streams: 7,
+                header_timeout_ms: 2000,
+                body_timeout_ms: 3000,
+                idle_timeout_ms: 4000,
+                max_connections: Some(500),
             }
         );
         assert_eq!(
