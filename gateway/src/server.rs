@@ -63,11 +63,14 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
             args.common.workers(),
         )),
         BackendKind::Nats => match crate::distributed::connect(&args.common, &deployment).await {
-            Ok((backend, _)) => Runtime::Distributed(AppState::new(
-                backend,
-                registry,
-                crate::embedded::api_limits(&deployment),
-            )),
+            Ok((backend, nats)) => {
+                let mut limits = crate::embedded::api_limits(&deployment);
+                limits.max_body_bytes = crate::distributed::effective_body_limit(
+                    limits.max_body_bytes,
+                    nats.client.server_info().max_payload,
+                );
+                Runtime::Distributed(AppState::new(backend, registry, limits))
+            }
             Err(e) => {
                 tracing::error!(error = %e, "backend connection failed");
                 return startup_error(
