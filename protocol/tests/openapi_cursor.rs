@@ -11,6 +11,9 @@ fn both_event_cursors_are_non_negative_integers() {
         let schema = &document["components"]["parameters"][name]["schema"];
         assert_eq!(schema["type"], "integer", "{name}: {schema}");
         assert_eq!(schema["minimum"], 0, "{name}: {schema}");
-        assert_eq!(schema["maximum"], 9_007_199_254_740_991_u64, "{name}: {schema}");
+        assert_eq!(
+            schema["maximum"], 9_007_199_254_740_991_u64,
+            "{name}: {schema}"
+        );
     }
 }
