@@ -3,6 +3,8 @@
 //! slowly, a body that stops, and a keep-alive connection left idle are closed when their own
 //! limit passes; an event stream is not idle while it delivers.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod support;
 
 use std::net::SocketAddr;
