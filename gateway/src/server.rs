@@ -40,7 +40,13 @@ fn startup_error(message: &str) -> ExitCode {
 /// The `gateway` binary.
 pub async fn run(args: GatewayArgs) -> ExitCode {
     // First of all, so a signal at any later instant is a graceful stop.
+    let stop = CancellationToken::new();
     let signal = install_shutdown_signal();
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        signal.await;
+        on_signal.cancel();
+    });
     args.common.init_tracing();
     let open_files = crate::connections::raise_open_file_limit();
     let deployment = match &args.common.config {
@@ -62,7 +68,14 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
             registry,
             args.common.workers(),
         )),
-        BackendKind::Nats => match crate::distributed::connect(&args.common, &deployment).await {
+        BackendKind::Nats => match tokio::select! {
+            connected = crate::distributed::connect(&args.common, &deployment) => connected,
+            // Waiting for the backends can take a while; a signal meanwhile stops right there.
+            () = stop.cancelled() => {
+                tracing::info!("signal during startup; nothing was served");
+                return ExitCode::SUCCESS;
+            }
+        } {
             Ok((backend, nats)) => {
                 let mut limits = crate::embedded::api_limits(&deployment);
                 limits.max_body_bytes = crate::distributed::effective_body_limit(
@@ -98,7 +111,7 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
     );
     match runtime {
         Runtime::Embedded(embedded) => {
-            serve_embedded(listener, embedded, signal, grace, limits).await;
+            serve_embedded(listener, embedded, stop.cancelled_owned(), grace, limits).await;
         }
         Runtime::Distributed(state) => {
             let hook_state = state.clone();
@@ -108,7 +121,7 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
                 hook_state.begin_shutdown();
                 hook_state.close_streams();
             };
-            serve_with(listener, state, limits, signal, hook, grace).await;
+            serve_with(listener, state, limits, stop.cancelled_owned(), hook, grace).await;
         }
     }
     ExitCode::SUCCESS

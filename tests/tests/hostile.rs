@@ -325,3 +325,37 @@ async fn no_log_line_holds_the_nats_password_even_at_trace() {
         leaks[0]
     );
 }
+
+#[test]
+fn sigterm_while_waiting_for_nats_stops_at_once() {
+    let dir = TempDir::new("mrt-hostile-");
+    let config = mock_config(&dir, json!({}));
+    let log = dir.path().join("gateway.log");
+    let child = Command::new(binary("gateway"))
+        .args(["--port", "0", "--backend", "nats"])
+        .arg("--config")
+        .arg(&config)
+        // Nothing listens there: startup keeps retrying for up to 15 s.
+        .args(["--nats-url", &format!("nats://127.0.0.1:{}", free_port())])
+        .env("RUST_LOG", "debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut gateway = Running { child, log };
+    let deadline = Instant::now() + PROMPT;
+    while !gateway.log_text().contains("connecting to server") {
+        assert!(Instant::now() < deadline, "{}", gateway.log_text());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let signalled = Instant::now();
+    gateway.terminate();
+    let status = gateway.wait_exit(PROMPT).expect("gateway exits");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(
+        signalled.elapsed() < Duration::from_secs(5),
+        "exit after {:?}",
+        signalled.elapsed()
+    );
+}
