@@ -88,6 +88,32 @@ pub fn raise_open_file_limit() -> u64 {
     }
 }
 
+/// Connections the kernel queues while the gateway is at `max_connections` (std's default of
+/// 128 would make further clients retry their SYN with growing back-off instead of waiting).
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds `addr` (`host:port`, the first resolved address that binds) with [`LISTEN_BACKLOG`].
+pub async fn bind(addr: &str) -> io::Result<TcpListener> {
+    let mut last = None;
+    for candidate in tokio::net::lookup_host(addr).await? {
+        let socket = if candidate.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        #[cfg(unix)]
+        socket.set_reuseaddr(true)?;
+        match socket
+            .bind(candidate)
+            .and_then(|()| socket.listen(LISTEN_BACKLOG))
+        {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address")))
+}
+
 /// Serves `app` on `listener` until `drain` is cancelled: then stops accepting and asks every
 /// connection to close after its current request. Cancelling `force` closes them at once.
 /// Every connection task is spawned on `tracker`.

@@ -93,7 +93,7 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
         },
     };
     let addr = format!("{}:{}", args.host, args.port);
-    let listener = match TcpListener::bind(&addr).await {
+    let listener = match crate::connections::bind(&addr).await {
         Ok(l) => l,
         Err(e) => return startup_error(&format!("cannot listen on {addr}: {}", e.kind())),
     };
