@@ -25,6 +25,10 @@ const LIMITS_FIELDS: &[&str] = &[
     "max_deadline_ms",
     "default_deadline_ms",
     "max_sse_streams",
+    "header_timeout_ms",
+    "body_timeout_ms",
+    "idle_timeout_ms",
+    "max_connections",
 ];
 
 /// Request and connection limits (root `limits`).
@@ -39,6 +43,14 @@ pub struct Limits {
     pub default_deadline_ms: u64,
     /// Open SSE streams per gateway process.
     pub max_sse_streams: usize,
+    /// Time for a connection to send a request line and headers (10 s by default).
+    pub header_timeout_ms: u64,
+    /// Time to receive a request body once the headers are in (30 s by default).
+    pub body_timeout_ms: u64,
+    /// Keep-alive time between requests, and longest stall of a response write (60 s).
+    pub idle_timeout_ms: u64,
+    /// Open connections per gateway; `None`: the open-file limit minus a reserve.
+    pub max_connections: Option<usize>,
 }
 
 impl Default for Limits {
@@ -48,6 +60,10 @@ impl Default for Limits {
             max_deadline_ms: MAX_DURATION_MS,
             default_deadline_ms: 600_000,
             max_sse_streams: 10_000,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
+            idle_timeout_ms: 60_000,
+            max_connections: None,
         }
     }
 }
@@ -88,6 +104,28 @@ impl Limits {
             max_deadline_ms,
             default_deadline_ms,
             max_sse_streams: fields.size("max_sse_streams", 1, defaults.max_sse_streams)?,
+            header_timeout_ms: fields.integer(
+                "header_timeout_ms",
+                1,
+                MAX_DURATION_MS,
+                defaults.header_timeout_ms,
+            )?,
+            body_timeout_ms: fields.integer(
+                "body_timeout_ms",
+                1,
+                MAX_DURATION_MS,
+                defaults.body_timeout_ms,
+            )?,
+            idle_timeout_ms: fields.integer(
+                "idle_timeout_ms",
+                1,
+                MAX_DURATION_MS,
+                defaults.idle_timeout_ms,
+            )?,
+            max_connections: match fields.get("max_connections") {
+                None => None,
+                Some(_) => Some(fields.size("max_connections", 1, 0)?),
+            },
         })
     }
 }

@@ -6,7 +6,7 @@ use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, Uri, header};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use protocol::manifest::ProviderList;
 use protocol::snapshot::{CancelResponse, CancelStatus, RuntimeInfo, RuntimeState};
@@ -33,12 +33,22 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .fallback(route_not_found)
         .method_not_allowed_fallback(route_not_found)
+        .layer(axum::middleware::from_fn(head_not_found))
         .layer(axum::middleware::map_response(security_headers))
         .with_state(state)
 }
 
 async fn route_not_found() -> ApiError {
     ApiError::NotFound("Route not found")
+}
+
+/// HEAD is an unknown method on every route, as in the reference [R 24] (axum would otherwise
+/// answer it on the GET routes only).
+async fn head_not_found(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    if request.method() == axum::http::Method::HEAD {
+        return route_not_found().await.into_response();
+    }
+    next.run(request).await
 }
 
 /// The execution id from the path: bad percent-encoding is 400, a non-UUID is 404 like an
@@ -164,6 +174,19 @@ fn wants_event_stream(headers: &HeaderMap) -> bool {
     })
 }
 
+/// Whether Content-Type is `application/json`, case-insensitive, with or without parameters.
+/// Other types that merely start the same (`application/jsonp`, `application/json-seq`) are
+/// not JSON, and neither are `+json` suffix types, which the reference rejects too [R 1].
+fn is_json_media_type(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            let essence = v.split(';').next().unwrap_or_default();
+            essence.trim().eq_ignore_ascii_case("application/json")
+        })
+}
+
 async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
     match axum::body::to_bytes(body, limit).await {
         Ok(bytes) => Ok(bytes),
@@ -189,15 +212,7 @@ async fn submit_execution(
     if state.is_stopping() {
         return Err(ApiError::Unavailable("Runtime is shutting down"));
     }
-    let json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.trim_start()
-                .to_ascii_lowercase()
-                .starts_with("application/json")
-        });
-    if !json {
+    if !is_json_media_type(&headers) {
         return Err(ApiError::UnsupportedMediaType);
     }
     let limit = state.inner.limits.max_body_bytes;

@@ -14,6 +14,31 @@ use crate::state::Backend;
 /// How long startup waits for NATS and Redis before giving up.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Bytes of a job or event message beyond the request body: the job envelope (ids, times,
+/// traceparent), message headers, and JSON re-serialization of the request.
+pub const ENVELOPE_MARGIN: usize = 16 * 1024;
+
+/// The body limit the job queue and event store accept: the configured limit, clamped to the
+/// server's `max_payload` minus [`ENVELOPE_MARGIN`] (logged when it clamps), so an oversized
+/// body is a 413 and never a failed publish (503).
+pub fn effective_body_limit(configured: usize, max_payload: usize) -> usize {
+    if max_payload == 0 {
+        return configured;
+    }
+    let fits = max_payload.saturating_sub(ENVELOPE_MARGIN).max(1);
+    if configured > fits {
+        tracing::warn!(
+            configured,
+            effective = fits,
+            max_payload,
+            "limits.max_body_bytes exceeds what NATS accepts (max_payload); clamped"
+        );
+        fits
+    } else {
+        configured
+    }
+}
+
 /// The JetStream layout settings for this deployment.
 pub fn nats_settings<P>(args: &CommonArgs, deployment: &DeploymentConfig<P>) -> NatsSettings {
     NatsSettings {
@@ -51,4 +76,22 @@ pub async fn connect<P>(
         heal_missing: true,
     };
     Ok((backend, nats.connection))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_body_limit_fits_the_server_payload() {
+        let mib = 1024 * 1024;
+        assert_eq!(effective_body_limit(mib, mib), mib - ENVELOPE_MARGIN);
+        assert_eq!(effective_body_limit(2048, mib), 2048);
+        assert_eq!(
+            effective_body_limit(8 * mib, 8 * mib + ENVELOPE_MARGIN),
+            8 * mib
+        );
+        assert_eq!(effective_body_limit(mib, 0), mib, "unknown payload limit");
+        assert_eq!(effective_body_limit(mib, 100), 1);
+    }
 }

@@ -34,6 +34,9 @@ pub fn api_limits<P>(config: &DeploymentConfig<P>) -> ApiLimits {
     ApiLimits::new(&config.limits)
 }
 
+/// Time open streams get to deliver the terminal events written when the grace ran out.
+const STREAM_FLUSH: Duration = Duration::from_millis(250);
+
 impl Embedded {
     /// Builds the memory backends and starts `workers` runner slots.
     pub fn start<P>(
@@ -91,6 +94,7 @@ impl Embedded {
     /// cancel them), cancel executions that never started, and end open event streams once
     /// their terminal events are out. Returns whether everything finished within the grace.
     pub async fn shutdown(self, grace: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + grace;
         self.state.begin_shutdown();
         let in_time = self.pool.shutdown(grace).await;
         self.queue.close();
@@ -111,7 +115,13 @@ impl Embedded {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         };
-        let _ = tokio::time::timeout(Duration::from_secs(2), drained).await;
+        // Within what is left of the grace (the process must stop when it ends), but long
+        // enough for the terminal events of executions cancelled at its end.
+        let now = tokio::time::Instant::now();
+        let until = deadline
+            .max(now + STREAM_FLUSH)
+            .min(now + Duration::from_secs(2));
+        let _ = tokio::time::timeout_at(until, drained).await;
         self.state.close_streams();
         in_time
     }

@@ -14,6 +14,7 @@
 //! - [`embedded`]: the in-memory runtime with the worker pool in-process.
 //! - [`distributed`]: NATS JetStream (`runtime::nats::NatsServices`, as the worker connects) and
 //!   Redis backends for stateless gateways.
+//! - [`connections`]: the accept loop, connection bounds and per-connection timeouts.
 //! - [`server`]: settings, startup, serving and graceful shutdown; the binary only calls
 //!   [`server::run`].
 //!
@@ -21,6 +22,7 @@
 //! backends, so any gateway can serve any execution.
 
 pub mod api;
+pub mod connections;
 pub mod distributed;
 pub mod embedded;
 pub mod error;

@@ -5,12 +5,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use clap::Parser;
 use config::{BackendKind, CommonArgs};
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::api::router;
+use crate::connections::ConnectionLimits;
 use crate::embedded::Embedded;
 use crate::state::AppState;
 
@@ -36,24 +38,44 @@ fn startup_error(message: &str) -> ExitCode {
 
 /// The `gateway` binary.
 pub async fn run(args: GatewayArgs) -> ExitCode {
+    // First of all, so a signal at any later instant is a graceful stop.
+    let stop = CancellationToken::new();
+    let signal = install_shutdown_signal();
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        signal.await;
+        on_signal.cancel();
+    });
     args.common.init_tracing();
+    let open_files = crate::connections::raise_open_file_limit();
     let (deployment, registry) = match worker::deployment::open(args.common.config.as_deref()) {
         Ok((deployment, registry)) => (deployment, Arc::new(registry)),
         Err(e) => return startup_error(&e.to_string()),
     };
     let grace = args.common.shutdown_grace();
+    let limits = ConnectionLimits::new(&deployment.limits, open_files);
     let runtime = match args.common.backend {
         BackendKind::Memory => Runtime::Embedded(Embedded::start(
             &deployment,
             registry,
             args.common.workers(),
         )),
-        BackendKind::Nats => match crate::distributed::connect(&args.common, &deployment).await {
-            Ok((backend, _)) => Runtime::Distributed(AppState::new(
-                backend,
-                registry,
-                crate::embedded::api_limits(&deployment),
-            )),
+        BackendKind::Nats => match tokio::select! {
+            connected = crate::distributed::connect(&args.common, &deployment) => connected,
+            // Waiting for the backends can take a while; a signal meanwhile stops right there.
+            () = stop.cancelled() => {
+                tracing::info!("signal during startup; nothing was served");
+                return ExitCode::SUCCESS;
+            }
+        } {
+            Ok((backend, nats)) => {
+                let mut limits = crate::embedded::api_limits(&deployment);
+                limits.max_body_bytes = crate::distributed::effective_body_limit(
+                    limits.max_body_bytes,
+                    nats.client.server_info().max_payload,
+                );
+                Runtime::Distributed(AppState::new(backend, registry, limits))
+            }
             Err(e) => {
                 tracing::error!(error = %e, "backend connection failed");
                 return startup_error(
@@ -63,7 +85,7 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
         },
     };
     let addr = format!("{}:{}", args.host, args.port);
-    let listener = match TcpListener::bind(&addr).await {
+    let listener = match crate::connections::bind(&addr).await {
         Ok(l) => l,
         Err(e) => return startup_error(&format!("cannot listen on {addr}: {}", e.kind())),
     };
@@ -72,9 +94,17 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
         Err(e) => return startup_error(&format!("cannot read the listen address: {}", e.kind())),
     };
     println!("listening on http://{local}");
-    tracing::info!(%local, backend = ?args.common.backend, "gateway started");
+    tracing::info!(
+        %local,
+        backend = ?args.common.backend,
+        max_connections = limits.max_connections,
+        open_files,
+        "gateway started"
+    );
     match runtime {
-        Runtime::Embedded(embedded) => serve(listener, embedded, shutdown_signal(), grace).await,
+        Runtime::Embedded(embedded) => {
+            serve_embedded(listener, embedded, stop.cancelled_owned(), grace, limits).await;
+        }
         Runtime::Distributed(state) => {
             let hook_state = state.clone();
             let hook = async move {
@@ -83,7 +113,7 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
                 hook_state.begin_shutdown();
                 hook_state.close_streams();
             };
-            serve_with(listener, state, shutdown_signal(), hook).await;
+            serve_with(listener, state, limits, stop.cancelled_owned(), hook, grace).await;
         }
     }
     ExitCode::SUCCESS
@@ -95,12 +125,64 @@ enum Runtime {
     Distributed(AppState),
 }
 
-/// Serves until `signal` resolves, then shuts down gracefully.
+/// Installs the SIGTERM and SIGINT handlers now and returns a future that resolves on either.
+/// Installing before anything else means a signal during startup is a graceful stop, never the
+/// default disposition (which kills the process). `tokio::signal::ctrl_c` would install its
+/// handler only when first polled, hence the explicit unix signals.
+pub fn install_shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
+                }
+                (term, int) => {
+                    if let Err(e) = term.as_ref().and(int.as_ref()) {
+                        tracing::warn!(error = %e, "cannot install a signal handler");
+                    }
+                    shutdown_signal().await;
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        shutdown_signal()
+    }
+}
+
+/// Serves until `signal` resolves, then shuts down gracefully within `grace`, with the
+/// default connection limits.
 pub async fn serve(
     listener: TcpListener,
     embedded: Embedded,
     signal: impl std::future::Future<Output = ()> + Send + 'static,
     grace: Duration,
+) {
+    serve_embedded(
+        listener,
+        embedded,
+        signal,
+        grace,
+        ConnectionLimits::default(),
+    )
+    .await;
+}
+
+/// [`serve`] with explicit connection limits.
+pub async fn serve_embedded(
+    listener: TcpListener,
+    embedded: Embedded,
+    signal: impl std::future::Future<Output = ()> + Send + 'static,
+    grace: Duration,
+    limits: ConnectionLimits,
 ) {
     let state = embedded.state.clone();
     let hook = async move {
@@ -108,49 +190,58 @@ pub async fn serve(
             tracing::warn!("grace period expired; remaining executions were cancelled");
         }
     };
-    serve_with(listener, state, signal, hook).await;
+    serve_with(listener, state, limits, signal, hook, grace).await;
 }
 
-/// Serves `state` until `signal` resolves, runs `shutdown` (which must stop new work and end
-/// open streams), then waits briefly for connections to close.
+/// Serves `state` until `signal` resolves. Then it runs `shutdown` (which must stop new work
+/// and end open streams, bounded by `grace` itself; requests are still served meanwhile),
+/// stops accepting and asks every connection to close after its current request. Connections
+/// still open when the grace is over are closed by force.
 pub async fn serve_with(
     listener: TcpListener,
     state: AppState,
+    limits: ConnectionLimits,
     signal: impl std::future::Future<Output = ()> + Send + 'static,
     shutdown: impl std::future::Future<Output = ()>,
+    grace: Duration,
 ) {
     let app = router(state);
-    let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        // Small SSE frames must leave at once: without TCP_NODELAY, Nagle's algorithm and
-        // delayed ACKs hold them back for ~40 ms.
-        let listener = listener.tap_io(|tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-            }
-        });
-        let result = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stopped_rx.await;
-            })
-            .await;
-        if let Err(e) = result {
-            tracing::error!(error = %e, "server error");
-        }
-    });
+    let drain = CancellationToken::new();
+    let force = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let accepting = tokio::spawn(crate::connections::accept_loop(
+        listener,
+        app,
+        limits,
+        drain.clone(),
+        force.clone(),
+        tracker.clone(),
+    ));
     signal.await;
+    let deadline = tokio::time::Instant::now() + grace;
     tracing::info!("shutting down");
     shutdown.await;
-    let _ = stopped_tx.send(());
-    let abort = server.abort_handle();
-    if tokio::time::timeout(Duration::from_secs(5), server)
+    drain.cancel();
+    if let Err(e) = accepting.await {
+        tracing::error!(error = %e, "accept loop failed");
+    }
+    tracker.close();
+    // Streams the hook ended at the close of the grace still get their last frames out.
+    let until = deadline.max(tokio::time::Instant::now() + CLOSE_FLUSH);
+    if tokio::time::timeout_at(until, tracker.wait())
         .await
         .is_err()
     {
-        // A client that stopped reading keeps its connection busy; close it by force.
-        tracing::warn!("connections still open after shutdown; closing");
-        abort.abort();
+        // A request still running, an incomplete request body, or a client that stopped
+        // reading keeps its connection busy; the grace is over, so it is closed.
+        tracing::warn!("connections still open after the grace period; closing");
+        force.cancel();
+        tracker.wait().await;
     }
 }
+
+/// Time for connections to write their last frames once the shutdown hook has ended the
+/// streams after the grace period.
+const CLOSE_FLUSH: Duration = Duration::from_millis(100);
 
 pub use worker::process::shutdown_signal;

@@ -14,6 +14,7 @@
 //! - [`memory`]: in-process implementations of all four, used by embedded mode and tests.
 //! - [`nats`]: JetStream event store, job queue and cancel bus (distributed mode), connected
 //!   together by `NatsServices::connect` for the gateway and the worker alike.
+//! - [`nats_url`]: credentials split out of `NATS_URL`, so no address the client logs holds one.
 //! - [`redis_idempotency`]: the Redis idempotency store (distributed mode).
 //! - `contract` (feature `contract-tests`): the test suite every implementation must pass, so
 //!   the NATS and Redis implementations are held to exactly the same behaviour.
@@ -32,6 +33,7 @@ pub mod idempotency;
 pub mod job;
 pub mod memory;
 pub mod nats;
+pub mod nats_url;
 pub mod redis_idempotency;
 pub mod writer;
 

@@ -68,7 +68,11 @@ fn no_file_runs_the_mock_alone_with_small_limits() {
             max_body_bytes: 1 << 20,
             max_deadline_ms: 86_400_000,
             default_deadline_ms: 600_000,
-            max_sse_streams: 10_000
+            max_sse_streams: 10_000,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
+            idle_timeout_ms: 60_000,
+            max_connections: None,
         }
     );
     assert_eq!(
@@ -251,7 +255,8 @@ fn root_options() {
     let config = parse(
         r#"{"providers":[{"type":"mock"}],"max_active_executions":3,"retention_ms":5000,
             "limits":{"max_body_bytes":2048,"max_deadline_ms":60000,"default_deadline_ms":1000,
-                      "max_sse_streams":7},
+                      "max_sse_streams":7,"header_timeout_ms":2000,"body_timeout_ms":3000,
+                          "idle_timeout_ms":4000,"max_connections":500},
             "event_store":{"type":"memory","max_executions":5,"max_bytes":6,
                            "max_execution_bytes":7,"max_events":8}}"#,
     )
@@ -264,7 +269,11 @@ fn root_options() {
             max_body_bytes: 2048,
             max_deadline_ms: 60_000,
             default_deadline_ms: 1000,
-            max_sse_streams: 7
+            max_sse_streams: 7,
+            header_timeout_ms: 2000,
+            body_timeout_ms: 3000,
+            idle_timeout_ms: 4000,
+            max_connections: Some(500),
         }
     );
     assert_eq!(

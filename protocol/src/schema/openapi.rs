@@ -173,8 +173,8 @@ fn openapi_parameters() -> Value {
             "name": "Last-Event-ID",
             "in": "header",
             "required": false,
-            "description": "Cursor sent by reconnecting SSE clients (a non-negative integer); ignored when `after` is given. Anything else is 400.",
-            "schema": { "type": "string" }
+            "description": "Cursor sent by reconnecting SSE clients; ignored when `after` is given. Anything but a non-negative integer is 400.",
+            "schema": { "type": "integer", "minimum": 0, "maximum": crate::number::MAX_SAFE_INTEGER }
         }
     })
 }

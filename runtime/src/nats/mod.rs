@@ -133,14 +133,23 @@ impl NatsBackend {
         settings: NatsSettings,
         connect_timeout: Duration,
     ) -> Result<Self, StoreError> {
-        let options = async_nats::ConnectOptions::new()
+        let mut options = async_nats::ConnectOptions::new()
             .name(format!("model-runtime-{}", settings.namespace))
             .retry_on_initial_connect()
             .connection_timeout(Duration::from_secs(2))
             .request_timeout(Some(settings.request_timeout));
+        // The client logs server addresses, so credentials travel in the options only.
+        let (url, credentials) = crate::nats_url::split_credentials(url);
+        match credentials {
+            Some(crate::nats_url::NatsCredentials::UserPassword { user, password }) => {
+                options = options.user_and_password(user, password);
+            }
+            Some(crate::nats_url::NatsCredentials::Token(token)) => options = options.token(token),
+            None => {}
+        }
         let client = tokio::time::timeout(connect_timeout, async {
             let client = options
-                .connect(url)
+                .connect(url.as_str())
                 .await
                 .map_err(|e| unavailable("connect", e))?;
             client
