@@ -125,7 +125,11 @@ fn processes_of(dir: &Path) -> Vec<u32> {
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).replace('\0', " ").contains(&needle))
+                .map(|c| {
+                    String::from_utf8_lossy(&c)
+                        .replace('\0', " ")
+                        .contains(&needle)
+                })
                 .unwrap_or(false)
         })
         .collect()
@@ -196,7 +200,9 @@ async fn cluster_script_serves_through_haproxy_survives_a_killed_gateway_and_sto
     let listing = String::from_utf8_lossy(&status.stdout).to_string();
     for name in ["nats-3", "redis", "gateway-2", "worker-2", "haproxy"] {
         assert!(
-            listing.lines().any(|l| l.starts_with(name) && l.contains("running")),
+            listing
+                .lines()
+                .any(|l| l.starts_with(name) && l.contains("running")),
             "{name} not running: {listing}"
         );
     }
@@ -234,7 +240,10 @@ async fn cluster_script_serves_through_haproxy_survives_a_killed_gateway_and_sto
             [Some(0), Some(1)] => break 2,
             _ => {}
         }
-        assert!(Instant::now() < deadline, "no gateway reports the stream: {counts:?}");
+        assert!(
+            Instant::now() < deadline,
+            "no gateway reports the stream: {counts:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let gateway = format!("gateway-{serving}");
@@ -295,7 +304,11 @@ async fn cluster_script_serves_through_haproxy_survives_a_killed_gateway_and_sto
     // `down` stops everything the script started.
     let down = cluster.run(&["down"]);
     cluster.down = true;
-    assert!(down.status.success(), "cluster.sh down failed: {}", text(&down));
+    assert!(
+        down.status.success(),
+        "cluster.sh down failed: {}",
+        text(&down)
+    );
     let left = processes_of(cluster.dir());
     assert!(left.is_empty(), "processes left after down: {left:?}");
     assert!(
