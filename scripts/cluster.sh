@@ -61,11 +61,12 @@ usage() {
 # Whether PID is alive and was started by this state directory (guards against pid reuse).
 owned() {
   local pid=$1
-  local cmdline
-  [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
-  # Matched in bash, not by a grep whose own arguments would name the directory.
-  cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
-  [[ $cmdline == *"$dir/"* ]]
+  local args=()
+  [ -n "$pid" ] || return 1
+  # Read and matched in bash: no process per check (down scans all of /proc), and no grep
+  # whose own arguments would name the directory.
+  { mapfile -d '' args <"/proc/$pid/cmdline"; } 2>/dev/null || return 1
+  [[ "${args[*]}" == *"$dir/"* ]]
 }
 
 pid_of() { cat "$run/$1.pid" 2>/dev/null || true; }
@@ -86,12 +87,13 @@ show_log() {
   tail -n 20 "$logs/$1.log" >&2 2>/dev/null || true
 }
 
-# wait_for NAME WHAT COMMAND...: polls COMMAND until it succeeds; fails early if NAME exits.
+# wait_for NAME WHAT COMMAND...: polls COMMAND until it succeeds while NAME runs; fails early
+# if NAME exits.
 wait_for() {
   local name=$1 what=$2
   shift 2
   local deadline=$((SECONDS + start_timeout))
-  until "$@" >/dev/null 2>&1; do
+  until "$@" >/dev/null 2>&1 && running "$name"; do
     if ! running "$name"; then
       show_log "$name"
       echo "cluster.sh: $name exited during start-up" >&2
@@ -107,6 +109,25 @@ wait_for() {
 }
 
 http_ok() { curl -fs --max-time 2 -o /dev/null "$1"; }
+
+# Whether something accepts connections on 127.0.0.1:PORT.
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# Fails if a port the cluster needs is taken: health checks would otherwise reach whatever
+# listens there instead of the process that failed to bind.
+check_ports_free() {
+  local port i
+  local ports=("$http_port" "$redis_port" "$(gateway_port 1)" "$(gateway_port 2)")
+  for i in 1 2 3; do
+    ports+=("$(nats_port "$i")" "$(nats_route_port "$i")" "$(nats_http_port "$i")")
+  done
+  for i in $(seq 1 "$1"); do ports+=("$(worker_admin_port "$i")"); done
+  for port in "${ports[@]}"; do
+    if listening "$port"; then
+      die "port $port is in use (set MRT_CLUSTER_PORT / MRT_CLUSTER_PORT_BASE)"
+    fi
+  done
+}
 
 # Component names in start order.
 components() {
@@ -156,6 +177,7 @@ up() {
     running "$name" && die "already running in $dir ($name); run 'scripts/cluster.sh down' first"
   done
 
+  check_ports_free "$workers"
   [ -n "${MRT_NATS_SERVER:-}" ] || ensure_nats_server
   ensure_redis_server
   ensure_haproxy
@@ -195,17 +217,19 @@ up() {
   # Stream replicas (3 on three nodes) and the comma-separated server list need the gateway's
   # --replicas support (same change); older binaries get one server and discover the others
   # from it, with R1 streams.
-  local nats_url replicas=()
+  local nats_url gateway_replicas=() worker_replicas=()
   nats_url="nats://127.0.0.1:$(nats_port 1)"
   if "$bin/gateway" --help 2>/dev/null | grep -q -- '--replicas'; then
     nats_url=$urls
-    replicas=(--replicas 3)
+    gateway_replicas=(--replicas 3)
   fi
+  "$bin/worker" --help 2>/dev/null | grep -q -- '--replicas' && worker_replicas=(--replicas 3)
   local common=(--backend nats --nats-url "$nats_url" --redis-url "redis://127.0.0.1:$redis_port"
-    --namespace "$namespace" --config "$etc/deployment.json" "${replicas[@]}")
+    --namespace "$namespace" --config "$etc/deployment.json")
 
   for i in 1 2; do
-    start "gateway-$i" "$bin/gateway" "${common[@]}" --host 127.0.0.1 --port "$(gateway_port "$i")"
+    start "gateway-$i" "$bin/gateway" "${common[@]}" "${gateway_replicas[@]}" \
+      --host 127.0.0.1 --port "$(gateway_port "$i")"
   done
   for i in 1 2; do
     wait_for "gateway-$i" "/readyz" http_ok "http://127.0.0.1:$(gateway_port "$i")/readyz"
@@ -215,9 +239,10 @@ up() {
   "$bin/worker" --help 2>/dev/null | grep -q -- '--admin-port' && admin=true
   for i in $(seq 1 "$workers"); do
     if $admin; then
-      start "worker-$i" "$bin/worker" "${common[@]}" --admin-port "$(worker_admin_port "$i")"
+      start "worker-$i" "$bin/worker" "${common[@]}" "${worker_replicas[@]}" \
+        --admin-port "$(worker_admin_port "$i")"
     else
-      start "worker-$i" "$bin/worker" "${common[@]}"
+      start "worker-$i" "$bin/worker" "${common[@]}" "${worker_replicas[@]}"
     fi
   done
   for i in $(seq 1 "$workers"); do
@@ -309,7 +334,9 @@ address_of() {
     redis) echo "127.0.0.1:$redis_port" ;;
     gateway-*) echo "127.0.0.1:$(gateway_port "${1#gateway-}")" ;;
     worker-*)
-      if [[ $(tr '\0' ' ' <"/proc/$2/cmdline" 2>/dev/null) == *--admin-port* ]]; then
+      local args=()
+      { mapfile -d '' args <"/proc/$2/cmdline"; } 2>/dev/null || true
+      if [[ "${args[*]}" == *--admin-port* ]]; then
         echo "127.0.0.1:$(worker_admin_port "${1#worker-}")"
       else
         echo -
