@@ -37,6 +37,11 @@ pub struct CommonArgs {
     /// Redis for idempotency keys (backend nats).
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
+    /// Replicas of every JetStream stream and bucket (1-5), applied on creation and reconciled
+    /// at startup; 3 on a 3-node cluster survives the loss of any one node.
+    #[arg(long, env = "MODEL_RUNTIME_REPLICAS", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..=5))]
+    pub replicas: u8,
     /// Prefix of every stream, consumer, subject and Redis key.
     #[arg(long, env = "MODEL_RUNTIME_NAMESPACE", default_value = "mrt", value_parser = parse_namespace)]
     pub namespace: String,

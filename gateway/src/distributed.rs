@@ -45,6 +45,7 @@ pub fn nats_settings<P>(args: &CommonArgs, deployment: &DeploymentConfig<P>) -> 
         retention: deployment.retention,
         max_jobs: i64::try_from(deployment.max_active_executions).unwrap_or(i64::MAX),
         ack_wait: args.ack_wait(),
+        replicas: usize::from(args.replicas),
         ..NatsSettings::new(args.namespace.clone())
     }
 }

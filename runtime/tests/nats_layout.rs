@@ -471,3 +471,66 @@ async fn a_setting_jetstream_cannot_change_stops_the_start_and_is_named() {
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn a_server_list_connects_past_a_dead_entry_and_a_malformed_list_is_refused() {
+    let server = NatsServer::start();
+    let dead = format!("nats://127.0.0.1:{}", testkit::free_port());
+    let list = format!("{dead}, {}", server.url());
+    let settings = NatsSettings::new(unique_namespace("t"));
+    let backend = NatsBackend::connect(&list, settings.clone(), Duration::from_secs(30))
+        .await
+        .expect("one live server in the list is enough");
+    assert!(backend.connected());
+
+    let malformed = format!("{},nats://[::1", server.url());
+    let err = NatsBackend::connect(&malformed, settings, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    assert!(
+        !err.to_string().contains("[::1"),
+        "the list is not echoed: {err}"
+    );
+}
+
+#[tokio::test]
+async fn replicas_are_applied_on_creation_and_reconciled_on_restart() {
+    let server = NatsServer::start();
+    let namespace = unique_namespace("t");
+    let with = |replicas| NatsSettings {
+        replicas,
+        ..NatsSettings::new(namespace.clone())
+    };
+    let settings = with(1);
+    let replicas_on_server = |backend: NatsBackend| {
+        let settings = settings.clone();
+        async move {
+            let mut out = Vec::new();
+            for name in [
+                settings.events_stream(),
+                settings.jobs_stream(),
+                format!("KV_{}", settings.cancel_bucket()),
+            ] {
+                let stream = backend.jetstream.get_stream(&name).await.unwrap();
+                out.push(stream.cached_info().config.num_replicas);
+            }
+            out
+        }
+    };
+    // A standalone server records a raised setting on existing streams (and keeps one copy); a
+    // cluster places the copies. Creating a replicated stream there is refused with the reason.
+    let refused = NatsBackend::connect(&server.url(), with(3), Duration::from_secs(30))
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("replicas"), "{refused}");
+    for replicas in [1, 3, 1] {
+        let backend = connect(&server, with(replicas)).await;
+        NatsCancelBus::new(backend.clone()).await.unwrap();
+        assert_eq!(
+            replicas_on_server(backend).await,
+            vec![replicas; 3],
+            "after a start with {replicas} replicas"
+        );
+    }
+}

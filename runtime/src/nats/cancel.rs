@@ -56,6 +56,7 @@ impl NatsCancelBus {
                     &s.cancel_bucket(),
                     s.retention,
                     CANCEL_HISTORY,
+                    s.replicas,
                 )
                 .await?;
                 kv
@@ -67,6 +68,7 @@ impl NatsCancelBus {
                     history: CANCEL_HISTORY,
                     max_age: s.retention,
                     storage: async_nats::jetstream::stream::StorageType::File,
+                    num_replicas: s.replicas,
                     ..Default::default()
                 })
                 .await

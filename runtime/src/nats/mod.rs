@@ -53,6 +53,9 @@ pub struct NatsSettings {
     pub request_timeout: Duration,
     /// Largest accepted event, in bytes.
     pub max_event_bytes: i32,
+    /// Replicas of every stream and of the cancel bucket (1-5; 3 on a 3-node cluster survives
+    /// the loss of any one node).
+    pub replicas: usize,
 }
 
 impl NatsSettings {
@@ -64,6 +67,7 @@ impl NatsSettings {
             max_jobs: 100_000,
             request_timeout: Duration::from_millis(1500),
             max_event_bytes: 1024 * 1024 + 4096,
+            replicas: 1,
         }
     }
 
@@ -140,6 +144,13 @@ impl NatsBackend {
             .request_timeout(Some(settings.request_timeout));
         // The client logs server addresses, so credentials travel in the options only.
         let (url, credentials) = crate::nats_url::split_credentials(url);
+        // A comma-separated list names several servers of one cluster; the client picks one and
+        // fails over to the others (and to servers the cluster gossips).
+        let servers = url
+            .split(',')
+            .map(|server| server.trim().parse::<async_nats::ServerAddr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| StoreError::Unavailable("NATS_URL is not a list of NATS URLs".into()))?;
         match credentials {
             Some(crate::nats_url::NatsCredentials::UserPassword { user, password }) => {
                 options = options.user_and_password(user, password);
@@ -149,7 +160,7 @@ impl NatsBackend {
         }
         let client = tokio::time::timeout(connect_timeout, async {
             let client = options
-                .connect(url.as_str())
+                .connect(servers)
                 .await
                 .map_err(|e| unavailable("connect", e))?;
             client
@@ -199,6 +210,7 @@ impl NatsBackend {
                 max_message_size: s.max_event_bytes,
                 allow_direct: true,
                 duplicate_window: window,
+                num_replicas: s.replicas,
                 // Live readers follow this copy: the server sends it only once the event is
                 // stored, so a rejected or lost append never reaches a reader.
                 republish: Some(stream::Republish {
@@ -221,6 +233,7 @@ impl NatsBackend {
                 discard: stream::DiscardPolicy::New,
                 max_age: s.retention,
                 duplicate_window: window,
+                num_replicas: s.replicas,
                 ..Default::default()
             },
         )

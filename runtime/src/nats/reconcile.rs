@@ -4,8 +4,8 @@
 //! A namespace outlives the processes that created it, so "create if missing" alone would keep
 //! the first process's values forever (a changed ack wait or admission limit silently ignored).
 //! Here every setting this crate manages is compared with the server's: what JetStream can
-//! update is updated, keeping every setting this crate does not manage (replicas, placement,
-//! limits an operator set) as the server has it; what it cannot update (storage type, retention
+//! update is updated (the replica count included: JetStream moves the data), keeping every
+//! setting this crate does not manage (placement, limits an operator set) as the server has it; what it cannot update (storage type, retention
 //! to or from work-queue) is a startup error naming the setting, never a silent mismatch.
 
 use std::time::Duration;
@@ -65,6 +65,7 @@ fn stream_differences(current: &stream::Config, desired: &stream::Config) -> Vec
         current.duplicate_window != desired.duplicate_window,
     );
     check("republish", current.republish != desired.republish);
+    check("num_replicas", current.num_replicas != desired.num_replicas);
     out
 }
 
@@ -80,6 +81,7 @@ fn merged(current: &stream::Config, desired: &stream::Config) -> stream::Config 
         allow_direct: desired.allow_direct,
         duplicate_window: desired.duplicate_window,
         republish: desired.republish.clone(),
+        num_replicas: desired.num_replicas,
         ..current.clone()
     }
 }
@@ -100,6 +102,7 @@ pub(crate) async fn stream(
     desired: stream::Config,
 ) -> Result<(), StoreError> {
     let name = desired.name.clone();
+    let mut last_refusal = String::new();
     for _ in 0..3 {
         match js.get_stream(&name).await {
             Ok(existing) => {
@@ -139,6 +142,7 @@ pub(crate) async fn stream(
                     // Another process created it between our get and create: verify again.
                     Err(create) => {
                         tracing::debug!(stream = %name, error = %create, "create stream raced");
+                        last_refusal = format!(": {create}");
                     }
                 }
             }
@@ -146,7 +150,7 @@ pub(crate) async fn stream(
         }
     }
     Err(StoreError::Unavailable(format!(
-        "cannot create or verify stream {name}"
+        "cannot create or verify stream {name}{last_refusal}"
     )))
 }
 
@@ -202,12 +206,14 @@ pub(crate) async fn pull_consumer(
     })
 }
 
-/// Brings the stream behind a KV bucket to `max_age` and `history`, keeping the rest.
+/// Brings the stream behind a KV bucket to `max_age`, `history` and `replicas`, keeping the
+/// rest.
 pub(crate) async fn kv_bucket(
     js: &jetstream::Context,
     bucket: &str,
     max_age: Duration,
     history: i64,
+    replicas: usize,
 ) -> Result<(), StoreError> {
     let name = format!("KV_{bucket}");
     let existing = js
@@ -222,6 +228,9 @@ pub(crate) async fn kv_bucket(
     if current.max_messages_per_subject != history {
         differs.push("history");
     }
+    if current.num_replicas != replicas {
+        differs.push("num_replicas");
+    }
     if differs.is_empty() {
         return Ok(());
     }
@@ -229,6 +238,7 @@ pub(crate) async fn kv_bucket(
     let updated = stream::Config {
         max_age,
         max_messages_per_subject: history,
+        num_replicas: replicas,
         duplicate_window: duplicate_window(current.duplicate_window, max_age),
         ..current.clone()
     };
@@ -268,16 +278,17 @@ mod tests {
     #[test]
     fn changed_limits_are_named_and_merged_keeping_unmanaged_settings() {
         let mut current = config();
-        current.num_replicas = 3;
+        current.num_replicas = 1;
         current.max_consumers = 7;
         let desired = stream::Config {
             max_messages: 20,
             max_age: Duration::from_secs(30),
+            num_replicas: 3,
             ..config()
         };
         assert_eq!(
             stream_differences(&current, &desired),
-            vec!["max_age", "max_msgs"]
+            vec!["max_age", "max_msgs", "num_replicas"]
         );
         let m = merged(&current, &desired);
         assert_eq!((m.max_messages, m.max_age), (20, Duration::from_secs(30)));
