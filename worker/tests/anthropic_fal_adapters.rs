@@ -1,5 +1,5 @@
 //! The `anthropic-messages` and `fal-queue` adapters end to end: each test starts a fake
-//! provider (axum on 127.0.0.1:0) that replays a transcript in the provider's real wire format,
+//! provider (`testkit::fake_provider`) that replays a transcript in the provider's real wire format,
 //! runs a job through `worker::runner::Runner` over the in-memory stores, and checks the exact
 //! event log, the materialized snapshot, the error, and what the fake provider received.
 //! References `[R n]` are to `docs/reference-behaviours.md`.
@@ -12,18 +12,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::State;
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
-use axum::response::Response;
-use futures_util::StreamExt;
+use axum::http::{Method, StatusCode};
 use protocol::event::{EventBody, ExecutionStatus, OutputArtifact, ProgressPhase};
 use protocol::request::Modality;
 use protocol::{ErrorCode, RuntimeError, Target, UsageFact, UsageSource, UsageUnit};
 use runtime::CancelBus;
 use serde_json::{Value, json};
 use support::*;
+use testkit::fake_provider::{FakeProvider, Piece, Received, Reply};
+use testkit::logs::Logs;
 use tokio_util::sync::CancellationToken;
 use worker::config::{BaseUrl, FalConfig, FlowLimits, TextProviderConfig};
 use worker::provider::anthropic_messages::{AnthropicMessagesProvider, KeySource};
@@ -39,117 +36,7 @@ const FAL_MODEL: &str = "fal-ai/flux/dev";
 const REQUEST_ID: &str = "764cabcf-b745-4b3e-ae38-1200304cf45b";
 
 // =============================================================================================
-// The fake provider
-
-/// One request the fake provider received.
-#[derive(Debug, Clone)]
-struct Received {
-    method: Method,
-    path: String,
-    headers: HeaderMap,
-    body: Bytes,
-    /// `http://127.0.0.1:PORT` of the server that received it.
-    origin: String,
-    /// How many earlier requests had the same method and path.
-    nth: usize,
-}
-
-impl Received {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).expect("JSON body")
-    }
-}
-
-type Responder = dyn Fn(&Received) -> Response + Send + Sync;
-
-#[derive(Clone)]
-struct ServerState {
-    received: Arc<parking_lot::Mutex<Vec<Received>>>,
-    responder: Arc<Responder>,
-    origin: String,
-}
-
-/// A local HTTP server answering every request with `responder`, recording what it received.
-struct FakeProvider {
-    origin: String,
-    received: Arc<parking_lot::Mutex<Vec<Received>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeProvider {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn record(
-    State(state): State<ServerState>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let received = {
-        let mut all = state.received.lock();
-        let nth = all
-            .iter()
-            .filter(|r| r.method == method && r.path == uri.path())
-            .count();
-        let received = Received {
-            method,
-            path: uri.path().to_owned(),
-            headers,
-            body,
-            origin: state.origin.clone(),
-            nth,
-        };
-        all.push(received.clone());
-        received
-    };
-    (state.responder)(&received)
-}
-
-impl FakeProvider {
-    async fn start(responder: impl Fn(&Received) -> Response + Send + Sync + 'static) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let origin = format!("http://{}", listener.local_addr().unwrap());
-        let received = Arc::new(parking_lot::Mutex::new(Vec::new()));
-        let state = ServerState {
-            received: Arc::clone(&received),
-            responder: Arc::new(responder),
-            origin: origin.clone(),
-        };
-        let app = Router::new().fallback(record).with_state(state);
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app).await.unwrap();
-        });
-        Self {
-            origin,
-            received,
-            task,
-        }
-    }
-
-    fn base_url(&self) -> BaseUrl {
-        BaseUrl::parse(&self.origin).unwrap()
-    }
-
-    fn received(&self) -> Vec<Received> {
-        self.received.lock().clone()
-    }
-
-    fn count(&self, method: Method, path: &str) -> usize {
-        self.received
-            .lock()
-            .iter()
-            .filter(|r| r.method == method && r.path == path)
-            .count()
-    }
-}
+// The fake provider's answers
 
 /// What happens after the last chunk of a streamed body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,110 +49,51 @@ enum Tail {
     Abort,
 }
 
-fn event_stream(chunks: Vec<String>, tail: Tail) -> Response {
-    let chunks = futures_util::stream::iter(
-        chunks
-            .into_iter()
-            .map(|c| Ok::<Bytes, std::io::Error>(Bytes::from(c))),
-    );
-    let body = match tail {
-        Tail::End => Body::from_stream(chunks),
-        Tail::Stall => Body::from_stream(
-            chunks.chain(futures_util::stream::pending::<Result<Bytes, std::io::Error>>()),
-        ),
+fn event_stream(chunks: Vec<String>, tail: Tail) -> Reply {
+    let mut pieces: Vec<Piece> = chunks.into_iter().map(Piece::text).collect();
+    match tail {
+        Tail::End => {}
+        Tail::Stall => pieces.push(Piece::Stall),
         // After a pause, so that what came before is on the wire first.
-        Tail::Abort => Body::from_stream(chunks.chain(futures_util::stream::once(async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            Err(std::io::Error::other("connection reset"))
-        }))),
-    };
-    Response::builder()
-        .header("content-type", "text/event-stream")
-        .header("cache-control", "no-cache")
-        .body(body)
-        .unwrap()
+        Tail::Abort => pieces.extend([Piece::Pause(Duration::from_millis(100)), Piece::Cut]),
+    }
+    Reply::Stream(pieces)
 }
 
-fn json_response(status: StatusCode, value: Value) -> Response {
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Body::from(value.to_string()))
-        .unwrap()
+fn json_response(status: StatusCode, value: Value) -> Reply {
+    Reply::json(status.as_u16(), &value)
 }
 
-fn text_response(status: StatusCode, text: &str) -> Response {
-    Response::builder()
-        .status(status)
-        .body(Body::from(text.to_owned()))
-        .unwrap()
+fn text_response(status: StatusCode, text: &str) -> Reply {
+    Reply::text(status.as_u16(), text)
 }
 
 /// An error answer that echoes the credential, as a misbehaving proxy might.
-fn echoing_error(status: StatusCode, received: &Received) -> Response {
+fn echoing_error(status: StatusCode, received: &Received) -> Reply {
     let key = received
         .header("x-api-key")
         .or(received.header("authorization"))
         .unwrap_or_default()
         .to_owned();
-    let mut response = json_response(
+    let response = json_response(
         status,
         json!({"type": "error", "error": {"type": "authentication_error", "message": format!("invalid x-api-key {key}")}}),
     );
     if status == StatusCode::TOO_MANY_REQUESTS {
+        response.with_header("retry-after", "17")
+    } else {
         response
-            .headers_mut()
-            .insert("retry-after", "17".parse().unwrap());
-    }
-    response
-}
-
-// =============================================================================================
-// Log capture (the canary must not reach a log line either)
-
-#[derive(Debug, Clone, Default)]
-struct Logs(Arc<parking_lot::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock()).into_owned()
-    }
+fn base_url(server: &FakeProvider) -> BaseUrl {
+    BaseUrl::parse(server.origin()).unwrap()
 }
 
-/// Captures every log line of this thread at TRACE. Tests using it run on the current-thread
-/// runtime, so the runner, the adapter and the fake server all log here.
-fn capture_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .finish();
-    (logs, tracing::subscriber::set_default(subscriber))
-}
-
-/// Every event, the snapshot and the logs are free of the canary credential.
+/// Every event, the snapshot and the logs (if captured) are free of the canary credential.
 async fn assert_no_canary(h: &Harness, id: protocol::ExecutionId, logs: Option<&Logs>) {
-    for event in h.events(id).await {
-        assert!(!event.to_json().contains("CANARY"), "{}", event.to_json());
-    }
-    let snapshot = serde_json::to_string(&h.snapshot(id).await).unwrap();
-    assert!(!snapshot.contains("CANARY"), "{snapshot}");
-    if let Some(logs) = logs {
-        assert!(!logs.text().contains("CANARY"), "{}", logs.text());
-    }
+    h.assert_no_canary(id, logs.map(Logs::text).as_deref())
+        .await;
 }
 
 // =============================================================================================
@@ -287,7 +115,7 @@ fn anthropic_config(base_url: BaseUrl, tools: bool, inputs: &[Modality]) -> Text
 fn anthropic(server: &FakeProvider, tools: bool) -> Arc<dyn Provider> {
     anthropic_with(
         anthropic_config(
-            server.base_url(),
+            base_url(&server),
             tools,
             &[Modality::Text, Modality::Json, Modality::Image],
         ),
@@ -322,7 +150,7 @@ fn fast() -> FalOptions {
 
 fn fal(server: &FakeProvider, options: FalOptions) -> Arc<dyn Provider> {
     Arc::new(FalQueueProvider::new(
-        &fal_config(server.base_url(), FAL_MODEL),
+        &fal_config(base_url(&server), FAL_MODEL),
         KeySource::Fixed(Secret::new(CANARY)),
         options,
     ))
@@ -545,7 +373,7 @@ fn tool_events() -> Vec<EventBody> {
 fn transcript_server(
     transcript: Vec<String>,
     tail: Tail,
-) -> impl Fn(&Received) -> Response + Send + Sync + 'static {
+) -> impl Fn(&Received) -> Reply + Send + Sync + 'static {
     move |_| event_stream(transcript.clone(), tail)
 }
 
@@ -638,7 +466,7 @@ async fn anthropic_text_streams_and_the_request_is_built_as_documented() {
 #[tokio::test]
 async fn anthropic_base_path_is_kept_and_max_tokens_may_be_set() {
     let server = FakeProvider::start(transcript_server(text_transcript(), Tail::End)).await;
-    let base = BaseUrl::parse(&format!("{}/proxy/anthropic/", server.origin)).unwrap();
+    let base = BaseUrl::parse(&format!("{}/proxy/anthropic/", server.origin())).unwrap();
     let provider = anthropic_with(
         anthropic_config(base, false, &[Modality::Text, Modality::Json]),
         KeySource::Fixed(Secret::new(CANARY)),
@@ -756,7 +584,7 @@ async fn anthropic_stops_reading_at_message_stop() {
 
 #[tokio::test]
 async fn anthropic_http_errors_map_by_status_and_retryable_ones_fall_back() {
-    let (logs, _guard) = capture_logs();
+    let (logs, _guard) = testkit::logs::capture();
     for (status, code, retryable) in [
         (
             StatusCode::BAD_REQUEST,
@@ -1068,7 +896,7 @@ async fn anthropic_eof_before_message_stop_is_a_protocol_error() {
 async fn anthropic_capabilities_come_only_from_the_declaration() {
     let server = FakeProvider::start(transcript_server(text_transcript(), Tail::End)).await;
     let provider = anthropic_with(
-        anthropic_config(server.base_url(), false, &[Modality::Text, Modality::Json]),
+        anthropic_config(base_url(&server), false, &[Modality::Text, Modality::Json]),
         KeySource::Fixed(Secret::new(CANARY)),
     );
     let manifest = provider.manifest().clone();
@@ -1115,7 +943,7 @@ async fn anthropic_capabilities_come_only_from_the_declaration() {
 async fn anthropic_missing_credential_fails_without_a_request() {
     let server = FakeProvider::start(transcript_server(text_transcript(), Tail::End)).await;
     let provider = anthropic_with(
-        anthropic_config(server.base_url(), false, &[Modality::Text]),
+        anthropic_config(base_url(&server), false, &[Modality::Text]),
         KeySource::Env("MRT_TEST_SURELY_UNSET_ANTHROPIC_KEY".into()),
     );
     let h = harness(vec![provider]);
@@ -1255,8 +1083,8 @@ fn flux_artifacts() -> Vec<OutputArtifact> {
 /// repeated forever), the result answered by `result`, cancel answered 202.
 fn fal_queue(
     statuses: Vec<&'static str>,
-    result: impl Fn() -> Response + Send + Sync + 'static,
-) -> impl Fn(&Received) -> Response + Send + Sync + 'static {
+    result: impl Fn() -> Reply + Send + Sync + 'static,
+) -> impl Fn(&Received) -> Reply + Send + Sync + 'static {
     move |r: &Received| {
         let path = r.path.as_str();
         if r.method == Method::POST && path == "/fal-ai/flux/dev" {
@@ -1390,7 +1218,7 @@ async fn fal_several_images_are_sent_as_image_urls_and_the_model_slash_is_droppe
     }))
     .await;
     let provider: Arc<dyn Provider> = Arc::new(FalQueueProvider::new(
-        &fal_config(server.base_url(), "/fal-ai/flux/dev"),
+        &fal_config(base_url(&server), "/fal-ai/flux/dev"),
         KeySource::Fixed(Secret::new(CANARY)),
         fast(),
     ));
@@ -1498,7 +1326,7 @@ async fn fal_error_type_echoing_the_credential_is_dropped() {
 
 #[tokio::test]
 async fn fal_unknown_status_is_a_protocol_error_and_cancels_once() {
-    let (logs, _guard) = capture_logs();
+    let (logs, _guard) = testkit::logs::capture();
     let server =
         FakeProvider::start(fal_queue(vec!["IN_QUEUE", "PAUSED"], || unreachable!())).await;
     let h = harness(vec![fal(&server, fast())]);
@@ -1771,7 +1599,7 @@ async fn fal_status_poll_errors_are_not_retryable_and_cancel() {
 #[tokio::test]
 async fn fal_cross_origin_lifecycle_urls_are_refused_unrequested() {
     let elsewhere = FakeProvider::start(|_| json_response(StatusCode::OK, json!({}))).await;
-    let other_origin = elsewhere.origin.clone();
+    let other_origin = elsewhere.origin().to_owned();
     let server = FakeProvider::start(move |r: &Received| {
         if r.method == Method::POST {
             let mut answer = submitted(&r.origin);
@@ -1830,7 +1658,7 @@ async fn fal_submit_answer_without_urls_is_a_protocol_error() {
 
 #[tokio::test]
 async fn fal_submit_rejections_keep_the_status_mapping() {
-    let (logs, _guard) = capture_logs();
+    let (logs, _guard) = testkit::logs::capture();
     for (status, code, retryable) in [
         (
             StatusCode::BAD_REQUEST,
@@ -1933,7 +1761,7 @@ async fn fal_submit_transport_failure_never_falls_back() {
 #[tokio::test]
 async fn fal_model_leaving_the_base_is_invalid_without_a_request() {
     let server = FakeProvider::start(fal_queue(vec!["COMPLETED"], || unreachable!())).await;
-    let base = BaseUrl::parse(&format!("{}/api", server.origin)).unwrap();
+    let base = BaseUrl::parse(&format!("{}/api", server.origin())).unwrap();
     for model in ["../x", "a/../../x", "a?x=1", "a#f"] {
         let provider: Arc<dyn Provider> = Arc::new(FalQueueProvider::new(
             &fal_config(base.clone(), model),

@@ -452,6 +452,19 @@ impl Harness {
 }
 
 impl Harness {
+    /// Every event and the snapshot of `id`, and `logs` if given, are free of canary
+    /// credentials (`testkit::canary`).
+    pub async fn assert_no_canary(&self, id: ExecutionId, logs: Option<&str>) {
+        let marker = testkit::canary::MARKER;
+        let events = self.events(id).await;
+        testkit::canary::assert_absent_all(marker, "an event", events.iter().map(|e| e.to_json()));
+        let snapshot = serde_json::to_string(&self.snapshot(id).await).expect("snapshot JSON");
+        testkit::canary::assert_absent(marker, "the snapshot", &snapshot);
+        if let Some(logs) = logs {
+            testkit::canary::assert_absent(marker, "the logs", logs);
+        }
+    }
+
     /// Checks the log so far (not yet terminal) against `expected` exactly.
     pub async fn assert_log_prefix(&self, id: ExecutionId, expected: &[EventBody]) {
         let events = self.events(id).await;
