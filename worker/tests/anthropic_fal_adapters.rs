@@ -86,6 +86,36 @@ fn echoing_error(status: StatusCode, received: &Received) -> Reply {
     }
 }
 
+/// Statuses a provider rejects a request with, and how each maps.
+const REJECTIONS: [(StatusCode, ErrorCode, bool); 4] = [
+    (
+        StatusCode::BAD_REQUEST,
+        ErrorCode::ProviderUnavailable,
+        false,
+    ),
+    (
+        StatusCode::UNAUTHORIZED,
+        ErrorCode::ProviderUnavailable,
+        false,
+    ),
+    (StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited, true),
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorCode::ProviderUnavailable,
+        true,
+    ),
+];
+
+/// The error of a request rejected with `status`.
+fn rejected(status: StatusCode, code: ErrorCode, retryable: bool) -> RuntimeError {
+    RuntimeError::new(
+        code,
+        format!("Provider request failed with status {}", status.as_u16()),
+        retryable,
+    )
+    .with_provider_code(status.as_u16().to_string())
+}
+
 fn base_url(server: &FakeProvider) -> BaseUrl {
     BaseUrl::parse(server.origin()).unwrap()
 }
@@ -201,6 +231,20 @@ fn text_delta(output_index: u32, text: &str) -> EventBody {
     }
 }
 
+fn queued() -> EventBody {
+    EventBody::Progress {
+        phase: ProgressPhase::Queued,
+        progress: None,
+    }
+}
+
+fn processing() -> EventBody {
+    EventBody::Progress {
+        phase: ProgressPhase::Processing,
+        progress: None,
+    }
+}
+
 fn facts(pairs: &[(UsageUnit, f64)]) -> Vec<UsageFact> {
     pairs
         .iter()
@@ -230,6 +274,47 @@ async fn run(h: &Harness, request: &str, deadline: Duration) -> protocol::Execut
     let outcome = within("the run ends", PATIENCE, h.runner.run(&job, 1)).await;
     assert_eq!(outcome, RunOutcome::Finished);
     job.execution_id
+}
+
+/// The routing member that allows fallback.
+fn fallback() -> Value {
+    json!({"routing": {"allow_fallback": true}})
+}
+
+/// Runs `request` on `adapter` with a mock serving `ability` registered behind it.
+async fn run_with_fallback(
+    adapter: Arc<dyn Provider>,
+    ability: &str,
+    request: &str,
+    deadline: Duration,
+) -> (Harness, protocol::ExecutionId) {
+    let h = harness(vec![adapter, fallback_mock(ability)]);
+    let id = run(&h, request, deadline).await;
+    (h, id)
+}
+
+/// Runs a chat request on anthropic, with the mock behind it and fallback allowed.
+async fn claude_with_fallback(
+    server: &FakeProvider,
+    deadline: Duration,
+) -> (Harness, protocol::ExecutionId) {
+    let adapter = anthropic(server, false);
+    run_with_fallback(adapter, "text-generation", &chat(fallback()), deadline).await
+}
+
+/// Runs an image request on fal, with the mock behind it and fallback allowed.
+async fn fal_with_fallback(
+    server: &FakeProvider,
+    options: FalOptions,
+) -> (Harness, protocol::ExecutionId) {
+    let adapter = fal(server, options);
+    run_with_fallback(
+        adapter,
+        "image-generation",
+        &image_request(fallback()),
+        LONG,
+    )
+    .await
 }
 
 async fn error_of(h: &Harness, id: protocol::ExecutionId) -> RuntimeError {
@@ -585,73 +670,16 @@ async fn anthropic_stops_reading_at_message_stop() {
 #[tokio::test]
 async fn anthropic_http_errors_map_by_status_and_retryable_ones_fall_back() {
     let (logs, _guard) = testkit::logs::capture();
-    for (status, code, retryable) in [
-        (
-            StatusCode::BAD_REQUEST,
-            ErrorCode::ProviderUnavailable,
-            false,
-        ),
-        (
-            StatusCode::UNAUTHORIZED,
-            ErrorCode::ProviderUnavailable,
-            false,
-        ),
-        (StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited, true),
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            ErrorCode::ProviderUnavailable,
-            true,
-        ),
-    ] {
+    for (status, code, retryable) in REJECTIONS {
         let server = FakeProvider::start(move |r| echoing_error(status, r)).await;
-        let h = harness(vec![
-            anthropic(&server, false),
-            fallback_mock("text-generation"),
-        ]);
-        let id = run(
-            &h,
-            &chat(json!({"routing": {"allow_fallback": true}})),
-            LONG,
-        )
-        .await;
-        let expected = RuntimeError::new(
-            code,
-            format!("Provider request failed with status {}", status.as_u16()),
-            retryable,
-        )
-        .with_provider_code(status.as_u16().to_string());
+        let (h, id) = claude_with_fallback(&server, LONG).await;
+        let expected = rejected(status, code, retryable);
         if retryable {
-            h.assert_log(
-                id,
-                &[
-                    EventBody::Accepted,
-                    route(claude(), 1),
-                    EventBody::RouteAttemptFailed {
-                        target: claude(),
-                        attempt: 1,
-                        error: expected,
-                    },
-                    route(mock_target(), 2),
-                    text_delta(0, "hello"),
-                    text_delta(0, " from"),
-                    text_delta(0, " mock"),
-                    usage(3),
-                    EventBody::Completed {
-                        target: mock_target(),
-                    },
-                ],
-            )
-            .await;
+            h.assert_log(id, &fell_back_to_mock(claude(), expected, mock_target()))
+                .await;
         } else {
-            h.assert_log(
-                id,
-                &[
-                    EventBody::Accepted,
-                    route(claude(), 1),
-                    EventBody::Failed { error: expected },
-                ],
-            )
-            .await;
+            h.assert_log(id, &failed_after(claude(), &[], expected))
+                .await;
         }
         assert_eq!(
             server.received().len(),
@@ -672,30 +700,18 @@ async fn anthropic_error_event_is_unavailable_and_never_falls_back() {
         ),
     ];
     let server = FakeProvider::start(transcript_server(transcript, Tail::Stall)).await;
-    let h = harness(vec![
-        anthropic(&server, false),
-        fallback_mock("text-generation"),
-    ]);
-    let id = run(
-        &h,
-        &chat(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = claude_with_fallback(&server, LONG).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(claude(), 1),
-            EventBody::Failed {
-                error: RuntimeError::new(
-                    ErrorCode::ProviderUnavailable,
-                    "Provider reported a stream error",
-                    false,
-                )
-                .with_provider_code("overloaded_error"),
-            },
-        ],
+        &failed_after(
+            claude(),
+            &[],
+            not_retryable(
+                ErrorCode::ProviderUnavailable,
+                "Provider reported a stream error",
+            )
+            .with_provider_code("overloaded_error"),
+        ),
     )
     .await;
     assert_no_canary(&h, id, None).await;
@@ -709,26 +725,14 @@ async fn anthropic_stream_cut_mid_frame_is_a_protocol_error_after_output() {
     let next = text_block_delta(0, "lo there");
     transcript.push(next[..next.len() / 2].to_owned());
     let server = FakeProvider::start(transcript_server(transcript, Tail::End)).await;
-    let h = harness(vec![
-        anthropic(&server, false),
-        fallback_mock("text-generation"),
-    ]);
-    let id = run(
-        &h,
-        &chat(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = claude_with_fallback(&server, LONG).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(claude(), 1),
-            text_delta(0, "Hel"),
-            EventBody::Failed {
-                error: RuntimeError::stream_ended_early(),
-            },
-        ],
+        &failed_after(
+            claude(),
+            &[text_delta(0, "Hel")],
+            RuntimeError::stream_ended_early(),
+        ),
     )
     .await;
     let error = error_of(&h, id).await;
@@ -747,26 +751,9 @@ async fn anthropic_connection_reset_after_output_does_not_fall_back() {
         text_block_delta(0, "partial"),
     ];
     let server = FakeProvider::start(transcript_server(transcript, Tail::Abort)).await;
-    let h = harness(vec![
-        anthropic(&server, false),
-        fallback_mock("text-generation"),
-    ]);
-    let id = run(
-        &h,
-        &chat(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = claude_with_fallback(&server, LONG).await;
     let events = h.events(id).await;
-    assert_eq!(
-        type_names(&events),
-        [
-            "execution.accepted",
-            "route.selected",
-            "output.delta",
-            "execution.failed"
-        ]
-    );
+    assert_eq!(type_names(&events), FAILED_AFTER_ONE_DELTA);
     let error = error_of(&h, id).await;
     assert_eq!(error.code, ErrorCode::ProviderUnavailable);
     assert!(!error.retryable);
@@ -794,14 +781,11 @@ async fn anthropic_stalled_stream_hits_the_deadline() {
     assert!(started.elapsed() < Duration::from_secs(5), "ended promptly");
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(claude(), 1),
-            text_delta(0, "Thinking"),
-            EventBody::Failed {
-                error: RuntimeError::deadline_exceeded(),
-            },
-        ],
+        &failed_after(
+            claude(),
+            &[text_delta(0, "Thinking")],
+            RuntimeError::deadline_exceeded(),
+        ),
     )
     .await;
 }
@@ -814,29 +798,17 @@ async fn anthropic_malformed_json_is_a_protocol_error() {
             .to_owned(),
     ];
     let server = FakeProvider::start(transcript_server(transcript, Tail::End)).await;
-    let h = harness(vec![
-        anthropic(&server, false),
-        fallback_mock("text-generation"),
-    ]);
-    let id = run(
-        &h,
-        &chat(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = claude_with_fallback(&server, LONG).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(claude(), 1),
-            EventBody::Failed {
-                error: RuntimeError::new(
-                    ErrorCode::ProviderProtocolError,
-                    "Provider returned malformed JSON",
-                    false,
-                ),
-            },
-        ],
+        &failed_after(
+            claude(),
+            &[],
+            not_retryable(
+                ErrorCode::ProviderProtocolError,
+                "Provider returned malformed JSON",
+            ),
+        ),
     )
     .await;
 }
@@ -866,25 +838,10 @@ async fn anthropic_tool_arguments_without_a_tool_block_are_a_protocol_error() {
 async fn anthropic_eof_before_message_stop_is_a_protocol_error() {
     let transcript = vec![message_start(25), ping()];
     let server = FakeProvider::start(transcript_server(transcript, Tail::End)).await;
-    let h = harness(vec![
-        anthropic(&server, false),
-        fallback_mock("text-generation"),
-    ]);
-    let id = run(
-        &h,
-        &chat(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = claude_with_fallback(&server, LONG).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(claude(), 1),
-            EventBody::Failed {
-                error: RuntimeError::stream_ended_early(),
-            },
-        ],
+        &failed_after(claude(), &[], RuntimeError::stream_ended_early()),
     )
     .await;
 }
@@ -950,10 +907,9 @@ async fn anthropic_missing_credential_fails_without_a_request() {
     let id = run(&h, &chat(json!({})), LONG).await;
     assert_eq!(
         error_of(&h, id).await,
-        RuntimeError::new(
+        not_retryable(
             ErrorCode::ProviderUnavailable,
-            "Required provider credential is unavailable",
-            false
+            "Required provider credential is unavailable"
         )
     );
     assert!(server.received().is_empty());
@@ -970,26 +926,17 @@ async fn anthropic_cancel_mid_stream() {
     let h = harness(vec![anthropic(&server, false)]);
     let job = h.submit(&chat(json!({})), LONG).await;
     let id = job.execution_id;
-    let runner = Arc::clone(&h.runner);
-    let running = tokio::spawn(async move { runner.run(&job, 1).await });
-    wait_until("text streams", PATIENCE, || h.has_event(id, "output.delta")).await;
+    let running = spawn_run(&h, &job);
+    wait_for_output(&h, id).await;
     h.bus.request(id).await.unwrap();
-    assert_eq!(
-        within("cancel ends the run", PATIENCE, running)
-            .await
-            .unwrap(),
-        RunOutcome::Finished
-    );
+    finishes("cancel ends the run", running).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(claude(), 1),
-            text_delta(0, "Once upon"),
-            EventBody::Failed {
-                error: RuntimeError::cancelled(),
-            },
-        ],
+        &failed_after(
+            claude(),
+            &[text_delta(0, "Once upon")],
+            RuntimeError::cancelled(),
+        ),
     )
     .await;
 }
@@ -1155,14 +1102,8 @@ async fn fal_lifecycle_reports_progress_then_result_and_artifacts() {
             &[
                 EventBody::Accepted,
                 route(fal_target(), 1),
-                EventBody::Progress {
-                    phase: ProgressPhase::Queued,
-                    progress: None,
-                },
-                EventBody::Progress {
-                    phase: ProgressPhase::Processing,
-                    progress: None,
-                },
+                queued(),
+                processing(),
                 EventBody::OutputResult {
                     result: flux_result(),
                     artifacts: Some(flux_artifacts()),
@@ -1268,30 +1209,18 @@ async fn fal_completed_with_error_is_unavailable_with_the_error_type() {
         }
     })
     .await;
-    let h = harness(vec![
-        fal(&server, fast()),
-        fallback_mock("image-generation"),
-    ]);
-    let id = run(
-        &h,
-        &image_request(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = fal_with_fallback(&server, fast()).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(fal_target(), 1),
-            EventBody::Failed {
-                error: RuntimeError::new(
-                    ErrorCode::ProviderUnavailable,
-                    "Provider reported a failed request",
-                    false,
-                )
-                .with_provider_code("runner_disconnected"),
-            },
-        ],
+        &failed_after(
+            fal_target(),
+            &[],
+            not_retryable(
+                ErrorCode::ProviderUnavailable,
+                "Provider reported a failed request",
+            )
+            .with_provider_code("runner_disconnected"),
+        ),
     )
     .await;
     assert_eq!(server.count(Method::PUT, &cancel_path()), 0);
@@ -1315,10 +1244,9 @@ async fn fal_error_type_echoing_the_credential_is_dropped() {
     let id = run(&h, &image_request(json!({})), LONG).await;
     assert_eq!(
         error_of(&h, id).await,
-        RuntimeError::new(
+        not_retryable(
             ErrorCode::ProviderUnavailable,
-            "Provider reported a failed request",
-            false
+            "Provider reported a failed request"
         )
     );
     assert_no_canary(&h, id, None).await;
@@ -1333,21 +1261,14 @@ async fn fal_unknown_status_is_a_protocol_error_and_cancels_once() {
     let id = run(&h, &image_request(json!({})), LONG).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(fal_target(), 1),
-            EventBody::Progress {
-                phase: ProgressPhase::Queued,
-                progress: None,
-            },
-            EventBody::Failed {
-                error: RuntimeError::new(
-                    ErrorCode::ProviderProtocolError,
-                    "Provider returned an unknown queue status",
-                    false,
-                ),
-            },
-        ],
+        &failed_after(
+            fal_target(),
+            &[queued()],
+            not_retryable(
+                ErrorCode::ProviderProtocolError,
+                "Provider returned an unknown queue status",
+            ),
+        ),
     )
     .await;
     assert_eq!(server.count(Method::PUT, &cancel_path()), 1);
@@ -1379,37 +1300,14 @@ async fn fal_poll_exhaustion_is_a_terminal_deadline_with_one_cancel() {
         max_polls: 3,
         ..fast()
     };
-    let h = harness(vec![
-        fal(&server, options),
-        fallback_mock("image-generation"),
-    ]);
-    let id = run(
-        &h,
-        &image_request(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = fal_with_fallback(&server, options).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(fal_target(), 1),
-            EventBody::Progress {
-                phase: ProgressPhase::Queued,
-                progress: None,
-            },
-            EventBody::Progress {
-                phase: ProgressPhase::Processing,
-                progress: None,
-            },
-            EventBody::Failed {
-                error: RuntimeError::new(
-                    ErrorCode::DeadlineExceeded,
-                    "fal polling limit was reached",
-                    false,
-                ),
-            },
-        ],
+        &failed_after(
+            fal_target(),
+            &[queued(), processing()],
+            not_retryable(ErrorCode::DeadlineExceeded, "fal polling limit was reached"),
+        ),
     )
     .await;
     assert_eq!(server.count(Method::GET, &status_path()), 3);
@@ -1422,32 +1320,16 @@ async fn fal_cancel_mid_poll_sends_exactly_one_cancel() {
     let h = harness(vec![fal(&server, fast())]);
     let job = h.submit(&image_request(json!({})), LONG).await;
     let id = job.execution_id;
-    let runner = Arc::clone(&h.runner);
-    let running = tokio::spawn(async move { runner.run(&job, 1).await });
+    let running = spawn_run(&h, &job);
     wait_until("fal is polled", PATIENCE, || async {
         server.count(Method::GET, &status_path()) >= 3
     })
     .await;
     h.bus.request(id).await.unwrap();
-    assert_eq!(
-        within("cancel ends the run", PATIENCE, running)
-            .await
-            .unwrap(),
-        RunOutcome::Finished
-    );
+    finishes("cancel ends the run", running).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(fal_target(), 1),
-            EventBody::Progress {
-                phase: ProgressPhase::Queued,
-                progress: None,
-            },
-            EventBody::Failed {
-                error: RuntimeError::cancelled(),
-            },
-        ],
+        &failed_after(fal_target(), &[queued()], RuntimeError::cancelled()),
     )
     .await;
     assert_eq!(
@@ -1472,17 +1354,11 @@ async fn fal_deadline_mid_poll_cancels_the_request() {
     let id = run(&h, &image_request(json!({})), Duration::from_millis(300)).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(fal_target(), 1),
-            EventBody::Progress {
-                phase: ProgressPhase::Processing,
-                progress: None,
-            },
-            EventBody::Failed {
-                error: RuntimeError::deadline_exceeded(),
-            },
-        ],
+        &failed_after(
+            fal_target(),
+            &[processing()],
+            RuntimeError::deadline_exceeded(),
+        ),
     )
     .await;
     assert_eq!(server.count(Method::PUT, &cancel_path()), 1);
@@ -1520,34 +1396,18 @@ async fn fal_result_failure_after_completed_is_never_cancelled() {
         text_response(StatusCode::INTERNAL_SERVER_ERROR, "upstream failure")
     }))
     .await;
-    let h = harness(vec![
-        fal(&server, fast()),
-        fallback_mock("image-generation"),
-    ]);
-    let id = run(
-        &h,
-        &image_request(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = fal_with_fallback(&server, fast()).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(fal_target(), 1),
-            EventBody::Progress {
-                phase: ProgressPhase::Processing,
-                progress: None,
-            },
-            EventBody::Failed {
-                error: RuntimeError::new(
-                    ErrorCode::ProviderUnavailable,
-                    "Provider request failed with status 500",
-                    false,
-                )
-                .with_provider_code("500"),
-            },
-        ],
+        &failed_after(
+            fal_target(),
+            &[processing()],
+            not_retryable(
+                ErrorCode::ProviderUnavailable,
+                "Provider request failed with status 500",
+            )
+            .with_provider_code("500"),
+        ),
     )
     .await;
     assert_eq!(server.count(Method::GET, &result_path()), 1);
@@ -1566,30 +1426,18 @@ async fn fal_status_poll_errors_are_not_retryable_and_cancel() {
         }
     })
     .await;
-    let h = harness(vec![
-        fal(&server, fast()),
-        fallback_mock("image-generation"),
-    ]);
-    let id = run(
-        &h,
-        &image_request(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = fal_with_fallback(&server, fast()).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(fal_target(), 1),
-            EventBody::Failed {
-                error: RuntimeError::new(
-                    ErrorCode::ProviderUnavailable,
-                    "Provider request failed with status 503",
-                    false,
-                )
-                .with_provider_code("503"),
-            },
-        ],
+        &failed_after(
+            fal_target(),
+            &[],
+            not_retryable(
+                ErrorCode::ProviderUnavailable,
+                "Provider request failed with status 503",
+            )
+            .with_provider_code("503"),
+        ),
     )
     .await;
     assert_eq!(server.count(Method::PUT, &cancel_path()), 1);
@@ -1647,10 +1495,9 @@ async fn fal_submit_answer_without_urls_is_a_protocol_error() {
     let id = run(&h, &image_request(json!({})), LONG).await;
     assert_eq!(
         error_of(&h, id).await,
-        RuntimeError::new(
+        not_retryable(
             ErrorCode::ProviderProtocolError,
-            "Provider response omitted a lifecycle URL",
-            false
+            "Provider response omitted a lifecycle URL"
         )
     );
     assert_eq!(server.received().len(), 1, "nothing else was requested");
@@ -1659,41 +1506,10 @@ async fn fal_submit_answer_without_urls_is_a_protocol_error() {
 #[tokio::test]
 async fn fal_submit_rejections_keep_the_status_mapping() {
     let (logs, _guard) = testkit::logs::capture();
-    for (status, code, retryable) in [
-        (
-            StatusCode::BAD_REQUEST,
-            ErrorCode::ProviderUnavailable,
-            false,
-        ),
-        (
-            StatusCode::UNAUTHORIZED,
-            ErrorCode::ProviderUnavailable,
-            false,
-        ),
-        (StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited, true),
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            ErrorCode::ProviderUnavailable,
-            true,
-        ),
-    ] {
+    for (status, code, retryable) in REJECTIONS {
         let server = FakeProvider::start(move |r| echoing_error(status, r)).await;
-        let h = harness(vec![
-            fal(&server, fast()),
-            fallback_mock("image-generation"),
-        ]);
-        let id = run(
-            &h,
-            &image_request(json!({"routing": {"allow_fallback": true}})),
-            LONG,
-        )
-        .await;
-        let expected = RuntimeError::new(
-            code,
-            format!("Provider request failed with status {}", status.as_u16()),
-            retryable,
-        )
-        .with_provider_code(status.as_u16().to_string());
+        let (h, id) = fal_with_fallback(&server, fast()).await;
+        let expected = rejected(status, code, retryable);
         let events = h.events(id).await;
         if retryable {
             assert_eq!(
@@ -1734,26 +1550,20 @@ async fn fal_submit_transport_failure_never_falls_back() {
         KeySource::Fixed(Secret::new(CANARY)),
         fast(),
     ));
-    let h = harness(vec![provider, fallback_mock("image-generation")]);
-    let id = run(
-        &h,
-        &image_request(json!({"routing": {"allow_fallback": true}})),
+    let (h, id) = run_with_fallback(
+        provider,
+        "image-generation",
+        &image_request(fallback()),
         LONG,
     )
     .await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(fal_target(), 1),
-            EventBody::Failed {
-                error: RuntimeError::new(
-                    ErrorCode::ProviderUnavailable,
-                    "Provider execution failed",
-                    false,
-                ),
-            },
-        ],
+        &failed_after(
+            fal_target(),
+            &[],
+            not_retryable(ErrorCode::ProviderUnavailable, "Provider execution failed"),
+        ),
     )
     .await;
 }
@@ -1772,10 +1582,9 @@ async fn fal_model_leaving_the_base_is_invalid_without_a_request() {
         let id = run(&h, &image_request(json!({})), LONG).await;
         assert_eq!(
             error_of(&h, id).await,
-            RuntimeError::new(
+            not_retryable(
                 ErrorCode::InvalidRequest,
-                "fal model must remain on the configured origin",
-                false
+                "fal model must remain on the configured origin"
             ),
             "{model}"
         );

@@ -237,6 +237,23 @@ fn request(extra: &str) -> String {
     )
 }
 
+/// Runs one execution that allows fallback, with deadline `deadline`, on `flavor`'s adapter
+/// (with the canary credential of `test`) against a fake provider answering `replies`.
+async fn run_with_fallback(
+    flavor: Flavor,
+    replies: Vec<Reply>,
+    test: &str,
+    deadline: Duration,
+) -> (Fake, Harness, runtime::Job) {
+    let fake = Fake::start(replies).await;
+    let h = harness(flavor.provider(&fake, false, fixed(&canary(test))));
+    let job = h
+        .submit(&request(r#""routing":{"allow_fallback":true}"#), deadline)
+        .await;
+    run(&h, &job).await;
+    (fake, h, job)
+}
+
 /// Runs `job` to its end and checks that no canary reached the log or the snapshot.
 async fn run(h: &Harness, job: &runtime::Job) {
     let outcome = within("the execution ends", PATIENCE, h.runner.run(job, 1)).await;
@@ -284,36 +301,26 @@ fn status_error(status: u16) -> RuntimeError {
 }
 
 fn stream_failed() -> RuntimeError {
-    RuntimeError::new(
-        ErrorCode::ProviderUnavailable,
-        "Provider response failed",
-        false,
-    )
+    not_retryable(ErrorCode::ProviderUnavailable, "Provider response failed")
 }
 
 fn ended_early() -> RuntimeError {
-    RuntimeError::new(
+    not_retryable(
         ErrorCode::ProviderProtocolError,
         "Provider stream ended without a completion event",
-        false,
     )
 }
 
 fn malformed() -> RuntimeError {
-    RuntimeError::new(
+    not_retryable(
         ErrorCode::ProviderProtocolError,
         "Provider returned malformed stream JSON",
-        false,
     )
 }
 
 /// A transport failure after the provider accepted the request: never retryable.
 fn transport_failed() -> RuntimeError {
-    RuntimeError::new(
-        ErrorCode::ProviderUnavailable,
-        "Provider execution failed",
-        false,
-    )
+    not_retryable(ErrorCode::ProviderUnavailable, "Provider execution failed")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -712,20 +719,12 @@ async fn a_missing_credential_fails_without_calling_the_provider() {
             .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
             .await;
         run(&h, &job).await;
-        let error = RuntimeError::new(
+        let error = not_retryable(
             ErrorCode::ProviderUnavailable,
             "Required provider credential is unavailable",
-            false,
         );
-        h.assert_log(
-            job.execution_id,
-            &[
-                EventBody::Accepted,
-                selected_of(flavor.target(), 1),
-                failed(error),
-            ],
-        )
-        .await;
+        h.assert_log(job.execution_id, &failed_after(flavor.target(), &[], error))
+            .await;
         assert!(fake.requests().is_empty(), "{flavor:?}");
     }
 }
@@ -769,11 +768,7 @@ async fn http_errors_before_the_stream_are_classified() {
             let error = status_error(status);
             h.assert_log(
                 job.execution_id,
-                &[
-                    EventBody::Accepted,
-                    selected_of(flavor.target(), 1),
-                    failed(error.clone()),
-                ],
+                &failed_after(flavor.target(), &[], error.clone()),
             )
             .await;
             let snapshot = h.snapshot(job.execution_id).await;
@@ -797,31 +792,10 @@ async fn retryable_errors_before_output_fall_back_to_the_next_provider() {
             for (name, value) in headers {
                 reply = reply.with_header(name, value);
             }
-            let fake = Fake::start(vec![reply]).await;
-            let h = harness(flavor.provider(&fake, false, fixed(&canary("fallback"))));
-            let job = h
-                .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
-                .await;
-            run(&h, &job).await;
+            let (fake, h, job) = run_with_fallback(flavor, vec![reply], "fallback", LONG).await;
             h.assert_log(
                 job.execution_id,
-                &[
-                    EventBody::Accepted,
-                    selected_of(flavor.target(), 1),
-                    EventBody::RouteAttemptFailed {
-                        target: flavor.target(),
-                        attempt: 1,
-                        error: status_error(status),
-                    },
-                    selected_of(mock_target(), 2),
-                    delta("hello"),
-                    delta(" from"),
-                    delta(" mock"),
-                    usage(3),
-                    EventBody::Completed {
-                        target: mock_target(),
-                    },
-                ],
+                &fell_back_to_mock(flavor.target(), status_error(status), mock_target()),
             )
             .await;
             let snapshot = h.snapshot(job.execution_id).await;
@@ -844,19 +818,11 @@ async fn failures_reported_in_the_stream_are_not_retryable() {
         (Flavor::Chat, CHAT_ERROR),
     ];
     for (flavor, transcript) in cases {
-        let fake = Fake::start(vec![stream(transcript)]).await;
-        let h = harness(flavor.provider(&fake, false, fixed(&canary("stream-failure"))));
-        let job = h
-            .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
-            .await;
-        run(&h, &job).await;
+        let (_fake, h, job) =
+            run_with_fallback(flavor, vec![stream(transcript)], "stream-failure", LONG).await;
         h.assert_log(
             job.execution_id,
-            &[
-                EventBody::Accepted,
-                selected_of(flavor.target(), 1),
-                failed(stream_failed()),
-            ],
+            &failed_after(flavor.target(), &[], stream_failed()),
         )
         .await;
     }
@@ -873,21 +839,15 @@ async fn a_stream_cut_after_output_fails_without_fallback() {
         sent.push_str(&next[..next.len() / 2]);
         let mut pieces = chunked(&sent, 61);
         pieces.extend([Piece::Pause(Duration::from_millis(20)), Piece::Cut]);
-        let fake = Fake::start(vec![Reply::Stream(pieces)]).await;
-        let h = harness(flavor.provider(&fake, false, fixed(&canary("cut"))));
-        let job = h
-            .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
-            .await;
-        run(&h, &job).await;
+        let (_fake, h, job) =
+            run_with_fallback(flavor, vec![Reply::Stream(pieces)], "cut", LONG).await;
         h.assert_log(
             job.execution_id,
-            &[
-                EventBody::Accepted,
-                selected_of(flavor.target(), 1),
-                out(0, "Hello"),
-                out(0, "!"),
-                failed(transport_failed()),
-            ],
+            &failed_after(
+                flavor.target(),
+                &[out(0, "Hello"), out(0, "!")],
+                transport_failed(),
+            ),
         )
         .await;
         let snapshot = h.snapshot(job.execution_id).await;
@@ -913,19 +873,10 @@ async fn a_stream_ending_mid_frame_before_output_is_a_protocol_error() {
         let mut sent: String = frames[..whole].concat();
         let next = frames[whole];
         sent.push_str(&next[..next.len() - 3]);
-        let fake = Fake::start(vec![stream(&sent)]).await;
-        let h = harness(flavor.provider(&fake, false, fixed(&canary("eof"))));
-        let job = h
-            .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
-            .await;
-        run(&h, &job).await;
+        let (_fake, h, job) = run_with_fallback(flavor, vec![stream(&sent)], "eof", LONG).await;
         h.assert_log(
             job.execution_id,
-            &[
-                EventBody::Accepted,
-                selected_of(flavor.target(), 1),
-                failed(ended_early()),
-            ],
+            &failed_after(flavor.target(), &[], ended_early()),
         )
         .await;
     }
@@ -966,19 +917,10 @@ async fn malformed_json_is_a_protocol_error() {
             }
         });
         sent.push_str(frames[flavor.frames_before_output()]);
-        let fake = Fake::start(vec![stream(&sent)]).await;
-        let h = harness(flavor.provider(&fake, false, fixed(&canary("json"))));
-        let job = h
-            .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
-            .await;
-        run(&h, &job).await;
+        let (_fake, h, job) = run_with_fallback(flavor, vec![stream(&sent)], "json", LONG).await;
         h.assert_log(
             job.execution_id,
-            &[
-                EventBody::Accepted,
-                selected_of(flavor.target(), 1),
-                failed(malformed()),
-            ],
+            &failed_after(flavor.target(), &[], malformed()),
         )
         .await;
     }
@@ -999,23 +941,20 @@ fn stalls_after_first_delta(flavor: Flavor) -> Reply {
 #[tokio::test]
 async fn a_stalled_stream_hits_the_deadline() {
     for flavor in FLAVORS {
-        let fake = Fake::start(vec![stalls_after_first_delta(flavor)]).await;
-        let h = harness(flavor.provider(&fake, false, fixed(&canary("stall"))));
-        let job = h
-            .submit(
-                &request(r#""routing":{"allow_fallback":true}"#),
-                Duration::from_millis(600),
-            )
-            .await;
-        run(&h, &job).await;
+        let (fake, h, job) = run_with_fallback(
+            flavor,
+            vec![stalls_after_first_delta(flavor)],
+            "stall",
+            Duration::from_millis(600),
+        )
+        .await;
         h.assert_log(
             job.execution_id,
-            &[
-                EventBody::Accepted,
-                selected_of(flavor.target(), 1),
-                out(0, "Hello"),
-                failed(RuntimeError::deadline_exceeded()),
-            ],
+            &failed_after(
+                flavor.target(),
+                &[out(0, "Hello")],
+                RuntimeError::deadline_exceeded(),
+            ),
         )
         .await;
         wait_until("the provider connection is closed", PATIENCE, || async {
@@ -1032,13 +971,8 @@ async fn cancelling_closes_the_provider_connection() {
         let h = harness(flavor.provider(&fake, false, fixed(&canary("cancel"))));
         let job = h.submit(&request(""), LONG).await;
         let id = job.execution_id;
-        let runner = Arc::clone(&h.runner);
-        let run_job = job.clone();
-        let running = tokio::spawn(async move { runner.run(&run_job, 1).await });
-        wait_until("output arrives", PATIENCE, || {
-            h.has_event(id, "output.delta")
-        })
-        .await;
+        let running = spawn_run(&h, &job);
+        wait_for_output(&h, id).await;
         assert_eq!(fake.bodies_dropped(), 0, "the stream is open");
         h.bus.request(id).await.unwrap();
         let outcome = within("cancel ends the run", PATIENCE, running)
@@ -1047,12 +981,11 @@ async fn cancelling_closes_the_provider_connection() {
         assert_eq!(outcome, RunOutcome::Finished);
         h.assert_log(
             id,
-            &[
-                EventBody::Accepted,
-                selected_of(flavor.target(), 1),
-                out(0, "Hello"),
-                failed(RuntimeError::cancelled()),
-            ],
+            &failed_after(
+                flavor.target(),
+                &[out(0, "Hello")],
+                RuntimeError::cancelled(),
+            ),
         )
         .await;
         wait_until("the provider connection is closed", PATIENCE, || async {

@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use model_runtime_client::{Client, RetryPolicy};
+use model_runtime_client::{Client, ClientError, RetryPolicy, SubmitOptions, text_request};
+use protocol::ExecutionId;
+use protocol::snapshot::ExecutionSubmission;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
@@ -29,6 +31,47 @@ pub use testkit::gateway::Gateway;
 /// fields merged in.
 pub fn mock(extra: Value) -> Value {
     testkit::gateway::mock("provider-mock", extra)
+}
+
+/// A gateway whose mock waits a minute before each chunk.
+pub async fn slow_gateway() -> Gateway {
+    Gateway::start(
+        serde_json::json!({ "providers": [mock(serde_json::json!({ "delay_ms": 60_000 }))] }),
+    )
+    .await
+}
+
+/// A gateway whose mock fails every attempt retryably.
+pub async fn failing_gateway() -> Gateway {
+    Gateway::start(
+        serde_json::json!({ "providers": [mock(serde_json::json!({ "fail_retryably": true }))] }),
+    )
+    .await
+}
+
+/// Submits a request for `ability` with one text part and default options.
+pub async fn submit_plain(
+    client: &Client,
+    ability: &str,
+    text: &str,
+) -> Result<ExecutionSubmission, ClientError> {
+    let request = text_request(ability, text);
+    client.submit(&request, &SubmitOptions::default()).await
+}
+
+/// Submits a text-generation request with default options; returns its id.
+pub async fn submit_text(client: &Client, text: &str) -> ExecutionId {
+    let submission = submit_plain(client, "text-generation", text).await;
+    submission.expect("submitted").execution_id
+}
+
+/// Polls the snapshot of `id` until it is terminal.
+pub async fn wait_terminal(client: &Client, id: ExecutionId) -> protocol::ExecutionSnapshot {
+    wait_for("a terminal status", || async move {
+        let s = client.get(id).await.unwrap();
+        s.status.is_terminal().then_some(s)
+    })
+    .await
 }
 
 /// The API client under test, for a gateway.

@@ -1,5 +1,4 @@
 //! Test harness for the HTTP API: a real gateway in embedded mode and a client of its API,
 //! from `testkit::gateway`.
 
-pub use testkit::canary;
 pub use testkit::gateway::*;

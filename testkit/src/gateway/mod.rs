@@ -68,6 +68,15 @@ pub fn mock(id: &str, extra: Value) -> Value {
     m
 }
 
+/// A deployment of one mock (`provider-mock`) that waits `delay_ms` before each chunk, with
+/// extra root fields merged in.
+pub fn slow_mock(delay_ms: u64, extra: Value) -> Value {
+    deployment(
+        vec![mock("provider-mock", json!({ "delay_ms": delay_ms }))],
+        extra,
+    )
+}
+
 fn merge(target: &mut Value, extra: Value) {
     if let (Some(t), Value::Object(e)) = (target.as_object_mut(), extra) {
         t.extend(e);
@@ -383,6 +392,16 @@ impl Sse {
         self.next().await.map(|e| event_json(&e))
     }
 
+    /// Asserts that the next event has type `expected`.
+    pub async fn expect_type(&mut self, expected: &str) {
+        let event = self.next_json().await;
+        assert_eq!(
+            event.as_ref().map(|e| e["type"].clone()),
+            Some(Value::from(expected)),
+            "next event: {event:?}"
+        );
+    }
+
     /// Every remaining event, up to the end of the stream.
     pub async fn rest(&mut self) -> Vec<Value> {
         let mut out = Vec::new();
@@ -413,6 +432,17 @@ pub fn event_json(frame: &SseEvent) -> Value {
     );
     json
 }
+
+/// The event types of the default mock's successful execution.
+pub const MOCK_TYPES: [&str; 7] = [
+    "execution.accepted",
+    "route.selected",
+    "output.delta",
+    "output.delta",
+    "output.delta",
+    "usage.reported",
+    "execution.completed",
+];
 
 /// The `type` of each event.
 pub fn types(events: &[Value]) -> Vec<&str> {
@@ -464,24 +494,13 @@ pub fn assert_log_shape(events: &[Value], first: u64) {
 
 /// Whether `s` is `YYYY-MM-DDTHH:MM:SS.mmmZ`.
 pub fn is_iso_millis(s: &str) -> bool {
-    let b = s.as_bytes();
-    let digits = |r: std::ops::Range<usize>| r.into_iter().all(|i| b[i].is_ascii_digit());
-    let at = |i: usize, c: u8| b[i] == c;
-    b.len() == 24
-        && digits(0..4)
-        && at(4, b'-')
-        && digits(5..7)
-        && at(7, b'-')
-        && digits(8..10)
-        && at(10, b'T')
-        && digits(11..13)
-        && at(13, b':')
-        && digits(14..16)
-        && at(16, b':')
-        && digits(17..19)
-        && at(19, b'.')
-        && digits(20..23)
-        && at(23, b'Z')
+    // `d` stands for any digit; every other character must match exactly.
+    const PATTERN: &[u8] = b"dddd-dd-ddTdd:dd:dd.dddZ";
+    s.len() == PATTERN.len()
+        && s.bytes().zip(PATTERN).all(|(c, &p)| match p {
+            b'd' => c.is_ascii_digit(),
+            _ => c == p,
+        })
 }
 
 /// Whether `s` is a canonical (lowercase, hyphenated) random v4 UUID.

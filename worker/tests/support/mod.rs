@@ -23,7 +23,7 @@ use runtime::{CancelBus, EventStore, Job};
 use tokio::sync::Semaphore;
 use worker::ProviderRegistry;
 use worker::provider::{Provider, ProviderCall, ProviderEvent, ProviderSink};
-use worker::runner::{Runner, RunnerSettings};
+use worker::runner::{RunOutcome, Runner, RunnerSettings};
 
 /// One step of a [`ScriptedProvider`] attempt.
 #[derive(Debug, Clone)]
@@ -212,6 +212,11 @@ pub fn success_script() -> Vec<Step> {
     ]
 }
 
+/// A non-retryable error.
+pub fn not_retryable(code: ErrorCode, message: &str) -> RuntimeError {
+    RuntimeError::new(code, message, false)
+}
+
 /// Retryable `provider_unavailable`, as an adapter reports an outage before any output.
 pub fn unavailable() -> RuntimeError {
     RuntimeError::new(
@@ -277,6 +282,44 @@ pub fn success_log(provider: &str) -> Vec<EventBody> {
         delta(" mock"),
         usage(3),
         completed(provider),
+    ]
+}
+
+/// A log whose first attempt, at `target`, failed the execution: `accepted`,
+/// `route.selected`, the `middle` events, then `execution.failed` with `error`.
+pub fn failed_after(target: Target, middle: &[EventBody], error: RuntimeError) -> Vec<EventBody> {
+    let mut log = vec![
+        EventBody::Accepted,
+        EventBody::RouteSelected { target, attempt: 1 },
+    ];
+    log.extend_from_slice(middle);
+    log.push(failed(error));
+    log
+}
+
+/// A log whose first attempt, at `first`, failed with `error` before any output, and whose
+/// second attempt ran the mock's success script at `mock`.
+pub fn fell_back_to_mock(first: Target, error: RuntimeError, mock: Target) -> Vec<EventBody> {
+    vec![
+        EventBody::Accepted,
+        EventBody::RouteSelected {
+            target: first.clone(),
+            attempt: 1,
+        },
+        EventBody::RouteAttemptFailed {
+            target: first,
+            attempt: 1,
+            error,
+        },
+        EventBody::RouteSelected {
+            target: mock.clone(),
+            attempt: 2,
+        },
+        delta("hello"),
+        delta(" from"),
+        delta(" mock"),
+        usage(3),
+        EventBody::Completed { target: mock },
     ]
 }
 
@@ -516,6 +559,22 @@ pub fn assert_log_rules(id: ExecutionId, events: &[RuntimeEvent]) {
     );
 }
 
+/// The event types of an execution that failed after one output delta.
+pub const FAILED_AFTER_ONE_DELTA: [&str; 4] = [
+    "execution.accepted",
+    "route.selected",
+    "output.delta",
+    "execution.failed",
+];
+
+/// Polls until the log of `id` has an output delta.
+pub async fn wait_for_output(h: &Harness, id: ExecutionId) {
+    wait_until("output arrives", PATIENCE, || {
+        h.has_event(id, "output.delta")
+    })
+    .await;
+}
+
 /// The statuses of a log, for readable assertions.
 pub fn statuses(events: &[RuntimeEvent]) -> Vec<ExecutionStatus> {
     events.iter().map(|e| e.status).collect()
@@ -576,6 +635,21 @@ where
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// Runs `job` (delivery 1) on a task.
+pub fn spawn_run(h: &Harness, job: &Job) -> tokio::task::JoinHandle<RunOutcome> {
+    let runner = Arc::clone(&h.runner);
+    let job = job.clone();
+    tokio::spawn(async move { runner.run(&job, 1).await })
+}
+
+/// Awaits a spawned run (at most [`PATIENCE`]), asserting it finished the execution.
+pub async fn finishes(what: &str, run: tokio::task::JoinHandle<RunOutcome>) {
+    let outcome = within(what, PATIENCE, run)
+        .await
+        .expect("the run did not panic");
+    assert_eq!(outcome, RunOutcome::Finished, "{what}");
 }
 
 /// Awaits `fut`, panicking with `what` if it takes longer than `timeout`.
