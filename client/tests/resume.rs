@@ -5,7 +5,6 @@
 
 mod support;
 
-use model_runtime_client::{SubmitOptions, text_request};
 use protocol::{EventBody, ExecutionStatus, RuntimeEvent, Sequence};
 use serde_json::json;
 use support::*;

@@ -1050,25 +1050,29 @@ async fn health_readiness_and_metrics_endpoints_answer() {
     assert!(text.contains("mrt_stopping 0"), "{text}");
 }
 
+/// A gateway allowing one event stream (mock delay `delay_ms`), an execution, and the stream of
+/// that execution holding the only slot (past its first event).
+async fn holding_the_only_stream_slot(delay_ms: u64) -> (Gateway, String, Sse) {
+    let config = slow_mock(delay_ms, json!({ "limits": { "max_sse_streams": 1 } }));
+    let gw = Gateway::start(config).await;
+    let id = gw.submit_ok(&text_request("hi")).await;
+    let mut held = gw.stream(&id).await;
+    held.expect_type("execution.accepted").await;
+    (gw, id, held)
+}
+
+/// The refusal when every event stream slot is taken.
+fn assert_no_stream_slot(response: &(StatusCode, reqwest::header::HeaderMap, Value)) {
+    let message = "Too many open event streams";
+    assert_error(response, 429, "queue_full", message, true);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_event_streams_are_limited_and_released_on_close() {
-    let gw = Gateway::start(slow_mock(
-        2000,
-        json!({ "limits": { "max_sse_streams": 1 } }),
-    ))
-    .await;
-    let id = gw.submit_ok(&text_request("hi")).await;
-    let mut first = gw.stream(&id).await;
-    first.expect_type("execution.accepted").await;
+    let (gw, id, first) = holding_the_only_stream_slot(2000).await;
     let response = gw.events(&id, None, None).await;
     let response = json_parts(response).await;
-    assert_error(
-        &response,
-        429,
-        "queue_full",
-        "Too many open event streams",
-        true,
-    );
+    assert_no_stream_slot(&response);
     drop(first);
     // The slot is released when the client goes away.
     let start = std::time::Instant::now();
@@ -1085,14 +1089,7 @@ async fn open_event_streams_are_limited_and_released_on_close() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streaming_submit_refused_for_lack_of_stream_slots_creates_nothing() {
-    let gw = Gateway::start(slow_mock(
-        10000,
-        json!({ "limits": { "max_sse_streams": 1 } }),
-    ))
-    .await;
-    let id = gw.submit_ok(&text_request("hi")).await;
-    let mut held = gw.stream(&id).await;
-    held.expect_type("execution.accepted").await;
+    let (gw, id, held) = holding_the_only_stream_slot(10000).await;
     // A retryable refusal must mean nothing was created, or the client's retry duplicates it.
     let response = gw
         .submit_with(
@@ -1100,13 +1097,7 @@ async fn a_streaming_submit_refused_for_lack_of_stream_slots_creates_nothing() {
             &[("accept", "text/event-stream")],
         )
         .await;
-    assert_error(
-        &json_parts(response).await,
-        429,
-        "queue_full",
-        "Too many open event streams",
-        true,
-    );
+    assert_no_stream_slot(&json_parts(response).await);
     assert_eq!(gw.accepted_count().await, 1.0);
     drop(held);
     assert_eq!(gw.cancel(&id).await.0, StatusCode::ACCEPTED);

@@ -145,7 +145,7 @@ fn anthropic_config(base_url: BaseUrl, tools: bool, inputs: &[Modality]) -> Text
 fn anthropic(server: &FakeProvider, tools: bool) -> Arc<dyn Provider> {
     anthropic_with(
         anthropic_config(
-            base_url(&server),
+            base_url(server),
             tools,
             &[Modality::Text, Modality::Json, Modality::Image],
         ),
@@ -180,7 +180,7 @@ fn fast() -> FalOptions {
 
 fn fal(server: &FakeProvider, options: FalOptions) -> Arc<dyn Provider> {
     Arc::new(FalQueueProvider::new(
-        &fal_config(base_url(&server), FAL_MODEL),
+        &fal_config(base_url(server), FAL_MODEL),
         KeySource::Fixed(Secret::new(CANARY)),
         options,
     ))

@@ -384,7 +384,11 @@ async fn no_fallback_once_output_was_exposed() {
         let events = h
             .assert_log(
                 job.execution_id,
-                &failed_after(target("a"), &[body.clone()], not_retryable.clone()),
+                &failed_after(
+                    target("a"),
+                    std::slice::from_ref(&body),
+                    not_retryable.clone(),
+                ),
             )
             .await;
         assert_eq!(events[3].status, ExecutionStatus::Failed);

@@ -200,7 +200,7 @@ impl Api {
 
     /// Polls until the execution is terminal.
     pub async fn wait_terminal(&self, id: &str) -> Value {
-        self.wait_for(id, "a terminal status", |s| is_terminal_snapshot(s))
+        self.wait_for(id, "a terminal status", is_terminal_snapshot)
             .await
     }
 
