@@ -11,9 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use protocol::event::{EventBody, ExecutionStatus, ProgressPhase};
-use protocol::manifest::{ModelCapability, ProviderManifest};
+use protocol::manifest::ProviderManifest;
 use protocol::materialize::Materializer;
-use protocol::request::Modality;
 use protocol::{
     ErrorCode, ExecutionId, ExecutionSnapshot, RuntimeError, RuntimeEvent, Sequence, Target,
     Timestamp, UsageFact, UsageSource, UsageUnit,
@@ -45,7 +44,6 @@ pub enum Step {
 /// A provider that follows a script, for precise control of what an attempt does.
 #[derive(Debug)]
 pub struct ScriptedProvider {
-    id: String,
     manifest: ProviderManifest,
     script: Vec<Step>,
     calls: AtomicUsize,
@@ -68,24 +66,21 @@ pub fn target(provider: &str) -> Target {
 
 impl ScriptedProvider {
     pub fn new(id: &str, script: Vec<Step>) -> Arc<Self> {
-        let manifest = ProviderManifest {
-            provider: id.into(),
-            protocol_version: protocol::PROTOCOL_VERSION.into(),
-            models: vec![ModelCapability {
-                model: model_of(id),
-                abilities: vec!["text-generation".into()],
-                input_modalities: vec![Modality::Text],
-                output_modalities: vec![Modality::Text],
-                stream: true,
-                tools: false,
-                structured_output: false,
-                r#async: false,
-                cancel: true,
+        // What the mock declares: text in, text out, streamed, cancellable.
+        let manifest = serde_json::from_value(serde_json::json!({
+            "provider": id,
+            "protocol_version": protocol::PROTOCOL_VERSION,
+            "models": [{
+                "model": model_of(id),
+                "abilities": ["text-generation"],
+                "input_modalities": ["text"],
+                "output_modalities": ["text"],
+                "stream": true, "tools": false, "structured_output": false,
+                "async": false, "cancel": true,
             }],
-            limits: None,
-        };
+        }))
+        .expect("valid manifest");
         Arc::new(Self {
-            id: id.into(),
             manifest,
             script,
             calls: AtomicUsize::new(0),
@@ -132,7 +127,7 @@ impl ScriptedProvider {
     ) -> Result<(), RuntimeError> {
         assert_eq!(
             call.model,
-            model_of(&self.id),
+            model_of(&self.manifest.provider),
             "the runner passes the routed model"
         );
         for step in &self.script {
@@ -160,7 +155,7 @@ impl ScriptedProvider {
 #[async_trait]
 impl Provider for ScriptedProvider {
     fn id(&self) -> &str {
-        &self.id
+        &self.manifest.provider
     }
 
     fn manifest(&self) -> &ProviderManifest {
@@ -429,15 +424,8 @@ impl Harness {
     }
 
     pub async fn create_log(&self, id: ExecutionId) {
-        self.store
-            .create(RuntimeEvent::new(
-                id,
-                Sequence(1),
-                Timestamp::now(),
-                EventBody::Accepted,
-            ))
-            .await
-            .expect("create log");
+        let accepted = RuntimeEvent::new(id, Sequence(1), Timestamp::now(), EventBody::Accepted);
+        self.store.create(accepted).await.expect("create log");
     }
 
     /// Appends `body` as the next event, as another writer (a gateway or a previous worker).
