@@ -89,8 +89,7 @@ async fn a_non_json_content_type_is_415_and_creates_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_over_the_limit_is_413_with_or_without_content_length() {
-    let gw = Gateway::start(deployment(
-        vec![mock("provider-mock", json!({}))],
+    let gw = Gateway::start(default_deployment(
         json!({ "limits": { "max_body_bytes": 2048 } }),
     ))
     .await;
@@ -812,8 +811,7 @@ async fn an_expired_deadline_fails_the_execution_with_deadline_exceeded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadlines_outside_the_allowed_range_are_400() {
-    let gw = Gateway::start(deployment(
-        vec![mock("provider-mock", json!({}))],
+    let gw = Gateway::start(default_deployment(
         json!({ "limits": { "max_deadline_ms": 60000 } }),
     ))
     .await;

@@ -162,9 +162,7 @@ async fn streaming_execution(base: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_leaves_exactly_one_terminal_and_no_repeated_output() {
-    let cluster = Cluster::start(&mock(300, 20));
-    let gateway = cluster.gateway();
-    let first = cluster.worker();
+    let (cluster, gateway, first) = gateway_and_worker(&mock(300, 20));
     let id = streaming_execution(&gateway.url).await;
     first.signal("KILL");
     // Another worker takes the redelivered job after the lease lapses.
@@ -204,9 +202,7 @@ async fn a_killed_worker_leaves_exactly_one_terminal_and_no_repeated_output() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_worker_that_resumes_cannot_append() {
-    let cluster = Cluster::start(&mock(400, 30));
-    let gateway = cluster.gateway();
-    let zombie = cluster.worker();
+    let (cluster, gateway, zombie) = gateway_and_worker(&mock(400, 30));
     let id = streaming_execution(&gateway.url).await;
     zombie.signal("STOP");
     let _healthy = cluster.worker();

@@ -155,27 +155,30 @@ async fn bind_key(cluster: &Cluster, key: &str, request: &Value) -> IdempotencyR
     record
 }
 
+/// Retries `request` with `key`: the answer names the bound execution, which then succeeds.
+/// Returns the answer.
+async fn retry_heals(base: &str, request: &Value, key: &str, record: &IdempotencyRecord) -> Value {
+    let (status, body) = submit(base, request, Some(key)).await;
+    assert_eq!(status, 200, "{body}");
+    let id = record.execution_id.to_string();
+    assert_eq!(body["execution_id"], id);
+    assert_eq!(wait_terminal(base, &id).await["status"], "succeeded");
+    body
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_binding_the_key_heals_on_retry() {
-    let cluster = Cluster::start(&fast_mock());
-    let gateway = cluster.gateway();
-    let _worker = cluster.worker();
+    let (cluster, gateway, _worker) = gateway_and_worker(&fast_mock());
     let request = text_request("crash window 1");
     // A gateway bound the key and died before creating the log.
     let record = bind_key(&cluster, "k-crash-1", &request).await;
-    let (status, body) = submit(&gateway.url, &request, Some("k-crash-1")).await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["execution_id"], record.execution_id.to_string());
+    let body = retry_heals(&gateway.url, &request, "k-crash-1", &record).await;
     assert_eq!(body["idempotent_replay"], true);
-    let snap = wait_terminal(&gateway.url, &record.execution_id.to_string()).await;
-    assert_eq!(snap["status"], "succeeded");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_creating_the_log_heals_on_retry() {
-    let cluster = Cluster::start(&fast_mock());
-    let gateway = cluster.gateway();
-    let _worker = cluster.worker();
+    let (cluster, gateway, _worker) = gateway_and_worker(&fast_mock());
     let request = text_request("crash window 2");
     // A gateway bound the key, created the log, and died before publishing the job.
     let record = bind_key(&cluster, "k-crash-2", &request).await;
@@ -193,11 +196,7 @@ async fn a_crash_after_creating_the_log_heals_on_retry() {
         ))
         .await
         .unwrap();
-    let (status, body) = submit(&gateway.url, &request, Some("k-crash-2")).await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["execution_id"], record.execution_id.to_string());
-    let snap = wait_terminal(&gateway.url, &record.execution_id.to_string()).await;
-    assert_eq!(snap["status"], "succeeded");
+    retry_heals(&gateway.url, &request, "k-crash-2", &record).await;
     let all = events(&gateway.url, &record.execution_id.to_string(), 0).await;
     assert_log_well_formed(&all);
     assert_eq!(

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use worker::config::DeploymentConfig;
 
-use super::{Api, deployment, mock};
+use super::{Api, default_deployment};
 
 /// A running embedded gateway, sent the shutdown signal when dropped. Dereferences to its
 /// [`Api`].
@@ -45,11 +45,7 @@ impl Drop for Embedded {
 impl Embedded {
     /// One default mock (three chunks, no delay), four workers.
     pub async fn start_default() -> Self {
-        Self::start(deployment(
-            vec![mock("provider-mock", json!({}))],
-            json!({}),
-        ))
-        .await
+        Self::start(default_deployment(json!({}))).await
     }
 
     /// The deployment `config` (JSON, as in a deployment file) with four workers.

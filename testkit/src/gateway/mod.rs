@@ -68,6 +68,11 @@ pub fn mock(id: &str, extra: Value) -> Value {
     m
 }
 
+/// The default mock (`provider-mock`, no delay) with extra root fields merged in.
+pub fn default_deployment(extra: Value) -> Value {
+    deployment(vec![mock("provider-mock", json!({}))], extra)
+}
+
 /// A deployment of one mock (`provider-mock`) that waits `delay_ms` before each chunk, with
 /// extra root fields merged in.
 pub fn slow_mock(delay_ms: u64, extra: Value) -> Value {

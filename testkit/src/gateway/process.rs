@@ -221,6 +221,14 @@ impl Cluster {
     }
 }
 
+/// A cluster for `config` with one gateway and one worker.
+pub fn gateway_and_worker(config: &Value) -> (Cluster, Gateway, Process) {
+    let cluster = Cluster::start(config);
+    let gateway = cluster.gateway();
+    let worker = cluster.worker();
+    (cluster, gateway, worker)
+}
+
 /// The HTTP client used by tests (no proxies, short connect timeout).
 pub fn client() -> reqwest::Client {
     super::http_client()

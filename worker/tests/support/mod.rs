@@ -155,7 +155,7 @@ impl ScriptedProvider {
 #[async_trait]
 impl Provider for ScriptedProvider {
     fn id(&self) -> &str {
-        &self.manifest.provider
+        self.manifest.provider.as_str()
     }
 
     fn manifest(&self) -> &ProviderManifest {
