@@ -24,23 +24,11 @@ async fn collect(client: &Client, id: ExecutionId, after: u64) -> Vec<RuntimeEve
     events
 }
 
-async fn wait_terminal(client: &Client, id: ExecutionId) -> protocol::ExecutionSnapshot {
-    wait_for("a terminal status", || async move {
-        let s = client.get(id).await.unwrap();
-        s.status.is_terminal().then_some(s)
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_stream_get_and_result_of_the_default_mock() {
     let gw = Gateway::start_default().await;
     let client = gw.client();
-    let submission = client
-        .submit(
-            &text_request("text-generation", "hi"),
-            &SubmitOptions::default(),
-        )
+    let submission = submit_plain(&client, "text-generation", "hi")
         .await
         .unwrap();
     assert_eq!(submission.status, ExecutionStatus::Accepted);
@@ -48,18 +36,7 @@ async fn submit_stream_get_and_result_of_the_default_mock() {
 
     let events = collect(&client, submission.execution_id, 0).await;
     let types: Vec<&str> = events.iter().map(RuntimeEvent::type_name).collect();
-    assert_eq!(
-        types,
-        [
-            "execution.accepted",
-            "route.selected",
-            "output.delta",
-            "output.delta",
-            "output.delta",
-            "usage.reported",
-            "execution.completed"
-        ]
-    );
+    assert_eq!(types, testkit::gateway::MOCK_TYPES);
     let mut transcript = Transcript::new();
     events.iter().for_each(|e| transcript.apply(e));
     assert_eq!(transcript.text(), "hello from mock");
@@ -161,11 +138,7 @@ async fn api_errors_carry_code_status_and_retryable() {
         matches!(&invalid, ClientError::Api(api) if api.status == 400 && api.code == ErrorCode::InvalidRequest),
         "{invalid:?}"
     );
-    let unserved = client
-        .submit(
-            &text_request("image-generation", "x"),
-            &SubmitOptions::default(),
-        )
+    let unserved = submit_plain(&client, "image-generation", "x")
         .await
         .unwrap_err();
     assert_eq!(unserved.code(), Some(ErrorCode::CapabilityUnavailable));
@@ -173,19 +146,9 @@ async fn api_errors_carry_code_status_and_retryable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn results_before_success_are_not_ready_with_status_and_error() {
-    let gw = Gateway::start(json!({
-        "providers": [mock(json!({ "delay_ms": 60_000 }))]
-    }))
-    .await;
+    let gw = slow_gateway().await;
     let client = gw.client();
-    let id = client
-        .submit(
-            &text_request("text-generation", "slow"),
-            &SubmitOptions::default(),
-        )
-        .await
-        .unwrap()
-        .execution_id;
+    let id = submit_text(&client, "slow").await;
     let running = client.result(id).await.unwrap_err();
     let ClientError::NotReady(not_ready) = &running else {
         panic!("{running:?}");
@@ -216,19 +179,9 @@ async fn results_before_success_are_not_ready_with_status_and_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_executions_end_the_stream_with_the_failure() {
-    let gw = Gateway::start(json!({
-        "providers": [mock(json!({ "fail_retryably": true }))]
-    }))
-    .await;
+    let gw = failing_gateway().await;
     let client = gw.client();
-    let id = client
-        .submit(
-            &text_request("text-generation", "x"),
-            &SubmitOptions::default(),
-        )
-        .await
-        .unwrap()
-        .execution_id;
+    let id = submit_text(&client, "x").await;
     let events = collect(&client, id, 0).await;
     let last = events.last().unwrap();
     assert_eq!(last.status, ExecutionStatus::Failed);
@@ -244,14 +197,7 @@ async fn failed_executions_end_the_stream_with_the_failure() {
 async fn cursors_resume_strictly_after_and_end_at_the_terminal_event() {
     let gw = Gateway::start_default().await;
     let client = gw.client();
-    let id = client
-        .submit(
-            &text_request("text-generation", "hi"),
-            &SubmitOptions::default(),
-        )
-        .await
-        .unwrap()
-        .execution_id;
+    let id = submit_text(&client, "hi").await;
     wait_terminal(&client, id).await;
     let tail = collect(&client, id, 3).await;
     let seqs: Vec<u64> = tail.iter().map(|e| e.sequence.get()).collect();

@@ -109,10 +109,7 @@ async fn run_prints_the_output_and_exits_zero() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_execution_exits_one_with_the_code_on_stderr() {
-    let gw = Gateway::start(json!({
-        "providers": [mock(json!({ "fail_retryably": true }))]
-    }))
-    .await;
+    let gw = failing_gateway().await;
     let out = mrt(Some(&gw.base), &["run", "--text", "hi"], None).await;
     assert_eq!(
         out.code, 1,
@@ -174,14 +171,7 @@ async fn submit_get_result_and_watch_after_a_cursor() {
 
     let client = gw.client();
     let parsed = id.parse().unwrap();
-    wait_for("a terminal status", || {
-        let client = client.clone();
-        async move {
-            let s = client.get(parsed).await.unwrap();
-            s.status.is_terminal().then_some(())
-        }
-    })
-    .await;
+    wait_terminal(&client, parsed).await;
 
     let out = mrt(Some(&gw.base), &["watch", &id, "--after", "3"], None).await;
     assert_eq!(
@@ -230,20 +220,9 @@ async fn submit_get_result_and_watch_after_a_cursor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_of_a_slow_execution() {
-    let gw = Gateway::start(json!({
-        "providers": [mock(json!({ "delay_ms": 60_000 }))]
-    }))
-    .await;
+    let gw = slow_gateway().await;
     let client = gw.client();
-    let id = client
-        .submit(
-            &text_request("text-generation", "slow"),
-            &SubmitOptions::default(),
-        )
-        .await
-        .unwrap()
-        .execution_id
-        .to_string();
+    let id = submit_text(&client, "slow").await.to_string();
 
     let out = mrt(Some(&gw.base), &["result", &id], None).await;
     assert_eq!(out.code, 4, "result of a running execution: {}", out.stderr);
@@ -274,10 +253,7 @@ async fn cancel_of_a_slow_execution() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_cancelled_while_streaming_exits_one() {
-    let gw = Gateway::start(json!({
-        "providers": [mock(json!({ "delay_ms": 60_000 }))]
-    }))
-    .await;
+    let gw = slow_gateway().await;
     let key = IdempotencyKey::generate();
     let base = gw.base.clone();
     let key_arg = key.to_string();

@@ -5,7 +5,6 @@
 
 mod support;
 
-use model_runtime_client::{SubmitOptions, text_request};
 use protocol::{EventBody, ExecutionStatus, RuntimeEvent, Sequence};
 use serde_json::json;
 use support::*;
@@ -49,24 +48,13 @@ async fn randomly_cut_streams_resume_to_exactly_the_uncut_run() {
         // Every 8th connection passes uncut, so at most 7 failures in a row (budget: 12).
         let proxy = CutProxy::start(gw.addr, seed, 1500, 8).await;
         let through_proxy = client_for(&proxy.base);
-        let submission = direct
-            .submit(
-                &text_request("text-generation", "hi"),
-                &SubmitOptions::default(),
-            )
+        let submission = submit_plain(&direct, "text-generation", "hi")
             .await
             .unwrap();
         let id = submission.execution_id;
         if seed % 2 == 1 {
             // Odd seeds replay a finished log; even seeds follow the execution live.
-            wait_for("the execution to finish", || {
-                let direct = direct.clone();
-                async move {
-                    let s = direct.get(id).await.unwrap();
-                    s.status.is_terminal().then_some(())
-                }
-            })
-            .await;
+            wait_terminal(&direct, id).await;
         }
 
         let mut stream = through_proxy.events(id, Sequence::ZERO).unwrap();

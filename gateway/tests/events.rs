@@ -15,16 +15,6 @@ use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
-const MOCK_TYPES: [&str; 7] = [
-    "execution.accepted",
-    "route.selected",
-    "output.delta",
-    "output.delta",
-    "output.delta",
-    "usage.reported",
-    "execution.completed",
-];
-
 /// A finished default mock execution.
 async fn finished(gw: &Gateway) -> String {
     let id = gw.submit_ok(&text_request("hi")).await;
@@ -165,11 +155,7 @@ async fn bad_cursors_are_400_and_existence_is_checked_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_subscriber_receives_every_event_as_it_happens() {
-    let gw = Gateway::start(deployment(
-        vec![mock("provider-mock", json!({ "delay_ms": 500 }))],
-        json!({}),
-    ))
-    .await;
+    let gw = Gateway::start(slow_mock(500, json!({}))).await;
     let id = gw.submit_ok(&text_request("hi")).await;
     let mut sse = gw.stream(&id).await;
     let first = sse.chunk().await.expect("first chunk");
@@ -221,11 +207,7 @@ async fn a_submit_accepting_event_stream_streams_from_the_first_event() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_a_stream_mid_execution_does_not_cancel_it() {
-    let gw = Gateway::start(deployment(
-        vec![mock("provider-mock", json!({ "delay_ms": 300 }))],
-        json!({}),
-    ))
-    .await;
+    let gw = Gateway::start(slow_mock(300, json!({}))).await;
     let id = gw.submit_ok(&text_request("hi")).await;
     let mut sse = gw.stream(&id).await;
     loop {

@@ -89,8 +89,7 @@ async fn a_non_json_content_type_is_415_and_creates_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_over_the_limit_is_413_with_or_without_content_length() {
-    let gw = Gateway::start(deployment(
-        vec![mock("provider-mock", json!({}))],
+    let gw = Gateway::start(default_deployment(
         json!({ "limits": { "max_body_bytes": 2048 } }),
     ))
     .await;
@@ -172,7 +171,7 @@ async fn schema_violations_are_400_and_never_echo_caller_text() {
     for body in cases {
         let response = gw.submit(&body).await;
         let raw = response.text().await.expect("body");
-        assert!(!raw.contains(CANARY), "canary echoed for {body}: {raw}");
+        testkit::canary::assert_absent(CANARY, &format!("the answer to {body}"), &raw);
         let parsed: Value = serde_json::from_str(&raw).expect("json");
         assert_eq!(
             parsed,
@@ -190,7 +189,7 @@ async fn schema_violations_are_400_and_never_echo_caller_text() {
         .await;
     assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
     let raw = response.text().await.expect("body");
-    assert!(!raw.contains(CANARY), "canary echoed: {raw}");
+    testkit::canary::assert_absent(CANARY, "the 422 answer", &raw);
     assert_eq!(gw.accepted_count().await, 0.0);
 }
 
@@ -281,7 +280,7 @@ async fn an_idempotency_key_reused_with_a_different_request_is_422() {
         let status = response.status();
         let h = response.headers().clone();
         let raw = response.text().await.expect("body");
-        assert!(!raw.contains(CANARY), "key echoed: {raw}");
+        testkit::canary::assert_absent(CANARY, "the answer to a reused key", &raw);
         assert_error(
             &(status, h, serde_json::from_str(&raw).expect("json")),
             422,
@@ -361,11 +360,7 @@ async fn malformed_idempotency_keys_are_400_and_create_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_submissions_with_one_key_create_exactly_one_execution() {
     // Slow enough that the execution is still running while all 50 arrive.
-    let gw = Gateway::start(deployment(
-        vec![mock("provider-mock", json!({ "delay_ms": 300 }))],
-        json!({}),
-    ))
-    .await;
+    let gw = Gateway::start(slow_mock(300, json!({}))).await;
     let body = text_request("once").to_string();
     let mut tasks = Vec::new();
     for _ in 0..50 {
@@ -417,18 +412,7 @@ async fn concurrent_submissions_with_one_key_create_exactly_one_execution() {
     assert_eq!(gw.wait_terminal(id).await["status"], "succeeded");
     let events = gw.stream(id).await.rest().await;
     assert_log(&events, id, 1);
-    assert_eq!(
-        types(&events),
-        [
-            "execution.accepted",
-            "route.selected",
-            "output.delta",
-            "output.delta",
-            "output.delta",
-            "usage.reported",
-            "execution.completed"
-        ]
-    );
+    assert_eq!(types(&events), MOCK_TYPES);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -591,11 +575,7 @@ async fn the_result_of_a_successful_execution_is_200_with_empty_artifacts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_result_is_409_with_the_status_while_running_and_after_cancel() {
-    let gw = Gateway::start(deployment(
-        vec![mock("provider-mock", json!({ "delay_ms": 10000 }))],
-        json!({}),
-    ))
-    .await;
+    let gw = Gateway::start(slow_mock(10000, json!({}))).await;
     let id = gw.submit_ok(&text_request("hi")).await;
     // The mock waits before its first chunk: the execution stays in routing.
     gw.wait_status(&id, "routing").await;
@@ -760,11 +740,7 @@ async fn cancelling_a_terminal_execution_is_404() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_limit_is_429_queue_full_with_retry_after_until_capacity_frees() {
-    let gw = Gateway::start(deployment(
-        vec![mock("provider-mock", json!({ "delay_ms": 2000 }))],
-        json!({ "max_active_executions": 2 }),
-    ))
-    .await;
+    let gw = Gateway::start(slow_mock(2000, json!({ "max_active_executions": 2 }))).await;
     let a = gw.submit_ok(&text_request("a")).await;
     let b = gw.submit_ok(&text_request("b")).await;
     let response = gw.submit(&text_request("c")).await;
@@ -811,11 +787,7 @@ async fn admission_limit_is_429_queue_full_with_retry_after_until_capacity_frees
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_deadline_fails_the_execution_with_deadline_exceeded() {
-    let gw = Gateway::start(deployment(
-        vec![mock("provider-mock", json!({ "delay_ms": 1000 }))],
-        json!({}),
-    ))
-    .await;
+    let gw = Gateway::start(slow_mock(1000, json!({}))).await;
     let id = gw
         .submit_ok(&json!({ "ability": "text-generation", "input": [{ "type": "text", "text": "hi" }], "deadline_ms": 200 }))
         .await;
@@ -839,8 +811,7 @@ async fn an_expired_deadline_fails_the_execution_with_deadline_exceeded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadlines_outside_the_allowed_range_are_400() {
-    let gw = Gateway::start(deployment(
-        vec![mock("provider-mock", json!({}))],
+    let gw = Gateway::start(default_deployment(
         json!({ "limits": { "max_deadline_ms": 60000 } }),
     ))
     .await;
@@ -1077,28 +1048,29 @@ async fn health_readiness_and_metrics_endpoints_answer() {
     assert!(text.contains("mrt_stopping 0"), "{text}");
 }
 
+/// A gateway allowing one event stream (mock delay `delay_ms`), an execution, and the stream of
+/// that execution holding the only slot (past its first event).
+async fn holding_the_only_stream_slot(delay_ms: u64) -> (Gateway, String, Sse) {
+    let config = slow_mock(delay_ms, json!({ "limits": { "max_sse_streams": 1 } }));
+    let gw = Gateway::start(config).await;
+    let id = gw.submit_ok(&text_request("hi")).await;
+    let mut held = gw.stream(&id).await;
+    held.expect_type("execution.accepted").await;
+    (gw, id, held)
+}
+
+/// The refusal when every event stream slot is taken.
+fn assert_no_stream_slot(response: &(StatusCode, reqwest::header::HeaderMap, Value)) {
+    let message = "Too many open event streams";
+    assert_error(response, 429, "queue_full", message, true);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_event_streams_are_limited_and_released_on_close() {
-    let gw = Gateway::start(deployment(
-        vec![mock("provider-mock", json!({ "delay_ms": 2000 }))],
-        json!({ "limits": { "max_sse_streams": 1 } }),
-    ))
-    .await;
-    let id = gw.submit_ok(&text_request("hi")).await;
-    let mut first = gw.stream(&id).await;
-    assert_eq!(
-        first.next_json().await.expect("accepted")["type"],
-        "execution.accepted"
-    );
+    let (gw, id, first) = holding_the_only_stream_slot(2000).await;
     let response = gw.events(&id, None, None).await;
     let response = json_parts(response).await;
-    assert_error(
-        &response,
-        429,
-        "queue_full",
-        "Too many open event streams",
-        true,
-    );
+    assert_no_stream_slot(&response);
     drop(first);
     // The slot is released when the client goes away.
     let start = std::time::Instant::now();
@@ -1115,17 +1087,7 @@ async fn open_event_streams_are_limited_and_released_on_close() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streaming_submit_refused_for_lack_of_stream_slots_creates_nothing() {
-    let gw = Gateway::start(deployment(
-        vec![mock("provider-mock", json!({ "delay_ms": 10000 }))],
-        json!({ "limits": { "max_sse_streams": 1 } }),
-    ))
-    .await;
-    let id = gw.submit_ok(&text_request("hi")).await;
-    let mut held = gw.stream(&id).await;
-    assert_eq!(
-        held.next_json().await.expect("accepted")["type"],
-        "execution.accepted"
-    );
+    let (gw, id, held) = holding_the_only_stream_slot(10000).await;
     // A retryable refusal must mean nothing was created, or the client's retry duplicates it.
     let response = gw
         .submit_with(
@@ -1133,13 +1095,7 @@ async fn a_streaming_submit_refused_for_lack_of_stream_slots_creates_nothing() {
             &[("accept", "text/event-stream")],
         )
         .await;
-    assert_error(
-        &json_parts(response).await,
-        429,
-        "queue_full",
-        "Too many open event streams",
-        true,
-    );
+    assert_no_stream_slot(&json_parts(response).await);
     assert_eq!(gw.accepted_count().await, 1.0);
     drop(held);
     assert_eq!(gw.cancel(&id).await.0, StatusCode::ACCEPTED);

@@ -46,22 +46,11 @@ async fn wait_stopping(gw: &Gateway) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_refuses_new_work_and_lets_running_executions_finish() {
-    let mut gw = Gateway::start_with(
-        deployment(
-            vec![mock("provider-mock", json!({ "delay_ms": 700 }))],
-            json!({}),
-        ),
-        4,
-        Duration::from_secs(15),
-    )
-    .await;
+    let mut gw = Gateway::start_with(slow_mock(700, json!({})), 4, Duration::from_secs(15)).await;
     let id = gw.submit_ok(&text_request("hi")).await;
     gw.wait_started(&id).await;
     let mut sse = gw.stream(&id).await;
-    assert_eq!(
-        sse.next_json().await.expect("accepted")["type"],
-        "execution.accepted"
-    );
+    sse.expect_type("execution.accepted").await;
 
     gw.signal_shutdown();
     wait_stopping(&gw).await;
@@ -95,15 +84,8 @@ async fn shutdown_refuses_new_work_and_lets_running_executions_finish() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_short_grace_running_and_queued_executions_end_cancelled() {
     // One worker slot: the first execution runs (slowly), the second waits in the queue.
-    let mut gw = Gateway::start_with(
-        deployment(
-            vec![mock("provider-mock", json!({ "delay_ms": 5000 }))],
-            json!({}),
-        ),
-        1,
-        Duration::from_millis(300),
-    )
-    .await;
+    let mut gw =
+        Gateway::start_with(slow_mock(5000, json!({})), 1, Duration::from_millis(300)).await;
     let running = gw.submit_ok(&text_request("running")).await;
     gw.wait_started(&running).await;
     let queued = gw.submit_ok(&text_request("queued")).await;

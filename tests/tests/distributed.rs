@@ -152,14 +152,18 @@ async fn wait_for_events(gateway: &str, id: &str, pred: impl Fn(&[Value]) -> boo
     }
 }
 
+/// Submits a text request and waits until its first output delta is in the log.
+async fn streaming_execution(base: &str) -> String {
+    let (_, sub) = submit(base, &text_request("hi"), None).await;
+    let id = sub["execution_id"].as_str().unwrap().to_owned();
+    wait_for_events(base, &id, |e| types(e).contains(&"output.delta")).await;
+    id
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_leaves_exactly_one_terminal_and_no_repeated_output() {
-    let cluster = Cluster::start(&mock(300, 20));
-    let gateway = cluster.gateway();
-    let first = cluster.worker();
-    let (_, sub) = submit(&gateway.url, &text_request("hi"), None).await;
-    let id = sub["execution_id"].as_str().unwrap().to_owned();
-    wait_for_events(&gateway.url, &id, |e| types(e).contains(&"output.delta")).await;
+    let (cluster, gateway, first) = gateway_and_worker(&mock(300, 20));
+    let id = streaming_execution(&gateway.url).await;
     first.signal("KILL");
     // Another worker takes the redelivered job after the lease lapses.
     let _second = cluster.worker();
@@ -198,12 +202,8 @@ async fn a_killed_worker_leaves_exactly_one_terminal_and_no_repeated_output() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_worker_that_resumes_cannot_append() {
-    let cluster = Cluster::start(&mock(400, 30));
-    let gateway = cluster.gateway();
-    let zombie = cluster.worker();
-    let (_, sub) = submit(&gateway.url, &text_request("hi"), None).await;
-    let id = sub["execution_id"].as_str().unwrap().to_owned();
-    wait_for_events(&gateway.url, &id, |e| types(e).contains(&"output.delta")).await;
+    let (cluster, gateway, zombie) = gateway_and_worker(&mock(400, 30));
+    let id = streaming_execution(&gateway.url).await;
     zombie.signal("STOP");
     let _healthy = cluster.worker();
     let snap = wait_terminal(&gateway.url, &id).await;

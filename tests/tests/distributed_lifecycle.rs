@@ -144,46 +144,44 @@ fn binding(key: &str, request: &Value) -> (String, IdempotencyRecord) {
     (sha256_hex(format!("\u{0}{key}").as_bytes()), record)
 }
 
+/// Binds `key` to a fresh execution of `request` in Redis, as a gateway that then crashed.
+async fn bind_key(cluster: &Cluster, key: &str, request: &Value) -> IdempotencyRecord {
+    let (hash, record) = binding(key, request);
+    let store = redis_store(cluster).await;
+    assert!(
+        store.claim(&hash, &record).await.unwrap().is_none(),
+        "{key} was free"
+    );
+    record
+}
+
+/// Retries `request` with `key`: the answer names the bound execution, which then succeeds.
+/// Returns the answer.
+async fn retry_heals(base: &str, request: &Value, key: &str, record: &IdempotencyRecord) -> Value {
+    let (status, body) = submit(base, request, Some(key)).await;
+    assert_eq!(status, 200, "{body}");
+    let id = record.execution_id.to_string();
+    assert_eq!(body["execution_id"], id);
+    assert_eq!(wait_terminal(base, &id).await["status"], "succeeded");
+    body
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_binding_the_key_heals_on_retry() {
-    let cluster = Cluster::start(&fast_mock());
-    let gateway = cluster.gateway();
-    let _worker = cluster.worker();
+    let (cluster, gateway, _worker) = gateway_and_worker(&fast_mock());
     let request = text_request("crash window 1");
-    let (hash, record) = binding("k-crash-1", &request);
     // A gateway bound the key and died before creating the log.
-    assert!(
-        redis_store(&cluster)
-            .await
-            .claim(&hash, &record)
-            .await
-            .unwrap()
-            .is_none()
-    );
-    let (status, body) = submit(&gateway.url, &request, Some("k-crash-1")).await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["execution_id"], record.execution_id.to_string());
+    let record = bind_key(&cluster, "k-crash-1", &request).await;
+    let body = retry_heals(&gateway.url, &request, "k-crash-1", &record).await;
     assert_eq!(body["idempotent_replay"], true);
-    let snap = wait_terminal(&gateway.url, &record.execution_id.to_string()).await;
-    assert_eq!(snap["status"], "succeeded");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_creating_the_log_heals_on_retry() {
-    let cluster = Cluster::start(&fast_mock());
-    let gateway = cluster.gateway();
-    let _worker = cluster.worker();
+    let (cluster, gateway, _worker) = gateway_and_worker(&fast_mock());
     let request = text_request("crash window 2");
-    let (hash, record) = binding("k-crash-2", &request);
     // A gateway bound the key, created the log, and died before publishing the job.
-    assert!(
-        redis_store(&cluster)
-            .await
-            .claim(&hash, &record)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    let record = bind_key(&cluster, "k-crash-2", &request).await;
     let settings = runtime::nats::NatsSettings::new(cluster.namespace.clone());
     let nats = NatsBackend::connect(&cluster.nats.url(), settings, PROMPT)
         .await
@@ -198,11 +196,7 @@ async fn a_crash_after_creating_the_log_heals_on_retry() {
         ))
         .await
         .unwrap();
-    let (status, body) = submit(&gateway.url, &request, Some("k-crash-2")).await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["execution_id"], record.execution_id.to_string());
-    let snap = wait_terminal(&gateway.url, &record.execution_id.to_string()).await;
-    assert_eq!(snap["status"], "succeeded");
+    retry_heals(&gateway.url, &request, "k-crash-2", &record).await;
     let all = events(&gateway.url, &record.execution_id.to_string(), 0).await;
     assert_log_well_formed(&all);
     assert_eq!(

@@ -1,5 +1,5 @@
 //! The `anthropic-messages` and `fal-queue` adapters end to end: each test starts a fake
-//! provider (axum on 127.0.0.1:0) that replays a transcript in the provider's real wire format,
+//! provider (`testkit::fake_provider`) that replays a transcript in the provider's real wire format,
 //! runs a job through `worker::runner::Runner` over the in-memory stores, and checks the exact
 //! event log, the materialized snapshot, the error, and what the fake provider received.
 //! References `[R n]` are to `docs/reference-behaviours.md`.
@@ -12,19 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::State;
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
-use axum::response::Response;
+use axum::http::{Method, StatusCode};
 use config::{BaseUrl, FlowLimits};
-use futures_util::StreamExt;
 use protocol::event::{EventBody, ExecutionStatus, OutputArtifact, ProgressPhase};
 use protocol::request::Modality;
 use protocol::{ErrorCode, RuntimeError, Target, UsageFact, UsageSource, UsageUnit};
 use runtime::CancelBus;
 use serde_json::{Value, json};
 use support::*;
+use testkit::fake_provider::{FakeProvider, Piece, Received, Reply};
+use testkit::logs::Logs;
 use tokio_util::sync::CancellationToken;
 use worker::provider::anthropic_messages::AnthropicMessagesProvider;
 use worker::provider::credential::{KeySource, Secret};
@@ -40,117 +37,7 @@ const FAL_MODEL: &str = "fal-ai/flux/dev";
 const REQUEST_ID: &str = "764cabcf-b745-4b3e-ae38-1200304cf45b";
 
 // =============================================================================================
-// The fake provider
-
-/// One request the fake provider received.
-#[derive(Debug, Clone)]
-struct Received {
-    method: Method,
-    path: String,
-    headers: HeaderMap,
-    body: Bytes,
-    /// `http://127.0.0.1:PORT` of the server that received it.
-    origin: String,
-    /// How many earlier requests had the same method and path.
-    nth: usize,
-}
-
-impl Received {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).expect("JSON body")
-    }
-}
-
-type Responder = dyn Fn(&Received) -> Response + Send + Sync;
-
-#[derive(Clone)]
-struct ServerState {
-    received: Arc<parking_lot::Mutex<Vec<Received>>>,
-    responder: Arc<Responder>,
-    origin: String,
-}
-
-/// A local HTTP server answering every request with `responder`, recording what it received.
-struct FakeProvider {
-    origin: String,
-    received: Arc<parking_lot::Mutex<Vec<Received>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeProvider {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn record(
-    State(state): State<ServerState>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let received = {
-        let mut all = state.received.lock();
-        let nth = all
-            .iter()
-            .filter(|r| r.method == method && r.path == uri.path())
-            .count();
-        let received = Received {
-            method,
-            path: uri.path().to_owned(),
-            headers,
-            body,
-            origin: state.origin.clone(),
-            nth,
-        };
-        all.push(received.clone());
-        received
-    };
-    (state.responder)(&received)
-}
-
-impl FakeProvider {
-    async fn start(responder: impl Fn(&Received) -> Response + Send + Sync + 'static) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let origin = format!("http://{}", listener.local_addr().unwrap());
-        let received = Arc::new(parking_lot::Mutex::new(Vec::new()));
-        let state = ServerState {
-            received: Arc::clone(&received),
-            responder: Arc::new(responder),
-            origin: origin.clone(),
-        };
-        let app = Router::new().fallback(record).with_state(state);
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app).await.unwrap();
-        });
-        Self {
-            origin,
-            received,
-            task,
-        }
-    }
-
-    fn base_url(&self) -> BaseUrl {
-        BaseUrl::parse(&self.origin).unwrap()
-    }
-
-    fn received(&self) -> Vec<Received> {
-        self.received.lock().clone()
-    }
-
-    fn count(&self, method: Method, path: &str) -> usize {
-        self.received
-            .lock()
-            .iter()
-            .filter(|r| r.method == method && r.path == path)
-            .count()
-    }
-}
+// The fake provider's answers
 
 /// What happens after the last chunk of a streamed body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,110 +50,81 @@ enum Tail {
     Abort,
 }
 
-fn event_stream(chunks: Vec<String>, tail: Tail) -> Response {
-    let chunks = futures_util::stream::iter(
-        chunks
-            .into_iter()
-            .map(|c| Ok::<Bytes, std::io::Error>(Bytes::from(c))),
-    );
-    let body = match tail {
-        Tail::End => Body::from_stream(chunks),
-        Tail::Stall => Body::from_stream(
-            chunks.chain(futures_util::stream::pending::<Result<Bytes, std::io::Error>>()),
-        ),
+fn event_stream(chunks: Vec<String>, tail: Tail) -> Reply {
+    let mut pieces: Vec<Piece> = chunks.into_iter().map(Piece::text).collect();
+    match tail {
+        Tail::End => {}
+        Tail::Stall => pieces.push(Piece::Stall),
         // After a pause, so that what came before is on the wire first.
-        Tail::Abort => Body::from_stream(chunks.chain(futures_util::stream::once(async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            Err(std::io::Error::other("connection reset"))
-        }))),
-    };
-    Response::builder()
-        .header("content-type", "text/event-stream")
-        .header("cache-control", "no-cache")
-        .body(body)
-        .unwrap()
+        Tail::Abort => pieces.extend([Piece::Pause(Duration::from_millis(100)), Piece::Cut]),
+    }
+    Reply::Stream(pieces)
 }
 
-fn json_response(status: StatusCode, value: Value) -> Response {
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Body::from(value.to_string()))
-        .unwrap()
+fn json_response(status: StatusCode, value: Value) -> Reply {
+    Reply::json(status.as_u16(), &value)
 }
 
-fn text_response(status: StatusCode, text: &str) -> Response {
-    Response::builder()
-        .status(status)
-        .body(Body::from(text.to_owned()))
-        .unwrap()
+fn text_response(status: StatusCode, text: &str) -> Reply {
+    Reply::text(status.as_u16(), text)
 }
 
 /// An error answer that echoes the credential, as a misbehaving proxy might.
-fn echoing_error(status: StatusCode, received: &Received) -> Response {
+fn echoing_error(status: StatusCode, received: &Received) -> Reply {
     let key = received
         .header("x-api-key")
         .or(received.header("authorization"))
         .unwrap_or_default()
         .to_owned();
-    let mut response = json_response(
+    let response = json_response(
         status,
         json!({"type": "error", "error": {"type": "authentication_error", "message": format!("invalid x-api-key {key}")}}),
     );
     if status == StatusCode::TOO_MANY_REQUESTS {
+        response.with_header("retry-after", "17")
+    } else {
         response
-            .headers_mut()
-            .insert("retry-after", "17".parse().unwrap());
-    }
-    response
-}
-
-// =============================================================================================
-// Log capture (the canary must not reach a log line either)
-
-#[derive(Debug, Clone, Default)]
-struct Logs(Arc<parking_lot::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock()).into_owned()
-    }
+/// Statuses a provider rejects a request with, and how each maps.
+const REJECTIONS: [(StatusCode, ErrorCode, bool); 4] = [
+    (
+        StatusCode::BAD_REQUEST,
+        ErrorCode::ProviderUnavailable,
+        false,
+    ),
+    (
+        StatusCode::UNAUTHORIZED,
+        ErrorCode::ProviderUnavailable,
+        false,
+    ),
+    (StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited, true),
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorCode::ProviderUnavailable,
+        true,
+    ),
+];
+
+/// The error of a request rejected with `status`.
+fn rejected(status: StatusCode, code: ErrorCode, retryable: bool) -> RuntimeError {
+    RuntimeError::new(
+        code,
+        format!("Provider request failed with status {}", status.as_u16()),
+        retryable,
+    )
+    .with_provider_code(status.as_u16().to_string())
 }
 
-/// Captures every log line of this thread at TRACE. Tests using it run on the current-thread
-/// runtime, so the runner, the adapter and the fake server all log here.
-fn capture_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .finish();
-    (logs, tracing::subscriber::set_default(subscriber))
+fn base_url(server: &FakeProvider) -> BaseUrl {
+    BaseUrl::parse(server.origin()).unwrap()
 }
 
-/// Every event, the snapshot and the logs are free of the canary credential.
+/// Every event, the snapshot and the logs (if captured) are free of the canary credential.
 async fn assert_no_canary(h: &Harness, id: protocol::ExecutionId, logs: Option<&Logs>) {
-    for event in h.events(id).await {
-        assert!(!event.to_json().contains("CANARY"), "{}", event.to_json());
-    }
-    let snapshot = serde_json::to_string(&h.snapshot(id).await).unwrap();
-    assert!(!snapshot.contains("CANARY"), "{snapshot}");
-    if let Some(logs) = logs {
-        assert!(!logs.text().contains("CANARY"), "{}", logs.text());
-    }
+    h.assert_no_canary(id, logs.map(Logs::text).as_deref())
+        .await;
 }
 
 // =============================================================================================
@@ -288,7 +146,7 @@ fn anthropic_config(base_url: BaseUrl, tools: bool, inputs: &[Modality]) -> Text
 fn anthropic(server: &FakeProvider, tools: bool) -> Arc<dyn Provider> {
     anthropic_with(
         anthropic_config(
-            server.base_url(),
+            base_url(server),
             tools,
             &[Modality::Text, Modality::Json, Modality::Image],
         ),
@@ -323,7 +181,7 @@ fn fast() -> FalOptions {
 
 fn fal(server: &FakeProvider, options: FalOptions) -> Arc<dyn Provider> {
     Arc::new(FalQueueProvider::new(
-        &fal_config(server.base_url(), FAL_MODEL),
+        &fal_config(base_url(server), FAL_MODEL),
         KeySource::Fixed(Secret::new(CANARY)),
         options,
     ))
@@ -374,6 +232,20 @@ fn text_delta(output_index: u32, text: &str) -> EventBody {
     }
 }
 
+fn queued() -> EventBody {
+    EventBody::Progress {
+        phase: ProgressPhase::Queued,
+        progress: None,
+    }
+}
+
+fn processing() -> EventBody {
+    EventBody::Progress {
+        phase: ProgressPhase::Processing,
+        progress: None,
+    }
+}
+
 fn facts(pairs: &[(UsageUnit, f64)]) -> Vec<UsageFact> {
     pairs
         .iter()
@@ -403,6 +275,47 @@ async fn run(h: &Harness, request: &str, deadline: Duration) -> protocol::Execut
     let outcome = within("the run ends", PATIENCE, h.runner.run(&job, 1)).await;
     assert_eq!(outcome, RunOutcome::Finished);
     job.execution_id
+}
+
+/// The routing member that allows fallback.
+fn fallback() -> Value {
+    json!({"routing": {"allow_fallback": true}})
+}
+
+/// Runs `request` on `adapter` with a mock serving `ability` registered behind it.
+async fn run_with_fallback(
+    adapter: Arc<dyn Provider>,
+    ability: &str,
+    request: &str,
+    deadline: Duration,
+) -> (Harness, protocol::ExecutionId) {
+    let h = harness(vec![adapter, fallback_mock(ability)]);
+    let id = run(&h, request, deadline).await;
+    (h, id)
+}
+
+/// Runs a chat request on anthropic, with the mock behind it and fallback allowed.
+async fn claude_with_fallback(
+    server: &FakeProvider,
+    deadline: Duration,
+) -> (Harness, protocol::ExecutionId) {
+    let adapter = anthropic(server, false);
+    run_with_fallback(adapter, "text-generation", &chat(fallback()), deadline).await
+}
+
+/// Runs an image request on fal, with the mock behind it and fallback allowed.
+async fn fal_with_fallback(
+    server: &FakeProvider,
+    options: FalOptions,
+) -> (Harness, protocol::ExecutionId) {
+    let adapter = fal(server, options);
+    run_with_fallback(
+        adapter,
+        "image-generation",
+        &image_request(fallback()),
+        LONG,
+    )
+    .await
 }
 
 async fn error_of(h: &Harness, id: protocol::ExecutionId) -> RuntimeError {
@@ -546,7 +459,7 @@ fn tool_events() -> Vec<EventBody> {
 fn transcript_server(
     transcript: Vec<String>,
     tail: Tail,
-) -> impl Fn(&Received) -> Response + Send + Sync + 'static {
+) -> impl Fn(&Received) -> Reply + Send + Sync + 'static {
     move |_| event_stream(transcript.clone(), tail)
 }
 
@@ -639,7 +552,7 @@ async fn anthropic_text_streams_and_the_request_is_built_as_documented() {
 #[tokio::test]
 async fn anthropic_base_path_is_kept_and_max_tokens_may_be_set() {
     let server = FakeProvider::start(transcript_server(text_transcript(), Tail::End)).await;
-    let base = BaseUrl::parse(&format!("{}/proxy/anthropic/", server.origin)).unwrap();
+    let base = BaseUrl::parse(&format!("{}/proxy/anthropic/", server.origin())).unwrap();
     let provider = anthropic_with(
         anthropic_config(base, false, &[Modality::Text, Modality::Json]),
         KeySource::Fixed(Secret::new(CANARY)),
@@ -757,74 +670,17 @@ async fn anthropic_stops_reading_at_message_stop() {
 
 #[tokio::test]
 async fn anthropic_http_errors_map_by_status_and_retryable_ones_fall_back() {
-    let (logs, _guard) = capture_logs();
-    for (status, code, retryable) in [
-        (
-            StatusCode::BAD_REQUEST,
-            ErrorCode::ProviderUnavailable,
-            false,
-        ),
-        (
-            StatusCode::UNAUTHORIZED,
-            ErrorCode::ProviderUnavailable,
-            false,
-        ),
-        (StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited, true),
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            ErrorCode::ProviderUnavailable,
-            true,
-        ),
-    ] {
+    let (logs, _guard) = testkit::logs::capture();
+    for (status, code, retryable) in REJECTIONS {
         let server = FakeProvider::start(move |r| echoing_error(status, r)).await;
-        let h = harness(vec![
-            anthropic(&server, false),
-            fallback_mock("text-generation"),
-        ]);
-        let id = run(
-            &h,
-            &chat(json!({"routing": {"allow_fallback": true}})),
-            LONG,
-        )
-        .await;
-        let expected = RuntimeError::new(
-            code,
-            format!("Provider request failed with status {}", status.as_u16()),
-            retryable,
-        )
-        .with_provider_code(status.as_u16().to_string());
+        let (h, id) = claude_with_fallback(&server, LONG).await;
+        let expected = rejected(status, code, retryable);
         if retryable {
-            h.assert_log(
-                id,
-                &[
-                    EventBody::Accepted,
-                    route(claude(), 1),
-                    EventBody::RouteAttemptFailed {
-                        target: claude(),
-                        attempt: 1,
-                        error: expected,
-                    },
-                    route(mock_target(), 2),
-                    text_delta(0, "hello"),
-                    text_delta(0, " from"),
-                    text_delta(0, " mock"),
-                    usage(3),
-                    EventBody::Completed {
-                        target: mock_target(),
-                    },
-                ],
-            )
-            .await;
+            h.assert_log(id, &fell_back_to_mock(claude(), expected, mock_target()))
+                .await;
         } else {
-            h.assert_log(
-                id,
-                &[
-                    EventBody::Accepted,
-                    route(claude(), 1),
-                    EventBody::Failed { error: expected },
-                ],
-            )
-            .await;
+            h.assert_log(id, &failed_after(claude(), &[], expected))
+                .await;
         }
         assert_eq!(
             server.received().len(),
@@ -845,30 +701,18 @@ async fn anthropic_error_event_is_unavailable_and_never_falls_back() {
         ),
     ];
     let server = FakeProvider::start(transcript_server(transcript, Tail::Stall)).await;
-    let h = harness(vec![
-        anthropic(&server, false),
-        fallback_mock("text-generation"),
-    ]);
-    let id = run(
-        &h,
-        &chat(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = claude_with_fallback(&server, LONG).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(claude(), 1),
-            EventBody::Failed {
-                error: RuntimeError::new(
-                    ErrorCode::ProviderUnavailable,
-                    "Provider reported a stream error",
-                    false,
-                )
-                .with_provider_code("overloaded_error"),
-            },
-        ],
+        &failed_after(
+            claude(),
+            &[],
+            not_retryable(
+                ErrorCode::ProviderUnavailable,
+                "Provider reported a stream error",
+            )
+            .with_provider_code("overloaded_error"),
+        ),
     )
     .await;
     assert_no_canary(&h, id, None).await;
@@ -882,26 +726,14 @@ async fn anthropic_stream_cut_mid_frame_is_a_protocol_error_after_output() {
     let next = text_block_delta(0, "lo there");
     transcript.push(next[..next.len() / 2].to_owned());
     let server = FakeProvider::start(transcript_server(transcript, Tail::End)).await;
-    let h = harness(vec![
-        anthropic(&server, false),
-        fallback_mock("text-generation"),
-    ]);
-    let id = run(
-        &h,
-        &chat(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = claude_with_fallback(&server, LONG).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(claude(), 1),
-            text_delta(0, "Hel"),
-            EventBody::Failed {
-                error: RuntimeError::stream_ended_early(),
-            },
-        ],
+        &failed_after(
+            claude(),
+            &[text_delta(0, "Hel")],
+            RuntimeError::stream_ended_early(),
+        ),
     )
     .await;
     let error = error_of(&h, id).await;
@@ -920,26 +752,9 @@ async fn anthropic_connection_reset_after_output_does_not_fall_back() {
         text_block_delta(0, "partial"),
     ];
     let server = FakeProvider::start(transcript_server(transcript, Tail::Abort)).await;
-    let h = harness(vec![
-        anthropic(&server, false),
-        fallback_mock("text-generation"),
-    ]);
-    let id = run(
-        &h,
-        &chat(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = claude_with_fallback(&server, LONG).await;
     let events = h.events(id).await;
-    assert_eq!(
-        type_names(&events),
-        [
-            "execution.accepted",
-            "route.selected",
-            "output.delta",
-            "execution.failed"
-        ]
-    );
+    assert_eq!(type_names(&events), FAILED_AFTER_ONE_DELTA);
     let error = error_of(&h, id).await;
     assert_eq!(error.code, ErrorCode::ProviderUnavailable);
     assert!(!error.retryable);
@@ -967,14 +782,11 @@ async fn anthropic_stalled_stream_hits_the_deadline() {
     assert!(started.elapsed() < Duration::from_secs(5), "ended promptly");
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(claude(), 1),
-            text_delta(0, "Thinking"),
-            EventBody::Failed {
-                error: RuntimeError::deadline_exceeded(),
-            },
-        ],
+        &failed_after(
+            claude(),
+            &[text_delta(0, "Thinking")],
+            RuntimeError::deadline_exceeded(),
+        ),
     )
     .await;
 }
@@ -987,29 +799,17 @@ async fn anthropic_malformed_json_is_a_protocol_error() {
             .to_owned(),
     ];
     let server = FakeProvider::start(transcript_server(transcript, Tail::End)).await;
-    let h = harness(vec![
-        anthropic(&server, false),
-        fallback_mock("text-generation"),
-    ]);
-    let id = run(
-        &h,
-        &chat(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = claude_with_fallback(&server, LONG).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(claude(), 1),
-            EventBody::Failed {
-                error: RuntimeError::new(
-                    ErrorCode::ProviderProtocolError,
-                    "Provider returned malformed JSON",
-                    false,
-                ),
-            },
-        ],
+        &failed_after(
+            claude(),
+            &[],
+            not_retryable(
+                ErrorCode::ProviderProtocolError,
+                "Provider returned malformed JSON",
+            ),
+        ),
     )
     .await;
 }
@@ -1039,25 +839,10 @@ async fn anthropic_tool_arguments_without_a_tool_block_are_a_protocol_error() {
 async fn anthropic_eof_before_message_stop_is_a_protocol_error() {
     let transcript = vec![message_start(25), ping()];
     let server = FakeProvider::start(transcript_server(transcript, Tail::End)).await;
-    let h = harness(vec![
-        anthropic(&server, false),
-        fallback_mock("text-generation"),
-    ]);
-    let id = run(
-        &h,
-        &chat(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = claude_with_fallback(&server, LONG).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(claude(), 1),
-            EventBody::Failed {
-                error: RuntimeError::stream_ended_early(),
-            },
-        ],
+        &failed_after(claude(), &[], RuntimeError::stream_ended_early()),
     )
     .await;
 }
@@ -1069,7 +854,7 @@ async fn anthropic_eof_before_message_stop_is_a_protocol_error() {
 async fn anthropic_capabilities_come_only_from_the_declaration() {
     let server = FakeProvider::start(transcript_server(text_transcript(), Tail::End)).await;
     let provider = anthropic_with(
-        anthropic_config(server.base_url(), false, &[Modality::Text, Modality::Json]),
+        anthropic_config(base_url(&server), false, &[Modality::Text, Modality::Json]),
         KeySource::Fixed(Secret::new(CANARY)),
     );
     let manifest = provider.manifest().clone();
@@ -1116,17 +901,16 @@ async fn anthropic_capabilities_come_only_from_the_declaration() {
 async fn anthropic_missing_credential_fails_without_a_request() {
     let server = FakeProvider::start(transcript_server(text_transcript(), Tail::End)).await;
     let provider = anthropic_with(
-        anthropic_config(server.base_url(), false, &[Modality::Text]),
+        anthropic_config(base_url(&server), false, &[Modality::Text]),
         KeySource::Env("MRT_TEST_SURELY_UNSET_ANTHROPIC_KEY".into()),
     );
     let h = harness(vec![provider]);
     let id = run(&h, &chat(json!({})), LONG).await;
     assert_eq!(
         error_of(&h, id).await,
-        RuntimeError::new(
+        not_retryable(
             ErrorCode::ProviderUnavailable,
-            "Required provider credential is unavailable",
-            false
+            "Required provider credential is unavailable"
         )
     );
     assert!(server.received().is_empty());
@@ -1143,26 +927,17 @@ async fn anthropic_cancel_mid_stream() {
     let h = harness(vec![anthropic(&server, false)]);
     let job = h.submit(&chat(json!({})), LONG).await;
     let id = job.execution_id;
-    let runner = Arc::clone(&h.runner);
-    let running = tokio::spawn(async move { runner.run(&job, 1).await });
-    wait_until("text streams", PATIENCE, || h.has_event(id, "output.delta")).await;
+    let running = spawn_run(&h, &job);
+    wait_for_output(&h, id).await;
     h.bus.request(id).await.unwrap();
-    assert_eq!(
-        within("cancel ends the run", PATIENCE, running)
-            .await
-            .unwrap(),
-        RunOutcome::Finished
-    );
+    finishes("cancel ends the run", running).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(claude(), 1),
-            text_delta(0, "Once upon"),
-            EventBody::Failed {
-                error: RuntimeError::cancelled(),
-            },
-        ],
+        &failed_after(
+            claude(),
+            &[text_delta(0, "Once upon")],
+            RuntimeError::cancelled(),
+        ),
     )
     .await;
 }
@@ -1256,8 +1031,8 @@ fn flux_artifacts() -> Vec<OutputArtifact> {
 /// repeated forever), the result answered by `result`, cancel answered 202.
 fn fal_queue(
     statuses: Vec<&'static str>,
-    result: impl Fn() -> Response + Send + Sync + 'static,
-) -> impl Fn(&Received) -> Response + Send + Sync + 'static {
+    result: impl Fn() -> Reply + Send + Sync + 'static,
+) -> impl Fn(&Received) -> Reply + Send + Sync + 'static {
     move |r: &Received| {
         let path = r.path.as_str();
         if r.method == Method::POST && path == "/fal-ai/flux/dev" {
@@ -1328,14 +1103,8 @@ async fn fal_lifecycle_reports_progress_then_result_and_artifacts() {
             &[
                 EventBody::Accepted,
                 route(fal_target(), 1),
-                EventBody::Progress {
-                    phase: ProgressPhase::Queued,
-                    progress: None,
-                },
-                EventBody::Progress {
-                    phase: ProgressPhase::Processing,
-                    progress: None,
-                },
+                queued(),
+                processing(),
                 EventBody::OutputResult {
                     result: flux_result(),
                     artifacts: Some(flux_artifacts()),
@@ -1391,7 +1160,7 @@ async fn fal_several_images_are_sent_as_image_urls_and_the_model_slash_is_droppe
     }))
     .await;
     let provider: Arc<dyn Provider> = Arc::new(FalQueueProvider::new(
-        &fal_config(server.base_url(), "/fal-ai/flux/dev"),
+        &fal_config(base_url(&server), "/fal-ai/flux/dev"),
         KeySource::Fixed(Secret::new(CANARY)),
         fast(),
     ));
@@ -1441,30 +1210,18 @@ async fn fal_completed_with_error_is_unavailable_with_the_error_type() {
         }
     })
     .await;
-    let h = harness(vec![
-        fal(&server, fast()),
-        fallback_mock("image-generation"),
-    ]);
-    let id = run(
-        &h,
-        &image_request(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = fal_with_fallback(&server, fast()).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(fal_target(), 1),
-            EventBody::Failed {
-                error: RuntimeError::new(
-                    ErrorCode::ProviderUnavailable,
-                    "Provider reported a failed request",
-                    false,
-                )
-                .with_provider_code("runner_disconnected"),
-            },
-        ],
+        &failed_after(
+            fal_target(),
+            &[],
+            not_retryable(
+                ErrorCode::ProviderUnavailable,
+                "Provider reported a failed request",
+            )
+            .with_provider_code("runner_disconnected"),
+        ),
     )
     .await;
     assert_eq!(server.count(Method::PUT, &cancel_path()), 0);
@@ -1488,10 +1245,9 @@ async fn fal_error_type_echoing_the_credential_is_dropped() {
     let id = run(&h, &image_request(json!({})), LONG).await;
     assert_eq!(
         error_of(&h, id).await,
-        RuntimeError::new(
+        not_retryable(
             ErrorCode::ProviderUnavailable,
-            "Provider reported a failed request",
-            false
+            "Provider reported a failed request"
         )
     );
     assert_no_canary(&h, id, None).await;
@@ -1499,28 +1255,21 @@ async fn fal_error_type_echoing_the_credential_is_dropped() {
 
 #[tokio::test]
 async fn fal_unknown_status_is_a_protocol_error_and_cancels_once() {
-    let (logs, _guard) = capture_logs();
+    let (logs, _guard) = testkit::logs::capture();
     let server =
         FakeProvider::start(fal_queue(vec!["IN_QUEUE", "PAUSED"], || unreachable!())).await;
     let h = harness(vec![fal(&server, fast())]);
     let id = run(&h, &image_request(json!({})), LONG).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(fal_target(), 1),
-            EventBody::Progress {
-                phase: ProgressPhase::Queued,
-                progress: None,
-            },
-            EventBody::Failed {
-                error: RuntimeError::new(
-                    ErrorCode::ProviderProtocolError,
-                    "Provider returned an unknown queue status",
-                    false,
-                ),
-            },
-        ],
+        &failed_after(
+            fal_target(),
+            &[queued()],
+            not_retryable(
+                ErrorCode::ProviderProtocolError,
+                "Provider returned an unknown queue status",
+            ),
+        ),
     )
     .await;
     assert_eq!(server.count(Method::PUT, &cancel_path()), 1);
@@ -1552,37 +1301,14 @@ async fn fal_poll_exhaustion_is_a_terminal_deadline_with_one_cancel() {
         max_polls: 3,
         ..fast()
     };
-    let h = harness(vec![
-        fal(&server, options),
-        fallback_mock("image-generation"),
-    ]);
-    let id = run(
-        &h,
-        &image_request(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = fal_with_fallback(&server, options).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(fal_target(), 1),
-            EventBody::Progress {
-                phase: ProgressPhase::Queued,
-                progress: None,
-            },
-            EventBody::Progress {
-                phase: ProgressPhase::Processing,
-                progress: None,
-            },
-            EventBody::Failed {
-                error: RuntimeError::new(
-                    ErrorCode::DeadlineExceeded,
-                    "fal polling limit was reached",
-                    false,
-                ),
-            },
-        ],
+        &failed_after(
+            fal_target(),
+            &[queued(), processing()],
+            not_retryable(ErrorCode::DeadlineExceeded, "fal polling limit was reached"),
+        ),
     )
     .await;
     assert_eq!(server.count(Method::GET, &status_path()), 3);
@@ -1595,32 +1321,16 @@ async fn fal_cancel_mid_poll_sends_exactly_one_cancel() {
     let h = harness(vec![fal(&server, fast())]);
     let job = h.submit(&image_request(json!({})), LONG).await;
     let id = job.execution_id;
-    let runner = Arc::clone(&h.runner);
-    let running = tokio::spawn(async move { runner.run(&job, 1).await });
+    let running = spawn_run(&h, &job);
     wait_until("fal is polled", PATIENCE, || async {
         server.count(Method::GET, &status_path()) >= 3
     })
     .await;
     h.bus.request(id).await.unwrap();
-    assert_eq!(
-        within("cancel ends the run", PATIENCE, running)
-            .await
-            .unwrap(),
-        RunOutcome::Finished
-    );
+    finishes("cancel ends the run", running).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(fal_target(), 1),
-            EventBody::Progress {
-                phase: ProgressPhase::Queued,
-                progress: None,
-            },
-            EventBody::Failed {
-                error: RuntimeError::cancelled(),
-            },
-        ],
+        &failed_after(fal_target(), &[queued()], RuntimeError::cancelled()),
     )
     .await;
     assert_eq!(
@@ -1645,17 +1355,11 @@ async fn fal_deadline_mid_poll_cancels_the_request() {
     let id = run(&h, &image_request(json!({})), Duration::from_millis(300)).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(fal_target(), 1),
-            EventBody::Progress {
-                phase: ProgressPhase::Processing,
-                progress: None,
-            },
-            EventBody::Failed {
-                error: RuntimeError::deadline_exceeded(),
-            },
-        ],
+        &failed_after(
+            fal_target(),
+            &[processing()],
+            RuntimeError::deadline_exceeded(),
+        ),
     )
     .await;
     assert_eq!(server.count(Method::PUT, &cancel_path()), 1);
@@ -1693,34 +1397,18 @@ async fn fal_result_failure_after_completed_is_never_cancelled() {
         text_response(StatusCode::INTERNAL_SERVER_ERROR, "upstream failure")
     }))
     .await;
-    let h = harness(vec![
-        fal(&server, fast()),
-        fallback_mock("image-generation"),
-    ]);
-    let id = run(
-        &h,
-        &image_request(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = fal_with_fallback(&server, fast()).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(fal_target(), 1),
-            EventBody::Progress {
-                phase: ProgressPhase::Processing,
-                progress: None,
-            },
-            EventBody::Failed {
-                error: RuntimeError::new(
-                    ErrorCode::ProviderUnavailable,
-                    "Provider request failed with status 500",
-                    false,
-                )
-                .with_provider_code("500"),
-            },
-        ],
+        &failed_after(
+            fal_target(),
+            &[processing()],
+            not_retryable(
+                ErrorCode::ProviderUnavailable,
+                "Provider request failed with status 500",
+            )
+            .with_provider_code("500"),
+        ),
     )
     .await;
     assert_eq!(server.count(Method::GET, &result_path()), 1);
@@ -1739,30 +1427,18 @@ async fn fal_status_poll_errors_are_not_retryable_and_cancel() {
         }
     })
     .await;
-    let h = harness(vec![
-        fal(&server, fast()),
-        fallback_mock("image-generation"),
-    ]);
-    let id = run(
-        &h,
-        &image_request(json!({"routing": {"allow_fallback": true}})),
-        LONG,
-    )
-    .await;
+    let (h, id) = fal_with_fallback(&server, fast()).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(fal_target(), 1),
-            EventBody::Failed {
-                error: RuntimeError::new(
-                    ErrorCode::ProviderUnavailable,
-                    "Provider request failed with status 503",
-                    false,
-                )
-                .with_provider_code("503"),
-            },
-        ],
+        &failed_after(
+            fal_target(),
+            &[],
+            not_retryable(
+                ErrorCode::ProviderUnavailable,
+                "Provider request failed with status 503",
+            )
+            .with_provider_code("503"),
+        ),
     )
     .await;
     assert_eq!(server.count(Method::PUT, &cancel_path()), 1);
@@ -1772,7 +1448,7 @@ async fn fal_status_poll_errors_are_not_retryable_and_cancel() {
 #[tokio::test]
 async fn fal_cross_origin_lifecycle_urls_are_refused_unrequested() {
     let elsewhere = FakeProvider::start(|_| json_response(StatusCode::OK, json!({}))).await;
-    let other_origin = elsewhere.origin.clone();
+    let other_origin = elsewhere.origin().to_owned();
     let server = FakeProvider::start(move |r: &Received| {
         if r.method == Method::POST {
             let mut answer = submitted(&r.origin);
@@ -1820,10 +1496,9 @@ async fn fal_submit_answer_without_urls_is_a_protocol_error() {
     let id = run(&h, &image_request(json!({})), LONG).await;
     assert_eq!(
         error_of(&h, id).await,
-        RuntimeError::new(
+        not_retryable(
             ErrorCode::ProviderProtocolError,
-            "Provider response omitted a lifecycle URL",
-            false
+            "Provider response omitted a lifecycle URL"
         )
     );
     assert_eq!(server.received().len(), 1, "nothing else was requested");
@@ -1831,42 +1506,11 @@ async fn fal_submit_answer_without_urls_is_a_protocol_error() {
 
 #[tokio::test]
 async fn fal_submit_rejections_keep_the_status_mapping() {
-    let (logs, _guard) = capture_logs();
-    for (status, code, retryable) in [
-        (
-            StatusCode::BAD_REQUEST,
-            ErrorCode::ProviderUnavailable,
-            false,
-        ),
-        (
-            StatusCode::UNAUTHORIZED,
-            ErrorCode::ProviderUnavailable,
-            false,
-        ),
-        (StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited, true),
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            ErrorCode::ProviderUnavailable,
-            true,
-        ),
-    ] {
+    let (logs, _guard) = testkit::logs::capture();
+    for (status, code, retryable) in REJECTIONS {
         let server = FakeProvider::start(move |r| echoing_error(status, r)).await;
-        let h = harness(vec![
-            fal(&server, fast()),
-            fallback_mock("image-generation"),
-        ]);
-        let id = run(
-            &h,
-            &image_request(json!({"routing": {"allow_fallback": true}})),
-            LONG,
-        )
-        .await;
-        let expected = RuntimeError::new(
-            code,
-            format!("Provider request failed with status {}", status.as_u16()),
-            retryable,
-        )
-        .with_provider_code(status.as_u16().to_string());
+        let (h, id) = fal_with_fallback(&server, fast()).await;
+        let expected = rejected(status, code, retryable);
         let events = h.events(id).await;
         if retryable {
             assert_eq!(
@@ -1907,26 +1551,20 @@ async fn fal_submit_transport_failure_never_falls_back() {
         KeySource::Fixed(Secret::new(CANARY)),
         fast(),
     ));
-    let h = harness(vec![provider, fallback_mock("image-generation")]);
-    let id = run(
-        &h,
-        &image_request(json!({"routing": {"allow_fallback": true}})),
+    let (h, id) = run_with_fallback(
+        provider,
+        "image-generation",
+        &image_request(fallback()),
         LONG,
     )
     .await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            route(fal_target(), 1),
-            EventBody::Failed {
-                error: RuntimeError::new(
-                    ErrorCode::ProviderUnavailable,
-                    "Provider execution failed",
-                    false,
-                ),
-            },
-        ],
+        &failed_after(
+            fal_target(),
+            &[],
+            not_retryable(ErrorCode::ProviderUnavailable, "Provider execution failed"),
+        ),
     )
     .await;
 }
@@ -1934,7 +1572,7 @@ async fn fal_submit_transport_failure_never_falls_back() {
 #[tokio::test]
 async fn fal_model_leaving_the_base_is_invalid_without_a_request() {
     let server = FakeProvider::start(fal_queue(vec!["COMPLETED"], || unreachable!())).await;
-    let base = BaseUrl::parse(&format!("{}/api", server.origin)).unwrap();
+    let base = BaseUrl::parse(&format!("{}/api", server.origin())).unwrap();
     for model in ["../x", "a/../../x", "a?x=1", "a#f"] {
         let provider: Arc<dyn Provider> = Arc::new(FalQueueProvider::new(
             &fal_config(base.clone(), model),
@@ -1945,10 +1583,9 @@ async fn fal_model_leaving_the_base_is_invalid_without_a_request() {
         let id = run(&h, &image_request(json!({})), LONG).await;
         assert_eq!(
             error_of(&h, id).await,
-            RuntimeError::new(
+            not_retryable(
                 ErrorCode::InvalidRequest,
-                "fal model must remain on the configured origin",
-                false
+                "fal model must remain on the configured origin"
             ),
             "{model}"
         );

@@ -1,5 +1,5 @@
 //! The `openai-responses` and `openai-chat` adapters through the runtime: each test starts a
-//! local HTTP server (axum on 127.0.0.1:0) that replays a recorded-style transcript of the
+//! fake provider (`testkit::fake_provider`) that replays a recorded-style transcript of the
 //! provider's real SSE format (`tests/fixtures/openai/*.sse`), runs an execution with
 //! `worker::runner::Runner` over the in-memory stores, and checks the exact event log, the
 //! materialized snapshot (outputs, tool calls, usage, error), fallback, and the request the
@@ -13,24 +13,19 @@
 
 mod support;
 
-use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
-use axum::extract::State;
-use axum::http::{HeaderMap, Method, Uri};
-use axum::response::Response;
+use axum::http::Method;
 use config::{BaseUrl, FlowLimits};
-use parking_lot::Mutex;
 use protocol::event::EventBody;
 use protocol::request::Modality;
 use protocol::{ErrorCode, RuntimeError, Target, UsageFact, UsageSource, UsageUnit};
 use runtime::CancelBus;
 use runtime::memory::MemoryLimits;
-use serde_json::{Value, json};
+use serde_json::json;
 use support::*;
+use testkit::fake_provider::{FakeProvider, Piece, Received, Reply, chunked};
 use worker::provider::Provider;
 use worker::provider::credential::{KeySource, Secret};
 use worker::provider::mock::{MockConfig, MockProvider};
@@ -63,186 +58,48 @@ fn frames(transcript: &str) -> Vec<&str> {
 // ---------------------------------------------------------------------------------------------
 // The fake provider
 
-/// One step of a streamed response body.
-#[derive(Debug, Clone)]
-enum Piece {
-    Bytes(Bytes),
-    /// The server waits (so everything before is flushed to the client).
-    Pause(Duration),
-    /// The server fails the body: the connection is aborted mid-response.
-    Cut,
-    /// The server never sends anything again (nor closes).
-    Stall,
-}
-
-/// `text` split into chunks of `size` bytes (which split frames, lines and UTF-8 characters).
-fn chunked(text: &str, size: usize) -> Vec<Piece> {
-    text.as_bytes()
-        .chunks(size)
-        .map(|c| Piece::Bytes(Bytes::copy_from_slice(c)))
-        .collect()
-}
-
-#[derive(Debug, Clone)]
-enum Reply {
-    /// A non-streaming answer.
-    Status {
-        status: u16,
-        headers: Vec<(&'static str, &'static str)>,
-        body: &'static str,
-    },
-    /// An error whose body echoes the request's Authorization header, as some gateways do.
-    EchoAuthorization(u16),
-    /// `200 text/event-stream` with these pieces; the body ends cleanly after the last.
-    Stream(Vec<Piece>),
-}
-
 fn stream(transcript: &str) -> Reply {
     Reply::Stream(chunked(transcript, 61))
 }
 
-/// A request the fake provider received.
-#[derive(Debug, Clone)]
-struct Seen {
-    method: Method,
-    path: String,
-    headers: HeaderMap,
-    body: Value,
+/// An error whose body echoes the request's Authorization header, as some gateways do.
+fn echo_authorization(status: u16) -> Reply {
+    Reply::respond(move |r| {
+        let authorization = r.header("authorization").unwrap_or_default();
+        Reply::json(
+            status,
+            &json!({"error": {
+                "message": format!("Incorrect API key provided: {authorization}"),
+                "type": "invalid_request_error",
+                "param": null,
+                "code": "invalid_api_key"
+            }}),
+        )
+    })
 }
 
-impl Seen {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-}
-
-#[derive(Debug, Default)]
-struct FakeState {
-    replies: Mutex<VecDeque<Reply>>,
-    seen: Mutex<Vec<Seen>>,
-    /// Response bodies dropped by the server (finished, cut, or the client went away).
-    bodies_dropped: AtomicUsize,
-}
-
-/// Counts a response body as dropped when the server drops it.
-struct DropSignal(Arc<FakeState>);
-
-impl Drop for DropSignal {
-    fn drop(&mut self) {
-        self.0.bodies_dropped.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
+/// A fake provider answering successive requests with scripted replies, and the API base the
+/// adapters are configured with.
 #[derive(Debug)]
 struct Fake {
+    server: FakeProvider,
     base: String,
-    state: Arc<FakeState>,
 }
 
 impl Fake {
     /// Starts a server answering successive requests with `replies` (then 500).
     async fn start(replies: Vec<Reply>) -> Self {
-        let state = Arc::new(FakeState {
-            replies: Mutex::new(replies.into()),
-            ..FakeState::default()
-        });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let app = axum::Router::new()
-            .fallback(handle)
-            .with_state(Arc::clone(&state));
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Self {
-            base: format!("http://{addr}/v1"),
-            state,
-        }
+        let server = FakeProvider::scripted(replies).await;
+        let base = format!("{}/v1", server.origin());
+        Self { server, base }
     }
 
-    fn requests(&self) -> Vec<Seen> {
-        self.state.seen.lock().clone()
+    fn requests(&self) -> Vec<Received> {
+        self.server.received()
     }
 
     fn bodies_dropped(&self) -> usize {
-        self.state.bodies_dropped.load(Ordering::SeqCst)
-    }
-}
-
-async fn handle(
-    State(state): State<Arc<FakeState>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let reply = state.replies.lock().pop_front();
-    let authorization = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    state.seen.lock().push(Seen {
-        method,
-        path: uri.path().to_owned(),
-        headers,
-        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
-    });
-    let builder = Response::builder().header("x-request-id", "req_5b1f6c0e2d");
-    match reply {
-        Some(Reply::Status {
-            status,
-            headers,
-            body,
-        }) => {
-            let mut builder = builder
-                .status(status)
-                .header("content-type", "application/json");
-            for (name, value) in headers {
-                builder = builder.header(name, value);
-            }
-            builder.body(Body::from(body)).unwrap()
-        }
-        Some(Reply::EchoAuthorization(status)) => builder
-            .status(status)
-            .header("content-type", "application/json")
-            .body(Body::from(
-                json!({"error": {
-                    "message": format!("Incorrect API key provided: {authorization}"),
-                    "type": "invalid_request_error",
-                    "param": null,
-                    "code": "invalid_api_key"
-                }})
-                .to_string(),
-            ))
-            .unwrap(),
-        Some(Reply::Stream(pieces)) => {
-            let signal = DropSignal(Arc::clone(&state));
-            let body = futures_util::stream::unfold(
-                (pieces.into_iter(), signal),
-                |(mut pieces, signal)| async move {
-                    let mut piece = pieces.next()?;
-                    while let Piece::Pause(pause) = piece {
-                        tokio::time::sleep(pause).await;
-                        piece = pieces.next()?;
-                    }
-                    match piece {
-                        Piece::Bytes(bytes) => Some((Ok(bytes), (pieces, signal))),
-                        Piece::Pause(_) => unreachable!("pauses are taken above"),
-                        Piece::Cut => Some((
-                            Err(std::io::Error::other("connection cut")),
-                            (pieces, signal),
-                        )),
-                        Piece::Stall => std::future::pending().await,
-                    }
-                },
-            );
-            builder
-                .status(200)
-                .header("content-type", "text/event-stream; charset=utf-8")
-                .header("cache-control", "no-cache")
-                .body(Body::from_stream(body))
-                .unwrap()
-        }
-        None => builder.status(500).body(Body::empty()).unwrap(),
+        self.server.bodies_dropped()
     }
 }
 
@@ -338,7 +195,7 @@ impl Flavor {
 
 /// A canary credential, unique per test.
 fn canary(test: &str) -> String {
-    format!("sk-CANARY-{test}-3f9a7c")
+    testkit::canary::credential(test)
 }
 
 fn fixed(key: &str) -> KeySource {
@@ -381,23 +238,28 @@ fn request(extra: &str) -> String {
     )
 }
 
+/// Runs one execution that allows fallback, with deadline `deadline`, on `flavor`'s adapter
+/// (with the canary credential of `test`) against a fake provider answering `replies`.
+async fn run_with_fallback(
+    flavor: Flavor,
+    replies: Vec<Reply>,
+    test: &str,
+    deadline: Duration,
+) -> (Fake, Harness, runtime::Job) {
+    let fake = Fake::start(replies).await;
+    let h = harness(flavor.provider(&fake, false, fixed(&canary(test))));
+    let job = h
+        .submit(&request(r#""routing":{"allow_fallback":true}"#), deadline)
+        .await;
+    run(&h, &job).await;
+    (fake, h, job)
+}
+
 /// Runs `job` to its end and checks that no canary reached the log or the snapshot.
 async fn run(h: &Harness, job: &runtime::Job) {
     let outcome = within("the execution ends", PATIENCE, h.runner.run(job, 1)).await;
     assert_eq!(outcome, RunOutcome::Finished);
-    assert_no_canary(h, job.execution_id).await;
-}
-
-async fn assert_no_canary(h: &Harness, id: protocol::ExecutionId) {
-    for event in h.events(id).await {
-        let json = event.to_json();
-        assert!(!json.contains("CANARY"), "credential in event {json}");
-    }
-    let snapshot = serde_json::to_string(&h.snapshot(id).await).unwrap();
-    assert!(
-        !snapshot.contains("CANARY"),
-        "credential in snapshot {snapshot}"
-    );
+    h.assert_no_canary(job.execution_id, None).await;
 }
 
 fn out(index: u32, text: &str) -> EventBody {
@@ -440,36 +302,26 @@ fn status_error(status: u16) -> RuntimeError {
 }
 
 fn stream_failed() -> RuntimeError {
-    RuntimeError::new(
-        ErrorCode::ProviderUnavailable,
-        "Provider response failed",
-        false,
-    )
+    not_retryable(ErrorCode::ProviderUnavailable, "Provider response failed")
 }
 
 fn ended_early() -> RuntimeError {
-    RuntimeError::new(
+    not_retryable(
         ErrorCode::ProviderProtocolError,
         "Provider stream ended without a completion event",
-        false,
     )
 }
 
 fn malformed() -> RuntimeError {
-    RuntimeError::new(
+    not_retryable(
         ErrorCode::ProviderProtocolError,
         "Provider returned malformed stream JSON",
-        false,
     )
 }
 
 /// A transport failure after the provider accepted the request: never retryable.
 fn transport_failed() -> RuntimeError {
-    RuntimeError::new(
-        ErrorCode::ProviderUnavailable,
-        "Provider execution failed",
-        false,
-    )
+    not_retryable(ErrorCode::ProviderUnavailable, "Provider execution failed")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -542,7 +394,7 @@ async fn responses_text_streams_through_the_runtime() {
     assert_eq!(r.header("content-type"), Some("application/json"));
     assert_eq!(r.header("accept"), Some("text/event-stream"));
     assert_eq!(
-        r.body,
+        r.json(),
         json!({
             "model": "gpt-4.1-mini",
             "stream": true,
@@ -619,7 +471,7 @@ async fn chat_text_streams_through_the_runtime() {
     );
     assert_eq!(r.header("content-type"), Some("application/json"));
     assert_eq!(
-        r.body,
+        r.json(),
         json!({
             "model": "meta-llama/Llama-3.1-8B-Instruct",
             "stream": true,
@@ -769,7 +621,7 @@ async fn tool_calls_stream_their_arguments_in_fragments() {
             "{flavor:?}"
         );
         // Tools pass through when the deployment enabled them.
-        let body = &fake.requests()[0].body;
+        let body = &fake.requests()[0].json();
         assert_eq!(body["tools"], tools, "{flavor:?}");
         assert_eq!(body["tool_choice"], "auto", "{flavor:?}");
     }
@@ -868,20 +720,12 @@ async fn a_missing_credential_fails_without_calling_the_provider() {
             .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
             .await;
         run(&h, &job).await;
-        let error = RuntimeError::new(
+        let error = not_retryable(
             ErrorCode::ProviderUnavailable,
             "Required provider credential is unavailable",
-            false,
         );
-        h.assert_log(
-            job.execution_id,
-            &[
-                EventBody::Accepted,
-                selected_of(flavor.target(), 1),
-                failed(error),
-            ],
-        )
-        .await;
+        h.assert_log(job.execution_id, &failed_after(flavor.target(), &[], error))
+            .await;
         assert!(fake.requests().is_empty(), "{flavor:?}");
     }
 }
@@ -894,28 +738,25 @@ async fn http_errors_before_the_stream_are_classified() {
     for flavor in FLAVORS {
         let cases = [
             (
-                Reply::Status {
-                    status: 400,
-                    headers: vec![],
-                    body: r#"{"error":{"message":"Invalid 'input': sk-CANARY in text","type":"invalid_request_error"}}"#,
-                },
+                Reply::raw_json(
+                    400,
+                    r#"{"error":{"message":"Invalid 'input': sk-CANARY in text","type":"invalid_request_error"}}"#,
+                ),
                 400,
             ),
-            (Reply::EchoAuthorization(401), 401),
+            (echo_authorization(401), 401),
             (
-                Reply::Status {
-                    status: 429,
-                    headers: vec![("retry-after", "7")],
-                    body: r#"{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}"#,
-                },
+                Reply::raw_json(
+                    429,
+                    r#"{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}"#,
+                ).with_header("retry-after", "7"),
                 429,
             ),
             (
-                Reply::Status {
-                    status: 500,
-                    headers: vec![],
-                    body: r#"{"error":{"message":"The server had an error","type":"server_error"}}"#,
-                },
+                Reply::raw_json(
+                    500,
+                    r#"{"error":{"message":"The server had an error","type":"server_error"}}"#,
+                ),
                 500,
             ),
         ];
@@ -928,11 +769,7 @@ async fn http_errors_before_the_stream_are_classified() {
             let error = status_error(status);
             h.assert_log(
                 job.execution_id,
-                &[
-                    EventBody::Accepted,
-                    selected_of(flavor.target(), 1),
-                    failed(error.clone()),
-                ],
+                &failed_after(flavor.target(), &[], error.clone()),
             )
             .await;
             let snapshot = h.snapshot(job.execution_id).await;
@@ -952,36 +789,14 @@ async fn http_errors_before_the_stream_are_classified() {
 async fn retryable_errors_before_output_fall_back_to_the_next_provider() {
     for flavor in FLAVORS {
         for (status, headers) in [(500, vec![]), (429, vec![("retry-after", "7")])] {
-            let fake = Fake::start(vec![Reply::Status {
-                status,
-                headers,
-                body: "{}",
-            }])
-            .await;
-            let h = harness(flavor.provider(&fake, false, fixed(&canary("fallback"))));
-            let job = h
-                .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
-                .await;
-            run(&h, &job).await;
+            let mut reply = Reply::raw_json(status, "{}");
+            for (name, value) in headers {
+                reply = reply.with_header(name, value);
+            }
+            let (fake, h, job) = run_with_fallback(flavor, vec![reply], "fallback", LONG).await;
             h.assert_log(
                 job.execution_id,
-                &[
-                    EventBody::Accepted,
-                    selected_of(flavor.target(), 1),
-                    EventBody::RouteAttemptFailed {
-                        target: flavor.target(),
-                        attempt: 1,
-                        error: status_error(status),
-                    },
-                    selected_of(mock_target(), 2),
-                    delta("hello"),
-                    delta(" from"),
-                    delta(" mock"),
-                    usage(3),
-                    EventBody::Completed {
-                        target: mock_target(),
-                    },
-                ],
+                &fell_back_to_mock(flavor.target(), status_error(status), mock_target()),
             )
             .await;
             let snapshot = h.snapshot(job.execution_id).await;
@@ -1004,19 +819,11 @@ async fn failures_reported_in_the_stream_are_not_retryable() {
         (Flavor::Chat, CHAT_ERROR),
     ];
     for (flavor, transcript) in cases {
-        let fake = Fake::start(vec![stream(transcript)]).await;
-        let h = harness(flavor.provider(&fake, false, fixed(&canary("stream-failure"))));
-        let job = h
-            .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
-            .await;
-        run(&h, &job).await;
+        let (_fake, h, job) =
+            run_with_fallback(flavor, vec![stream(transcript)], "stream-failure", LONG).await;
         h.assert_log(
             job.execution_id,
-            &[
-                EventBody::Accepted,
-                selected_of(flavor.target(), 1),
-                failed(stream_failed()),
-            ],
+            &failed_after(flavor.target(), &[], stream_failed()),
         )
         .await;
     }
@@ -1033,21 +840,15 @@ async fn a_stream_cut_after_output_fails_without_fallback() {
         sent.push_str(&next[..next.len() / 2]);
         let mut pieces = chunked(&sent, 61);
         pieces.extend([Piece::Pause(Duration::from_millis(20)), Piece::Cut]);
-        let fake = Fake::start(vec![Reply::Stream(pieces)]).await;
-        let h = harness(flavor.provider(&fake, false, fixed(&canary("cut"))));
-        let job = h
-            .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
-            .await;
-        run(&h, &job).await;
+        let (_fake, h, job) =
+            run_with_fallback(flavor, vec![Reply::Stream(pieces)], "cut", LONG).await;
         h.assert_log(
             job.execution_id,
-            &[
-                EventBody::Accepted,
-                selected_of(flavor.target(), 1),
-                out(0, "Hello"),
-                out(0, "!"),
-                failed(transport_failed()),
-            ],
+            &failed_after(
+                flavor.target(),
+                &[out(0, "Hello"), out(0, "!")],
+                transport_failed(),
+            ),
         )
         .await;
         let snapshot = h.snapshot(job.execution_id).await;
@@ -1073,19 +874,10 @@ async fn a_stream_ending_mid_frame_before_output_is_a_protocol_error() {
         let mut sent: String = frames[..whole].concat();
         let next = frames[whole];
         sent.push_str(&next[..next.len() - 3]);
-        let fake = Fake::start(vec![stream(&sent)]).await;
-        let h = harness(flavor.provider(&fake, false, fixed(&canary("eof"))));
-        let job = h
-            .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
-            .await;
-        run(&h, &job).await;
+        let (_fake, h, job) = run_with_fallback(flavor, vec![stream(&sent)], "eof", LONG).await;
         h.assert_log(
             job.execution_id,
-            &[
-                EventBody::Accepted,
-                selected_of(flavor.target(), 1),
-                failed(ended_early()),
-            ],
+            &failed_after(flavor.target(), &[], ended_early()),
         )
         .await;
     }
@@ -1126,19 +918,10 @@ async fn malformed_json_is_a_protocol_error() {
             }
         });
         sent.push_str(frames[flavor.frames_before_output()]);
-        let fake = Fake::start(vec![stream(&sent)]).await;
-        let h = harness(flavor.provider(&fake, false, fixed(&canary("json"))));
-        let job = h
-            .submit(&request(r#""routing":{"allow_fallback":true}"#), LONG)
-            .await;
-        run(&h, &job).await;
+        let (_fake, h, job) = run_with_fallback(flavor, vec![stream(&sent)], "json", LONG).await;
         h.assert_log(
             job.execution_id,
-            &[
-                EventBody::Accepted,
-                selected_of(flavor.target(), 1),
-                failed(malformed()),
-            ],
+            &failed_after(flavor.target(), &[], malformed()),
         )
         .await;
     }
@@ -1159,23 +942,20 @@ fn stalls_after_first_delta(flavor: Flavor) -> Reply {
 #[tokio::test]
 async fn a_stalled_stream_hits_the_deadline() {
     for flavor in FLAVORS {
-        let fake = Fake::start(vec![stalls_after_first_delta(flavor)]).await;
-        let h = harness(flavor.provider(&fake, false, fixed(&canary("stall"))));
-        let job = h
-            .submit(
-                &request(r#""routing":{"allow_fallback":true}"#),
-                Duration::from_millis(600),
-            )
-            .await;
-        run(&h, &job).await;
+        let (fake, h, job) = run_with_fallback(
+            flavor,
+            vec![stalls_after_first_delta(flavor)],
+            "stall",
+            Duration::from_millis(600),
+        )
+        .await;
         h.assert_log(
             job.execution_id,
-            &[
-                EventBody::Accepted,
-                selected_of(flavor.target(), 1),
-                out(0, "Hello"),
-                failed(RuntimeError::deadline_exceeded()),
-            ],
+            &failed_after(
+                flavor.target(),
+                &[out(0, "Hello")],
+                RuntimeError::deadline_exceeded(),
+            ),
         )
         .await;
         wait_until("the provider connection is closed", PATIENCE, || async {
@@ -1192,13 +972,8 @@ async fn cancelling_closes_the_provider_connection() {
         let h = harness(flavor.provider(&fake, false, fixed(&canary("cancel"))));
         let job = h.submit(&request(""), LONG).await;
         let id = job.execution_id;
-        let runner = Arc::clone(&h.runner);
-        let run_job = job.clone();
-        let running = tokio::spawn(async move { runner.run(&run_job, 1).await });
-        wait_until("output arrives", PATIENCE, || {
-            h.has_event(id, "output.delta")
-        })
-        .await;
+        let running = spawn_run(&h, &job);
+        wait_for_output(&h, id).await;
         assert_eq!(fake.bodies_dropped(), 0, "the stream is open");
         h.bus.request(id).await.unwrap();
         let outcome = within("cancel ends the run", PATIENCE, running)
@@ -1207,12 +982,11 @@ async fn cancelling_closes_the_provider_connection() {
         assert_eq!(outcome, RunOutcome::Finished);
         h.assert_log(
             id,
-            &[
-                EventBody::Accepted,
-                selected_of(flavor.target(), 1),
-                out(0, "Hello"),
-                failed(RuntimeError::cancelled()),
-            ],
+            &failed_after(
+                flavor.target(),
+                &[out(0, "Hello")],
+                RuntimeError::cancelled(),
+            ),
         )
         .await;
         wait_until("the provider connection is closed", PATIENCE, || async {
@@ -1225,31 +999,9 @@ async fn cancelling_closes_the_provider_connection() {
 // ---------------------------------------------------------------------------------------------
 // The credential never leaks, logs included
 
-/// Log lines written while a test runs (this thread's default subscriber).
-#[derive(Debug, Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn the_credential_never_reaches_events_errors_or_logs() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = testkit::logs::capture();
 
     for flavor in FLAVORS {
         let key = canary("logs");
@@ -1264,8 +1016,8 @@ async fn the_credential_never_reaches_events_errors_or_logs() {
             Flavor::Chat => stream(CHAT_ERROR),
         };
         let replies = vec![
-            Reply::EchoAuthorization(401),
-            Reply::EchoAuthorization(503),
+            echo_authorization(401),
+            echo_authorization(503),
             failure,
             cut,
             stream(flavor.text()),
@@ -1286,12 +1038,12 @@ async fn the_credential_never_reaches_events_errors_or_logs() {
                 .all(|r| r.header("authorization") == Some(format!("Bearer {key}").as_str()))
         );
     }
-    let logs = String::from_utf8(captured.0.lock().clone()).unwrap();
+    let logs = captured.text();
     assert!(
         logs.contains("provider transport failed"),
         "logs were captured: {logs}"
     );
-    assert!(!logs.contains("CANARY"), "credential in logs: {logs}");
+    testkit::canary::assert_absent(testkit::canary::MARKER, "the logs", &logs);
 }
 
 // ---------------------------------------------------------------------------------------------

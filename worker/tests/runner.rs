@@ -34,10 +34,56 @@ fn long_cleanup() -> RunnerSettings {
     }
 }
 
-fn spawn_run(h: &Harness, job: &runtime::Job) -> tokio::task::JoinHandle<RunOutcome> {
-    let runner = Arc::clone(&h.runner);
-    let job = job.clone();
-    tokio::spawn(async move { runner.run(&job, 1).await })
+/// Submits `request` (deadline [`LONG`]) and runs it to its end.
+async fn run_to_end(h: &Harness, request: &str) -> runtime::Job {
+    let job = h.submit(request, LONG).await;
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    job
+}
+
+/// A provider that holds each attempt until the returned semaphore gives a permit, then
+/// succeeds.
+fn held_then_succeeding(id: &str) -> (Arc<ScriptedProvider>, Arc<Semaphore>) {
+    let release = Arc::new(Semaphore::new(0));
+    let mut script = vec![Step::Hold(Arc::clone(&release))];
+    script.extend(success_script());
+    (ScriptedProvider::new(id, script), release)
+}
+
+/// Runs `first` until it holds `a`'s only slot, then `second` until it waits in `a`'s queue.
+async fn hold_and_queue(
+    h: &Harness,
+    a: &ScriptedProvider,
+    first: &runtime::Job,
+    second: &runtime::Job,
+) -> (
+    tokio::task::JoinHandle<RunOutcome>,
+    tokio::task::JoinHandle<RunOutcome>,
+) {
+    let gate = &h.registry.candidates(&first.request)[0].entry.gate;
+    let first_run = spawn_run(h, first);
+    wait_until("the first holds the slot", PATIENCE, || async {
+        a.calls() == 1
+    })
+    .await;
+    let second_run = spawn_run(h, second);
+    wait_until("the second waits in the queue", PATIENCE, || async {
+        gate.queued() == 1
+    })
+    .await;
+    (first_run, second_run)
+}
+
+/// Scripted providers with their limits, and [`long_cleanup`].
+fn patient(providers: &[(&Arc<ScriptedProvider>, Limits)]) -> Harness {
+    Harness::with(
+        providers
+            .iter()
+            .map(|(p, l)| (Arc::clone(*p) as Arc<dyn Provider>, *l))
+            .collect(),
+        MemoryLimits::default(),
+        long_cleanup(),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -47,9 +93,7 @@ fn spawn_run(h: &Harness, job: &runtime::Job) -> tokio::task::JoinHandle<RunOutc
 async fn mock_success_writes_the_reference_sequence_and_snapshot() {
     let mock: Arc<dyn Provider> = Arc::new(MockProvider::new(MockConfig::default()));
     let h = Harness::new(vec![(mock, limits(4, 8))]);
-    let job = h.submit(&text_request(""), LONG).await;
-
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    let job = run_to_end(&h, &text_request("")).await;
 
     let mock_target = Target {
         provider: "provider-mock".into(),
@@ -107,9 +151,7 @@ async fn retryable_failure_falls_back_to_the_next_candidate() {
     let a = ScriptedProvider::failing("a");
     let b = ScriptedProvider::succeeding("b");
     let h = Harness::scripted(&[&a, &b]);
-    let job = h.submit(&text_request(FALLBACK), LONG).await;
-
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    let job = run_to_end(&h, &text_request(FALLBACK)).await;
 
     let events = h
         .assert_log(
@@ -161,7 +203,7 @@ async fn without_allow_fallback_there_is_exactly_one_attempt() {
 
         h.assert_log(
             job.execution_id,
-            &[EventBody::Accepted, selected("a", 1), failed(unavailable())],
+            &failed_after(target("a"), &[], unavailable()),
         )
         .await;
         let snapshot = h.snapshot(job.execution_id).await;
@@ -206,13 +248,11 @@ async fn max_attempts_bounds_the_attempts() {
     let events = h
         .assert_log(
             job.execution_id,
-            &[
-                EventBody::Accepted,
-                selected("a", 1),
-                attempt_failed("a", 1, unavailable()),
-                selected("b", 2),
-                failed(rate_limited.clone()),
-            ],
+            &failed_after(
+                target("a"),
+                &[attempt_failed("a", 1, unavailable()), selected("b", 2)],
+                rate_limited.clone(),
+            ),
         )
         .await;
     assert_eq!(
@@ -246,19 +286,19 @@ async fn fallback_without_max_attempts_tries_every_candidate_once() {
     let h = Harness::scripted(&[&a, &b, &c]);
     // max_attempts above the candidate count is capped by it [R 28].
     for routing in [FALLBACK, r#"{"allow_fallback":true,"max_attempts":32}"#] {
-        let job = h.submit(&text_request(routing), LONG).await;
-        assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+        let job = run_to_end(&h, &text_request(routing)).await;
         h.assert_log(
             job.execution_id,
-            &[
-                EventBody::Accepted,
-                selected("a", 1),
-                attempt_failed("a", 1, unavailable()),
-                selected("b", 2),
-                attempt_failed("b", 2, unavailable()),
-                selected("c", 3),
-                failed(last.clone()),
-            ],
+            &failed_after(
+                target("a"),
+                &[
+                    attempt_failed("a", 1, unavailable()),
+                    selected("b", 2),
+                    attempt_failed("b", 2, unavailable()),
+                    selected("c", 3),
+                ],
+                last.clone(),
+            ),
         )
         .await;
         assert_eq!(h.snapshot(job.execution_id).await.target, Some(target("c")));
@@ -338,20 +378,17 @@ async fn no_fallback_once_output_was_exposed() {
         let a = ScriptedProvider::new("a", vec![Step::Emit(event), Step::Fail(unavailable())]);
         let b = ScriptedProvider::succeeding("b");
         let h = Harness::scripted(&[&a, &b]);
-        let job = h.submit(&text_request(FALLBACK), LONG).await;
-
-        assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+        let job = run_to_end(&h, &text_request(FALLBACK)).await;
 
         let not_retryable = unavailable().not_retryable();
         let events = h
             .assert_log(
                 job.execution_id,
-                &[
-                    EventBody::Accepted,
-                    selected("a", 1),
-                    body.clone(),
-                    failed(not_retryable.clone()),
-                ],
+                &failed_after(
+                    target("a"),
+                    std::slice::from_ref(&body),
+                    not_retryable.clone(),
+                ),
             )
             .await;
         assert_eq!(events[3].status, ExecutionStatus::Failed);
@@ -394,9 +431,7 @@ async fn usage_and_progress_do_not_count_as_output() {
         let a = ScriptedProvider::new("a", vec![Step::Emit(event), Step::Fail(unavailable())]);
         let b = ScriptedProvider::succeeding("b");
         let h = Harness::scripted(&[&a, &b]);
-        let job = h.submit(&text_request(FALLBACK), LONG).await;
-
-        assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+        let job = run_to_end(&h, &text_request(FALLBACK)).await;
 
         let mut expected = vec![
             EventBody::Accepted,
@@ -425,26 +460,19 @@ async fn usage_and_progress_do_not_count_as_output() {
 
 #[tokio::test]
 async fn a_non_retryable_error_ends_routing() {
-    let bad_request = RuntimeError::new(
+    let bad_request = not_retryable(
         ErrorCode::ProviderUnavailable,
         "Provider request failed with status 400",
-        false,
     )
     .with_provider_code("400");
     let a = ScriptedProvider::new("a", vec![Step::Fail(bad_request.clone())]);
     let b = ScriptedProvider::succeeding("b");
     let h = Harness::scripted(&[&a, &b]);
-    let job = h.submit(&text_request(FALLBACK), LONG).await;
-
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    let job = run_to_end(&h, &text_request(FALLBACK)).await;
 
     h.assert_log(
         job.execution_id,
-        &[
-            EventBody::Accepted,
-            selected("a", 1),
-            failed(bad_request.clone()),
-        ],
+        &failed_after(target("a"), &[], bad_request.clone()),
     )
     .await;
     let snapshot = h.snapshot(job.execution_id).await;
@@ -477,7 +505,7 @@ async fn a_spent_retry_budget_stops_fallback_and_keeps_the_last_error() {
 
     h.assert_log(
         job.execution_id,
-        &[EventBody::Accepted, selected("a", 1), failed(unavailable())],
+        &failed_after(target("a"), &[], unavailable()),
     )
     .await;
     let snapshot = h.snapshot(job.execution_id).await;
@@ -507,8 +535,7 @@ async fn no_candidates_fails_with_capability_unavailable_without_routing() {
         r#"{"ability":"text-generation","input":[{"type":"image","uri":"https://x/y.png"}],"requirements":{"input_modalities":["text"]}}"#,
         r#"{"ability":"text-generation","input":[{"type":"text","text":"x"}],"requirements":{"tools":true}}"#,
     ] {
-        let job = h.submit(request, LONG).await;
-        assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+        let job = run_to_end(&h, request).await;
         h.assert_log(
             job.execution_id,
             &[
@@ -546,21 +573,11 @@ async fn invalid_usage_from_a_provider_is_a_protocol_error() {
         );
         let b = ScriptedProvider::succeeding("b");
         let h = Harness::scripted(&[&a, &b]);
-        let job = h.submit(&text_request(FALLBACK), LONG).await;
-
-        assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+        let job = run_to_end(&h, &text_request(FALLBACK)).await;
 
         let events = h.events(job.execution_id).await;
         assert_log_rules(job.execution_id, &events);
-        assert_eq!(
-            type_names(&events),
-            [
-                "execution.accepted",
-                "route.selected",
-                "output.delta",
-                "execution.failed"
-            ]
-        );
+        assert_eq!(type_names(&events), FAILED_AFTER_ONE_DELTA);
         let error = h.snapshot(job.execution_id).await.error.unwrap();
         assert_eq!(error.code, ErrorCode::ProviderProtocolError, "{quantity}");
         assert!(!error.retryable);
@@ -577,8 +594,7 @@ async fn invalid_usage_from_a_provider_is_a_protocol_error() {
     let a = ScriptedProvider::new("a", vec![Step::Emit(ProviderEvent::Usage(vec![bad]))]);
     let b = ScriptedProvider::succeeding("b");
     let h = Harness::scripted(&[&a, &b]);
-    let job = h.submit(&text_request(FALLBACK), LONG).await;
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    let job = run_to_end(&h, &text_request(FALLBACK)).await;
     let events = h.events(job.execution_id).await;
     assert_log_rules(job.execution_id, &events);
     assert_eq!(
@@ -610,8 +626,7 @@ async fn empty_usage_reports_are_not_logged() {
         ],
     );
     let h = Harness::scripted(&[&a]);
-    let job = h.submit(&text_request(""), LONG).await;
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    let job = run_to_end(&h, &text_request("")).await;
     h.assert_log(job.execution_id, &success_log("a")).await;
 }
 
@@ -621,11 +636,7 @@ async fn empty_usage_reports_are_not_logged() {
 #[tokio::test]
 async fn the_deadline_fails_a_running_attempt() {
     let a = ScriptedProvider::hanging("a");
-    let h = Harness::with(
-        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
-        MemoryLimits::default(),
-        long_cleanup(),
-    );
+    let h = patient(&[(&a, DEFAULT_LIMITS)]);
     let job = h.submit(&text_request(""), Duration::from_secs(1)).await;
 
     let outcome = within("the deadline ends the run", PATIENCE, h.runner.run(&job, 1)).await;
@@ -634,11 +645,7 @@ async fn the_deadline_fails_a_running_attempt() {
     let events = h
         .assert_log(
             job.execution_id,
-            &[
-                EventBody::Accepted,
-                selected("a", 1),
-                failed(RuntimeError::deadline_exceeded()),
-            ],
+            &failed_after(target("a"), &[], RuntimeError::deadline_exceeded()),
         )
         .await;
     assert_eq!(events[2].status, ExecutionStatus::Failed);
@@ -661,11 +668,7 @@ async fn the_deadline_applies_even_after_output_was_exposed() {
             Step::Sleep(Duration::from_secs(3600)),
         ],
     );
-    let h = Harness::with(
-        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
-        MemoryLimits::default(),
-        long_cleanup(),
-    );
+    let h = patient(&[(&a, DEFAULT_LIMITS)]);
     let job = h
         .submit(&text_request(FALLBACK), Duration::from_secs(1))
         .await;
@@ -675,12 +678,11 @@ async fn the_deadline_applies_even_after_output_was_exposed() {
 
     h.assert_log(
         job.execution_id,
-        &[
-            EventBody::Accepted,
-            selected("a", 1),
-            delta("partial"),
-            failed(RuntimeError::deadline_exceeded()),
-        ],
+        &failed_after(
+            target("a"),
+            &[delta("partial")],
+            RuntimeError::deadline_exceeded(),
+        ),
     )
     .await;
     let snapshot = h.snapshot(job.execution_id).await;
@@ -703,14 +705,7 @@ async fn the_deadline_is_never_followed_by_fallback() {
         vec![Step::SleepOrFail(Duration::from_secs(3600), unavailable())],
     );
     let b = ScriptedProvider::succeeding("b");
-    let h = Harness::with(
-        vec![
-            (a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
-            (b.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
-        ],
-        MemoryLimits::default(),
-        long_cleanup(),
-    );
+    let h = patient(&[(&a, DEFAULT_LIMITS), (&b, DEFAULT_LIMITS)]);
     let job = h
         .submit(&text_request(FALLBACK), Duration::from_secs(1))
         .await;
@@ -720,11 +715,7 @@ async fn the_deadline_is_never_followed_by_fallback() {
 
     h.assert_log(
         job.execution_id,
-        &[
-            EventBody::Accepted,
-            selected("a", 1),
-            failed(RuntimeError::deadline_exceeded()),
-        ],
+        &failed_after(target("a"), &[], RuntimeError::deadline_exceeded()),
     )
     .await;
     assert_eq!((a.calls(), b.calls()), (1, 0));
@@ -768,19 +759,12 @@ async fn cancelling_a_running_execution() {
             Step::Sleep(Duration::from_secs(3600)),
         ],
     );
-    let h = Harness::with(
-        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
-        MemoryLimits::default(),
-        long_cleanup(),
-    );
+    let h = patient(&[(&a, DEFAULT_LIMITS)]);
     let job = h.submit(&text_request(""), LONG).await;
     let id = job.execution_id;
     let run = spawn_run(&h, &job);
 
-    wait_until("the attempt streams", PATIENCE, || {
-        h.has_event(id, "output.delta")
-    })
-    .await;
+    wait_for_output(&h, id).await;
     assert_eq!(h.bus.watched(), 1);
     h.bus.request(id).await.unwrap();
 
@@ -789,12 +773,7 @@ async fn cancelling_a_running_execution() {
     let events = h
         .assert_log(
             id,
-            &[
-                EventBody::Accepted,
-                selected("a", 1),
-                delta("partial"),
-                failed(RuntimeError::cancelled()),
-            ],
+            &failed_after(target("a"), &[delta("partial")], RuntimeError::cancelled()),
         )
         .await;
     assert_eq!(events[3].status, ExecutionStatus::Cancelled);
@@ -815,11 +794,7 @@ async fn cancelling_a_running_execution() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_right_after_routing() {
     let a = ScriptedProvider::hanging("a");
-    let h = Harness::with(
-        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
-        MemoryLimits::default(),
-        long_cleanup(),
-    );
+    let h = patient(&[(&a, DEFAULT_LIMITS)]);
     let job = h.submit(&text_request(""), LONG).await;
     let id = job.execution_id;
     let run = spawn_run(&h, &job);
@@ -830,17 +805,10 @@ async fn cancelling_right_after_routing() {
     .await;
     h.bus.request(id).await.unwrap();
 
-    assert_eq!(
-        within("cancel", PATIENCE, run).await.unwrap(),
-        RunOutcome::Finished
-    );
+    finishes("cancel", run).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            selected("a", 1),
-            failed(RuntimeError::cancelled()),
-        ],
+        &failed_after(target("a"), &[], RuntimeError::cancelled()),
     )
     .await;
     assert_eq!(h.snapshot(id).await.status, ExecutionStatus::Cancelled);
@@ -854,14 +822,7 @@ async fn a_cancelled_execution_is_never_routed_to_a_fallback() {
         vec![Step::SleepOrFail(Duration::from_secs(3600), unavailable())],
     );
     let b = ScriptedProvider::succeeding("b");
-    let h = Harness::with(
-        vec![
-            (a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
-            (b.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
-        ],
-        MemoryLimits::default(),
-        long_cleanup(),
-    );
+    let h = patient(&[(&a, DEFAULT_LIMITS), (&b, DEFAULT_LIMITS)]);
     let job = h.submit(&text_request(FALLBACK), LONG).await;
     let id = job.execution_id;
     let run = spawn_run(&h, &job);
@@ -869,17 +830,10 @@ async fn a_cancelled_execution_is_never_routed_to_a_fallback() {
     wait_until("the attempt runs", PATIENCE, || async { a.calls() == 1 }).await;
     h.bus.request(id).await.unwrap();
 
-    assert_eq!(
-        within("cancel", PATIENCE, run).await.unwrap(),
-        RunOutcome::Finished
-    );
+    finishes("cancel", run).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            selected("a", 1),
-            failed(RuntimeError::cancelled()),
-        ],
+        &failed_after(target("a"), &[], RuntimeError::cancelled()),
     )
     .await;
     assert_eq!(b.calls(), 0, "no provider call after the cancel");
@@ -888,11 +842,7 @@ async fn a_cancelled_execution_is_never_routed_to_a_fallback() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_delivery_does_not_break_cancelling_the_live_attempt() {
     let a = ScriptedProvider::hanging("a");
-    let h = Harness::with(
-        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
-        MemoryLimits::default(),
-        long_cleanup(),
-    );
+    let h = patient(&[(&a, DEFAULT_LIMITS)]);
     let job = h.submit(&text_request(""), LONG).await;
     let id = job.execution_id;
     let live = spawn_run(&h, &job);
@@ -908,19 +858,10 @@ async fn a_duplicate_delivery_does_not_break_cancelling_the_live_attempt() {
 
     // ...and a cancel still reaches the live attempt.
     h.bus.request(id).await.unwrap();
-    assert_eq!(
-        within("cancel reaches the live attempt", PATIENCE, live)
-            .await
-            .unwrap(),
-        RunOutcome::Finished
-    );
+    finishes("cancel reaches the live attempt", live).await;
     h.assert_log(
         id,
-        &[
-            EventBody::Accepted,
-            selected("a", 1),
-            failed(RuntimeError::cancelled()),
-        ],
+        &failed_after(target("a"), &[], RuntimeError::cancelled()),
     )
     .await;
     assert_eq!(h.bus.watched(), 0);
@@ -933,14 +874,7 @@ async fn a_duplicate_delivery_does_not_break_cancelling_the_live_attempt() {
 async fn a_full_provider_queue_fails_the_attempt_retryably() {
     let a = ScriptedProvider::hanging("a");
     let b = ScriptedProvider::succeeding("b");
-    let h = Harness::with(
-        vec![
-            (a.clone() as Arc<dyn Provider>, limits(1, 0)),
-            (b.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
-        ],
-        MemoryLimits::default(),
-        long_cleanup(),
-    );
+    let h = patient(&[(&a, limits(1, 0)), (&b, DEFAULT_LIMITS)]);
     let holder = h.submit(&text_request(""), LONG).await;
     let holding = spawn_run(&h, &holder);
     wait_until(
@@ -951,8 +885,7 @@ async fn a_full_provider_queue_fails_the_attempt_retryably() {
     .await;
 
     // With fallback: queue_full (retryable) → attempt_failed → b.
-    let job = h.submit(&text_request(FALLBACK), LONG).await;
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    let job = run_to_end(&h, &text_request(FALLBACK)).await;
     let mut expected = vec![
         EventBody::Accepted,
         selected("a", 1),
@@ -964,15 +897,10 @@ async fn a_full_provider_queue_fails_the_attempt_retryably() {
     assert_eq!(h.snapshot(job.execution_id).await.target, Some(target("b")));
 
     // Without fallback: the execution fails with queue_full, still retryable.
-    let job = h.submit(&text_request(""), LONG).await;
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    let job = run_to_end(&h, &text_request("")).await;
     h.assert_log(
         job.execution_id,
-        &[
-            EventBody::Accepted,
-            selected("a", 1),
-            failed(RuntimeError::provider_queue_full()),
-        ],
+        &failed_after(target("a"), &[], RuntimeError::provider_queue_full()),
     )
     .await;
     let error = h.snapshot(job.execution_id).await.error.unwrap();
@@ -982,10 +910,7 @@ async fn a_full_provider_queue_fails_the_attempt_retryably() {
     assert_eq!(a.calls(), 1, "refused attempts never reach the provider");
 
     h.bus.request(holder.execution_id).await.unwrap();
-    assert_eq!(
-        within("cancel", PATIENCE, holding).await.unwrap(),
-        RunOutcome::Finished
-    );
+    finishes("cancel", holding).await;
     assert_eq!(
         h.snapshot(holder.execution_id).await.status,
         ExecutionStatus::Cancelled
@@ -994,29 +919,13 @@ async fn a_full_provider_queue_fails_the_attempt_retryably() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_attempts_are_routing_and_run_when_a_slot_frees() {
-    let release = Arc::new(Semaphore::new(0));
-    let mut script = vec![Step::Hold(Arc::clone(&release))];
-    script.extend(success_script());
-    let a = ScriptedProvider::new("a", script);
-    let h = Harness::with(
-        vec![(a.clone() as Arc<dyn Provider>, limits(1, 1))],
-        MemoryLimits::default(),
-        long_cleanup(),
-    );
+    let (a, release) = held_then_succeeding("a");
+    let h = patient(&[(&a, limits(1, 1))]);
     let first = h.submit(&text_request(""), LONG).await;
     let second = h.submit(&text_request(""), LONG).await;
     let gate = &h.registry.candidates(&first.request)[0].entry.gate;
 
-    let first_run = spawn_run(&h, &first);
-    wait_until("the first holds the slot", PATIENCE, || async {
-        a.calls() == 1
-    })
-    .await;
-    let second_run = spawn_run(&h, &second);
-    wait_until("the second waits in the queue", PATIENCE, || async {
-        gate.queued() == 1
-    })
-    .await;
+    let (first_run, second_run) = hold_and_queue(&h, &a, &first, &second).await;
     // The gate is taken after route.selected: a queued attempt is already routing [R 35].
     h.assert_log_prefix(
         second.execution_id,
@@ -1029,14 +938,8 @@ async fn queued_attempts_are_routing_and_run_when_a_slot_frees() {
     );
 
     release.add_permits(2);
-    assert_eq!(
-        within("first", PATIENCE, first_run).await.unwrap(),
-        RunOutcome::Finished
-    );
-    assert_eq!(
-        within("second", PATIENCE, second_run).await.unwrap(),
-        RunOutcome::Finished
-    );
+    finishes("first", first_run).await;
+    finishes("second", second_run).await;
     h.assert_log(first.execution_id, &success_log("a")).await;
     h.assert_log(second.execution_id, &success_log("a")).await;
     assert_eq!(a.max_in_flight(), 1);
@@ -1045,55 +948,27 @@ async fn queued_attempts_are_routing_and_run_when_a_slot_frees() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_queued_attempt_leaves_the_queue_promptly() {
-    let release = Arc::new(Semaphore::new(0));
-    let mut script = vec![Step::Hold(Arc::clone(&release))];
-    script.extend(success_script());
-    let a = ScriptedProvider::new("a", script);
-    let h = Harness::with(
-        vec![(a.clone() as Arc<dyn Provider>, limits(1, 1))],
-        MemoryLimits::default(),
-        long_cleanup(),
-    );
+    let (a, release) = held_then_succeeding("a");
+    let h = patient(&[(&a, limits(1, 1))]);
     let first = h.submit(&text_request(""), LONG).await;
     let queued = h.submit(&text_request(""), LONG).await;
     let gate = &h.registry.candidates(&first.request)[0].entry.gate;
 
-    let first_run = spawn_run(&h, &first);
-    wait_until("the first holds the slot", PATIENCE, || async {
-        a.calls() == 1
-    })
-    .await;
-    let queued_run = spawn_run(&h, &queued);
-    wait_until("the second waits in the queue", PATIENCE, || async {
-        gate.queued() == 1
-    })
-    .await;
+    let (first_run, queued_run) = hold_and_queue(&h, &a, &first, &queued).await;
 
     h.bus.request(queued.execution_id).await.unwrap();
     // The cleanup grace is 120 s: only a waiter that leaves the queue on cancel ends in time.
-    assert_eq!(
-        within("the queued attempt is cancelled", PATIENCE, queued_run)
-            .await
-            .unwrap(),
-        RunOutcome::Finished
-    );
+    finishes("the queued attempt is cancelled", queued_run).await;
     h.assert_log(
         queued.execution_id,
-        &[
-            EventBody::Accepted,
-            selected("a", 1),
-            failed(RuntimeError::cancelled()),
-        ],
+        &failed_after(target("a"), &[], RuntimeError::cancelled()),
     )
     .await;
     assert_eq!(gate.queued(), 0, "the cancelled waiter left the queue");
     assert_eq!(a.calls(), 1);
 
     release.add_permits(1);
-    assert_eq!(
-        within("first", PATIENCE, first_run).await.unwrap(),
-        RunOutcome::Finished
-    );
+    finishes("first", first_run).await;
     h.assert_log(first.execution_id, &success_log("a")).await;
     assert_eq!(h.bus.watched(), 0);
 }
@@ -1101,11 +976,7 @@ async fn cancelling_a_queued_attempt_leaves_the_queue_promptly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deadline_covers_time_spent_queued() {
     let a = ScriptedProvider::hanging("a");
-    let h = Harness::with(
-        vec![(a.clone() as Arc<dyn Provider>, limits(1, 4))],
-        MemoryLimits::default(),
-        long_cleanup(),
-    );
+    let h = patient(&[(&a, limits(1, 4))]);
     let holder = h.submit(&text_request(""), LONG).await;
     let holding = spawn_run(&h, &holder);
     wait_until("the slot is held", PATIENCE, || async { a.calls() == 1 }).await;
@@ -1120,20 +991,13 @@ async fn the_deadline_covers_time_spent_queued() {
     assert_eq!(outcome, RunOutcome::Finished);
     h.assert_log(
         job.execution_id,
-        &[
-            EventBody::Accepted,
-            selected("a", 1),
-            failed(RuntimeError::deadline_exceeded()),
-        ],
+        &failed_after(target("a"), &[], RuntimeError::deadline_exceeded()),
     )
     .await;
     assert_eq!(a.calls(), 1);
 
     h.bus.request(holder.execution_id).await.unwrap();
-    assert_eq!(
-        within("cancel", PATIENCE, holding).await.unwrap(),
-        RunOutcome::Finished
-    );
+    finishes("cancel", holding).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1210,8 +1074,7 @@ async fn a_redelivered_job_that_never_started_runs_normally() {
 async fn a_terminal_log_is_dropped_whatever_the_delivery() {
     let a = ScriptedProvider::succeeding("a");
     let h = Harness::scripted(&[&a]);
-    let job = h.submit(&text_request(""), LONG).await;
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    let job = run_to_end(&h, &text_request("")).await;
     let done = h.events(job.execution_id).await;
 
     for delivered in [1, 2, 5] {
@@ -1317,11 +1180,7 @@ async fn a_writer_fenced_mid_attempt_stops_writing() {
 
     h.assert_log(
         job.execution_id,
-        &[
-            EventBody::Accepted,
-            selected("a", 1),
-            failed(interrupted_error()),
-        ],
+        &failed_after(target("a"), &[], interrupted_error()),
     )
     .await;
     assert_eq!((a.calls(), a.finished(), b.calls()), (1, 1, 0));
@@ -1346,24 +1205,19 @@ async fn the_per_execution_event_limit_ends_the_execution() {
         },
         RunnerSettings::default(),
     );
-    let job = h.submit(&text_request(FALLBACK), LONG).await;
+    let job = run_to_end(&h, &text_request(FALLBACK)).await;
 
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
-
-    let limit_error = RuntimeError::new(
+    let limit_error = not_retryable(
         ErrorCode::QueueFull,
         "Execution event log limit was reached",
-        false,
     );
     h.assert_log(
         job.execution_id,
-        &[
-            EventBody::Accepted,
-            selected("a", 1),
-            delta("chunk0"),
-            delta("chunk1"),
-            failed(limit_error.clone()),
-        ],
+        &failed_after(
+            target("a"),
+            &[delta("chunk0"), delta("chunk1")],
+            limit_error.clone(),
+        ),
     )
     .await;
     let snapshot = h.snapshot(job.execution_id).await;
@@ -1389,8 +1243,7 @@ async fn the_event_limit_during_routing_ends_the_execution() {
         },
         RunnerSettings::default(),
     );
-    let job = h.submit(&text_request(FALLBACK), LONG).await;
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    let job = run_to_end(&h, &text_request(FALLBACK)).await;
     let events = h.events(job.execution_id).await;
     assert_log_rules(job.execution_id, &events);
     assert_eq!(
@@ -1421,8 +1274,7 @@ async fn a_store_failure_during_the_attempt_fails_the_execution() {
         store,
         RunnerSettings::default(),
     );
-    let job = h.submit(&text_request(""), LONG).await;
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    let job = run_to_end(&h, &text_request("")).await;
     h.assert_log(job.execution_id, &success_log("a")).await;
 
     // A refusal that is not transient ends the execution with internal_error.
@@ -1442,19 +1294,14 @@ async fn a_store_failure_during_the_attempt_fails_the_execution() {
         store,
         RunnerSettings::default(),
     );
-    let job = h.submit(&text_request(""), LONG).await;
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    let job = run_to_end(&h, &text_request("")).await;
     h.assert_log(
         job.execution_id,
-        &[
-            EventBody::Accepted,
-            selected("a", 1),
-            failed(RuntimeError::new(
-                ErrorCode::InternalError,
-                "Execution event storage failed",
-                false,
-            )),
-        ],
+        &failed_after(
+            target("a"),
+            &[],
+            not_retryable(ErrorCode::InternalError, "Execution event storage failed"),
+        ),
     )
     .await;
     assert_eq!(a.finished(), 1);
@@ -1593,11 +1440,7 @@ async fn shutdown_cancels_what_outlives_the_grace_period() {
     // One execution runs (hanging), one waits in the provider's queue. After the grace period
     // both end `cancelled`, and shutdown reports that not everything finished.
     let a = ScriptedProvider::hanging("a");
-    let h = Harness::with(
-        vec![(a.clone() as Arc<dyn Provider>, limits(1, 8))],
-        MemoryLimits::default(),
-        long_cleanup(),
-    );
+    let h = patient(&[(&a, limits(1, 8))]);
     let queue = Arc::new(MemoryJobQueue::new());
     let pool = WorkerPool::spawn(
         Arc::clone(&queue) as Arc<dyn JobQueue>,
@@ -1633,11 +1476,7 @@ async fn shutdown_cancels_what_outlives_the_grace_period() {
     for id in [running.execution_id, queued.execution_id] {
         h.assert_log(
             id,
-            &[
-                EventBody::Accepted,
-                selected("a", 1),
-                failed(RuntimeError::cancelled()),
-            ],
+            &failed_after(target("a"), &[], RuntimeError::cancelled()),
         )
         .await;
         assert_eq!(h.snapshot(id).await.status, ExecutionStatus::Cancelled);
@@ -1648,10 +1487,7 @@ async fn shutdown_cancels_what_outlives_the_grace_period() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_lets_running_executions_finish_within_the_grace_period() {
-    let release = Arc::new(Semaphore::new(0));
-    let mut script = vec![Step::Hold(Arc::clone(&release))];
-    script.extend(success_script());
-    let a = ScriptedProvider::new("a", script);
+    let (a, release) = held_then_succeeding("a");
     let h = Harness::scripted(&[&a]);
     let queue = Arc::new(MemoryJobQueue::new());
     let pool = WorkerPool::spawn(

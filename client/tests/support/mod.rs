@@ -1,4 +1,4 @@
-//! Test harness: a real gateway in embedded mode on a loopback port, a TCP proxy that cuts the
+//! Test harness: a real gateway in embedded mode (from `testkit::gateway`), a TCP proxy that cuts the
 //! server-to-client direction at random byte offsets, and a scripted fake HTTP server for the
 //! protocol violations a real gateway never commits.
 //!
@@ -13,90 +13,75 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use model_runtime_client::{Client, RetryPolicy};
+use model_runtime_client::{Client, ClientError, RetryPolicy, SubmitOptions, text_request};
+use protocol::ExecutionId;
+use protocol::snapshot::ExecutionSubmission;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
 
 /// Longest any condition is awaited.
 pub const WAIT: Duration = Duration::from_secs(30);
 
-/// A running embedded gateway, stopped when dropped.
-pub struct Gateway {
-    /// `http://127.0.0.1:PORT`
-    pub base: String,
-    pub addr: SocketAddr,
-    pub state: gateway::AppState,
-    stop: Option<oneshot::Sender<()>>,
-}
+pub use testkit::gateway::Gateway;
 
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
-/// A mock provider serving `text-generation` on `model-alpha` with `extra` fields merged in.
+/// A mock provider `provider-mock` serving `text-generation` on `model-alpha` with `extra`
+/// fields merged in.
 pub fn mock(extra: Value) -> Value {
-    let mut m = json!({
-        "type": "mock",
-        "id": "provider-mock",
-        "model": "model-alpha",
-        "abilities": ["text-generation"],
-    });
-    if let (Some(m), Value::Object(extra)) = (m.as_object_mut(), extra) {
-        m.extend(extra);
-    }
-    m
+    testkit::gateway::mock("provider-mock", extra)
 }
 
-impl Gateway {
-    /// The default mock ("hello", " from", " mock", no delay).
-    pub async fn start_default() -> Self {
-        Self::start(json!({ "providers": [mock(json!({}))] })).await
-    }
+/// A gateway whose mock waits a minute before each chunk.
+pub async fn slow_gateway() -> Gateway {
+    Gateway::start(
+        serde_json::json!({ "providers": [mock(serde_json::json!({ "delay_ms": 60_000 }))] }),
+    )
+    .await
+}
 
-    /// A deployment file's JSON, four workers.
-    pub async fn start(config: Value) -> Self {
-        let config = worker::deployment::parse(&config.to_string()).expect("valid deployment");
-        let registry =
-            Arc::new(worker::deployment::build_registry(&config).expect("buildable registry"));
-        let embedded = gateway::Embedded::start(&config, registry, 4);
-        let state = embedded.state.clone();
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("local addr");
-        let (tx, rx) = oneshot::channel::<()>();
-        tokio::spawn(gateway::server::serve(
-            listener,
-            embedded,
-            async move {
-                let _ = rx.await;
-            },
-            Duration::from_secs(5),
-        ));
-        Self {
-            base: format!("http://{addr}"),
-            addr,
-            state,
-            stop: Some(tx),
-        }
-    }
+/// A gateway whose mock fails every attempt retryably.
+pub async fn failing_gateway() -> Gateway {
+    Gateway::start(
+        serde_json::json!({ "providers": [mock(serde_json::json!({ "fail_retryably": true }))] }),
+    )
+    .await
+}
 
-    /// Event streams open right now.
-    pub fn open_streams(&self) -> i64 {
-        self.state
-            .metrics()
-            .sse_streams_active
-            .load(Ordering::SeqCst)
-    }
+/// Submits a request for `ability` with one text part and default options.
+pub async fn submit_plain(
+    client: &Client,
+    ability: &str,
+    text: &str,
+) -> Result<ExecutionSubmission, ClientError> {
+    let request = text_request(ability, text);
+    client.submit(&request, &SubmitOptions::default()).await
+}
 
+/// Submits a text-generation request with default options; returns its id.
+pub async fn submit_text(client: &Client, text: &str) -> ExecutionId {
+    let submission = submit_plain(client, "text-generation", text).await;
+    submission.expect("submitted").execution_id
+}
+
+/// Polls the snapshot of `id` until it is terminal.
+pub async fn wait_terminal(client: &Client, id: ExecutionId) -> protocol::ExecutionSnapshot {
+    wait_for("a terminal status", || async move {
+        let s = client.get(id).await.unwrap();
+        s.status.is_terminal().then_some(s)
+    })
+    .await
+}
+
+/// The API client under test, for a gateway.
+pub trait ClientOf {
     /// A client with quick retries.
-    pub fn client(&self) -> Client {
+    fn client(&self) -> Client;
+}
+
+impl ClientOf for Gateway {
+    fn client(&self) -> Client {
         client_for(&self.base)
     }
 }

@@ -11,9 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use protocol::event::{EventBody, ExecutionStatus, ProgressPhase};
-use protocol::manifest::{ModelCapability, ProviderManifest};
+use protocol::manifest::ProviderManifest;
 use protocol::materialize::Materializer;
-use protocol::request::Modality;
 use protocol::{
     ErrorCode, ExecutionId, ExecutionSnapshot, RuntimeError, RuntimeEvent, Sequence, Target,
     Timestamp, UsageFact, UsageSource, UsageUnit,
@@ -23,7 +22,7 @@ use runtime::{CancelBus, EventStore, Job};
 use tokio::sync::Semaphore;
 use worker::ProviderRegistry;
 use worker::provider::{Provider, ProviderCall, ProviderEvent, ProviderSink};
-use worker::runner::{Runner, RunnerSettings};
+use worker::runner::{RunOutcome, Runner, RunnerSettings};
 
 /// One step of a [`ScriptedProvider`] attempt.
 #[derive(Debug, Clone)]
@@ -45,7 +44,6 @@ pub enum Step {
 /// A provider that follows a script, for precise control of what an attempt does.
 #[derive(Debug)]
 pub struct ScriptedProvider {
-    id: String,
     manifest: ProviderManifest,
     script: Vec<Step>,
     calls: AtomicUsize,
@@ -68,24 +66,21 @@ pub fn target(provider: &str) -> Target {
 
 impl ScriptedProvider {
     pub fn new(id: &str, script: Vec<Step>) -> Arc<Self> {
-        let manifest = ProviderManifest {
-            provider: id.into(),
-            protocol_version: protocol::PROTOCOL_VERSION.into(),
-            models: vec![ModelCapability {
-                model: model_of(id),
-                abilities: vec!["text-generation".into()],
-                input_modalities: vec![Modality::Text],
-                output_modalities: vec![Modality::Text],
-                stream: true,
-                tools: false,
-                structured_output: false,
-                r#async: false,
-                cancel: true,
+        // What the mock declares: text in, text out, streamed, cancellable.
+        let manifest = serde_json::from_value(serde_json::json!({
+            "provider": id,
+            "protocol_version": protocol::PROTOCOL_VERSION,
+            "models": [{
+                "model": model_of(id),
+                "abilities": ["text-generation"],
+                "input_modalities": ["text"],
+                "output_modalities": ["text"],
+                "stream": true, "tools": false, "structured_output": false,
+                "async": false, "cancel": true,
             }],
-            limits: None,
-        };
+        }))
+        .expect("valid manifest");
         Arc::new(Self {
-            id: id.into(),
             manifest,
             script,
             calls: AtomicUsize::new(0),
@@ -132,7 +127,7 @@ impl ScriptedProvider {
     ) -> Result<(), RuntimeError> {
         assert_eq!(
             call.model,
-            model_of(&self.id),
+            model_of(&self.manifest.provider),
             "the runner passes the routed model"
         );
         for step in &self.script {
@@ -160,7 +155,7 @@ impl ScriptedProvider {
 #[async_trait]
 impl Provider for ScriptedProvider {
     fn id(&self) -> &str {
-        &self.id
+        self.manifest.provider.as_str()
     }
 
     fn manifest(&self) -> &ProviderManifest {
@@ -210,6 +205,11 @@ pub fn success_script() -> Vec<Step> {
         emit_delta(" mock"),
         Step::Emit(ProviderEvent::Usage(mock_usage_facts(3))),
     ]
+}
+
+/// A non-retryable error.
+pub fn not_retryable(code: ErrorCode, message: &str) -> RuntimeError {
+    RuntimeError::new(code, message, false)
 }
 
 /// Retryable `provider_unavailable`, as an adapter reports an outage before any output.
@@ -277,6 +277,44 @@ pub fn success_log(provider: &str) -> Vec<EventBody> {
         delta(" mock"),
         usage(3),
         completed(provider),
+    ]
+}
+
+/// A log whose first attempt, at `target`, failed the execution: `accepted`,
+/// `route.selected`, the `middle` events, then `execution.failed` with `error`.
+pub fn failed_after(target: Target, middle: &[EventBody], error: RuntimeError) -> Vec<EventBody> {
+    let mut log = vec![
+        EventBody::Accepted,
+        EventBody::RouteSelected { target, attempt: 1 },
+    ];
+    log.extend_from_slice(middle);
+    log.push(failed(error));
+    log
+}
+
+/// A log whose first attempt, at `first`, failed with `error` before any output, and whose
+/// second attempt ran the mock's success script at `mock`.
+pub fn fell_back_to_mock(first: Target, error: RuntimeError, mock: Target) -> Vec<EventBody> {
+    vec![
+        EventBody::Accepted,
+        EventBody::RouteSelected {
+            target: first.clone(),
+            attempt: 1,
+        },
+        EventBody::RouteAttemptFailed {
+            target: first,
+            attempt: 1,
+            error,
+        },
+        EventBody::RouteSelected {
+            target: mock.clone(),
+            attempt: 2,
+        },
+        delta("hello"),
+        delta(" from"),
+        delta(" mock"),
+        usage(3),
+        EventBody::Completed { target: mock },
     ]
 }
 
@@ -386,15 +424,8 @@ impl Harness {
     }
 
     pub async fn create_log(&self, id: ExecutionId) {
-        self.store
-            .create(RuntimeEvent::new(
-                id,
-                Sequence(1),
-                Timestamp::now(),
-                EventBody::Accepted,
-            ))
-            .await
-            .expect("create log");
+        let accepted = RuntimeEvent::new(id, Sequence(1), Timestamp::now(), EventBody::Accepted);
+        self.store.create(accepted).await.expect("create log");
     }
 
     /// Appends `body` as the next event, as another writer (a gateway or a previous worker).
@@ -452,6 +483,19 @@ impl Harness {
 }
 
 impl Harness {
+    /// Every event and the snapshot of `id`, and `logs` if given, are free of canary
+    /// credentials (`testkit::canary`).
+    pub async fn assert_no_canary(&self, id: ExecutionId, logs: Option<&str>) {
+        let marker = testkit::canary::MARKER;
+        let events = self.events(id).await;
+        testkit::canary::assert_absent_all(marker, "an event", events.iter().map(|e| e.to_json()));
+        let snapshot = serde_json::to_string(&self.snapshot(id).await).expect("snapshot JSON");
+        testkit::canary::assert_absent(marker, "the snapshot", &snapshot);
+        if let Some(logs) = logs {
+            testkit::canary::assert_absent(marker, "the logs", logs);
+        }
+    }
+
     /// Checks the log so far (not yet terminal) against `expected` exactly.
     pub async fn assert_log_prefix(&self, id: ExecutionId, expected: &[EventBody]) {
         let events = self.events(id).await;
@@ -501,6 +545,22 @@ pub fn assert_log_rules(id: ExecutionId, events: &[RuntimeEvent]) {
         vec![events.len() - 1],
         "exactly one terminal event, last"
     );
+}
+
+/// The event types of an execution that failed after one output delta.
+pub const FAILED_AFTER_ONE_DELTA: [&str; 4] = [
+    "execution.accepted",
+    "route.selected",
+    "output.delta",
+    "execution.failed",
+];
+
+/// Polls until the log of `id` has an output delta.
+pub async fn wait_for_output(h: &Harness, id: ExecutionId) {
+    wait_until("output arrives", PATIENCE, || {
+        h.has_event(id, "output.delta")
+    })
+    .await;
 }
 
 /// The statuses of a log, for readable assertions.
@@ -563,6 +623,21 @@ where
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// Runs `job` (delivery 1) on a task.
+pub fn spawn_run(h: &Harness, job: &Job) -> tokio::task::JoinHandle<RunOutcome> {
+    let runner = Arc::clone(&h.runner);
+    let job = job.clone();
+    tokio::spawn(async move { runner.run(&job, 1).await })
+}
+
+/// Awaits a spawned run (at most [`PATIENCE`]), asserting it finished the execution.
+pub async fn finishes(what: &str, run: tokio::task::JoinHandle<RunOutcome>) {
+    let outcome = within(what, PATIENCE, run)
+        .await
+        .expect("the run did not panic");
+    assert_eq!(outcome, RunOutcome::Finished, "{what}");
 }
 
 /// Awaits `fut`, panicking with `what` if it takes longer than `timeout`.

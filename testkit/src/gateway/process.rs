@@ -1,0 +1,307 @@
+//! The real `gateway` and `worker` binaries as child processes over a private NATS JetStream
+//! and Redis per test ([`Cluster`]), and the plain HTTP/SSE calls end-to-end tests make.
+//!
+//! The binaries are the ones cargo built for this test run (next to the test executable);
+//! if they are missing, the harness builds them once with `cargo build --bins`.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::{NatsServer, RedisServer, TempDir, unique_namespace};
+use futures_util::StreamExt;
+use protocol::sse::{SseEvent, SseParser};
+use serde_json::Value;
+
+/// Generous bound for anything that should happen promptly on a busy 2-core machine.
+pub const PROMPT: Duration = Duration::from_secs(30);
+
+fn target_dir() -> PathBuf {
+    // target/<profile>/deps/<test-binary>
+    let exe = std::env::current_exe().expect("current exe");
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .expect("target profile dir")
+        .to_path_buf()
+}
+
+/// Path of a workspace binary, building the binaries once if this run did not.
+pub fn binary(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    let path = target_dir().join(name);
+    if !path.exists() {
+        BUILT.get_or_init(|| {
+            let status = Command::new(env!("CARGO"))
+                .args(["build", "-p", "gateway", "-p", "worker", "--bins"])
+                .status()
+                .expect("run cargo build");
+            assert!(status.success(), "cargo build of the binaries failed");
+        });
+    }
+    assert!(path.exists(), "binary {} not found", path.display());
+    path
+}
+
+/// A child process killed on drop; its stderr goes to a log file for post-mortems.
+#[derive(Debug)]
+pub struct Process {
+    child: Child,
+    pub name: String,
+    pub log: PathBuf,
+}
+
+impl Process {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal by name (`KILL`, `STOP`, `CONT`, `TERM`).
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// Waits for the process to exit and returns its exit code.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Spawns `binary` with `args`/`env` and waits for a stdout line starting with `ready_prefix`;
+/// returns the process and that line.
+pub fn spawn(
+    name: &str,
+    args: &[&str],
+    env: &[(String, String)],
+    ready_prefix: &str,
+    logs: &TempDir,
+) -> (Process, String) {
+    let log = logs
+        .path()
+        .join(format!("{}-{}.log", name, unique_namespace("")));
+    let stderr = std::fs::File::create(&log).expect("log file");
+    let mut command = Command::new(binary(name));
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr);
+    command.env_clear();
+    for key in ["PATH", "HOME"] {
+        if let Ok(v) = std::env::var(key) {
+            command.env(key, v);
+        }
+    }
+    command.env("RUST_LOG", "info");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let mut child = command.spawn().expect("spawn binary");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        while let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+    });
+    let process = Process {
+        child,
+        name: name.to_owned(),
+        log,
+    };
+    let deadline = Instant::now() + PROMPT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.starts_with(ready_prefix) => return (process, line),
+            Ok(_) => {}
+            Err(_) => panic!(
+                "{name} did not print {ready_prefix:?} in time; log:\n{}",
+                process.log_text()
+            ),
+        }
+    }
+}
+
+/// A gateway process and its base URL.
+#[derive(Debug)]
+pub struct Gateway {
+    pub process: Process,
+    pub url: String,
+}
+
+/// NATS + Redis + configuration shared by the processes of one test.
+#[derive(Debug)]
+pub struct Cluster {
+    pub nats: NatsServer,
+    pub redis: RedisServer,
+    pub namespace: String,
+    pub dir: TempDir,
+    config: PathBuf,
+    pub extra_env: Vec<(String, String)>,
+}
+
+impl Cluster {
+    /// Starts NATS and Redis and writes `config` (a deployment file) for the processes.
+    pub fn start(config: &Value) -> Self {
+        let dir = TempDir::new("mrt-e2e-");
+        let path = dir.path().join("deployment.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(config).unwrap()).unwrap();
+        Self {
+            nats: NatsServer::start(),
+            redis: RedisServer::start(),
+            namespace: unique_namespace("e"),
+            dir,
+            config: path,
+            extra_env: vec![("MODEL_RUNTIME_ACK_WAIT_MS".into(), "2000".into())],
+        }
+    }
+
+    pub fn env(&self) -> Vec<(String, String)> {
+        let mut env = vec![
+            ("MODEL_RUNTIME_BACKEND".into(), "nats".into()),
+            ("NATS_URL".into(), self.nats.url()),
+            ("REDIS_URL".into(), self.redis.url()),
+            ("MODEL_RUNTIME_NAMESPACE".into(), self.namespace.clone()),
+            (
+                "MODEL_RUNTIME_CONFIG".into(),
+                self.config.display().to_string(),
+            ),
+            ("MODEL_RUNTIME_SHUTDOWN_GRACE_MS".into(), "5000".into()),
+        ];
+        env.extend(self.extra_env.iter().cloned());
+        env
+    }
+
+    pub fn gateway(&self) -> Gateway {
+        let (process, line) = spawn(
+            "gateway",
+            &["--port", "0"],
+            &self.env(),
+            "listening on ",
+            &self.dir,
+        );
+        let url = line.trim_start_matches("listening on ").trim().to_owned();
+        Gateway { process, url }
+    }
+
+    pub fn worker(&self) -> Process {
+        self.worker_with(&[])
+    }
+
+    pub fn worker_with(&self, env: &[(&str, &str)]) -> Process {
+        let mut all = self.env();
+        all.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        spawn("worker", &[], &all, "worker started", &self.dir).0
+    }
+}
+
+/// A cluster for `config` with one gateway and one worker.
+pub fn gateway_and_worker(config: &Value) -> (Cluster, Gateway, Process) {
+    let cluster = Cluster::start(config);
+    let gateway = cluster.gateway();
+    let worker = cluster.worker();
+    (cluster, gateway, worker)
+}
+
+/// The HTTP client used by tests (no proxies, short connect timeout).
+pub fn client() -> reqwest::Client {
+    super::http_client()
+}
+
+pub use super::text_request;
+
+/// POSTs a request; returns status and JSON body.
+pub async fn submit(base: &str, body: &Value, key: Option<&str>) -> (u16, Value) {
+    let mut req = client().post(format!("{base}/v1/executions")).json(body);
+    if let Some(k) = key {
+        req = req.header("Idempotency-Key", k);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// GETs JSON.
+pub async fn get_json(url: &str) -> (u16, Value) {
+    let resp = client().get(url).send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Parsed SSE events of a response body, read to the end (or until `limit` events).
+pub async fn read_events(resp: reqwest::Response, limit: Option<usize>) -> Vec<Value> {
+    let mut parser = SseParser::new();
+    let mut out: Vec<SseEvent> = Vec::new();
+    let mut body = resp.bytes_stream();
+    while let Some(chunk) = tokio::time::timeout(PROMPT, body.next())
+        .await
+        .expect("event stream stalled")
+    {
+        let Ok(chunk) = chunk else { break };
+        parser.push(&chunk, &mut out).unwrap();
+        if limit.is_some_and(|l| out.len() >= l) {
+            break;
+        }
+    }
+    out.iter()
+        .map(|e| serde_json::from_str(&e.data).unwrap())
+        .collect()
+}
+
+/// Streams an execution's events after `after` until the stream closes.
+pub async fn events(base: &str, id: &str, after: u64) -> Vec<Value> {
+    let resp = client()
+        .get(format!("{base}/v1/executions/{id}/events?after={after}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    read_events(resp, None).await
+}
+
+/// Polls the snapshot until it is terminal.
+pub async fn wait_terminal(base: &str, id: &str) -> Value {
+    let deadline = Instant::now() + PROMPT;
+    loop {
+        let (status, snap) = get_json(&format!("{base}/v1/executions/{id}")).await;
+        if status == 200 && super::is_terminal_snapshot(&snap) {
+            return snap;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "execution {id} not terminal in time: {snap}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Asserts the log rules on a full event list: sequences 1..n contiguous, one terminal, last.
+pub fn assert_log_well_formed(events: &[Value]) {
+    super::assert_log_shape(events, 1);
+}
