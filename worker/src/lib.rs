@@ -16,6 +16,7 @@
 //! Adapters translate only; every decision (routing, fallback, sequence, time, ids) is the
 //! runner's.
 
+pub mod admin;
 pub mod config;
 pub mod deployment;
 pub mod flow;
