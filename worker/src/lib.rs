@@ -20,6 +20,7 @@ pub mod admin;
 pub mod config;
 pub mod deployment;
 pub mod flow;
+pub mod instrument;
 pub mod pool;
 pub mod process;
 pub mod provider;
