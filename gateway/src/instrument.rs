@@ -48,3 +48,50 @@ fn method_label(method: &Method) -> &'static str {
         _ => "other",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::Router;
+    use axum::body::Body;
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    use telemetry::MetricsExporter;
+    use tower::ServiceExt;
+
+    #[tokio::test]
+    async fn requests_are_counted_by_route_template_method_and_status() {
+        let exporter = MetricsExporter::install();
+        let app = Router::new()
+            .route("/v1/executions/{id}", get(|| async { StatusCode::OK }))
+            .fallback(|| async { StatusCode::NOT_FOUND })
+            .layer(axum::middleware::from_fn(record));
+        for path in [
+            "/v1/executions/abc",
+            "/v1/executions/def",
+            "/nowhere/secret-id",
+        ] {
+            let request = Request::get(path).body(Body::empty()).unwrap();
+            app.clone().oneshot(request).await.unwrap();
+        }
+        let text = exporter.render();
+        assert!(
+            text.contains(
+                "mrt_http_requests_total{route=\"/v1/executions/{id}\",method=\"GET\",status=\"200\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "mrt_http_requests_total{route=\"unmatched\",method=\"GET\",status=\"404\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "mrt_http_request_duration_seconds_count{route=\"/v1/executions/{id}\"} 2"
+            )
+        );
+        assert!(!text.contains("secret-id") && !text.contains("abc"));
+    }
+}

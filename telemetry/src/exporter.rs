@@ -81,7 +81,6 @@ mod tests {
         for name in [
             metric::EXECUTIONS_TOTAL,
             metric::JOB_REDELIVERIES_TOTAL,
-            metric::SSE_STREAMS_ACTIVE,
             "process_cpu_seconds_total",
             "process_resident_memory_bytes",
         ] {

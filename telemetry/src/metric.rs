@@ -20,6 +20,8 @@ pub const PROVIDER_INFLIGHT: &str = "mrt_provider_inflight";
 pub const EVENT_APPEND_DURATION_SECONDS: &str = "mrt_event_append_duration_seconds";
 pub const JOBS_PENDING: &str = "mrt_jobs_pending";
 pub const JOB_REDELIVERIES_TOTAL: &str = "mrt_job_redeliveries_total";
+/// Rendered by each gateway from its own stream count (its shutdown waits on that count), not
+/// through the `metrics` facade.
 pub const SSE_STREAMS_ACTIVE: &str = "mrt_sse_streams_active";
 
 /// `outcome` label values of executions.
@@ -165,7 +167,6 @@ pub fn register() {
         JOB_REDELIVERIES_TOTAL,
         "Jobs delivered again after a worker stopped acknowledging."
     );
-    describe_gauge!(SSE_STREAMS_ACTIVE, "SSE streams open now.");
 
     metrics::counter!(JOB_REDELIVERIES_TOTAL).absolute(0);
     metrics::counter!(EXECUTIONS_TOTAL, "outcome" => outcome::SUCCEEDED, "code" => NO_CODE)
@@ -178,7 +179,6 @@ pub fn register() {
         };
         metrics::counter!(EXECUTIONS_TOTAL, "outcome" => outcome, "code" => code).absolute(0);
     }
-    metrics::gauge!(SSE_STREAMS_ACTIVE).set(0.0);
 }
 
 /// Registers the per-provider series of one configured model at 0 (attempts by outcome,
