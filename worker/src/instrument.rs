@@ -1,9 +1,11 @@
-//! Metrics of executions and provider attempts (contract.md section 9), recorded by the runner.
+//! Metrics and spans of executions and provider attempts (contract.md section 9), recorded by
+//! the runner.
 //!
-//! Labels are the deployment's provider and model ids and portable codes only. An
-//! [`AttemptMeter`] lives exactly as long as one provider attempt: it holds the in-flight gauge
-//! up while alive (also when the attempt is dropped on cancellation), and records time to first
-//! output, the operation's duration and outcome, and reported token usage.
+//! Labels and attributes are the deployment's provider and model ids and portable codes only,
+//! never caller content. An [`AttemptMeter`] lives exactly as long as one provider attempt: it
+//! holds the in-flight gauge up while alive (also when the attempt is dropped on cancellation),
+//! records time to first output, the operation's duration and outcome and reported token usage,
+//! and owns the attempt's span with the GenAI semantic-convention attributes.
 
 use protocol::event::EventBody;
 use protocol::{RuntimeError, Target, Timestamp, UsageFact};
@@ -69,19 +71,53 @@ pub struct AttemptMeter {
     started: Instant,
     first_output: bool,
     finished: bool,
+    span: tracing::Span,
+    input_tokens: Option<f64>,
+    output_tokens: Option<f64>,
+}
+
+/// The GenAI operation name of an ability: `chat` for text generation, `generate_content`
+/// otherwise (the ability itself is caller content and never becomes an attribute).
+fn operation_name(ability: &str) -> &'static str {
+    if ability == "text-generation" {
+        "chat"
+    } else {
+        "generate_content"
+    }
 }
 
 impl AttemptMeter {
-    pub fn start(provider: &str, model: &str) -> Self {
+    pub fn start(provider: &str, model: &str, ability: &str, attempt: u32) -> Self {
         metrics::gauge!(metric::PROVIDER_INFLIGHT, "provider" => provider.to_owned())
             .increment(1.0);
+        let operation = operation_name(ability);
+        let span = tracing::info_span!(
+            "provider.attempt",
+            otel.name = %format_args!("{operation} {model}"),
+            otel.kind = "client",
+            gen_ai.operation.name = operation,
+            gen_ai.provider.name = %provider,
+            gen_ai.request.model = %model,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+            attempt,
+        );
         Self {
             provider: provider.to_owned(),
             model: model.to_owned(),
             started: Instant::now(),
             first_output: false,
             finished: false,
+            span,
+            input_tokens: None,
+            output_tokens: None,
         }
+    }
+
+    /// The attempt's span; the adapter's work runs inside it.
+    pub fn span(&self) -> tracing::Span {
+        self.span.clone()
     }
 
     /// The attempt exposed output (a delta, a tool call or a result): the first call records
@@ -100,11 +136,18 @@ impl AttemptMeter {
 
     /// Reported usage: input and output tokens under the GenAI token types, other known units
     /// under their own names; vendor-namespaced units are not labels (unbounded).
-    pub fn usage(&self, facts: &[UsageFact]) {
+    pub fn usage(&mut self, facts: &[UsageFact]) {
         for fact in facts {
             let token_type = match fact.unit.as_str() {
-                "input_token" => metric::token_type::INPUT,
-                "output_token" => metric::token_type::OUTPUT,
+                "input_token" => {
+                    // Facts are reports, never summed: the last one is the attempt's figure.
+                    self.input_tokens = Some(fact.quantity);
+                    metric::token_type::INPUT
+                }
+                "output_token" => {
+                    self.output_tokens = Some(fact.quantity);
+                    metric::token_type::OUTPUT
+                }
                 unit if !unit.contains('.') => unit,
                 _ => continue,
             };
@@ -121,6 +164,16 @@ impl AttemptMeter {
     /// The attempt ended with `result`.
     pub fn finish(mut self, result: Result<(), &RuntimeError>) {
         self.finished = true;
+        if let Some(tokens) = self.input_tokens {
+            self.span.record("gen_ai.usage.input_tokens", tokens as u64);
+        }
+        if let Some(tokens) = self.output_tokens {
+            self.span
+                .record("gen_ai.usage.output_tokens", tokens as u64);
+        }
+        if let Err(error) = result {
+            self.span.record("error.type", error.code.as_str());
+        }
         let elapsed = self.started.elapsed().as_secs_f64();
         let outcome = match result {
             Ok(()) => {

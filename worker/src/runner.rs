@@ -336,17 +336,16 @@ impl Runner {
                         model: &candidate.model,
                         cancel: cancel.clone(),
                     };
-                    // GenAI semantic-convention names; no prompt or output content in telemetry.
-                    let span = tracing::info_span!(
-                        "provider.attempt",
-                        gen_ai.system = %candidate.entry.provider.id(),
-                        gen_ai.request.model = %candidate.model,
-                        attempt,
-                    );
-                    sink.meter = Some(AttemptMeter::start(
+                    // Metrics and the attempt span (GenAI semantic-convention attributes, no
+                    // prompt or output content).
+                    let meter = AttemptMeter::start(
                         candidate.entry.provider.id(),
                         &candidate.model,
-                    ));
+                        &request.ability,
+                        attempt,
+                    );
+                    let span = meter.span();
+                    sink.meter = Some(meter);
                     let result = candidate
                         .entry
                         .provider
@@ -459,7 +458,7 @@ impl ProviderSink for AttemptSink<'_> {
                 if facts.is_empty() {
                     return Ok(());
                 }
-                if let Some(meter) = &self.meter {
+                if let Some(meter) = &mut self.meter {
                     meter.usage(&facts);
                 }
                 EventBody::UsageReported { facts }
