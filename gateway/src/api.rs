@@ -35,6 +35,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(route_not_found)
         .layer(axum::middleware::from_fn(head_not_found))
         .layer(axum::middleware::map_response(security_headers))
+        .layer(axum::middleware::from_fn(crate::instrument::record))
         .with_state(state)
 }
 
@@ -154,11 +155,14 @@ async fn readyz(State(state): State<AppState>) -> Response {
 
 async fn metrics(State(state): State<AppState>) -> Response {
     let stopping = if state.is_stopping() { 1.0 } else { 0.0 };
-    let text = state.metrics().render(&[(
+    // The process-wide registry (HTTP, executions in embedded mode, process) and this
+    // gateway's own counters.
+    let mut text = state.exporter().render();
+    text.push_str(&state.metrics().render(&[(
         "mrt_stopping",
         "1 while the process is shutting down.",
         stopping,
-    )]);
+    )]));
     let mut response = Response::new(Body::from(text));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
