@@ -11,6 +11,7 @@ use axum::routing::{get, post};
 use protocol::manifest::ProviderList;
 use protocol::snapshot::{CancelResponse, CancelStatus, RuntimeInfo, RuntimeState};
 use protocol::{ExecutionId, Sequence};
+use tracing::Instrument;
 
 use crate::error::ApiError;
 use crate::events::{empty_sse_response, sse_response};
@@ -262,7 +263,26 @@ async fn submit_execution(
     } else {
         None
     };
-    let submission = submit::submit(&state, request, key, traceparent).await?;
+    // The request span continues the caller's trace; the job carries this span's context to
+    // the worker (or the caller's own when spans are not exported).
+    let span = tracing::info_span!(
+        "POST /v1/executions",
+        otel.kind = "server",
+        http.request.method = "POST",
+        http.route = "/v1/executions",
+        execution_id = tracing::field::Empty,
+    );
+    if let Some(parent) = &traceparent {
+        telemetry::propagation::set_parent(&span, parent);
+    }
+    let traceparent = telemetry::propagation::traceparent_of(&span).or(traceparent);
+    let submission = submit::submit(&state, request, key, traceparent)
+        .instrument(span.clone())
+        .await?;
+    span.record(
+        "execution_id",
+        tracing::field::display(&submission.execution_id),
+    );
     if let Some(permit) = stream_permit {
         return events_response(&state, submission.execution_id, Sequence::ZERO, permit).await;
     }

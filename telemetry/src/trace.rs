@@ -22,6 +22,13 @@ pub enum LogFormat {
     Json,
 }
 
+impl LogFormat {
+    /// `Json` when `json`, else `Text`.
+    pub fn json_if(json: bool) -> Self {
+        if json { Self::Json } else { Self::Text }
+    }
+}
+
 /// Keeps the span exporter alive; dropping it flushes what is queued (bounded by the exporter's
 /// timeout) and stops export.
 #[derive(Debug, Default)]

@@ -193,6 +193,8 @@ impl Cluster {
                 self.config.display().to_string(),
             ),
             ("MODEL_RUNTIME_SHUTDOWN_GRACE_MS".into(), "5000".into()),
+            // Several workers share the machine: each admin endpoint on a free port.
+            ("MODEL_RUNTIME_ADMIN_PORT".into(), "0".into()),
         ];
         env.extend(self.extra_env.iter().cloned());
         env
