@@ -216,6 +216,15 @@ impl Cluster {
         self.worker_with(&[])
     }
 
+    /// A worker and the base URL of its admin endpoint (`/metrics`, `/healthz`, `/readyz`).
+    pub fn worker_with_admin(&self, env: &[(&str, &str)]) -> (Process, String) {
+        let mut all = self.env();
+        all.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        let (process, line) = spawn("worker", &[], &all, "admin listening on ", &self.dir);
+        let url = line.trim_start_matches("admin listening on ").trim().to_owned();
+        (process, url)
+    }
+
     pub fn worker_with(&self, env: &[(&str, &str)]) -> Process {
         let mut all = self.env();
         all.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
