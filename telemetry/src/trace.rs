@@ -96,6 +96,9 @@ fn otlp_provider(service: &'static str) -> Result<Option<SdkTracerProvider>, Str
     if !otlp_configured() {
         return Ok(None);
     }
+    // The workspace builds reqwest without a default TLS provider (one provider, ring, for
+    // every client of the process); the exporter's client is built here, before any other.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .build()

@@ -45,7 +45,9 @@ fn prometheus_binary() -> String {
 fn start_prometheus(targets: &[(&str, &str)]) -> Prometheus {
     let dir = std::env::temp_dir().join(testkit::unique_namespace("prom"));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut config = String::from("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n");
+    let mut config = String::from(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n",
+    );
     for (job, target) in targets {
         config.push_str(&format!(
             "  - job_name: {job}\n    static_configs:\n      - targets: [\"{target}\"]\n"
@@ -54,8 +56,14 @@ fn start_prometheus(targets: &[(&str, &str)]) -> Prometheus {
     std::fs::write(dir.join("prometheus.yml"), config).unwrap();
     let port = testkit::free_port();
     let child = Command::new(prometheus_binary())
-        .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-        .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+        .arg(format!(
+            "--config.file={}",
+            dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
         .arg(format!("--web.listen-address=127.0.0.1:{port}"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -71,7 +79,10 @@ fn start_prometheus(targets: &[(&str, &str)]) -> Prometheus {
 
 /// Every `expr` of every panel target in the dashboard JSON.
 fn dashboard_queries() -> Vec<String> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/grafana/dashboards/model-runtime.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/grafana/dashboards/model-runtime.json"
+    );
     let dashboard: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     let mut out = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {
@@ -136,7 +147,10 @@ async fn every_dashboard_query_returns_series_from_a_real_prometheus() {
         "process_cpu_seconds_total",
         "process_resident_memory_bytes",
     ] {
-        assert!(text.contains(name), "{name} missing at worker startup:\n{text}");
+        assert!(
+            text.contains(name),
+            "{name} missing at worker startup:\n{text}"
+        );
     }
 
     // A short load, long enough for rates over several scrapes.
@@ -159,7 +173,10 @@ async fn every_dashboard_query_returns_series_from_a_real_prometheus() {
         for expr in &queries {
             let answer = query(&prometheus.url, expr).await;
             assert_eq!(answer["status"], "success", "{expr}: {answer}");
-            if answer["data"]["result"].as_array().is_none_or(Vec::is_empty) {
+            if answer["data"]["result"]
+                .as_array()
+                .is_none_or(Vec::is_empty)
+            {
                 missing.push(expr.clone());
             }
         }
@@ -168,18 +185,27 @@ async fn every_dashboard_query_returns_series_from_a_real_prometheus() {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    assert!(missing.is_empty(), "dashboard queries without a series: {missing:#?}");
+    assert!(
+        missing.is_empty(),
+        "dashboard queries without a series: {missing:#?}"
+    );
 
     // Labels stay bounded: no execution id became a label value anywhere.
     let (_, gateway_text) = get_text(&format!("{}/metrics", gateway.url)).await;
     let (_, worker_text) = get_text(&format!("{admin}/metrics")).await;
     for id in &ids {
-        assert!(!gateway_text.contains(id) && !worker_text.contains(id), "{id} is a label");
+        assert!(
+            !gateway_text.contains(id) && !worker_text.contains(id),
+            "{id} is a label"
+        );
     }
-    assert!(worker_text.contains(&format!(
-        "mrt_executions_total{{outcome=\"succeeded\",code=\"none\"}} {}",
-        ids.len()
-    )), "{worker_text}");
+    assert!(
+        worker_text.contains(&format!(
+            "mrt_executions_total{{outcome=\"succeeded\",code=\"none\"}} {}",
+            ids.len()
+        )),
+        "{worker_text}"
+    );
 }
 
 async fn get_text(url: &str) -> (u16, String) {

@@ -221,7 +221,10 @@ impl Cluster {
         let mut all = self.env();
         all.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
         let (process, line) = spawn("worker", &[], &all, "admin listening on ", &self.dir);
-        let url = line.trim_start_matches("admin listening on ").trim().to_owned();
+        let url = line
+            .trim_start_matches("admin listening on ")
+            .trim()
+            .to_owned();
         (process, url)
     }
 

@@ -1,0 +1,183 @@
+//! One trace per execution across processes (contract.md section 9): an OTLP/HTTP receiver in
+//! this test collects the spans a gateway and a worker in `nats` mode export for an execution
+//! submitted with a caller's `traceparent`, and checks the parent chain caller → gateway request
+//! span → worker execution span → provider attempt span, the GenAI attributes, and that no span
+//! holds the prompt or the output text.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::routing::post;
+use e2e_tests::*;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+use serde_json::json;
+
+const PROMPT: &str = "PROMPT-CANARY-5d1e";
+const OUTPUT: &str = "OUTPUT-CANARY-77a0";
+const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+type Received = Arc<Mutex<Vec<(String, Span)>>>;
+
+/// An OTLP/HTTP (protobuf) trace receiver on a free port; returns its base URL.
+async fn receiver(received: Received) -> String {
+    async fn traces(State(received): State<Received>, body: Bytes) -> &'static str {
+        let request = ExportTraceServiceRequest::decode(body).unwrap();
+        let mut out = received.lock().unwrap();
+        for resource in request.resource_spans {
+            let service = resource
+                .resource
+                .iter()
+                .flat_map(|r| r.attributes.iter())
+                .find(|kv| kv.key == "service.name")
+                .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+                    AnyValue::StringValue(s) => Some(s.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            for scope in resource.scope_spans {
+                for span in scope.spans {
+                    out.push((service.clone(), span));
+                }
+            }
+        }
+        ""
+    }
+    let app = axum::Router::new()
+        .route("/v1/traces", post(traces))
+        .with_state(received);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn attribute(span: &Span, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+            AnyValue::StringValue(s) => Some(s.clone()),
+            AnyValue::IntValue(i) => Some(i.to_string()),
+            AnyValue::BoolValue(b) => Some(b.to_string()),
+            AnyValue::DoubleValue(d) => Some(d.to_string()),
+            _ => None,
+        })
+}
+
+#[tokio::test]
+async fn one_trace_follows_an_execution_from_the_caller_through_gateway_and_worker() {
+    let received: Received = Arc::default();
+    let endpoint = receiver(Arc::clone(&received)).await;
+    let config = json!({
+        "providers": [{"type": "mock", "id": "provider-mock", "model": "model-alpha",
+                       "abilities": ["text-generation"], "chunks": [OUTPUT], "delay_ms": 0}]
+    });
+    let mut cluster = Cluster::start(&config);
+    cluster.extra_env.extend([
+        ("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), endpoint),
+        // Export promptly: the batch processor's delay is the standard variable's.
+        ("OTEL_BSP_SCHEDULE_DELAY".to_owned(), "100".to_owned()),
+    ]);
+    let gateway = cluster.gateway();
+    let _worker = cluster.worker();
+
+    let response = client()
+        .post(format!("{}/v1/executions", gateway.url))
+        .header("traceparent", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
+        .json(&text_request(PROMPT))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 202);
+    let body: serde_json::Value = response.json().await.unwrap();
+    let id = body["execution_id"].as_str().unwrap().to_owned();
+    let snapshot = wait_terminal(&gateway.url, &id).await;
+    assert_eq!(snapshot["status"], "succeeded", "{snapshot}");
+
+    // Wait for the three spans of this trace (export is batched).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let spans = loop {
+        let spans: Vec<(String, Span)> = received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, s)| hex(&s.trace_id) == CALLER_TRACE)
+            .cloned()
+            .collect();
+        let has = |name: &str| spans.iter().any(|(_, s)| s.name == name);
+        if has("POST /v1/executions") && has("execution") && has("chat model-alpha") {
+            break spans;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "spans of the caller's trace did not arrive: {:?}; all received: {:?}\ngateway log:\n{}",
+            spans
+                .iter()
+                .map(|(svc, s)| (svc, &s.name))
+                .collect::<Vec<_>>(),
+            received
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(svc, s)| (svc.clone(), s.name.clone(), hex(&s.trace_id)))
+                .collect::<Vec<_>>(),
+            gateway.process.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let find = |name: &str| {
+        spans
+            .iter()
+            .find(|(_, s)| s.name == name)
+            .map(|(svc, s)| (svc.clone(), s.clone()))
+            .unwrap()
+    };
+    let (gateway_service, request) = find("POST /v1/executions");
+    let (worker_service, execution) = find("execution");
+    let (_, attempt) = find("chat model-alpha");
+    assert_eq!(gateway_service, "gateway");
+    assert_eq!(worker_service, "worker");
+    // The chain: caller → gateway request → worker execution → provider attempt.
+    assert_eq!(hex(&request.parent_span_id), CALLER_SPAN);
+    assert_eq!(execution.parent_span_id, request.span_id);
+    assert_eq!(attempt.parent_span_id, execution.span_id);
+    assert_eq!(
+        attribute(&execution, "execution_id").as_deref(),
+        Some(id.as_str())
+    );
+    // GenAI semantic-convention attributes of the attempt.
+    assert_eq!(
+        attribute(&attempt, "gen_ai.operation.name").as_deref(),
+        Some("chat")
+    );
+    assert_eq!(
+        attribute(&attempt, "gen_ai.provider.name").as_deref(),
+        Some("provider-mock")
+    );
+    assert_eq!(
+        attribute(&attempt, "gen_ai.request.model").as_deref(),
+        Some("model-alpha")
+    );
+    assert!(attribute(&attempt, "gen_ai.usage.input_tokens").is_some());
+    assert!(attribute(&attempt, "gen_ai.usage.output_tokens").is_some());
+    // No content in any span of any service.
+    for (service, span) in received.lock().unwrap().iter() {
+        let text = format!("{span:?}");
+        assert!(
+            !text.contains(PROMPT) && !text.contains(OUTPUT),
+            "{service} span {} holds content",
+            span.name
+        );
+    }
+}
