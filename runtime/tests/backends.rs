@@ -115,28 +115,12 @@ async fn a_second_store_instance_is_fenced_like_another_process() {
     ))
     .await
     .unwrap();
-    let stale = b
-        .append(ev(
-            2,
-            EventBody::OutputDelta {
-                output_index: 0,
-                delta: "x".into(),
-            },
-        ))
-        .await;
+    let stale = b.append(ev(2, contract::delta("x"))).await;
     assert!(
         matches!(stale, Err(StoreError::Conflict { terminal: true, .. })),
         "{stale:?}"
     );
-    let too_late = b
-        .append(ev(
-            3,
-            EventBody::OutputDelta {
-                output_index: 0,
-                delta: "x".into(),
-            },
-        ))
-        .await;
+    let too_late = b.append(ev(3, contract::delta("x"))).await;
     assert!(
         matches!(too_late, Err(StoreError::Conflict { terminal: true, .. })),
         "{too_late:?}"
