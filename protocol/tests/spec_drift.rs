@@ -172,16 +172,9 @@ fn corpus() -> Vec<(bool, String)> {
     let mut valid = |b: String| cases.push((true, b));
 
     // From protocol/src/validate.rs.
-    valid(r#"{"ability":"text-generation","input":[{"type":"text","text":"hi"}]}"#.into());
-    valid(
-        r#"{"ability":"a","input":[{"type":"text","text":""},{"type":"json","value":null},
-        {"type":"image","uri":"https://x/a.png","media_type":"image/png"},{"type":"audio","uri":"a"},
-        {"type":"video","uri":"v"},{"type":"file","uri":"f"}],
-        "requirements":{"input_modalities":["text","json"],"output_modalities":["text"],"stream":true,"tools":false,"structured_output":false,"async":false,"cancel":true},
-        "routing":{"strategy":"ordered","provider_order":["a","b"],"allow_fallback":true,"max_attempts":32,"retry_budget_ms":86400000},
-        "deadline_ms":1,"metadata":{"k":"v","n":1.5,"b":true},"extensions":{"openai":{"request":{}}}}"#
-            .into(),
-    );
+    for b in include_str!("data/valid_requests.jsonl").lines() {
+        valid(b.into());
+    }
     valid(with(r#""deadline_ms":5.0"#));
     valid(with_part(&format!(
         r#"{{"type":"text","text":"{}"}}"#,
