@@ -113,11 +113,12 @@ impl Transcript {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use protocol::{ErrorCode, ExecutionId, Sequence, Timestamp};
 
-    fn event(seq: u64, body: EventBody) -> RuntimeEvent {
+    /// Event `seq` of a random execution at the epoch (also used by the CLI output tests).
+    pub(crate) fn event(seq: u64, body: EventBody) -> RuntimeEvent {
         RuntimeEvent::new(
             ExecutionId::new_random(),
             Sequence(seq),

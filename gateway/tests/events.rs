@@ -307,21 +307,7 @@ async fn a_client_that_stops_reading_neither_stalls_the_execution_nor_loses_even
             s
         })
         .collect();
-    let config = worker::deployment::DeploymentConfig {
-        providers: vec![
-            worker::provider::mock::MockConfig {
-                chunks: chunks.clone(),
-                ..worker::provider::mock::MockConfig::default()
-            }
-            .into(),
-        ],
-        event_store: config::EventStoreConfig {
-            max_execution_bytes: 64 * 1024 * 1024,
-            ..config::EventStoreConfig::default()
-        },
-        ..worker::deployment::standalone()
-    };
-    let gw = Gateway::from_config(&config, 2, Duration::from_secs(10)).await;
+    let gw = Gateway::with_long_log(chunks.clone()).await;
 
     // Submit asking for the event stream (so the stream exists before the execution runs),
     // then never read it.

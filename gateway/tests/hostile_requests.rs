@@ -12,7 +12,6 @@ use support::*;
 async fn only_the_json_media_type_is_json() {
     let gw = Gateway::start_default().await;
     let body = text_request("hi").to_string();
-    let url = gw.url("/v1/executions");
     for content_type in [
         "application/jsonp",
         "application/json-seq",
@@ -21,14 +20,7 @@ async fn only_the_json_media_type_is_json() {
         "application/merge-patch+json",
         "application/json-patch+json",
     ] {
-        let response = gw
-            .client
-            .post(&url)
-            .header("content-type", content_type)
-            .body(body.clone())
-            .send()
-            .await
-            .expect("sent");
+        let response = gw.submit_as(Some(content_type), body.clone()).await;
         assert_error(
             &json_parts(response).await,
             415,
@@ -44,14 +36,7 @@ async fn only_the_json_media_type_is_json() {
         "APPLICATION/JSON ; charset=UTF-8",
         " application/json",
     ] {
-        let response = gw
-            .client
-            .post(&url)
-            .header("content-type", content_type)
-            .body(body.clone())
-            .send()
-            .await
-            .expect("sent");
+        let response = gw.submit_as(Some(content_type), body.clone()).await;
         assert_eq!(response.status(), StatusCode::ACCEPTED, "{content_type}");
     }
 }

@@ -52,18 +52,13 @@ async fn submit_is_202_with_the_submission_shape_and_json_headers() {
 async fn a_non_json_content_type_is_415_and_creates_nothing() {
     let gw = Gateway::start_default().await;
     let body = text_request("hi").to_string();
-    let url = gw.url("/v1/executions");
     for content_type in [
         Some("text/plain"),
         Some("application/x-www-form-urlencoded"),
         Some("text/json"),
         None,
     ] {
-        let mut request = gw.client.post(&url).body(body.clone());
-        if let Some(ct) = content_type {
-            request = request.header("content-type", ct);
-        }
-        let response = json_parts(request.send().await.expect("sent")).await;
+        let response = json_parts(gw.submit_as(content_type, body.clone()).await).await;
         assert_error(
             &response,
             415,
@@ -75,14 +70,7 @@ async fn a_non_json_content_type_is_415_and_creates_nothing() {
     assert_eq!(gw.accepted_count().await, 0.0);
     // Parameters and case do not matter [R 1].
     for content_type in ["application/json; charset=utf-8", "Application/JSON"] {
-        let response = gw
-            .client
-            .post(&url)
-            .header("content-type", content_type)
-            .body(body.clone())
-            .send()
-            .await
-            .expect("sent");
+        let response = gw.submit_as(Some(content_type), body.clone()).await;
         assert_eq!(response.status(), StatusCode::ACCEPTED, "{content_type}");
     }
 }
@@ -94,27 +82,21 @@ async fn a_body_over_the_limit_is_413_with_or_without_content_length() {
     ))
     .await;
     let big = text_request(&"x".repeat(3000)).to_string();
-    // Declared length over the limit.
-    let response = json_parts(gw.submit_raw(big.clone(), &[]).await).await;
-    assert_error(
-        &response,
-        413,
-        "invalid_request",
-        "Request body exceeds the size limit",
-        false,
-    );
     // Chunked: no declared length, the limit is enforced while reading.
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
         big.as_bytes().chunks(500).map(|c| Ok(c.to_vec())).collect();
     let streamed = reqwest::Body::wrap_stream(futures_util::stream::iter(chunks));
-    let response = json_parts(gw.submit_raw(streamed, &[]).await).await;
-    assert_error(
-        &response,
-        413,
-        "invalid_request",
-        "Request body exceeds the size limit",
-        false,
-    );
+    // First with the declared length over the limit, then chunked.
+    for body in [reqwest::Body::from(big), streamed] {
+        let response = json_parts(gw.submit_raw(body, &[]).await).await;
+        assert_error(
+            &response,
+            413,
+            "invalid_request",
+            "Request body exceeds the size limit",
+            false,
+        );
+    }
     assert_eq!(gw.accepted_count().await, 0.0);
     // Just under the limit is fine.
     let fits = text_request(&"x".repeat(1900)).to_string();
@@ -532,24 +514,22 @@ async fn unknown_and_malformed_execution_ids_are_404_and_bad_encoding_is_400() {
         assert_eq!(body, json!({ "status": "not_found" }));
     }
     for bad in ["%zz", "%ff", "abc%", "%E0%A4%A"] {
+        // The three reads, then the cancel.
+        let mut responses = Vec::new();
         for suffix in ["", "/result", "/events"] {
-            let response = json_parts(gw.get(&format!("/v1/executions/{bad}{suffix}")).await).await;
+            responses
+                .push(json_parts(gw.get(&format!("/v1/executions/{bad}{suffix}")).await).await);
+        }
+        responses.push(gw.cancel(bad).await);
+        for response in &responses {
             assert_error(
-                &response,
+                response,
                 400,
                 "invalid_request",
                 "Invalid execution ID encoding",
                 false,
             );
         }
-        let response = gw.cancel(bad).await;
-        assert_error(
-            &response,
-            400,
-            "invalid_request",
-            "Invalid execution ID encoding",
-            false,
-        );
     }
 }
 

@@ -126,21 +126,7 @@ async fn after_a_short_grace_running_and_queued_executions_end_cancelled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_completes_even_when_a_client_stops_reading_its_stream() {
     // A long log (about 8 MiB of events) so the stream cannot fit in the socket buffers.
-    let config = worker::deployment::DeploymentConfig {
-        providers: vec![
-            worker::provider::mock::MockConfig {
-                chunks: vec!["y".repeat(8 * 1024); 1000],
-                ..worker::provider::mock::MockConfig::default()
-            }
-            .into(),
-        ],
-        event_store: config::EventStoreConfig {
-            max_execution_bytes: 64 * 1024 * 1024,
-            ..config::EventStoreConfig::default()
-        },
-        ..worker::deployment::standalone()
-    };
-    let mut gw = Gateway::from_config(&config, 2, Duration::from_secs(10)).await;
+    let mut gw = Gateway::with_long_log(vec!["y".repeat(8 * 1024); 1000]).await;
     let id = gw.submit_ok(&text_request("hi")).await;
     gw.wait_terminal(&id).await;
     // A raw client with a small receive buffer that never reads.

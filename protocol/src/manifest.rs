@@ -22,6 +22,22 @@ pub struct ModelCapability {
 }
 
 impl ModelCapability {
+    /// A model that takes text and streams text back, cancellable, without tools, structured
+    /// output or async delivery: the baseline the text adapters and the mock declare.
+    pub fn streamed_text(model: impl Into<String>, abilities: Vec<String>) -> Self {
+        Self {
+            model: model.into(),
+            abilities,
+            input_modalities: vec![Modality::Text],
+            output_modalities: vec![Modality::Text],
+            stream: true,
+            tools: false,
+            structured_output: false,
+            r#async: false,
+            cancel: true,
+        }
+    }
+
     /// Whether this model can serve `request` [R 25]: the ability is declared, every input
     /// part's modality is accepted (inferred, so narrowing `requirements` cannot bypass it),
     /// required lists are subsets, and each boolean requirement is met when it is `true`.
@@ -87,17 +103,7 @@ mod tests {
     use crate::request::{InputPart, Requirements};
 
     fn text_model() -> ModelCapability {
-        ModelCapability {
-            model: "m".into(),
-            abilities: vec!["text-generation".into()],
-            input_modalities: vec![Modality::Text],
-            output_modalities: vec![Modality::Text],
-            stream: true,
-            tools: false,
-            structured_output: false,
-            r#async: false,
-            cancel: true,
-        }
+        ModelCapability::streamed_text("m", vec!["text-generation".into()])
     }
 
     fn request(parts: Vec<InputPart>, requirements: Option<Requirements>) -> ExecutionRequest {

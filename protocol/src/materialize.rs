@@ -310,6 +310,14 @@ mod tests {
         }
     }
 
+    /// `route.selected` of provider `p`'s model, attempt `attempt`.
+    fn selected(p: &str, attempt: u32) -> EventBody {
+        EventBody::RouteSelected {
+            target: target(p),
+            attempt,
+        }
+    }
+
     fn log(id: ExecutionId, bodies: Vec<EventBody>) -> Vec<RuntimeEvent> {
         bodies
             .into_iter()
@@ -330,10 +338,7 @@ mod tests {
             id,
             vec![
                 EventBody::Accepted,
-                EventBody::RouteSelected {
-                    target: target("provider-mock"),
-                    attempt: 1,
-                },
+                selected("provider-mock", 1),
                 EventBody::OutputDelta {
                     output_index: 0,
                     delta: "hello".into(),
@@ -392,10 +397,7 @@ mod tests {
             id,
             vec![
                 EventBody::Accepted,
-                EventBody::RouteSelected {
-                    target: target("p"),
-                    attempt: 1,
-                },
+                selected("p", 1),
                 EventBody::OutputDelta {
                     output_index: 2,
                     delta: "b".into(),
@@ -450,10 +452,7 @@ mod tests {
             id,
             vec![
                 EventBody::Accepted,
-                EventBody::RouteSelected {
-                    target: target("fal"),
-                    attempt: 1,
-                },
+                selected("fal", 1),
                 EventBody::Progress {
                     phase: ProgressPhase::Queued,
                     progress: None,
@@ -488,19 +487,13 @@ mod tests {
             id,
             vec![
                 EventBody::Accepted,
-                EventBody::RouteSelected {
-                    target: target("a"),
-                    attempt: 1,
-                },
+                selected("a", 1),
                 EventBody::RouteAttemptFailed {
                     target: target("a"),
                     attempt: 1,
                     error: RuntimeError::provider_queue_full(),
                 },
-                EventBody::RouteSelected {
-                    target: target("b"),
-                    attempt: 2,
-                },
+                selected("b", 2),
                 EventBody::Failed {
                     error: RuntimeError::cancelled(),
                 },
@@ -629,13 +622,7 @@ mod tests {
     fn arb_log() -> impl Strategy<Value = Vec<RuntimeEvent>> {
         (proptest::collection::vec(arb_body(), 0..12), any::<bool>()).prop_map(|(mid, ok)| {
             let id = ExecutionId::new_random();
-            let mut bodies = vec![
-                EventBody::Accepted,
-                EventBody::RouteSelected {
-                    target: target("p"),
-                    attempt: 1,
-                },
-            ];
+            let mut bodies = vec![EventBody::Accepted, selected("p", 1)];
             bodies.extend(mid);
             bodies.push(if ok {
                 EventBody::Completed {

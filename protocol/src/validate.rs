@@ -114,15 +114,11 @@ mod tests {
 
     #[test]
     fn accepts_minimal_and_full_requests() {
-        assert!(ok(MIN));
-        assert!(ok(
-            r#"{"ability":"a","input":[{"type":"text","text":""},{"type":"json","value":null},
-            {"type":"image","uri":"https://x/a.png","media_type":"image/png"},{"type":"audio","uri":"a"},
-            {"type":"video","uri":"v"},{"type":"file","uri":"f"}],
-            "requirements":{"input_modalities":["text","json"],"output_modalities":["text"],"stream":true,"tools":false,"structured_output":false,"async":false,"cancel":true},
-            "routing":{"strategy":"ordered","provider_order":["a","b"],"allow_fallback":true,"max_attempts":32,"retry_budget_ms":86400000},
-            "deadline_ms":1,"metadata":{"k":"v","n":1.5,"b":true},"extensions":{"openai":{"request":{}}}}"#
-        ));
+        // One request a line (the minimal one and one with every field), shared with the spec
+        // drift test (which checks the schema accepts them too).
+        for case in include_str!("../tests/data/valid_requests.jsonl").lines() {
+            assert!(ok(case), "{case}");
+        }
         assert!(ok(
             r#"{"ability":"a","input":[{"type":"text","text":"x"}],"deadline_ms":5.0}"#
         ));
@@ -143,30 +139,9 @@ mod tests {
 
     #[test]
     fn rejects_every_schema_violation() {
-        let cases = [
-            r#"{"ability":"","input":[{"type":"text","text":"x"}]}"#,
-            r#"{"ability":"a","input":[]}"#,
-            r#"{"ability":"a","input":[{"type":"text","text":"x","extra":1}]}"#,
-            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"extra":1}"#,
-            r#"{"ability":"a","input":[{"type":"json"}]}"#,
-            r#"{"ability":"a","input":[{"type":"image","uri":""}]}"#,
-            r#"{"ability":"a","input":[{"type":"pdf","uri":"x"}]}"#,
-            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"deadline_ms":0}"#,
-            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"deadline_ms":86400001}"#,
-            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"deadline_ms":1.5}"#,
-            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"deadline_ms":null}"#,
-            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"routing":{"max_attempts":33}}"#,
-            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"routing":{"max_attempts":0}}"#,
-            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"routing":{"strategy":"random"}}"#,
-            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"routing":{"provider_order":["a","a"]}}"#,
-            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"routing":{"provider_order":[""]}}"#,
-            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"routing":{"extra":true}}"#,
-            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"requirements":{"input_modalities":["text","text"]}}"#,
-            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"requirements":{"stream":"yes"}}"#,
-            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"metadata":{"k":{"nested":1}}}"#,
-            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"metadata":{"k":null}}"#,
-            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"extensions":[]}"#,
-        ];
+        // One request a line, shared with the spec drift test (which checks the schema refuses
+        // them too).
+        let cases = include_str!("../tests/data/schema_violations.jsonl").lines();
         for case in cases {
             assert_eq!(err(case), Some(RequestError::Schema), "{case}");
         }

@@ -25,7 +25,6 @@ use protocol::event::{
 };
 use protocol::id::{ExecutionId, Sequence};
 use protocol::manifest::{ModelCapability, ProviderLimits, ProviderList, ProviderManifest};
-use protocol::request::Modality;
 use protocol::schema::{
     execution_request_schema, openapi_document, render_json, runtime_event_schema, spec_files,
 };
@@ -173,16 +172,9 @@ fn corpus() -> Vec<(bool, String)> {
     let mut valid = |b: String| cases.push((true, b));
 
     // From protocol/src/validate.rs.
-    valid(r#"{"ability":"text-generation","input":[{"type":"text","text":"hi"}]}"#.into());
-    valid(
-        r#"{"ability":"a","input":[{"type":"text","text":""},{"type":"json","value":null},
-        {"type":"image","uri":"https://x/a.png","media_type":"image/png"},{"type":"audio","uri":"a"},
-        {"type":"video","uri":"v"},{"type":"file","uri":"f"}],
-        "requirements":{"input_modalities":["text","json"],"output_modalities":["text"],"stream":true,"tools":false,"structured_output":false,"async":false,"cancel":true},
-        "routing":{"strategy":"ordered","provider_order":["a","b"],"allow_fallback":true,"max_attempts":32,"retry_budget_ms":86400000},
-        "deadline_ms":1,"metadata":{"k":"v","n":1.5,"b":true},"extensions":{"openai":{"request":{}}}}"#
-            .into(),
-    );
+    for b in include_str!("data/valid_requests.jsonl").lines() {
+        valid(b.into());
+    }
     valid(with(r#""deadline_ms":5.0"#));
     valid(with_part(&format!(
         r#"{{"type":"text","text":"{}"}}"#,
@@ -242,33 +234,9 @@ fn corpus() -> Vec<(bool, String)> {
     ));
 
     let mut invalid = |b: String| cases.push((false, b));
-    // From protocol/src/validate.rs.
-    for b in [
-        r#"{"ability":"a"}"#,
-        "[]",
-        r#"{"ability":"","input":[{"type":"text","text":"x"}]}"#,
-        r#"{"ability":"a","input":[]}"#,
-        r#"{"ability":"a","input":[{"type":"text","text":"x","extra":1}]}"#,
-        r#"{"ability":"a","input":[{"type":"text","text":"x"}],"extra":1}"#,
-        r#"{"ability":"a","input":[{"type":"json"}]}"#,
-        r#"{"ability":"a","input":[{"type":"image","uri":""}]}"#,
-        r#"{"ability":"a","input":[{"type":"pdf","uri":"x"}]}"#,
-        r#"{"ability":"a","input":[{"type":"text","text":"x"}],"deadline_ms":0}"#,
-        r#"{"ability":"a","input":[{"type":"text","text":"x"}],"deadline_ms":86400001}"#,
-        r#"{"ability":"a","input":[{"type":"text","text":"x"}],"deadline_ms":1.5}"#,
-        r#"{"ability":"a","input":[{"type":"text","text":"x"}],"deadline_ms":null}"#,
-        r#"{"ability":"a","input":[{"type":"text","text":"x"}],"routing":{"max_attempts":33}}"#,
-        r#"{"ability":"a","input":[{"type":"text","text":"x"}],"routing":{"max_attempts":0}}"#,
-        r#"{"ability":"a","input":[{"type":"text","text":"x"}],"routing":{"strategy":"random"}}"#,
-        r#"{"ability":"a","input":[{"type":"text","text":"x"}],"routing":{"provider_order":["a","a"]}}"#,
-        r#"{"ability":"a","input":[{"type":"text","text":"x"}],"routing":{"provider_order":[""]}}"#,
-        r#"{"ability":"a","input":[{"type":"text","text":"x"}],"routing":{"extra":true}}"#,
-        r#"{"ability":"a","input":[{"type":"text","text":"x"}],"requirements":{"input_modalities":["text","text"]}}"#,
-        r#"{"ability":"a","input":[{"type":"text","text":"x"}],"requirements":{"stream":"yes"}}"#,
-        r#"{"ability":"a","input":[{"type":"text","text":"x"}],"metadata":{"k":{"nested":1}}}"#,
-        r#"{"ability":"a","input":[{"type":"text","text":"x"}],"metadata":{"k":null}}"#,
-        r#"{"ability":"a","input":[{"type":"text","text":"x"}],"extensions":[]}"#,
-    ] {
+    // The requests protocol/src/validate.rs refuses.
+    let violations = include_str!("data/schema_violations.jsonl").lines();
+    for b in [r#"{"ability":"a"}"#, "[]"].into_iter().chain(violations) {
         invalid(b.into());
     }
     // Roots that are not requests.
@@ -1307,17 +1275,10 @@ fn serialized_responses_match_their_openapi_schemas() {
         data: vec![ProviderManifest {
             provider: "provider-mock".into(),
             protocol_version: "0.1.0".into(),
-            models: vec![ModelCapability {
-                model: "model-alpha".into(),
-                abilities: vec!["text-generation".into()],
-                input_modalities: vec![Modality::Text],
-                output_modalities: vec![Modality::Text],
-                stream: true,
-                tools: false,
-                structured_output: false,
-                r#async: false,
-                cancel: true,
-            }],
+            models: vec![ModelCapability::streamed_text(
+                "model-alpha",
+                vec!["text-generation".into()],
+            )],
             limits: Some(ProviderLimits {
                 max_concurrency: 4,
                 max_queue_depth: 8,

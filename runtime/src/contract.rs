@@ -24,22 +24,56 @@ use crate::job::{Job, JobQueue};
 /// Generous bound for anything that should happen "promptly" on a busy 2-core machine.
 const PROMPT: Duration = Duration::from_secs(20);
 
-fn event(id: ExecutionId, seq: u64, body: EventBody) -> RuntimeEvent {
+/// Event `seq` of execution `id`, stamped now. The builders below are public so backend tests
+/// can stage logs like the suites do.
+pub fn event(id: ExecutionId, seq: u64, body: EventBody) -> RuntimeEvent {
     RuntimeEvent::new(id, Sequence(seq), Timestamp::now(), body)
 }
 
-fn target() -> Target {
+/// The target the staged events name.
+pub fn target() -> Target {
     Target {
         provider: "provider-mock".into(),
         model: "model-alpha".into(),
     }
 }
 
-fn delta(text: &str) -> EventBody {
+/// An `output.delta` of output 0.
+pub fn delta(text: &str) -> EventBody {
     EventBody::OutputDelta {
         output_index: 0,
         delta: text.into(),
     }
+}
+
+/// The first `route.selected`, of [`target`].
+pub fn route_selected() -> EventBody {
+    EventBody::RouteSelected {
+        target: target(),
+        attempt: 1,
+    }
+}
+
+/// The `completed` event of [`target`].
+pub fn completed() -> EventBody {
+    EventBody::Completed { target: target() }
+}
+
+/// A new execution whose log holds `accepted` (1).
+async fn accepted(store: &dyn EventStore) -> ExecutionId {
+    let id = ExecutionId::new_random();
+    store
+        .create(event(id, 1, EventBody::Accepted))
+        .await
+        .unwrap();
+    id
+}
+
+/// A new execution whose log holds `accepted` (1) and `route_selected` (2).
+async fn routed(store: &dyn EventStore) -> ExecutionId {
+    let id = accepted(store).await;
+    store.append(event(id, 2, route_selected())).await.unwrap();
+    id
 }
 
 /// Runs every event-store check.
@@ -54,26 +88,12 @@ pub async fn event_store_suite(store: Arc<dyn EventStore>) {
 }
 
 async fn create_and_append_in_order(store: &dyn EventStore) {
-    let id = ExecutionId::new_random();
-    store
-        .create(event(id, 1, EventBody::Accepted))
-        .await
-        .unwrap();
+    let id = accepted(store).await;
     assert!(matches!(
         store.create(event(id, 1, EventBody::Accepted)).await,
         Err(StoreError::AlreadyExists)
     ));
-    store
-        .append(event(
-            id,
-            2,
-            EventBody::RouteSelected {
-                target: target(),
-                attempt: 1,
-            },
-        ))
-        .await
-        .unwrap();
+    store.append(event(id, 2, route_selected())).await.unwrap();
     store.append(event(id, 3, delta("a"))).await.unwrap();
     let state = store.state(id).await.unwrap().unwrap();
     assert_eq!(state.last_sequence(), Sequence(3));
@@ -99,10 +119,7 @@ async fn create_and_append_in_order(store: &dyn EventStore) {
     // JSON on the record is the event's wire form.
     let parsed: RuntimeEvent = serde_json::from_slice(&all[2].json).unwrap();
     assert_eq!(parsed, all[2].event);
-    store
-        .append(event(id, 4, EventBody::Completed { target: target() }))
-        .await
-        .unwrap();
+    store.append(event(id, 4, completed())).await.unwrap();
     match store.append(event(id, 5, delta("late"))).await {
         Err(StoreError::Conflict { last, terminal }) => {
             assert_eq!(last, Sequence(4));
@@ -117,21 +134,14 @@ async fn create_and_append_in_order(store: &dyn EventStore) {
 }
 
 async fn compare_and_set_fences_writers(store: Arc<dyn EventStore>) {
-    let id = ExecutionId::new_random();
-    store
-        .create(event(id, 1, EventBody::Accepted))
-        .await
-        .unwrap();
+    let id = accepted(store.as_ref()).await;
     // Many writers race for sequence 2 with different events: exactly one wins.
     let mut tasks = Vec::new();
     for i in 0..16 {
         let store = Arc::clone(&store);
         tasks.push(tokio::spawn(async move {
             let body = if i % 2 == 0 {
-                EventBody::RouteSelected {
-                    target: target(),
-                    attempt: 1,
-                }
+                route_selected()
             } else {
                 EventBody::Failed {
                     error: RuntimeError::cancelled(),
@@ -168,22 +178,7 @@ async fn compare_and_set_fences_writers(store: Arc<dyn EventStore>) {
 }
 
 async fn subscription_replays_then_follows_then_ends(store: Arc<dyn EventStore>) {
-    let id = ExecutionId::new_random();
-    store
-        .create(event(id, 1, EventBody::Accepted))
-        .await
-        .unwrap();
-    store
-        .append(event(
-            id,
-            2,
-            EventBody::RouteSelected {
-                target: target(),
-                attempt: 1,
-            },
-        ))
-        .await
-        .unwrap();
+    let id = routed(store.as_ref()).await;
     let mut from_zero = store.subscribe(id, Sequence(0)).await.unwrap().unwrap();
     let mut from_one = store.subscribe(id, Sequence(1)).await.unwrap().unwrap();
     // Replay.
@@ -208,10 +203,7 @@ async fn subscription_replays_then_follows_then_ends(store: Arc<dyn EventStore>)
                     tokio::task::yield_now().await;
                 }
             }
-            store
-                .append(event(id, 41, EventBody::Completed { target: target() }))
-                .await
-                .unwrap();
+            store.append(event(id, 41, completed())).await.unwrap();
         })
     };
     for (stream, first) in [(&mut from_zero, 3u64), (&mut from_one, 2)] {
@@ -233,22 +225,7 @@ async fn subscription_replays_then_follows_then_ends(store: Arc<dyn EventStore>)
 /// follow: each reader shows exactly the stored log, never a loser's event. (Backend tests add
 /// the cases only a backend can stage, such as appends its server refuses or never stores.)
 async fn readers_see_only_stored_events(store: Arc<dyn EventStore>) {
-    let id = ExecutionId::new_random();
-    store
-        .create(event(id, 1, EventBody::Accepted))
-        .await
-        .unwrap();
-    store
-        .append(event(
-            id,
-            2,
-            EventBody::RouteSelected {
-                target: target(),
-                attempt: 1,
-            },
-        ))
-        .await
-        .unwrap();
+    let id = routed(store.as_ref()).await;
     let mut readers = Vec::new();
     for after in [0, 2] {
         let stream = store.subscribe(id, Sequence(after)).await.unwrap().unwrap();
@@ -268,7 +245,7 @@ async fn readers_see_only_stored_events(store: Arc<dyn EventStore>) {
             let writer = crate::event_store::WriterId::random();
             for seq in 3..=20u64 {
                 let body = if seq == 20 {
-                    EventBody::Completed { target: target() }
+                    completed()
                 } else {
                     delta(&format!("writer {w} at {seq}"))
                 };
@@ -302,11 +279,7 @@ async fn readers_see_only_stored_events(store: Arc<dyn EventStore>) {
 }
 
 async fn cursors_at_or_past_terminal_are_empty(store: &dyn EventStore) {
-    let id = ExecutionId::new_random();
-    store
-        .create(event(id, 1, EventBody::Accepted))
-        .await
-        .unwrap();
+    let id = accepted(store).await;
     store
         .append(event(
             id,
@@ -354,19 +327,8 @@ async fn unknown_executions_are_none(store: &dyn EventStore) {
 }
 
 async fn rule_violations_change_nothing(store: &dyn EventStore) {
-    let id = ExecutionId::new_random();
-    store
-        .create(event(id, 1, EventBody::Accepted))
-        .await
-        .unwrap();
-    let mut wrong = event(
-        id,
-        2,
-        EventBody::RouteSelected {
-            target: target(),
-            attempt: 1,
-        },
-    );
+    let id = accepted(store).await;
+    let mut wrong = event(id, 2, route_selected());
     wrong.status = ExecutionStatus::Running;
     assert!(matches!(
         store.append(wrong).await,
@@ -388,7 +350,8 @@ async fn rule_violations_change_nothing(store: &dyn EventStore) {
     assert!(store.state(other).await.unwrap().is_none());
 }
 
-fn job(id: ExecutionId) -> Job {
+/// A job for `id` with a minimal text-generation request.
+pub fn job(id: ExecutionId) -> Job {
     let request: ExecutionRequest = serde_json::from_str(
         r#"{"ability":"text-generation","input":[{"type":"text","text":"hi"}]}"#,
     )

@@ -13,8 +13,19 @@ use runtime::{CancelBus, EventStore, JobQueue, StoreError, contract};
 use testkit::{NatsServer, RedisServer, unique_namespace};
 
 async fn backend(server: &NatsServer) -> NatsBackend {
-    let settings = NatsSettings::new(unique_namespace("t"));
+    connect(server, NatsSettings::new(unique_namespace("t"))).await
+}
+
+async fn connect(server: &NatsServer, settings: NatsSettings) -> NatsBackend {
     NatsBackend::connect(&server.url(), settings, Duration::from_secs(30))
+        .await
+        .unwrap()
+}
+
+/// An event store over its own connection with `settings` (several instances act like
+/// several processes).
+async fn event_store(server: &NatsServer, settings: NatsSettings) -> NatsEventStore {
+    NatsEventStore::new(connect(server, settings).await, 4096)
         .await
         .unwrap()
 }
@@ -60,13 +71,8 @@ async fn redis_idempotency_passes_the_contract() {
 async fn a_cancel_requested_in_another_process_reaches_the_watcher() {
     let server = NatsServer::start();
     let settings = NatsSettings::new(unique_namespace("t"));
-    let worker_side =
-        NatsBackend::connect(&server.url(), settings.clone(), Duration::from_secs(30))
-            .await
-            .unwrap();
-    let gateway_side = NatsBackend::connect(&server.url(), settings, Duration::from_secs(30))
-        .await
-        .unwrap();
+    let worker_side = connect(&server, settings.clone()).await;
+    let gateway_side = connect(&server, settings).await;
     let worker_bus = NatsCancelBus::new(worker_side).await.unwrap();
     let gateway_bus = NatsCancelBus::new(gateway_side).await.unwrap();
     let id = ExecutionId::new_random();
@@ -83,22 +89,8 @@ async fn a_second_store_instance_is_fenced_like_another_process() {
     // the cache, decides.
     let server = NatsServer::start();
     let settings = NatsSettings::new(unique_namespace("t"));
-    let a = NatsEventStore::new(
-        NatsBackend::connect(&server.url(), settings.clone(), Duration::from_secs(30))
-            .await
-            .unwrap(),
-        4096,
-    )
-    .await
-    .unwrap();
-    let b = NatsEventStore::new(
-        NatsBackend::connect(&server.url(), settings, Duration::from_secs(30))
-            .await
-            .unwrap(),
-        4096,
-    )
-    .await
-    .unwrap();
+    let a = event_store(&server, settings.clone()).await;
+    let b = event_store(&server, settings).await;
     let id = ExecutionId::new_random();
     let ev = |seq, body| RuntimeEvent::new(id, Sequence(seq), Timestamp::now(), body);
     a.create(ev(1, EventBody::Accepted)).await.unwrap();
@@ -115,28 +107,12 @@ async fn a_second_store_instance_is_fenced_like_another_process() {
     ))
     .await
     .unwrap();
-    let stale = b
-        .append(ev(
-            2,
-            EventBody::OutputDelta {
-                output_index: 0,
-                delta: "x".into(),
-            },
-        ))
-        .await;
+    let stale = b.append(ev(2, contract::delta("x"))).await;
     assert!(
         matches!(stale, Err(StoreError::Conflict { terminal: true, .. })),
         "{stale:?}"
     );
-    let too_late = b
-        .append(ev(
-            3,
-            EventBody::OutputDelta {
-                output_index: 0,
-                delta: "x".into(),
-            },
-        ))
-        .await;
+    let too_late = b.append(ev(3, contract::delta("x"))).await;
     assert!(
         matches!(too_late, Err(StoreError::Conflict { terminal: true, .. })),
         "{too_late:?}"
@@ -151,14 +127,7 @@ async fn a_second_store_instance_is_fenced_like_another_process() {
 async fn acknowledged_events_survive_a_server_restart() {
     let mut server = NatsServer::start();
     let settings = NatsSettings::new(unique_namespace("t"));
-    let store = NatsEventStore::new(
-        NatsBackend::connect(&server.url(), settings, Duration::from_secs(30))
-            .await
-            .unwrap(),
-        4096,
-    )
-    .await
-    .unwrap();
+    let store = event_store(&server, settings).await;
     let id = ExecutionId::new_random();
     store
         .create(RuntimeEvent::new(

@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, stream};
 use futures_util::StreamExt;
 use protocol::event::EventBody;
-use protocol::{ExecutionId, ExecutionRequest, RuntimeEvent, Sequence, Target, Timestamp};
+use protocol::{ExecutionId, Sequence};
+use runtime::contract::{completed, delta, event as ev, job, route_selected as route};
 use runtime::nats::{NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings};
-use runtime::{EventRecord, EventStore, EventStream, Job, JobQueue, StoreError, WriterId};
+use runtime::{EventRecord, EventStore, EventStream, JobQueue, StoreError, WriterId};
 use testkit::{NatsServer, unique_namespace};
 
 const PROMPT: Duration = Duration::from_secs(20);
@@ -20,36 +21,6 @@ async fn connect(server: &NatsServer, settings: NatsSettings) -> NatsBackend {
     NatsBackend::connect(&server.url(), settings, Duration::from_secs(30))
         .await
         .unwrap()
-}
-
-fn ev(id: ExecutionId, seq: u64, body: EventBody) -> RuntimeEvent {
-    RuntimeEvent::new(id, Sequence(seq), Timestamp::now(), body)
-}
-
-fn route() -> EventBody {
-    EventBody::RouteSelected {
-        target: Target {
-            provider: "p".into(),
-            model: "m".into(),
-        },
-        attempt: 1,
-    }
-}
-
-fn delta(text: &str) -> EventBody {
-    EventBody::OutputDelta {
-        output_index: 0,
-        delta: text.into(),
-    }
-}
-
-fn completed() -> EventBody {
-    EventBody::Completed {
-        target: Target {
-            provider: "p".into(),
-            model: "m".into(),
-        },
-    }
 }
 
 /// Everything a subscription yields until it ends.
@@ -252,20 +223,6 @@ async fn an_events_stream_created_without_republish_gets_it_at_startup() {
     store.append(ev(id, 2, route())).await.unwrap();
     store.append(ev(id, 3, completed())).await.unwrap();
     assert_eq!(drain(live).await.len(), 2);
-}
-
-fn job(id: ExecutionId) -> Job {
-    let request: ExecutionRequest = serde_json::from_str(
-        r#"{"ability":"text-generation","input":[{"type":"text","text":"hi"}]}"#,
-    )
-    .unwrap();
-    Job {
-        execution_id: id,
-        request,
-        accepted_at: Timestamp::now(),
-        deadline_at: Timestamp::now(),
-        traceparent: None,
-    }
 }
 
 async fn consumer_ack_wait(backend: &NatsBackend) -> Duration {

@@ -20,7 +20,10 @@ use axum::http::Method;
 use config::{BaseUrl, FlowLimits};
 use protocol::event::EventBody;
 use protocol::request::Modality;
-use protocol::{ErrorCode, RuntimeError, Target, UsageFact, UsageSource, UsageUnit};
+use protocol::{
+    ErrorCode, ExecutionId, ExecutionSnapshot, RuntimeError, RuntimeEvent, Target, UsageFact,
+    UsageSource, UsageUnit,
+};
 use runtime::CancelBus;
 use runtime::memory::MemoryLimits;
 use serde_json::json;
@@ -114,50 +117,65 @@ enum Flavor {
 
 const FLAVORS: [Flavor; 2] = [Flavor::Responses, Flavor::Chat];
 
+/// What the tests know about an adapter: its provider id, model, endpoint path, text transcript
+/// and how many frames of it come before the first output delta.
+struct Profile {
+    id: &'static str,
+    model: &'static str,
+    path: &'static str,
+    text: &'static str,
+    frames_before_output: usize,
+}
+
 impl Flavor {
-    fn id(self) -> &'static str {
+    fn profile(self) -> Profile {
         match self {
-            Flavor::Responses => "openai",
-            Flavor::Chat => "openai-chat",
+            Flavor::Responses => Profile {
+                id: "openai",
+                model: "gpt-4.1-mini",
+                path: "/v1/responses",
+                text: RESPONSES_TEXT,
+                // created, in_progress, output_item.added, content_part.added
+                frames_before_output: 4,
+            },
+            Flavor::Chat => Profile {
+                id: "openai-chat",
+                model: "meta-llama/Llama-3.1-8B-Instruct",
+                path: "/v1/chat/completions",
+                text: CHAT_TEXT,
+                // the role chunk
+                frames_before_output: 1,
+            },
         }
+    }
+
+    fn id(self) -> &'static str {
+        self.profile().id
     }
 
     fn model(self) -> &'static str {
-        match self {
-            Flavor::Responses => "gpt-4.1-mini",
-            Flavor::Chat => "meta-llama/Llama-3.1-8B-Instruct",
-        }
+        self.profile().model
     }
 
     fn path(self) -> &'static str {
-        match self {
-            Flavor::Responses => "/v1/responses",
-            Flavor::Chat => "/v1/chat/completions",
-        }
+        self.profile().path
     }
 
+    /// The adapter's `extensions` key (the same string as its default provider id).
     fn extension_key(self) -> &'static str {
         match self {
-            Flavor::Responses => "openai",
-            Flavor::Chat => "openai-chat",
+            Flavor::Responses => worker::provider::openai_responses::EXTENSION_KEY,
+            Flavor::Chat => worker::provider::openai_chat::EXTENSION_KEY,
         }
     }
 
     fn text(self) -> &'static str {
-        match self {
-            Flavor::Responses => RESPONSES_TEXT,
-            Flavor::Chat => CHAT_TEXT,
-        }
+        self.profile().text
     }
 
     /// Frames of the text transcript before the first output delta.
     fn frames_before_output(self) -> usize {
-        match self {
-            // created, in_progress, output_item.added, content_part.added
-            Flavor::Responses => 4,
-            // the role chunk
-            Flavor::Chat => 1,
-        }
+        self.profile().frames_before_output
     }
 
     fn target(self) -> Target {
@@ -287,6 +305,45 @@ fn provider_fact(unit: UsageUnit, quantity: f64) -> UsageFact {
     UsageFact::new(unit, quantity, UsageSource::Provider).unwrap()
 }
 
+/// Provider usage facts of the four counters both APIs report, in this order: input, output,
+/// cache read and reasoning tokens.
+fn usage_of([input, output, cache_read, reasoning]: [f64; 4]) -> Vec<UsageFact> {
+    vec![
+        provider_fact(UsageUnit::input_token(), input),
+        provider_fact(UsageUnit::output_token(), output),
+        provider_fact(UsageUnit::cache_read_token(), cache_read),
+        provider_fact(UsageUnit::reasoning_token(), reasoning),
+    ]
+}
+
+/// The log of a first attempt at `target` that streamed `deltas`, reported `usage` and
+/// completed.
+fn completed_log(
+    target: &Target,
+    deltas: impl IntoIterator<Item = EventBody>,
+    usage: Vec<UsageFact>,
+) -> Vec<EventBody> {
+    let mut log = vec![EventBody::Accepted, selected_of(target.clone(), 1)];
+    log.extend(deltas);
+    log.push(EventBody::UsageReported { facts: usage });
+    log.push(EventBody::Completed {
+        target: target.clone(),
+    });
+    log
+}
+
+/// The checks every OpenAI-compatible attempt's request passes: a JSON POST to `path` with the
+/// bearer credential `key`.
+fn assert_bearer_json_post(r: &Received, path: &str, key: &str) {
+    assert_eq!(r.method, Method::POST);
+    assert_eq!(r.path, path);
+    assert_eq!(
+        r.header("authorization"),
+        Some(format!("Bearer {key}").as_str())
+    );
+    assert_eq!(r.header("content-type"), Some("application/json"));
+}
+
 fn selected_of(target: Target, attempt: u32) -> EventBody {
     EventBody::RouteSelected { target, attempt }
 }
@@ -327,71 +384,68 @@ fn transport_failed() -> RuntimeError {
 // ---------------------------------------------------------------------------------------------
 // Text, outputs, tool calls, usage, and the request sent
 
-#[tokio::test]
-async fn responses_text_streams_through_the_runtime() {
-    let key = canary("responses-text");
-    // After `response.completed` the server keeps the connection open: the adapter must
-    // complete without waiting for the end of the body [R 33].
-    let mut pieces = chunked(RESPONSES_TEXT, 61);
+/// Runs `request` against `flavor`'s text transcript, after which the server keeps the
+/// connection open: the adapter must complete at the completion frame without waiting for the
+/// end of the body [R 33]. Checks the log (the text deltas, `usage`, completed) and the result,
+/// and that one request was sent, a JSON POST with the bearer credential `key`; returns that
+/// request, the log and the snapshot for the flavor's own checks.
+async fn run_text(
+    flavor: Flavor,
+    key: &str,
+    request: &str,
+    usage: &[UsageFact],
+) -> (Received, Vec<RuntimeEvent>, ExecutionSnapshot) {
+    let mut pieces = chunked(flavor.text(), 61);
     pieces.push(Piece::Stall);
     let fake = Fake::start(vec![Reply::Stream(pieces)]).await;
-    let h = harness(Flavor::Responses.provider(&fake, false, fixed(&key)));
-    let job = h
-        .submit(
-            r#"{"ability":"text-generation","input":[
-                {"type":"text","text":"Say hello in French."},
-                {"type":"json","value":{"tone":"warm","max_words":5}},
-                {"type":"image","uri":"https://images.example.com/cat.png","media_type":"image/png"},
-                {"type":"file","uri":"https://files.example.com/brief.pdf"}],
-              "extensions":{"openai":{"request":{"model":"gpt-evil","input":"ignored","stream":false,
-                "store":true,"temperature":0.3,"max_output_tokens":256,"metadata":{"team":"docs"}}}}}"#,
-            LONG,
-        )
-        .await;
+    let h = harness(flavor.provider(&fake, false, fixed(key)));
+    let job = h.submit(request, LONG).await;
     run(&h, &job).await;
 
-    let target = Flavor::Responses.target();
-    let mut expected = vec![EventBody::Accepted, selected_of(target.clone(), 1)];
-    expected.extend(TEXT_DELTAS.iter().map(|d| out(0, d)));
-    let usage = vec![
-        provider_fact(UsageUnit::input_token(), 37.0),
-        provider_fact(UsageUnit::output_token(), 11.0),
-        provider_fact(UsageUnit::cache_read_token(), 12.0),
-        provider_fact(UsageUnit::reasoning_token(), 0.0),
-    ];
-    expected.push(EventBody::UsageReported {
-        facts: usage.clone(),
-    });
-    expected.push(EventBody::Completed {
-        target: target.clone(),
-    });
+    let deltas = TEXT_DELTAS.iter().map(|d| out(0, d));
+    let expected = completed_log(&flavor.target(), deltas, usage.to_vec());
     let events = h.assert_log(job.execution_id, &expected).await;
-    assert!(events[events.len() - 2].to_json().contains(
-        r#""facts":[{"unit":"input_token","quantity":37,"source":"provider","complete":true}"#
-    ));
-
     let snapshot = h.snapshot(job.execution_id).await;
     assert_eq!(
         snapshot.result,
         Some(json!({
             "outputs": [{"index": 0, "type": "text", "text": "Hello! Ça va ☀️?"}],
             "tool_calls": []
-        }))
+        })),
+        "{flavor:?}"
     );
-    assert_eq!(snapshot.usage, usage);
+    assert_eq!(snapshot.usage, usage, "{flavor:?}");
+    let mut seen = fake.requests();
+    assert_eq!(seen.len(), 1, "{flavor:?}");
+    let sent = seen.remove(0);
+    assert_bearer_json_post(&sent, flavor.path(), key);
+    (sent, events, snapshot)
+}
+
+#[tokio::test]
+async fn responses_text_streams_through_the_runtime() {
+    let key = canary("responses-text");
+    let usage = usage_of([37.0, 11.0, 12.0, 0.0]);
+    let (r, events, snapshot) = run_text(
+        Flavor::Responses,
+        &key,
+        r#"{"ability":"text-generation","input":[
+                {"type":"text","text":"Say hello in French."},
+                {"type":"json","value":{"tone":"warm","max_words":5}},
+                {"type":"image","uri":"https://images.example.com/cat.png","media_type":"image/png"},
+                {"type":"file","uri":"https://files.example.com/brief.pdf"}],
+              "extensions":{"openai":{"request":{"model":"gpt-evil","input":"ignored","stream":false,
+                "store":true,"temperature":0.3,"max_output_tokens":256,"metadata":{"team":"docs"}}}}}"#,
+        &usage,
+    )
+    .await;
+    assert!(events[events.len() - 2].to_json().contains(
+        r#""facts":[{"unit":"input_token","quantity":37,"source":"provider","complete":true}"#
+    ));
+    let target = Flavor::Responses.target();
     assert_eq!(snapshot.target, Some(target));
     assert_eq!(snapshot.error, None);
 
-    let seen = fake.requests();
-    assert_eq!(seen.len(), 1);
-    let r = &seen[0];
-    assert_eq!(r.method, Method::POST);
-    assert_eq!(r.path, "/v1/responses");
-    assert_eq!(
-        r.header("authorization"),
-        Some(format!("Bearer {key}").as_str())
-    );
-    assert_eq!(r.header("content-type"), Some("application/json"));
     assert_eq!(r.header("accept"), Some("text/event-stream"));
     assert_eq!(
         r.json(),
@@ -415,61 +469,21 @@ async fn responses_text_streams_through_the_runtime() {
 #[tokio::test]
 async fn chat_text_streams_through_the_runtime() {
     let key = canary("chat-text");
-    let mut pieces = chunked(CHAT_TEXT, 61);
-    pieces.push(Piece::Stall);
-    let fake = Fake::start(vec![Reply::Stream(pieces)]).await;
-    let h = harness(Flavor::Chat.provider(&fake, false, fixed(&key)));
-    let job = h
-        .submit(
-            r#"{"ability":"text-generation","input":[
+    let usage = usage_of([19.0, 10.0, 4.0, 2.0]);
+    let (r, _, _) = run_text(
+        Flavor::Chat,
+        &key,
+        r#"{"ability":"text-generation","input":[
                 {"type":"text","text":"Say hello in French."},
                 {"type":"json","value":["warm",5]},
                 {"type":"image","uri":"https://images.example.com/cat.png"}],
               "extensions":{"openai-chat":{"request":{"model":"other","messages":[{"role":"system","content":"x"}],
                 "stream":false,"stream_options":{"include_usage":false},"temperature":0.3,"max_tokens":64}},
                 "openai":{"request":{"store":true}}}}"#,
-            LONG,
-        )
-        .await;
-    run(&h, &job).await;
+        &usage,
+    )
+    .await;
 
-    let target = Flavor::Chat.target();
-    let mut expected = vec![EventBody::Accepted, selected_of(target.clone(), 1)];
-    expected.extend(TEXT_DELTAS.iter().map(|d| out(0, d)));
-    let usage = vec![
-        provider_fact(UsageUnit::input_token(), 19.0),
-        provider_fact(UsageUnit::output_token(), 10.0),
-        provider_fact(UsageUnit::cache_read_token(), 4.0),
-        provider_fact(UsageUnit::reasoning_token(), 2.0),
-    ];
-    expected.push(EventBody::UsageReported {
-        facts: usage.clone(),
-    });
-    expected.push(EventBody::Completed {
-        target: target.clone(),
-    });
-    h.assert_log(job.execution_id, &expected).await;
-
-    let snapshot = h.snapshot(job.execution_id).await;
-    assert_eq!(
-        snapshot.result,
-        Some(json!({
-            "outputs": [{"index": 0, "type": "text", "text": "Hello! Ça va ☀️?"}],
-            "tool_calls": []
-        }))
-    );
-    assert_eq!(snapshot.usage, usage);
-
-    let seen = fake.requests();
-    assert_eq!(seen.len(), 1);
-    let r = &seen[0];
-    assert_eq!(r.method, Method::POST);
-    assert_eq!(r.path, "/v1/chat/completions");
-    assert_eq!(
-        r.header("authorization"),
-        Some(format!("Bearer {key}").as_str())
-    );
-    assert_eq!(r.header("content-type"), Some("application/json"));
     assert_eq!(
         r.json(),
         json!({
@@ -499,12 +513,7 @@ async fn two_outputs_keep_their_indexes() {
                     out(1, "Second"),
                     out(1, " answer."),
                 ],
-                vec![
-                    provider_fact(UsageUnit::input_token(), 20.0),
-                    provider_fact(UsageUnit::output_token(), 8.0),
-                    provider_fact(UsageUnit::cache_read_token(), 0.0),
-                    provider_fact(UsageUnit::reasoning_token(), 0.0),
-                ],
+                usage_of([20.0, 8.0, 0.0, 0.0]),
             ),
             // n=2: the choices interleave; choice 1 ends with finish_reason "length" and the
             // attempt still completes.
@@ -518,12 +527,7 @@ async fn two_outputs_keep_their_indexes() {
                     out(0, "."),
                     out(1, "."),
                 ],
-                vec![
-                    provider_fact(UsageUnit::input_token(), 20.0),
-                    provider_fact(UsageUnit::output_token(), 8.0),
-                    provider_fact(UsageUnit::cache_read_token(), 0.0),
-                    provider_fact(UsageUnit::reasoning_token(), 0.0),
-                ],
+                usage_of([20.0, 8.0, 0.0, 0.0]),
             ),
         };
         let fake = Fake::start(vec![stream(transcript)]).await;
@@ -531,12 +535,7 @@ async fn two_outputs_keep_their_indexes() {
         let job = h.submit(&request(""), LONG).await;
         run(&h, &job).await;
 
-        let mut expected = vec![EventBody::Accepted, selected_of(flavor.target(), 1)];
-        expected.extend(deltas);
-        expected.push(EventBody::UsageReported { facts: usage });
-        expected.push(EventBody::Completed {
-            target: flavor.target(),
-        });
+        let expected = completed_log(&flavor.target(), deltas, usage);
         h.assert_log(job.execution_id, &expected).await;
         assert_eq!(
             h.snapshot(job.execution_id).await.result,
@@ -596,12 +595,7 @@ async fn tool_calls_stream_their_arguments_in_fragments() {
             expected.push(args(bogota, fragment));
         }
         expected.push(EventBody::UsageReported {
-            facts: vec![
-                provider_fact(UsageUnit::input_token(), 61.0),
-                provider_fact(UsageUnit::output_token(), 42.0),
-                provider_fact(UsageUnit::cache_read_token(), 0.0),
-                provider_fact(UsageUnit::reasoning_token(), 0.0),
-            ],
+            facts: usage_of([61.0, 42.0, 0.0, 0.0]),
         });
         expected.push(EventBody::Completed {
             target: flavor.target(),
@@ -829,15 +823,21 @@ async fn failures_reported_in_the_stream_are_not_retryable() {
     }
 }
 
+/// The first `whole` frames of `flavor`'s text transcript, then the first `part(len)` bytes of
+/// the next frame.
+fn whole_frames_then_part(flavor: Flavor, whole: usize, part: fn(usize) -> usize) -> String {
+    let frames = frames(flavor.text());
+    let next = frames[whole];
+    let mut sent = frames[..whole].concat();
+    sent.push_str(&next[..part(next.len())]);
+    sent
+}
+
 #[tokio::test]
 async fn a_stream_cut_after_output_fails_without_fallback() {
     for flavor in FLAVORS {
         // Two deltas, then half a frame, then the connection is aborted.
-        let frames = frames(flavor.text());
-        let whole = flavor.frames_before_output() + 2;
-        let mut sent: String = frames[..whole].concat();
-        let next = frames[whole];
-        sent.push_str(&next[..next.len() / 2]);
+        let sent = whole_frames_then_part(flavor, flavor.frames_before_output() + 2, |n| n / 2);
         let mut pieces = chunked(&sent, 61);
         pieces.extend([Piece::Pause(Duration::from_millis(20)), Piece::Cut]);
         let (_fake, h, job) =
@@ -869,11 +869,7 @@ async fn a_stream_ending_mid_frame_before_output_is_a_protocol_error() {
         // The body ends cleanly in the middle of the first output frame: the partial frame is
         // dropped and the stream ended without completion. The provider had accepted the
         // request, so there is no fallback.
-        let frames = frames(flavor.text());
-        let whole = flavor.frames_before_output();
-        let mut sent: String = frames[..whole].concat();
-        let next = frames[whole];
-        sent.push_str(&next[..next.len() - 3]);
+        let sent = whole_frames_then_part(flavor, flavor.frames_before_output(), |n| n - 3);
         let (_fake, h, job) = run_with_fallback(flavor, vec![stream(&sent)], "eof", LONG).await;
         h.assert_log(
             job.execution_id,
@@ -939,6 +935,23 @@ fn stalls_after_first_delta(flavor: Flavor) -> Reply {
     Reply::Stream(pieces)
 }
 
+/// Asserts the attempt of `id` failed with `error` after its first delta ("Hello"), and the
+/// adapter closed the provider connection.
+async fn failed_after_hello_and_closed(
+    h: &Harness,
+    fake: &Fake,
+    id: ExecutionId,
+    flavor: Flavor,
+    error: RuntimeError,
+) {
+    let log = failed_after(flavor.target(), &[out(0, "Hello")], error);
+    h.assert_log(id, &log).await;
+    wait_until("the provider connection is closed", PATIENCE, || async {
+        fake.bodies_dropped() == 1
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_stalled_stream_hits_the_deadline() {
     for flavor in FLAVORS {
@@ -949,18 +962,13 @@ async fn a_stalled_stream_hits_the_deadline() {
             Duration::from_millis(600),
         )
         .await;
-        h.assert_log(
+        failed_after_hello_and_closed(
+            &h,
+            &fake,
             job.execution_id,
-            &failed_after(
-                flavor.target(),
-                &[out(0, "Hello")],
-                RuntimeError::deadline_exceeded(),
-            ),
+            flavor,
+            RuntimeError::deadline_exceeded(),
         )
-        .await;
-        wait_until("the provider connection is closed", PATIENCE, || async {
-            fake.bodies_dropped() == 1
-        })
         .await;
     }
 }
@@ -980,19 +988,7 @@ async fn cancelling_closes_the_provider_connection() {
             .await
             .unwrap();
         assert_eq!(outcome, RunOutcome::Finished);
-        h.assert_log(
-            id,
-            &failed_after(
-                flavor.target(),
-                &[out(0, "Hello")],
-                RuntimeError::cancelled(),
-            ),
-        )
-        .await;
-        wait_until("the provider connection is closed", PATIENCE, || async {
-            fake.bodies_dropped() == 1
-        })
-        .await;
+        failed_after_hello_and_closed(&h, &fake, id, flavor, RuntimeError::cancelled()).await;
     }
 }
 

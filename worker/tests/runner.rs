@@ -1122,20 +1122,11 @@ async fn a_gateway_cancel_that_wins_the_race_for_sequence_two_fences_the_runner(
     // The runner has read the log (only `accepted`) but the gateway's cancel appends sequence 2
     // first: the runner's route.selected loses the compare-and-set.
     let a = ScriptedProvider::succeeding("a");
-    let store = Arc::new(runtime::memory::MemoryEventStore::new(
-        MemoryLimits::default(),
-    ));
-    let interposed = InterposedStore::new(
-        Arc::clone(&store),
+    let h = Harness::interposed(
+        &[&a],
         "route.selected",
         Interference::Foreign(failed(RuntimeError::cancelled())),
         false,
-    );
-    let h = Harness::with_store(
-        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
-        interposed,
-        store,
-        RunnerSettings::default(),
     );
     let job = h.submit(&text_request(""), LONG).await;
 
@@ -1156,23 +1147,11 @@ async fn a_writer_fenced_mid_attempt_stops_writing() {
     // fenced, the adapter is told to stop, and nothing more is written.
     let a = ScriptedProvider::succeeding("a");
     let b = ScriptedProvider::succeeding("b");
-    let store = Arc::new(runtime::memory::MemoryEventStore::new(
-        MemoryLimits::default(),
-    ));
-    let interposed = InterposedStore::new(
-        Arc::clone(&store),
+    let h = Harness::interposed(
+        &[&a, &b],
         "output.delta",
         Interference::Foreign(failed(interrupted_error())),
         false,
-    );
-    let h = Harness::with_store(
-        vec![
-            (a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
-            (b.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
-        ],
-        interposed,
-        store,
-        RunnerSettings::default(),
     );
     let job = h.submit(&text_request(FALLBACK), LONG).await;
 
@@ -1194,17 +1173,7 @@ async fn the_per_execution_event_limit_ends_the_execution() {
     let script = (0..20).map(|i| emit_delta(&format!("chunk{i}"))).collect();
     let a = ScriptedProvider::new("a", script);
     let b = ScriptedProvider::succeeding("b");
-    let h = Harness::with(
-        vec![
-            (a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
-            (b.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
-        ],
-        MemoryLimits {
-            max_events: 4,
-            ..MemoryLimits::default()
-        },
-        RunnerSettings::default(),
-    );
+    let h = Harness::event_limited(&[&a, &b], 4);
     let job = run_to_end(&h, &text_request(FALLBACK)).await;
 
     let limit_error = not_retryable(
@@ -1232,17 +1201,7 @@ async fn the_event_limit_during_routing_ends_the_execution() {
     // Limit reached by route.attempt_failed: the execution still gets its one terminal event.
     let a = ScriptedProvider::failing("a");
     let b = ScriptedProvider::succeeding("b");
-    let h = Harness::with(
-        vec![
-            (a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
-            (b.clone() as Arc<dyn Provider>, DEFAULT_LIMITS),
-        ],
-        MemoryLimits {
-            max_events: 2,
-            ..MemoryLimits::default()
-        },
-        RunnerSettings::default(),
-    );
+    let h = Harness::event_limited(&[&a, &b], 2);
     let job = run_to_end(&h, &text_request(FALLBACK)).await;
     let events = h.events(job.execution_id).await;
     assert_log_rules(job.execution_id, &events);
@@ -1258,41 +1217,23 @@ async fn the_event_limit_during_routing_ends_the_execution() {
 #[tokio::test]
 async fn a_store_failure_during_the_attempt_fails_the_execution() {
     let a = ScriptedProvider::succeeding("a");
-    let store = Arc::new(runtime::memory::MemoryEventStore::new(
-        MemoryLimits::default(),
-    ));
-    let interposed = InterposedStore::new(
-        Arc::clone(&store),
+    // Unavailable is retried by the writer, so the append lands on the second try.
+    let h = Harness::interposed(
+        &[&a],
         "output.delta",
         Interference::Fail(StoreError::Unavailable("disk on fire".into())),
         false,
-    );
-    // Unavailable is retried by the writer, so the append lands on the second try.
-    let h = Harness::with_store(
-        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
-        interposed,
-        store,
-        RunnerSettings::default(),
     );
     let job = run_to_end(&h, &text_request("")).await;
     h.assert_log(job.execution_id, &success_log("a")).await;
 
     // A refusal that is not transient ends the execution with internal_error.
     let a = ScriptedProvider::succeeding("a");
-    let store = Arc::new(runtime::memory::MemoryEventStore::new(
-        MemoryLimits::default(),
-    ));
-    let interposed = InterposedStore::new(
-        Arc::clone(&store),
+    let h = Harness::interposed(
+        &[&a],
         "output.delta",
         Interference::Fail(StoreError::NotFound),
         false,
-    );
-    let h = Harness::with_store(
-        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
-        interposed,
-        store,
-        RunnerSettings::default(),
     );
     let job = run_to_end(&h, &text_request("")).await;
     h.assert_log(
@@ -1310,20 +1251,11 @@ async fn a_store_failure_during_the_attempt_fails_the_execution() {
 #[tokio::test]
 async fn a_terminal_the_store_refuses_abandons_the_delivery_for_redelivery() {
     let a = ScriptedProvider::succeeding("a");
-    let store = Arc::new(runtime::memory::MemoryEventStore::new(
-        MemoryLimits::default(),
-    ));
-    let interposed = InterposedStore::new(
-        Arc::clone(&store),
+    let h = Harness::interposed(
+        &[&a],
         "never",
         Interference::Fail(StoreError::NotFound),
         true,
-    );
-    let h = Harness::with_store(
-        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
-        interposed,
-        Arc::clone(&store),
-        RunnerSettings::default(),
     );
     let job = h.submit(&text_request(""), LONG).await;
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Abandoned);
@@ -1333,9 +1265,9 @@ async fn a_terminal_the_store_refuses_abandons_the_delivery_for_redelivery() {
 
     // The redelivery (on a healthy store) closes the log without calling the provider again.
     let healthy = Harness::with_store(
-        vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)],
-        Arc::clone(&store) as Arc<dyn EventStore>,
-        store,
+        with_default_limits(&[&a]),
+        Arc::clone(&h.store) as Arc<dyn EventStore>,
+        Arc::clone(&h.store),
         RunnerSettings::default(),
     );
     assert_eq!(healthy.runner.run(&job, 2).await, RunOutcome::Finished);
@@ -1354,7 +1286,7 @@ async fn the_pool_runs_every_published_job() {
     let mut script = vec![Step::Sleep(Duration::from_millis(2))];
     script.extend(success_script());
     let a = ScriptedProvider::new("a", script);
-    let h = Harness::new(vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)]);
+    let h = Harness::scripted(&[&a]);
     let queue = Arc::new(MemoryJobQueue::new());
     let pool = WorkerPool::spawn(
         Arc::clone(&queue) as Arc<dyn JobQueue>,

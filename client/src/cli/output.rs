@@ -243,17 +243,9 @@ impl<'a> Terminal<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transcript::tests::event;
+    use protocol::Target;
     use protocol::event::OutputArtifact;
-    use protocol::{ExecutionId, Sequence, Target, Timestamp};
-
-    fn event(seq: u64, body: EventBody) -> RuntimeEvent {
-        RuntimeEvent::new(
-            ExecutionId::new_random(),
-            Sequence(seq),
-            Timestamp::from_unix_millis(0),
-            body,
-        )
-    }
 
     /// Renders `events` (text mode) and returns stdout and stderr.
     fn render(events: &[RuntimeEvent], progress: bool) -> (String, String) {

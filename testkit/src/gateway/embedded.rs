@@ -59,6 +59,21 @@ impl Embedded {
         Self::from_config(&config, workers, grace).await
     }
 
+    /// One mock streaming `chunks` (a log too large to write as a file: up to 64 MiB per
+    /// execution), two workers and a 10 s shutdown grace.
+    pub async fn with_long_log(chunks: Vec<String>) -> Self {
+        let mut config = worker::deployment::standalone();
+        config.providers = vec![
+            worker::provider::mock::MockConfig {
+                chunks,
+                ..worker::provider::mock::MockConfig::default()
+            }
+            .into(),
+        ];
+        config.event_store.max_execution_bytes = 64 * 1024 * 1024;
+        Self::from_config(&config, 2, Duration::from_secs(10)).await
+    }
+
     /// A typed deployment (for providers too large to write as a file).
     pub async fn from_config(config: &DeploymentConfig, workers: usize, grace: Duration) -> Self {
         let registry =

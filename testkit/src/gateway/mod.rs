@@ -143,6 +143,20 @@ impl Api {
         request.send().await.expect("submit sent")
     }
 
+    /// Submits `body` with `content_type` as its only `Content-Type`, or none at all (media
+    /// type checks).
+    pub async fn submit_as(
+        &self,
+        content_type: Option<&str>,
+        body: impl Into<reqwest::Body>,
+    ) -> reqwest::Response {
+        let mut request = self.client.post(self.url("/v1/executions")).body(body);
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        request.send().await.expect("submit sent")
+    }
+
     /// Submits and asserts 202; returns the execution id.
     pub async fn submit_ok(&self, body: &Value) -> String {
         let response = self.submit(body).await;

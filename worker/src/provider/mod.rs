@@ -16,6 +16,8 @@
 //! - [`extension`]: `extensions.<key>.<field>` shape checks, tool policy, copies.
 //! - [`manifest`]: the single-model manifest built from the deployment's declaration.
 //! - [`text`]: the text adapters' section, manifest and target.
+//! - [`openai_compat`]: the OpenAI-compatible adapter, generic over its dialect (Responses,
+//!   Chat Completions).
 //! - [`usage`]: usage facts from a table of counter paths.
 
 pub mod anthropic_messages;
@@ -28,6 +30,7 @@ pub mod http;
 pub mod manifest;
 pub mod mock;
 pub mod openai_chat;
+pub mod openai_compat;
 pub mod openai_responses;
 pub mod text;
 pub mod usage;

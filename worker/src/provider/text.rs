@@ -127,15 +127,9 @@ impl TextProviderConfig {
     /// The manifest: exactly the deployment's declaration, streamed text out [R 68].
     pub fn manifest(&self) -> ProviderManifest {
         let model = ModelCapability {
-            model: self.model.clone(),
-            abilities: self.abilities.clone(),
             input_modalities: self.input_modalities.clone(),
-            output_modalities: vec![Modality::Text],
-            stream: true,
             tools: self.tools,
-            structured_output: false,
-            r#async: false,
-            cancel: true,
+            ..ModelCapability::streamed_text(self.model.clone(), self.abilities.clone())
         };
         manifest::single_model(&self.id, model, self.flow)
     }

@@ -339,6 +339,16 @@ pub const DEFAULT_LIMITS: Limits = Limits {
     max_queue_depth: 64,
 };
 
+/// Registrations of scripted providers, in order, with [`DEFAULT_LIMITS`].
+pub fn with_default_limits(
+    providers: &[&Arc<ScriptedProvider>],
+) -> Vec<(Arc<dyn Provider>, Limits)> {
+    providers
+        .iter()
+        .map(|p| (Arc::clone(*p) as Arc<dyn Provider>, DEFAULT_LIMITS))
+        .collect()
+}
+
 /// Stores, bus, registry and runner over in-memory implementations.
 pub struct Harness {
     pub store: Arc<MemoryEventStore>,
@@ -364,11 +374,38 @@ impl Harness {
 
     /// Scripted providers registered in order with default limits.
     pub fn scripted(providers: &[&Arc<ScriptedProvider>]) -> Self {
-        Self::new(
-            providers
-                .iter()
-                .map(|p| (Arc::clone(*p) as Arc<dyn Provider>, DEFAULT_LIMITS))
-                .collect(),
+        Self::new(with_default_limits(providers))
+    }
+
+    /// Scripted providers (default limits) over a memory store holding at most `max_events`
+    /// events per execution.
+    pub fn event_limited(providers: &[&Arc<ScriptedProvider>], max_events: usize) -> Self {
+        Self::with(
+            with_default_limits(providers),
+            MemoryLimits {
+                max_events,
+                ..MemoryLimits::default()
+            },
+            RunnerSettings::default(),
+        )
+    }
+
+    /// Scripted providers (default limits) whose runner writes through an [`InterposedStore`]
+    /// over a fresh memory store (see [`InterposedStore::new`]); `store` is that memory store.
+    pub fn interposed(
+        providers: &[&Arc<ScriptedProvider>],
+        on_type: &'static str,
+        interference: Interference,
+        refuse_terminal: bool,
+    ) -> Self {
+        let store = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
+        let interposed =
+            InterposedStore::new(Arc::clone(&store), on_type, interference, refuse_terminal);
+        Self::with_store(
+            with_default_limits(providers),
+            interposed,
+            store,
+            RunnerSettings::default(),
         )
     }
 

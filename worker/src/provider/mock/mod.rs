@@ -6,7 +6,6 @@ pub mod config;
 
 use async_trait::async_trait;
 use protocol::manifest::{ModelCapability, ProviderManifest};
-use protocol::request::Modality;
 use protocol::{ErrorCode, RuntimeError, UsageFact, UsageSource, UsageUnit};
 use serde_json::Value;
 
@@ -24,17 +23,8 @@ pub struct MockProvider {
 
 impl MockProvider {
     pub fn new(options: MockConfig) -> Self {
-        let model = ModelCapability {
-            model: options.model.clone(),
-            abilities: options.abilities.clone(),
-            input_modalities: vec![Modality::Text],
-            output_modalities: vec![Modality::Text],
-            stream: true,
-            tools: false,
-            structured_output: false,
-            r#async: false,
-            cancel: true,
-        };
+        let model =
+            ModelCapability::streamed_text(options.model.clone(), options.abilities.clone());
         let manifest = manifest::single_model(&options.id, model, options.flow);
         Self { options, manifest }
     }

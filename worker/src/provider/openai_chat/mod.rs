@@ -19,16 +19,14 @@ pub mod wire;
 
 use std::borrow::Cow;
 
-use async_trait::async_trait;
-use protocol::manifest::ProviderManifest;
+use protocol::RuntimeError;
 use protocol::request::InputPart;
-use protocol::{ExecutionRequest, RuntimeError};
 use serde_json::{Map, Value};
 
 use self::stream::ChatStream;
-use super::credential::KeySource;
-use super::text::{TextProviderConfig, TextTarget, json_text};
-use super::{Provider, ProviderCall, ProviderSink, extension};
+use super::openai_compat::{OpenAiCompatible, OpenAiDialect};
+use super::text::json_text;
+use super::{ProviderCall, extension};
 
 /// The `extensions` key this adapter reads: `extensions["openai-chat"].request`.
 pub const EXTENSION_KEY: &str = "openai-chat";
@@ -38,26 +36,20 @@ pub const EXTENSION_KEY: &str = "openai-chat";
 pub const TOOL_FIELDS: &[&str] = &["tools", "tool_choice", "functions", "function_call"];
 
 /// See the module docs.
+pub type OpenAiChatProvider = OpenAiCompatible<ChatCompletions>;
+
+/// The Chat Completions dialect of [`OpenAiCompatible`].
 #[derive(Debug)]
-pub struct OpenAiChatProvider {
-    target: TextTarget,
-}
+pub enum ChatCompletions {}
 
-impl OpenAiChatProvider {
-    /// The adapter for a deployment entry, with its credential from `config.api_key_env`.
-    pub fn from_config(config: &TextProviderConfig) -> Self {
-        Self::new(config, KeySource::Env(config.api_key_env.clone()))
-    }
-
-    /// The adapter for a deployment entry with an explicit credential source (tests).
-    pub fn new(config: &TextProviderConfig, key: KeySource) -> Self {
-        Self {
-            target: TextTarget::new(config, key),
-        }
-    }
+impl OpenAiDialect for ChatCompletions {
+    const EXTENSION_KEY: &'static str = EXTENSION_KEY;
+    const TOOL_FIELDS: &'static [&'static str] = TOOL_FIELDS;
+    const PATH: &'static str = "chat/completions";
+    type Mapper = ChatStream;
 
     /// The request body: the extension's object, then the runtime-owned fields over it.
-    fn body(&self, call: &ProviderCall<'_>) -> Result<Map<String, Value>, RuntimeError> {
+    fn body(call: &ProviderCall<'_>) -> Result<Map<String, Value>, RuntimeError> {
         let content = call
             .request
             .input
@@ -102,33 +94,13 @@ fn content_part(part: &InputPart) -> Result<wire::ContentPart<'_>, RuntimeError>
     })
 }
 
-#[async_trait]
-impl Provider for OpenAiChatProvider {
-    fn manifest(&self) -> &ProviderManifest {
-        &self.target.manifest
-    }
-
-    fn admits(&self, request: &ExecutionRequest) -> bool {
-        self.target.admits(request, EXTENSION_KEY, TOOL_FIELDS)
-    }
-
-    async fn execute(
-        &self,
-        call: ProviderCall<'_>,
-        sink: &mut dyn ProviderSink,
-    ) -> Result<(), RuntimeError> {
-        let body = self.body(&call)?;
-        let mut mapper = ChatStream::new();
-        self.target
-            .bearer_attempt("chat/completions", &body, &call, sink, &mut mapper)
-            .await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::Provider;
+    use crate::provider::text::TextProviderConfig;
     use ::config::{BaseUrl, FlowLimits};
+    use protocol::ExecutionRequest;
     use protocol::request::Modality;
     use tokio_util::sync::CancellationToken;
 
