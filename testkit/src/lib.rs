@@ -305,12 +305,21 @@ impl NatsCluster {
     pub fn start(size: usize) -> Self {
         assert!(size >= 1, "a cluster has at least one node");
         let run = unique_namespace("");
+        // All ports bound at once, so that no two of them coincide.
+        let listeners: Vec<TcpListener> = (0..size * 3)
+            .map(|_| TcpListener::bind("127.0.0.1:0").expect("free port"))
+            .collect();
+        let ports: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().expect("local addr").port())
+            .collect();
+        drop(listeners);
         let nodes = (0..size)
             .map(|i| ClusterNode {
                 name: format!("n{i}"),
-                client_port: free_port(),
-                cluster_port: free_port(),
-                monitor_port: free_port(),
+                client_port: ports[3 * i],
+                cluster_port: ports[3 * i + 1],
+                monitor_port: ports[3 * i + 2],
                 child: None,
                 dir: TempDir::new(&format!("mrt-nats-cluster-{run}-n{i}-")),
             })
