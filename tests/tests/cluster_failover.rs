@@ -123,6 +123,22 @@ impl Stack {
         ]
     }
 
+    /// Every log line of the gateways and workers that mentions `needle`.
+    fn lines_about(&self, needle: &str) -> String {
+        let gateways = self.gateways.iter().map(|g| g.process.log_text());
+        let workers = self.workers.iter().map(|(_, w)| w.log_text());
+        gateways
+            .chain(workers)
+            .flat_map(|text| {
+                text.lines()
+                    .filter(|l| l.contains(needle))
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     fn logs(&self) -> String {
         let mut out = String::new();
         for g in &self.gateways {
@@ -529,7 +545,8 @@ async fn killing_any_node_loses_nothing_and_every_execution_ends() {
         assert_eq!(
             kinds,
             ["execution.accepted", "execution.failed"],
-            "{id}: log of a submit answered 503"
+            "{id}: log of a submit answered 503; what the processes logged about it:\n{}",
+            stack.lines_about(id)
         );
     }
     let failed: Vec<&str> = accepted
