@@ -139,23 +139,55 @@ async fn create_and_publish(state: &AppState, job: &Job) -> Result<Creation, Sto
     let mut writer = match created {
         Ok(writer) => writer,
         Err(StoreError::AlreadyExists) => return Ok(Creation::AlreadyExists),
-        Err(e) => return Err(e),
+        Err(e) => {
+            // A create that timed out may still have been stored (the ack was lost, e.g. in a
+            // leader election): the submit is answered 503 and no job is published, so such
+            // a log would stay open forever. Close it if it exists.
+            close_unqueued_later(state, job);
+            return Err(e);
+        }
     };
     if let Err(e) = backend.queue.publish(job).await {
         tracing::warn!(execution_id = %job.execution_id, error = %e, "job publish failed");
-        let failed = EventBody::Failed {
-            error: RuntimeError::new(
-                ErrorCode::InternalError,
-                "Execution could not be queued",
-                false,
-            ),
-        };
-        if let Err(close) = writer.append_once(failed).await {
-            tracing::warn!(execution_id = %job.execution_id, error = %close, "could not close unqueued execution");
+        if let Err(close) = writer.append_once(unqueued_failure()).await {
+            tracing::warn!(execution_id = %job.execution_id, error = %close, "could not close unqueued execution; retrying in the background");
+            close_unqueued_later(state, job);
         }
         return Err(e);
     }
     Ok(Creation::Created)
+}
+
+/// The terminal event of an execution whose job could not be queued.
+fn unqueued_failure() -> EventBody {
+    EventBody::Failed {
+        error: RuntimeError::new(
+            ErrorCode::InternalError,
+            "Execution could not be queued",
+            false,
+        ),
+    }
+}
+
+/// Closes the log of a submit answered 503 in the background, if the log exists and is still
+/// open: its `execution.accepted` may be stored even though the store reported a failure, and
+/// no job will run it. Retries while the store is unavailable (bounded by the writer's retry
+/// limit); a missing log or one another writer extended (a job that was queued after all and
+/// is running) ends the attempt. Fenced by compare-and-set like every append.
+fn close_unqueued_later(state: &AppState, job: &Job) {
+    let store = state.inner.backend.store.clone();
+    let (id, accepted_at) = (job.execution_id, job.accepted_at);
+    tokio::spawn(async move {
+        let mut writer = EventWriter::resume(store, id, Sequence(1), accepted_at);
+        match writer.append(unqueued_failure()).await {
+            Ok(()) => tracing::info!(execution_id = %id, "closed the log of an unqueued execution"),
+            Err(runtime::WriteError::Store(StoreError::NotFound) | runtime::WriteError::Fenced) => {
+            }
+            Err(e) => {
+                tracing::warn!(execution_id = %id, error = %e, "could not close unqueued execution")
+            }
+        }
+    });
 }
 
 /// The key is bound to an execution with the same request: answer with its current status.

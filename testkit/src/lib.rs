@@ -276,3 +276,250 @@ macro_rules! derefs_to_local_server {
 }
 
 derefs_to_local_server!(NatsServer, RedisServer);
+
+/// One node of a [`NatsCluster`]: fixed ports and store directory, so that a restart brings
+/// back the same server with its JetStream state.
+#[derive(Debug)]
+struct ClusterNode {
+    name: String,
+    client_port: u16,
+    cluster_port: u16,
+    monitor_port: u16,
+    child: Option<Child>,
+    dir: TempDir,
+}
+
+/// A JetStream cluster of `nats-server` processes on loopback: routes between all nodes, each
+/// node with its own server name (`n0`, `n1`, ...), store directory and client, route and
+/// monitoring ports (settings of `deploy/nats/nats.conf`). Nodes can be killed (SIGKILL),
+/// stopped (SIGTERM) and restarted with the same ports and directory; drop kills them all.
+#[derive(Debug)]
+pub struct NatsCluster {
+    program: PathBuf,
+    nodes: Vec<ClusterNode>,
+}
+
+impl NatsCluster {
+    /// Starts `size` nodes and waits until every one reports JetStream healthy (the cluster has
+    /// a meta leader and the node is current with it).
+    pub fn start(size: usize) -> Self {
+        assert!(size >= 1, "a cluster has at least one node");
+        let run = unique_namespace("");
+        // All ports bound at once, so that no two of them coincide.
+        let listeners: Vec<TcpListener> = (0..size * 3)
+            .map(|_| TcpListener::bind("127.0.0.1:0").expect("free port"))
+            .collect();
+        let ports: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().expect("local addr").port())
+            .collect();
+        drop(listeners);
+        let nodes = (0..size)
+            .map(|i| ClusterNode {
+                name: format!("n{i}"),
+                client_port: ports[3 * i],
+                cluster_port: ports[3 * i + 1],
+                monitor_port: ports[3 * i + 2],
+                child: None,
+                dir: TempDir::new(&format!("mrt-nats-cluster-{run}-n{i}-")),
+            })
+            .collect();
+        let mut cluster = Self {
+            program: nats_server_binary(),
+            nodes,
+        };
+        for i in 0..size {
+            cluster.spawn(i);
+        }
+        for i in 0..size {
+            cluster.wait_healthy(i);
+        }
+        cluster
+    }
+
+    pub fn size(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Every node's client URL, comma-separated (the `NATS_URL` form).
+    pub fn url(&self) -> String {
+        (0..self.size())
+            .map(|i| self.node_url(i))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// `nats://127.0.0.1:PORT` of node `i`.
+    pub fn node_url(&self, i: usize) -> String {
+        format!("nats://127.0.0.1:{}", self.nodes[i].client_port)
+    }
+
+    /// The server name of node `i` (as stream info's `cluster.leader` and replicas name it).
+    pub fn server_name(&self, i: usize) -> &str {
+        &self.nodes[i].name
+    }
+
+    /// The index of the node with server name `name`.
+    pub fn node_index(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.name == name)
+    }
+
+    /// `http://127.0.0.1:PORT` of node `i`'s monitoring endpoint (`/healthz`, `/jsz`, `/connz`).
+    pub fn monitor_url(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.nodes[i].monitor_port)
+    }
+
+    /// Whether node `i`'s process runs.
+    pub fn is_running(&mut self, i: usize) -> bool {
+        match self.nodes[i].child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Kills node `i` with SIGKILL: no flush, no goodbye to the cluster.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops node `i` with SIGTERM and waits (bounded) for it to exit; SIGKILL after the bound.
+    pub fn stop(&mut self, i: usize) {
+        let Some(mut child) = self.nodes[i].child.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let deadline = Instant::now() + START_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("nats node {i} did not exit within {START_TIMEOUT:?} of SIGTERM");
+    }
+
+    /// Starts node `i` again (killing it first if it runs) with the same ports and store
+    /// directory, and waits until it listens. It may still be catching up: see
+    /// [`NatsCluster::wait_healthy`].
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.spawn(i);
+    }
+
+    /// Starts every node that does not run, then waits until all are healthy.
+    pub fn start_stopped(&mut self) {
+        for i in 0..self.size() {
+            if !self.is_running(i) {
+                self.spawn(i);
+            }
+        }
+        for i in 0..self.size() {
+            self.wait_healthy(i);
+        }
+    }
+
+    /// Waits (bounded) until node `i`'s `/healthz` answers 200: JetStream enabled, a meta
+    /// leader known and this node current with the meta group and its streams.
+    pub fn wait_healthy(&mut self, i: usize) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.nodes[i].monitor_port));
+        while Instant::now() < deadline {
+            if http_status(addr, "/healthz") == Some(200) {
+                return;
+            }
+            if !self.is_running(i) {
+                panic!("nats node {i} exited while waiting for it to become healthy");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("nats node {i} not healthy within {START_TIMEOUT:?}");
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let routes = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, n)| format!("nats://127.0.0.1:{}", n.cluster_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let node = &self.nodes[i];
+        let mut child = Command::new(&self.program)
+            .args(["-a", "127.0.0.1", "-n", &node.name])
+            .args(["-p", &node.client_port.to_string()])
+            .args(["-m", &node.monitor_port.to_string()])
+            .args(["--cluster_name", "mrt"])
+            .arg("--cluster")
+            .arg(format!("nats://127.0.0.1:{}", node.cluster_port))
+            .args(["--routes", &routes])
+            .args(["-js", "-sd"])
+            .arg(node.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start nats-server ({e}): run scripts/test.sh or set MRT_NATS_SERVER")
+            });
+        wait_for_port(node.client_port, &mut child, "nats-server (cluster node)");
+        self.nodes[i].child = Some(child);
+    }
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        for i in 0..self.size() {
+            self.kill(i);
+        }
+    }
+}
+
+/// The status code of a plain `GET path` on `addr`, or `None` if it does not answer (within a
+/// few seconds).
+fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut head = [0u8; 32];
+    let n = stream.read(&mut head).ok()?;
+    // "HTTP/1.0 200 OK"
+    std::str::from_utf8(&head[..n])
+        .ok()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod cluster_tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_survives_a_killed_node_and_takes_it_back() {
+        let mut cluster = NatsCluster::start(3);
+        assert_eq!(cluster.url().split(',').count(), 3);
+        assert_eq!(cluster.node_index("n2"), Some(2));
+        cluster.kill(1);
+        assert!(!cluster.is_running(1));
+        // The other two keep a meta leader (2 of 3 is a quorum).
+        cluster.wait_healthy(0);
+        cluster.wait_healthy(2);
+        cluster.restart(1);
+        cluster.wait_healthy(1);
+        cluster.stop(0);
+        assert!(!cluster.is_running(0));
+        cluster.start_stopped();
+        assert!((0..3).all(|i| cluster.is_running(i)));
+    }
+}
