@@ -73,16 +73,28 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
             );
         }
     };
+    let nats_lease = nats.queue.lease();
+    let store: Arc<dyn runtime::EventStore> = Arc::new(nats.store);
+    let queue: Arc<dyn runtime::JobQueue> = Arc::new(nats.queue);
+    // Deliveries heartbeat at a third of the lease the server holds (see `NatsJobQueue`).
+    let heartbeat = nats_lease.unwrap_or_else(|| common.ack_wait()) / 3;
+    // Closes executions past their deadline that no worker runs, e.g. a dead worker's
+    // (contract §8); gateways run one too.
+    let sweeper_stop = tokio_util::sync::CancellationToken::new();
+    runtime::DeadlineSweeper::new(
+        Arc::clone(&store),
+        Arc::clone(&queue),
+        runtime::SweeperSettings::default(),
+    )
+    .spawn(sweeper_stop.clone());
     let runner = Arc::new(Runner::new(
         registry,
-        Arc::new(nats.store),
+        store,
         Arc::new(nats.cancel),
         RunnerSettings::default(),
     ));
-    // Deliveries heartbeat at a third of the lease the server holds (see `NatsJobQueue`).
-    let heartbeat = nats.queue.lease().unwrap_or_else(|| common.ack_wait()) / 3;
     let pool = WorkerPool::spawn(
-        Arc::new(nats.queue),
+        queue,
         runner,
         PoolConfig {
             concurrency: common.workers(),
@@ -93,6 +105,7 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
     tracing::info!(namespace = %common.namespace, workers = common.workers(), "worker started");
     shutdown.await;
     tracing::info!("shutting down");
+    sweeper_stop.cancel();
     if !pool.shutdown(common.shutdown_grace()).await {
         tracing::warn!("grace period expired; remaining executions were cancelled");
     }
