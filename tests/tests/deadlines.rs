@@ -28,6 +28,14 @@ fn with_deadline(deadline_ms: u64) -> Value {
     request
 }
 
+/// The full log once its stream ended after the terminal event; fails (instead of hanging on
+/// keep-alives) when no terminal came within [`PROMPT`].
+async fn log_until_terminal(gateway: &Gateway, id: &str) -> Vec<Value> {
+    tokio::time::timeout(PROMPT, events(&gateway.url, id, 0))
+        .await
+        .unwrap_or_else(|_| panic!("no terminal event for {id} within {PROMPT:?}"))
+}
+
 fn time_of(event: &Value) -> i64 {
     serde_json::from_value::<Timestamp>(event["time"].clone())
         .unwrap()
@@ -74,7 +82,7 @@ async fn a_late_worker_appends_nothing(cluster: &Cluster, gateway: &Gateway, clo
     let _worker = cluster.worker();
     wait_jobs_drained(cluster).await;
     let id = closed[0]["execution_id"].as_str().unwrap();
-    let after = events(&gateway.url, id, 0).await;
+    let after = log_until_terminal(gateway, id).await;
     assert_eq!(after, closed, "the late worker changed the log");
 }
 
@@ -87,7 +95,7 @@ async fn with_no_worker_alive_the_gateway_ends_an_expired_execution() {
     assert_eq!(status, 202, "{sub}");
     let id = sub["execution_id"].as_str().unwrap();
     // The live stream ends after the terminal event.
-    let all = events(&gateway.url, id, 0).await;
+    let all = log_until_terminal(&gateway, id).await;
     let late = assert_closed_by_deadline(&all, deadline_ms);
     eprintln!("no worker: terminal {late} ms after the deadline");
     assert_eq!(all.len(), 2, "accepted, then the terminal: {all:?}");
@@ -117,7 +125,7 @@ async fn a_killed_worker_execution_ends_at_its_deadline_not_at_redelivery() {
     assert_eq!(head[2]["type"], "output.delta", "{head:?}");
     worker.signal("KILL");
     drop(worker);
-    let all = events(&gateway.url, &id, 0).await;
+    let all = log_until_terminal(&gateway, &id).await;
     let late = assert_closed_by_deadline(&all, deadline_ms);
     eprintln!("killed worker: terminal {late} ms after the deadline");
     let failed = all.last().unwrap();
