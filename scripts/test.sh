@@ -18,6 +18,9 @@ redis-server --version
 ensure_haproxy
 haproxy -v | sed -n 1p
 ensure_curl
+# The observability test runs a real Prometheus.
+ensure_prometheus
+prometheus --version 2>&1 | sed -n 1p
 
 if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked

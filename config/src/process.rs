@@ -86,18 +86,9 @@ impl CommonArgs {
         Duration::from_millis(self.shutdown_grace_ms)
     }
 
-    /// Installs the tracing subscriber: `RUST_LOG` filter (default `info`), text or JSON
-    /// lines on stderr.
-    pub fn init_tracing(&self) {
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-        let builder = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr);
-        let _ = match self.log_format {
-            LogFormat::Json => builder.json().try_init(),
-            LogFormat::Text => builder.try_init(),
-        };
+    /// Whether log lines are JSON (`--log-format json`).
+    pub fn json_logs(&self) -> bool {
+        self.log_format == LogFormat::Json
     }
 }
 

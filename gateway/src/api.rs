@@ -11,6 +11,7 @@ use axum::routing::{get, post};
 use protocol::manifest::ProviderList;
 use protocol::snapshot::{CancelResponse, CancelStatus, RuntimeInfo, RuntimeState};
 use protocol::{ExecutionId, Sequence};
+use tracing::Instrument;
 
 use crate::error::ApiError;
 use crate::events::{empty_sse_response, sse_response};
@@ -35,6 +36,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(route_not_found)
         .layer(axum::middleware::from_fn(head_not_found))
         .layer(axum::middleware::map_response(security_headers))
+        .layer(axum::middleware::from_fn(crate::instrument::record))
         .with_state(state)
 }
 
@@ -154,11 +156,14 @@ async fn readyz(State(state): State<AppState>) -> Response {
 
 async fn metrics(State(state): State<AppState>) -> Response {
     let stopping = if state.is_stopping() { 1.0 } else { 0.0 };
-    let text = state.metrics().render(&[(
+    // The process-wide registry (HTTP, executions in embedded mode, process) and this
+    // gateway's own counters.
+    let mut text = state.exporter().render();
+    text.push_str(&state.metrics().render(&[(
         "mrt_stopping",
         "1 while the process is shutting down.",
         stopping,
-    )]);
+    )]));
     let mut response = Response::new(Body::from(text));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -258,7 +263,26 @@ async fn submit_execution(
     } else {
         None
     };
-    let submission = submit::submit(&state, request, key, traceparent).await?;
+    // The request span continues the caller's trace; the job carries this span's context to
+    // the worker (or the caller's own when spans are not exported).
+    let span = tracing::info_span!(
+        "POST /v1/executions",
+        otel.kind = "server",
+        http.request.method = "POST",
+        http.route = "/v1/executions",
+        execution_id = tracing::field::Empty,
+    );
+    if let Some(parent) = &traceparent {
+        telemetry::propagation::set_parent(&span, parent);
+    }
+    let traceparent = telemetry::propagation::traceparent_of(&span).or(traceparent);
+    let submission = submit::submit(&state, request, key, traceparent)
+        .instrument(span.clone())
+        .await?;
+    span.record(
+        "execution_id",
+        tracing::field::display(&submission.execution_id),
+    );
     if let Some(permit) = stream_permit {
         return events_response(&state, submission.execution_id, Sequence::ZERO, permit).await;
     }

@@ -54,9 +54,11 @@ impl From<StoreError> for ApiError {
             StoreError::Closed => ApiError::Unavailable("Runtime is shutting down"),
             // A log that exists, moved on or refused the event where the flow did not expect
             // it: a bug or a concurrent writer the flow cannot reconcile. Never a success.
+            // A backend an operator must fix: a failure of ours to report, not a retry.
             e @ (StoreError::AlreadyExists
             | StoreError::Conflict { .. }
-            | StoreError::Violation(_)) => ApiError::Internal(e.to_string()),
+            | StoreError::Violation(_)
+            | StoreError::Misconfigured(_)) => ApiError::Internal(e.to_string()),
         }
     }
 }

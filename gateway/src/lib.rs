@@ -27,6 +27,7 @@ pub mod distributed;
 pub mod embedded;
 pub mod error;
 pub mod events;
+pub mod instrument;
 pub mod metrics;
 pub mod response;
 pub mod server;

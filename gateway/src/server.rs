@@ -46,7 +46,10 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
         signal.await;
         on_signal.cancel();
     });
-    args.common.init_tracing();
+    let _tracing = telemetry::trace::init(
+        "gateway",
+        telemetry::LogFormat::json_if(args.common.json_logs()),
+    );
     let open_files = crate::connections::raise_open_file_limit();
     let (deployment, registry) = match worker::deployment::open(args.common.config.as_deref()) {
         Ok((deployment, registry)) => (deployment, Arc::new(registry)),
@@ -130,39 +133,6 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
 enum Runtime {
     Embedded(Embedded),
     Distributed(AppState),
-}
-
-/// Installs the SIGTERM and SIGINT handlers now and returns a future that resolves on either.
-/// Installing before anything else means a signal during startup is a graceful stop, never the
-/// default disposition (which kills the process). `tokio::signal::ctrl_c` would install its
-/// handler only when first polled, hence the explicit unix signals.
-pub fn install_shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let term = signal(SignalKind::terminate());
-        let int = signal(SignalKind::interrupt());
-        async move {
-            match (term, int) {
-                (Ok(mut term), Ok(mut int)) => {
-                    tokio::select! {
-                        _ = term.recv() => {}
-                        _ = int.recv() => {}
-                    }
-                }
-                (term, int) => {
-                    if let Err(e) = term.as_ref().and(int.as_ref()) {
-                        tracing::warn!(error = %e, "cannot install a signal handler");
-                    }
-                    shutdown_signal().await;
-                }
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        shutdown_signal()
-    }
 }
 
 /// Serves until `signal` resolves, then shuts down gracefully within `grace`, with the
@@ -251,4 +221,4 @@ pub async fn serve_with(
 /// streams after the grace period.
 const CLOSE_FLUSH: Duration = Duration::from_millis(100);
 
-pub use worker::process::shutdown_signal;
+pub use worker::process::{install_shutdown_signal, shutdown_signal};

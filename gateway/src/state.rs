@@ -70,6 +70,7 @@ pub(crate) struct Inner {
     pub registry: Arc<ProviderRegistry>,
     pub limits: ApiLimits,
     pub metrics: Metrics,
+    pub exporter: telemetry::MetricsExporter,
     pub streams: Arc<Semaphore>,
     pub stopping: AtomicBool,
     /// Ends every open SSE stream (cleanly, at a frame boundary) at shutdown.
@@ -99,6 +100,7 @@ impl AppState {
                 registry,
                 limits,
                 metrics: Metrics::default(),
+                exporter: telemetry::MetricsExporter::install(),
                 streams,
                 stopping: AtomicBool::new(false),
                 close_streams: CancellationToken::new(),
@@ -122,6 +124,11 @@ impl AppState {
 
     pub fn backend(&self) -> &Backend {
         &self.inner.backend
+    }
+
+    /// The process-wide metrics registry.
+    pub fn exporter(&self) -> &telemetry::MetricsExporter {
+        &self.inner.exporter
     }
 
     pub fn metrics(&self) -> &Metrics {

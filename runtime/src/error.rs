@@ -35,6 +35,10 @@ pub enum StoreError {
     /// The store or queue was shut down.
     #[error("closed")]
     Closed,
+    /// The backend holds a setting this process cannot bring to its own value (for example a
+    /// stream's storage type): retrying will not help, an operator must act.
+    #[error("backend misconfigured: {0}")]
+    Misconfigured(String),
 }
 
 impl StoreError {
@@ -46,9 +50,10 @@ impl StoreError {
             | StoreError::AdmissionFull
             | StoreError::CapacityExhausted => ErrorCode::QueueFull,
             StoreError::Unavailable(_) | StoreError::Closed => ErrorCode::Unavailable,
-            StoreError::AlreadyExists | StoreError::Conflict { .. } | StoreError::Violation(_) => {
-                ErrorCode::InternalError
-            }
+            StoreError::AlreadyExists
+            | StoreError::Conflict { .. }
+            | StoreError::Violation(_)
+            | StoreError::Misconfigured(_) => ErrorCode::InternalError,
         }
     }
 

@@ -16,8 +16,10 @@ pub struct Job {
     pub accepted_at: Timestamp,
     /// Absolute deadline of the whole execution, queueing included.
     pub deadline_at: Timestamp,
-    /// W3C `traceparent` of the submitting request, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// W3C `traceparent` of the gateway's submit span (or of the caller when traces are not
+    /// exported). Transports carry it beside the job, never in the payload (NATS: the
+    /// `traceparent` message header), so tracing never changes the job's bytes.
+    #[serde(skip)]
     pub traceparent: Option<String>,
 }
 

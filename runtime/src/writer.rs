@@ -58,6 +58,9 @@ pub struct EventWriter {
     last: Sequence,
     last_time: Timestamp,
     output_exposed: bool,
+    /// `mrt_event_append_duration_seconds`, resolved once per writer (a registry lookup per
+    /// append would cost more than a memory append).
+    append_duration: metrics::Histogram,
 }
 
 impl std::fmt::Debug for EventWriter {
@@ -98,6 +101,7 @@ impl EventWriter {
             last,
             last_time,
             output_exposed: false,
+            append_duration: metrics::histogram!(telemetry::metric::EVENT_APPEND_DURATION_SECONDS),
         }
     }
 
@@ -143,8 +147,12 @@ impl EventWriter {
         let mut tries = 0;
         loop {
             tries += 1;
+            let started = std::time::Instant::now();
             match self.store.append_as(event.clone(), self.writer_id).await {
-                Ok(()) => break,
+                Ok(()) => {
+                    self.append_duration.record(started.elapsed().as_secs_f64());
+                    break;
+                }
                 Err(StoreError::Conflict { .. }) => return Err(WriteError::Fenced),
                 Err(StoreError::ExecutionLimit) => return Err(WriteError::Limit),
                 Err(e @ (StoreError::Unavailable(_) | StoreError::Closed)) if tries < MAX_TRIES => {

@@ -520,7 +520,8 @@ async fn replicas_are_applied_on_creation_and_reconciled_on_restart() {
     };
     // A standalone server records a raised setting on existing streams (and keeps one copy); a
     // cluster places the copies. Creating a replicated stream there is refused with the reason.
-    let refused = NatsBackend::connect(&server.url(), with(3), Duration::from_secs(30))
+    // Retried as a cluster still placing replicas would be, until the connect bound.
+    let refused = NatsBackend::connect(&server.url(), with(3), Duration::from_secs(2))
         .await
         .unwrap_err();
     assert!(refused.to_string().contains("replicas"), "{refused}");

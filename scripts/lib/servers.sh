@@ -43,3 +43,9 @@ ensure_haproxy() {
 ensure_curl() {
   command -v curl >/dev/null || apt_install curl
 }
+
+# prometheus from Debian, which the observability test (e2e-tests, observability) runs to
+# evaluate every query of the shipped Grafana dashboard.
+ensure_prometheus() {
+  command -v prometheus >/dev/null || apt_install prometheus
+}

@@ -15,12 +15,16 @@
 //!   cancellation.
 //! - [`pool`]: N concurrent runner slots pulling from a `JobQueue`, with graceful shutdown.
 //! - [`process`]: the `worker` binary: settings, startup, graceful shutdown.
+//! - [`instrument`]: metrics and spans of executions and provider attempts.
+//! - [`admin`]: the admin endpoint (`/metrics`, `/healthz`, `/readyz`).
 //!
 //! Adapters translate only; every decision (routing, fallback, ids) is the runner's, and the
 //! runner writes events through `runtime::EventWriter`, which assigns sequences and times.
 
+pub mod admin;
 pub mod deployment;
 pub mod flow;
+pub mod instrument;
 pub mod pool;
 pub mod process;
 pub mod provider;

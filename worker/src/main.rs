@@ -6,9 +6,7 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    worker::process::run(
-        worker::process::WorkerArgs::parse(),
-        worker::process::shutdown_signal(),
-    )
-    .await
+    // Handlers first: a signal at any later instant is a graceful stop.
+    let signal = worker::process::install_shutdown_signal();
+    worker::process::run(worker::process::WorkerArgs::parse(), signal).await
 }

@@ -144,14 +144,23 @@ async fn run_delivery(runner: &Runner, delivery: Delivery, heartbeat: Duration) 
         delivered,
         handle,
     } = delivery;
-    // The submitting request's W3C trace context travels in the job; it is recorded on the
-    // execution span so logs of both processes can be joined.
+    // The submitting request's W3C trace context travels in the job: the execution span
+    // continues that trace (exported over OTLP when configured), and its trace id is on every
+    // log line of the execution so logs of both processes can be joined.
     let span = tracing::info_span!(
         "execution",
         execution_id = %job.execution_id,
         delivered,
-        traceparent = job.traceparent.as_deref().unwrap_or(""),
+        trace_id = tracing::field::Empty,
     );
+    if let Some(traceparent) = job.traceparent.as_deref() {
+        telemetry::propagation::set_parent(&span, traceparent);
+    }
+    if let Some(trace_id) = telemetry::propagation::trace_id_of(&span)
+        .or_else(|| job.traceparent.as_deref().and_then(trace_id_of_traceparent))
+    {
+        span.record("trace_id", trace_id);
+    }
     let run = runner.run(&job, delivered).instrument(span);
     tokio::pin!(run);
     let outcome = loop {
@@ -174,4 +183,9 @@ async fn run_delivery(runner: &Runner, delivery: Delivery, heartbeat: Duration) 
         }
         RunOutcome::Abandoned => {}
     }
+}
+
+/// The trace id field of a validated `traceparent` (`00-<trace id>-<span id>-<flags>`).
+fn trace_id_of_traceparent(traceparent: &str) -> Option<String> {
+    traceparent.split('-').nth(1).map(str::to_owned)
 }

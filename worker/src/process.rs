@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use runtime::nats::{NatsConnectSettings, NatsServices, NatsSettings};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use config::{BackendKind, CommonArgs};
 
@@ -24,6 +26,13 @@ use crate::{PoolConfig, WorkerPool};
 pub struct WorkerArgs {
     #[command(flatten)]
     pub common: CommonArgs,
+    /// Address of the admin endpoint (`/metrics`, `/healthz`, `/readyz`).
+    #[arg(long, env = "MODEL_RUNTIME_ADMIN_HOST", default_value = "127.0.0.1")]
+    pub admin_host: std::net::IpAddr,
+    /// Port of the admin endpoint; `0` picks a free port and prints
+    /// `admin listening on http://HOST:PORT`.
+    #[arg(long, env = "MODEL_RUNTIME_ADMIN_PORT", default_value_t = 4321)]
+    pub admin_port: u16,
 }
 
 fn startup_error(message: &str, code: u8) -> ExitCode {
@@ -34,7 +43,9 @@ fn startup_error(message: &str, code: u8) -> ExitCode {
 /// The `worker` binary.
 pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = ()>) -> ExitCode {
     let common = &args.common;
-    common.init_tracing();
+    let _tracing =
+        telemetry::trace::init("worker", telemetry::LogFormat::json_if(common.json_logs()));
+    let exporter = telemetry::MetricsExporter::install();
     if common.backend == BackendKind::Memory {
         return startup_error(
             "the worker needs --backend nats (MODEL_RUNTIME_BACKEND=nats); with the memory backend the gateway runs executions itself",
@@ -73,26 +84,69 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
             );
         }
     };
-    let nats_lease = nats.queue.lease();
+    let admin = match TcpListener::bind((args.admin_host, args.admin_port)).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot bind the admin port");
+            return startup_error("cannot bind the admin endpoint; check --admin-port", 1);
+        }
+    };
+    if let Ok(addr) = admin.local_addr() {
+        println!("admin listening on http://{addr}");
+    }
+    for manifest in registry.manifests() {
+        for model in &manifest.models {
+            telemetry::metric::register_model(&manifest.provider, &model.model);
+        }
+    }
+    let stopping = CancellationToken::new();
+    let ready: crate::admin::Readiness = {
+        let connection = nats.connection.clone();
+        let stopping = stopping.clone();
+        Arc::new(move || connection.connected() && !stopping.is_cancelled())
+    };
+    let admin_task = tokio::spawn(crate::admin::serve(
+        admin,
+        exporter,
+        ready,
+        stopping.clone(),
+    ));
+    // Queue depth for `mrt_jobs_pending`: read from the server every few seconds, never per
+    // scrape, so scrapes stay cheap and the server sees one request per worker per period.
+    let queue = Arc::new(nats.queue);
+    let depth = {
+        let queue = Arc::clone(&queue);
+        let stopping = stopping.clone();
+        tokio::spawn(async move {
+            loop {
+                match queue.backlog().await {
+                    Ok(n) => metrics::gauge!(telemetry::metric::JOBS_PENDING).set(n as f64),
+                    Err(e) => tracing::debug!(error = %e, "cannot read the queue depth"),
+                }
+                tokio::select! {
+                    () = stopping.cancelled() => break,
+                    () = tokio::time::sleep(JOBS_PENDING_PERIOD) => {}
+                }
+            }
+        })
+    };
     let store: Arc<dyn runtime::EventStore> = Arc::new(nats.store);
-    let queue: Arc<dyn runtime::JobQueue> = Arc::new(nats.queue);
-    // Deliveries heartbeat at a third of the lease the server holds (see `NatsJobQueue`).
-    let heartbeat = nats_lease.unwrap_or_else(|| common.ack_wait()) / 3;
     // Closes executions past their deadline that no worker runs, e.g. a dead worker's
     // (contract §8); gateways run one too.
-    let sweeper_stop = tokio_util::sync::CancellationToken::new();
     runtime::DeadlineSweeper::new(
         Arc::clone(&store),
-        Arc::clone(&queue),
+        Arc::clone(&queue) as Arc<dyn runtime::JobQueue>,
         runtime::SweeperSettings::default(),
     )
-    .spawn(sweeper_stop.clone());
+    .spawn(stopping.clone());
     let runner = Arc::new(Runner::new(
         registry,
         store,
         Arc::new(nats.cancel),
         RunnerSettings::default(),
     ));
+    // Deliveries heartbeat at a third of the lease the server holds (see `NatsJobQueue`).
+    let heartbeat = queue.lease().unwrap_or_else(|| common.ack_wait()) / 3;
     let pool = WorkerPool::spawn(
         queue,
         runner,
@@ -105,14 +159,54 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
     tracing::info!(namespace = %common.namespace, workers = common.workers(), "worker started");
     shutdown.await;
     tracing::info!("shutting down");
-    sweeper_stop.cancel();
+    stopping.cancel();
     if !pool.shutdown(common.shutdown_grace()).await {
         tracing::warn!("grace period expired; remaining executions were cancelled");
     }
+    depth.abort();
+    let _ = admin_task.await;
     ExitCode::SUCCESS
 }
 
-/// Resolves on SIGTERM or SIGINT.
+/// How often the worker reads the queue depth from the server.
+const JOBS_PENDING_PERIOD: Duration = Duration::from_secs(5);
+
+/// Installs the SIGTERM and SIGINT handlers now and resolves on the first signal.
+///
+/// Installing before anything else means a signal during startup is a graceful stop, never the
+/// default disposition (which kills the process). `tokio::signal::ctrl_c` would install its
+/// handler only when first polled, hence the explicit unix signals.
+pub fn install_shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
+                }
+                (term, int) => {
+                    if let Err(e) = term.as_ref().and(int.as_ref()) {
+                        tracing::warn!(error = %e, "cannot install a signal handler");
+                    }
+                    shutdown_signal().await;
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        shutdown_signal()
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT; installs the handlers only when first polled (prefer
+/// [`install_shutdown_signal`]).
 pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;

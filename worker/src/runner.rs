@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::instrument::{self, AttemptMeter};
 use crate::provider::{ProviderCall, ProviderEvent, ProviderSink};
 use crate::registry::ProviderRegistry;
 
@@ -163,6 +164,9 @@ impl Runner {
         if head.terminal {
             return RunOutcome::Dropped;
         }
+        if delivered > 1 {
+            instrument::redelivered();
+        }
         let mut writer = EventWriter::resume(
             Arc::clone(&self.store),
             id,
@@ -181,8 +185,11 @@ impl Runner {
             } else {
                 interrupted_error()
             };
-            return self.finish(&mut writer, EventBody::Failed { error }).await;
+            return self
+                .finish(&mut writer, job.accepted_at, EventBody::Failed { error })
+                .await;
         }
+        instrument::queue_wait(job.accepted_at);
         // Watch only once this delivery may claim the log (still before the claim itself): a
         // dropped duplicate must not unwatch, and so disarm, the live attempt's cancel token.
         let cancel = self.cancel_bus.watch(id);
@@ -198,6 +205,7 @@ impl Runner {
             return self
                 .finish(
                     &mut writer,
+                    job.accepted_at,
                     EventBody::Failed {
                         error: RuntimeError::deadline_exceeded(),
                     },
@@ -208,6 +216,7 @@ impl Runner {
             return self
                 .finish(
                     &mut writer,
+                    job.accepted_at,
                     EventBody::Failed {
                         error: RuntimeError::cancelled(),
                     },
@@ -265,13 +274,22 @@ impl Runner {
                 }
             }
         };
-        self.finish(&mut writer, terminal).await
+        self.finish(&mut writer, job.accepted_at, terminal).await
     }
 
     /// Appends the terminal event.
-    async fn finish(&self, writer: &mut EventWriter, terminal: EventBody) -> RunOutcome {
+    async fn finish(
+        &self,
+        writer: &mut EventWriter,
+        accepted_at: Timestamp,
+        terminal: EventBody,
+    ) -> RunOutcome {
+        let metered = terminal.clone();
         match writer.append(terminal).await {
-            Ok(()) => RunOutcome::Finished,
+            Ok(()) => {
+                instrument::terminal(&metered, accepted_at);
+                RunOutcome::Finished
+            }
             Err(WriteError::Fenced) => RunOutcome::Dropped,
             Err(e) => {
                 tracing::error!(execution_id = %writer.execution_id(), error = %e, "cannot append terminal event");
@@ -322,6 +340,7 @@ impl Runner {
                 cancel: cancel.clone(),
                 write_error: None,
                 refused: None,
+                meter: None,
             };
             // The gate is taken after route.selected: a queued attempt is already routing [R 35].
             // Waiting for the gate is interruptible: a cancelled or expired execution leaves the
@@ -338,19 +357,26 @@ impl Runner {
                         model: &candidate.model,
                         cancel: cancel.clone(),
                     };
-                    // GenAI semantic-convention names; no prompt or output content in telemetry.
-                    let span = tracing::info_span!(
-                        "provider.attempt",
-                        gen_ai.system = %candidate.entry.provider.id(),
-                        gen_ai.request.model = %candidate.model,
+                    // Metrics and the attempt span (GenAI semantic-convention attributes, no
+                    // prompt or output content).
+                    let meter = AttemptMeter::start(
+                        candidate.entry.provider.id(),
+                        &candidate.model,
+                        &request.ability,
                         attempt,
                     );
-                    candidate
+                    let span = meter.span();
+                    sink.meter = Some(meter);
+                    let result = candidate
                         .entry
                         .provider
                         .execute(call, &mut sink)
                         .instrument(span)
-                        .await
+                        .await;
+                    if let Some(meter) = sink.meter.take() {
+                        meter.finish(result.as_ref().map(|_| ()));
+                    }
+                    result
                 }
                 Err(e) => Err(e),
             };
@@ -404,6 +430,8 @@ struct AttemptSink<'a> {
     write_error: Option<WriteError>,
     /// The first event this sink refused (cancelled, invalid usage).
     refused: Option<RuntimeError>,
+    /// The running attempt's metrics.
+    meter: Option<AttemptMeter>,
 }
 
 impl AttemptSink<'_> {
@@ -451,11 +479,25 @@ impl ProviderSink for AttemptSink<'_> {
                 if facts.is_empty() {
                     return Ok(());
                 }
+                if let Some(meter) = &mut self.meter {
+                    meter.usage(&facts);
+                }
                 EventBody::UsageReported { facts }
             }
         };
+        let output = matches!(
+            body,
+            EventBody::OutputDelta { .. }
+                | EventBody::ToolCallStarted { .. }
+                | EventBody::OutputResult { .. }
+        );
         match self.writer.append(body).await {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                if output && let Some(meter) = &mut self.meter {
+                    meter.output();
+                }
+                Ok(())
+            }
             Err(e) => {
                 self.write_error = Some(e);
                 Err(RuntimeError::internal())

@@ -85,6 +85,9 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The W3C trace context header of a job message.
+const TRACEPARENT: &str = "traceparent";
+
 /// See the module docs.
 pub struct NatsJobQueue {
     backend: NatsBackend,
@@ -122,6 +125,18 @@ impl NatsJobQueue {
     /// consumer was reconciled.
     pub fn lease(&self) -> Option<Duration> {
         self.lease.get().map(|l| l.get())
+    }
+
+    /// Jobs waiting plus jobs delivered and not yet acknowledged, as the server counts them for
+    /// the workers' consumer (one request; callers poll it periodically, never per scrape).
+    pub async fn backlog(&self) -> Result<u64, StoreError> {
+        let lease = self.shared_lease().await?;
+        let info = lease
+            .consumer
+            .get_info()
+            .await
+            .map_err(|e| unavailable("consumer info", e))?;
+        Ok(info.num_pending + u64::try_from(info.num_ack_pending).unwrap_or(0))
     }
 
     /// The shared durable consumer and its lease, reconciled on first use (workers only).
@@ -184,9 +199,12 @@ impl JobQueue for NatsJobQueue {
         self.backend.check_connected()?;
         let payload = serde_json::to_vec(job)
             .map_err(|e| StoreError::Unavailable(format!("encode job: {e}")))?;
-        let message = PublishMessage::build()
+        let mut message = PublishMessage::build()
             .payload(Bytes::from(payload))
             .message_id(job.execution_id.to_string());
+        if let Some(traceparent) = &job.traceparent {
+            message = message.header(TRACEPARENT, traceparent.as_str());
+        }
         let ack = self
             .backend
             .jetstream
@@ -231,7 +249,12 @@ impl JobQueue for NatsJobQueue {
             let delivered = message.info().map(|i| i.delivered).unwrap_or(1);
             let (message, acker) = message.split();
             match serde_json::from_slice::<Job>(&message.payload) {
-                Ok(job) => {
+                Ok(mut job) => {
+                    job.traceparent = message
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get(TRACEPARENT))
+                        .map(|v| v.as_str().to_owned());
                     return Ok(Some(Delivery {
                         job,
                         delivered: u32::try_from(delivered).unwrap_or(u32::MAX),

@@ -178,7 +178,20 @@ impl NatsBackend {
             jetstream: js,
             settings,
         };
-        backend.ensure_streams().await?;
+        // A cluster that is still electing its JetStream leaders (all nodes starting together,
+        // or a replicated stream being placed) times out API requests for a while: retry those
+        // until the connect bound, but not a setting the server refuses.
+        let started = std::time::Instant::now();
+        loop {
+            match backend.ensure_streams().await {
+                Ok(()) => break,
+                Err(StoreError::Unavailable(e)) if started.elapsed() < connect_timeout => {
+                    tracing::info!(error = %e, "JetStream not ready; retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
         Ok(backend)
     }
 

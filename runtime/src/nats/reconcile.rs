@@ -109,7 +109,7 @@ pub(crate) async fn stream(
                 let current = &existing.cached_info().config;
                 let fixed = immutable_differences(current, &desired);
                 if !fixed.is_empty() {
-                    return Err(StoreError::Unavailable(format!(
+                    return Err(StoreError::Misconfigured(format!(
                         "stream {name}: {} cannot be changed on an existing stream; delete the \
                          stream or use another namespace",
                         fixed.join(", ")

@@ -193,6 +193,8 @@ impl Cluster {
                 self.config.display().to_string(),
             ),
             ("MODEL_RUNTIME_SHUTDOWN_GRACE_MS".into(), "5000".into()),
+            // Several workers share the machine: each admin endpoint on a free port.
+            ("MODEL_RUNTIME_ADMIN_PORT".into(), "0".into()),
         ];
         env.extend(self.extra_env.iter().cloned());
         env
@@ -212,6 +214,18 @@ impl Cluster {
 
     pub fn worker(&self) -> Process {
         self.worker_with(&[])
+    }
+
+    /// A worker and the base URL of its admin endpoint (`/metrics`, `/healthz`, `/readyz`).
+    pub fn worker_with_admin(&self, env: &[(&str, &str)]) -> (Process, String) {
+        let mut all = self.env();
+        all.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        let (process, line) = spawn("worker", &[], &all, "admin listening on ", &self.dir);
+        let url = line
+            .trim_start_matches("admin listening on ")
+            .trim()
+            .to_owned();
+        (process, url)
     }
 
     pub fn worker_with(&self, env: &[(&str, &str)]) -> Process {

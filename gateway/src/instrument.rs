@@ -1,0 +1,97 @@
+//! HTTP request metrics: one middleware records `mrt_http_requests_total{route,method,status}`
+//! and `mrt_http_request_duration_seconds{route}` for every request.
+//!
+//! The `route` label is the matched route template (`/v1/executions/{id}`), never the raw path,
+//! so ids never become labels; requests that match no route share the label `unmatched`. Methods
+//! outside the standard set are counted as `other`. For SSE streams the duration ends when the
+//! response head is ready, not when the stream closes (`mrt_sse_streams_active` covers those).
+
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request};
+use axum::http::Method;
+use axum::middleware::Next;
+use axum::response::Response;
+use telemetry::metric;
+
+/// axum middleware (`axum::middleware::from_fn(instrument::record)`).
+pub async fn record(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method = method_label(request.method());
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::histogram!(metric::HTTP_REQUEST_DURATION_SECONDS, "route" => route.clone())
+        .record(started.elapsed().as_secs_f64());
+    metrics::counter!(
+        metric::HTTP_REQUESTS_TOTAL,
+        "route" => route,
+        "method" => method,
+        "status" => status
+    )
+    .increment(1);
+    response
+}
+
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::HEAD => "HEAD",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::Router;
+    use axum::body::Body;
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    use telemetry::MetricsExporter;
+    use tower::ServiceExt;
+
+    #[tokio::test]
+    async fn requests_are_counted_by_route_template_method_and_status() {
+        let exporter = MetricsExporter::install();
+        let app = Router::new()
+            .route("/v1/executions/{id}", get(|| async { StatusCode::OK }))
+            .fallback(|| async { StatusCode::NOT_FOUND })
+            .layer(axum::middleware::from_fn(record));
+        for path in [
+            "/v1/executions/abc",
+            "/v1/executions/def",
+            "/nowhere/secret-id",
+        ] {
+            let request = Request::get(path).body(Body::empty()).unwrap();
+            app.clone().oneshot(request).await.unwrap();
+        }
+        let text = exporter.render();
+        assert!(
+            text.contains(
+                "mrt_http_requests_total{route=\"/v1/executions/{id}\",method=\"GET\",status=\"200\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "mrt_http_requests_total{route=\"unmatched\",method=\"GET\",status=\"404\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "mrt_http_request_duration_seconds_count{route=\"/v1/executions/{id}\"} 2"
+            )
+        );
+        assert!(!text.contains("secret-id") && !text.contains("abc"));
+    }
+}

@@ -1,0 +1,197 @@
+//! The metric catalogue of contract.md section 9: names, help, buckets, label values.
+//!
+//! Names follow Prometheus conventions and, where they exist, the OpenTelemetry GenAI semantic
+//! conventions (dots become underscores). Labels are bounded: route templates (never raw paths),
+//! numeric statuses, the deployment's provider and model ids, portable error codes. Execution ids,
+//! keys and content never become labels.
+
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+
+pub const HTTP_REQUESTS_TOTAL: &str = "mrt_http_requests_total";
+pub const HTTP_REQUEST_DURATION_SECONDS: &str = "mrt_http_request_duration_seconds";
+pub const EXECUTIONS_TOTAL: &str = "mrt_executions_total";
+pub const EXECUTION_DURATION_SECONDS: &str = "mrt_execution_duration_seconds";
+pub const QUEUE_WAIT_SECONDS: &str = "mrt_queue_wait_seconds";
+pub const TIME_TO_FIRST_TOKEN_SECONDS: &str = "gen_ai_server_time_to_first_token_seconds";
+pub const OPERATION_DURATION_SECONDS: &str = "gen_ai_client_operation_duration_seconds";
+pub const TOKEN_USAGE: &str = "gen_ai_client_token_usage";
+pub const PROVIDER_ATTEMPTS_TOTAL: &str = "mrt_provider_attempts_total";
+pub const PROVIDER_INFLIGHT: &str = "mrt_provider_inflight";
+pub const EVENT_APPEND_DURATION_SECONDS: &str = "mrt_event_append_duration_seconds";
+pub const JOBS_PENDING: &str = "mrt_jobs_pending";
+pub const JOB_REDELIVERIES_TOTAL: &str = "mrt_job_redeliveries_total";
+/// Rendered by each gateway from its own stream count (its shutdown waits on that count), not
+/// through the `metrics` facade.
+pub const SSE_STREAMS_ACTIVE: &str = "mrt_sse_streams_active";
+
+/// `outcome` label values of executions.
+pub mod outcome {
+    pub const SUCCEEDED: &str = "succeeded";
+    pub const FAILED: &str = "failed";
+    pub const CANCELLED: &str = "cancelled";
+}
+
+/// `code` label value of an execution that did not fail.
+pub const NO_CODE: &str = "none";
+
+/// `gen_ai_token_type` label values.
+pub mod token_type {
+    pub const INPUT: &str = "input";
+    pub const OUTPUT: &str = "output";
+}
+
+/// Sub-millisecond resolution: a JetStream append is ~0.1-1 ms, a memory append ~1 µs.
+pub const APPEND_BUCKETS: &[f64] = &[
+    0.000_01, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 1.0,
+];
+/// HTTP handlers answer in well under a millisecond to seconds (SSE streams are excluded).
+pub const HTTP_BUCKETS: &[f64] = &[
+    0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0,
+];
+/// Executions and provider operations: the GenAI conventions' advice, 10 ms to ~80 s, plus the
+/// long tail up to the maximum deadline.
+pub const EXECUTION_BUCKETS: &[f64] = &[
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92, 300.0,
+    900.0,
+];
+/// Time to first token: the GenAI conventions' advice.
+pub const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+/// Queue wait: from acceptance to a worker starting the job.
+pub const QUEUE_WAIT_BUCKETS: &[f64] = &[
+    0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+/// Token counts per operation: the GenAI conventions' powers of four.
+pub const TOKEN_BUCKETS: &[f64] = &[
+    1.0,
+    4.0,
+    16.0,
+    64.0,
+    256.0,
+    1_024.0,
+    4_096.0,
+    16_384.0,
+    65_536.0,
+    262_144.0,
+    1_048_576.0,
+    4_194_304.0,
+    16_777_216.0,
+    67_108_864.0,
+];
+
+/// Every histogram with its buckets.
+pub const HISTOGRAMS: &[(&str, &[f64])] = &[
+    (HTTP_REQUEST_DURATION_SECONDS, HTTP_BUCKETS),
+    (EXECUTION_DURATION_SECONDS, EXECUTION_BUCKETS),
+    (QUEUE_WAIT_SECONDS, QUEUE_WAIT_BUCKETS),
+    (TIME_TO_FIRST_TOKEN_SECONDS, TTFT_BUCKETS),
+    (OPERATION_DURATION_SECONDS, EXECUTION_BUCKETS),
+    (TOKEN_USAGE, TOKEN_BUCKETS),
+    (EVENT_APPEND_DURATION_SECONDS, APPEND_BUCKETS),
+];
+
+/// Execution-level codes of contract.md section 2 (the `code` label of failed executions).
+pub const EXECUTION_CODES: &[&str] = &[
+    "capability_unavailable",
+    "queue_full",
+    "rate_limited",
+    "deadline_exceeded",
+    "cancelled",
+    "provider_unavailable",
+    "provider_protocol_error",
+    "internal_error",
+];
+
+/// Describes every metric and registers the unlabelled ones and every bounded label combination
+/// known in advance at 0, so dashboards and alerts see a series from startup. Idempotent.
+pub fn register() {
+    describe_counter!(
+        HTTP_REQUESTS_TOTAL,
+        "HTTP requests by route template, method and status."
+    );
+    describe_histogram!(
+        HTTP_REQUEST_DURATION_SECONDS,
+        Unit::Seconds,
+        "Time to answer an HTTP request (SSE streams: until headers)."
+    );
+    describe_counter!(
+        EXECUTIONS_TOTAL,
+        "Executions that reached a terminal event, by outcome and code."
+    );
+    describe_histogram!(
+        EXECUTION_DURATION_SECONDS,
+        Unit::Seconds,
+        "Time from acceptance to the terminal event, by provider, model and outcome."
+    );
+    describe_histogram!(
+        QUEUE_WAIT_SECONDS,
+        Unit::Seconds,
+        "Time from acceptance until a worker starts the execution."
+    );
+    describe_histogram!(
+        TIME_TO_FIRST_TOKEN_SECONDS,
+        Unit::Seconds,
+        "Time from the start of a provider attempt to its first output."
+    );
+    describe_histogram!(
+        OPERATION_DURATION_SECONDS,
+        Unit::Seconds,
+        "Duration of one provider attempt (GenAI client operation)."
+    );
+    describe_histogram!(
+        TOKEN_USAGE,
+        Unit::Count,
+        "Tokens reported by providers per attempt, by token type."
+    );
+    describe_counter!(
+        PROVIDER_ATTEMPTS_TOTAL,
+        "Provider attempts by provider, model and outcome."
+    );
+    describe_gauge!(
+        PROVIDER_INFLIGHT,
+        "Provider attempts running now in this process."
+    );
+    describe_histogram!(
+        EVENT_APPEND_DURATION_SECONDS,
+        Unit::Seconds,
+        "Time of one append to the event store, acknowledgement included."
+    );
+    describe_gauge!(
+        JOBS_PENDING,
+        "Jobs waiting or unacknowledged in the shared queue (nats mode)."
+    );
+    describe_counter!(
+        JOB_REDELIVERIES_TOTAL,
+        "Jobs delivered again after a worker stopped acknowledging."
+    );
+
+    metrics::counter!(JOB_REDELIVERIES_TOTAL).absolute(0);
+    metrics::counter!(EXECUTIONS_TOTAL, "outcome" => outcome::SUCCEEDED, "code" => NO_CODE)
+        .absolute(0);
+    for &code in EXECUTION_CODES {
+        let outcome = if code == "cancelled" {
+            outcome::CANCELLED
+        } else {
+            outcome::FAILED
+        };
+        metrics::counter!(EXECUTIONS_TOTAL, "outcome" => outcome, "code" => code).absolute(0);
+    }
+}
+
+/// Registers the per-provider series of one configured model at 0 (attempts by outcome,
+/// in-flight), so a provider that never ran still shows up.
+pub fn register_model(provider: &str, model: &str) {
+    for outcome in ["succeeded", "failed"] {
+        metrics::counter!(
+            PROVIDER_ATTEMPTS_TOTAL,
+            "provider" => provider.to_owned(),
+            "model" => model.to_owned(),
+            "outcome" => outcome
+        )
+        .absolute(0);
+    }
+    metrics::gauge!(PROVIDER_INFLIGHT, "provider" => provider.to_owned()).increment(0.0);
+}

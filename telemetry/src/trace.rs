@@ -1,0 +1,112 @@
+//! Logs and spans: the `tracing` subscriber of every binary.
+//!
+//! Logs go to stderr as text or JSON lines, filtered by `RUST_LOG` (default `info`). Spans are
+//! exported over OTLP/HTTP only when `OTEL_EXPORTER_OTLP_ENDPOINT` or
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set (and `OTEL_SDK_DISABLED` is not `true`); every
+//! other setting comes from the standard variables the OpenTelemetry SDK reads itself
+//! (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`,
+//! `OTEL_EXPORTER_OTLP_HEADERS`, `..._TIMEOUT`). Export is batched on the SDK's own thread with a
+//! bounded queue: a collector that is down or slow drops spans, it never blocks a request.
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// Log line format on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl LogFormat {
+    /// `Json` when `json`, else `Text`.
+    pub fn json_if(json: bool) -> Self {
+        if json { Self::Json } else { Self::Text }
+    }
+}
+
+/// Keeps the span exporter alive; dropping it flushes what is queued (bounded by the exporter's
+/// timeout) and stops export.
+#[derive(Debug, Default)]
+pub struct TracingGuard {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl TracingGuard {
+    /// True when spans are exported over OTLP.
+    pub fn exporting(&self) -> bool {
+        self.provider.is_some()
+    }
+}
+
+impl Drop for TracingGuard {
+    fn drop(&mut self) {
+        if let Some(provider) = self.provider.take() {
+            let _ = provider.shutdown();
+        }
+    }
+}
+
+/// Whether the environment asks for OTLP span export.
+pub fn otlp_configured() -> bool {
+    let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
+    !disabled && (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+}
+
+/// Installs the global subscriber for a binary named `service` (the default service name when
+/// `OTEL_SERVICE_NAME` is unset). A second call in one process is a no-op for logs.
+pub fn init(service: &'static str, format: LogFormat) -> TracingGuard {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Json => fmt
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .boxed(),
+        LogFormat::Text => fmt.boxed(),
+    };
+    let (otel, provider) = match otlp_provider(service) {
+        Ok(Some(provider)) => {
+            let tracer = provider.tracer(service);
+            let layer = tracing_opentelemetry::layer().with_tracer(tracer);
+            (Some(layer), Some(provider))
+        }
+        Ok(None) => (None, None),
+        Err(message) => {
+            // The subscriber is not up yet: this is the one place stderr is written directly.
+            eprintln!("OTLP trace export disabled: {message}");
+            (None, None)
+        }
+    };
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(otel)
+        .try_init();
+    TracingGuard { provider }
+}
+
+fn otlp_provider(service: &'static str) -> Result<Option<SdkTracerProvider>, String> {
+    if !otlp_configured() {
+        return Ok(None);
+    }
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .build()
+        .map_err(|err| format!("exporter: {err}"))?;
+    let mut resource = Resource::builder();
+    if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
+        resource = resource.with_service_name(service);
+    }
+    let provider = SdkTracerProvider::builder()
+        .with_resource(resource.build())
+        .with_batch_exporter(exporter)
+        .build();
+    Ok(Some(provider))
+}
