@@ -72,6 +72,13 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
             }
         } {
             Ok((backend, nats)) => {
+                // Closes executions past their deadline that no worker runs (contract §8).
+                runtime::DeadlineSweeper::new(
+                    Arc::clone(&backend.store),
+                    Arc::clone(&backend.queue),
+                    runtime::SweeperSettings::default(),
+                )
+                .spawn(stop.clone());
                 let mut limits = crate::embedded::api_limits(&deployment);
                 limits.max_body_bytes = crate::distributed::effective_body_limit(
                     limits.max_body_bytes,

@@ -373,6 +373,17 @@ pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
     queue.publish(&a).await.unwrap();
     queue.publish(&a).await.unwrap(); // absorbed by the dedupe window
     queue.publish(&b).await.unwrap();
+    // A scan lists held jobs in publish order without taking them, and continues after a
+    // position.
+    let held = queue.scan(0, 10).await.unwrap();
+    let held_ids: Vec<_> = held.iter().map(|j| j.execution_id).collect();
+    assert_eq!(held_ids, [a.execution_id, b.execution_id]);
+    assert!(held[0].position < held[1].position);
+    assert_eq!(held[0].deadline_at, a.deadline_at);
+    assert_eq!(queue.scan(0, 1).await.unwrap().len(), 1, "the limit holds");
+    let after_first = queue.scan(held[0].position, 10).await.unwrap();
+    assert_eq!(after_first.len(), 1);
+    assert_eq!(after_first[0].execution_id, b.execution_id);
     let first = tokio::time::timeout(PROMPT, queue.receive())
         .await
         .unwrap()
@@ -386,6 +397,15 @@ pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
         .unwrap()
         .unwrap();
     second.handle.ack().await.unwrap();
+    // Acknowledged jobs leave the scan.
+    let until = tokio::time::Instant::now() + PROMPT;
+    while !queue.scan(0, 10).await.unwrap().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "acked jobs still scanned"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let mut got = vec![first.job.execution_id, second.job.execution_id];
     got.sort();
     let mut want = vec![a.execution_id, b.execution_id];

@@ -55,6 +55,16 @@ impl std::fmt::Debug for Delivery {
     }
 }
 
+/// A job the queue still holds (waiting, or delivered and not acknowledged), as a deadline
+/// sweeper sees it: where it sits in the queue and when its execution must be over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueuedJob {
+    /// Position in the queue, increasing in publish order; a scan continues after it.
+    pub position: u64,
+    pub execution_id: ExecutionId,
+    pub deadline_at: Timestamp,
+}
+
 /// A work queue of jobs shared by every worker.
 ///
 /// Contract (checked by `contract::job_queue_suite`):
@@ -65,6 +75,10 @@ impl std::fmt::Debug for Delivery {
 ///   queue was closed.
 /// - An unacknowledged delivery whose lease lapses is redelivered with `delivered` + 1
 ///   (memory queues never lose a lease: their only consumer is in the same process).
+/// - `scan` lists jobs the queue still holds with a position after `after`, in position order,
+///   at most `limit`, without taking or disturbing any delivery; any process may call it (the
+///   deadline sweeper of every gateway and worker does). A job published later always gets a
+///   greater position, so a scanner that continues from the last position it saw misses none.
 #[async_trait]
 pub trait JobQueue: Send + Sync + 'static {
     async fn publish(&self, job: &Job) -> Result<(), StoreError>;
@@ -72,4 +86,6 @@ pub trait JobQueue: Send + Sync + 'static {
     /// Stops handing out jobs; pending `receive` calls return `Ok(None)`.
     fn close(&self);
     async fn ready(&self) -> Result<(), StoreError>;
+    /// Held jobs after position `after` (see the contract above).
+    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<QueuedJob>, StoreError>;
 }

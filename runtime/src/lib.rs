@@ -9,6 +9,8 @@
 //! - [`idempotency`]: the `IdempotencyStore` trait (one atomic claim per key).
 //! - [`cancel`]: the `CancelBus` trait that carries cancellation to the process running an
 //!   execution.
+//! - [`deadline`]: `DeadlineSweeper`, which closes executions whose deadline passed while no
+//!   worker ran them (every gateway and worker process runs one).
 //! - [`writer`]: `EventWriter`, the only place sequences and event times are assigned; the
 //!   worker's runner and the gateway's submission flow both write through it.
 //! - [`memory`]: in-process implementations of all four, used by embedded mode and tests.
@@ -27,6 +29,7 @@
 pub mod cancel;
 #[cfg(any(test, feature = "contract-tests"))]
 pub mod contract;
+pub mod deadline;
 pub mod error;
 pub mod event_store;
 pub mod idempotency;
@@ -38,8 +41,9 @@ pub mod redis_idempotency;
 pub mod writer;
 
 pub use cancel::CancelBus;
+pub use deadline::{DeadlineSweeper, SweepReport, SweeperSettings};
 pub use error::StoreError;
 pub use event_store::{EventRecord, EventStore, EventStream, LogHead, WriterId};
 pub use idempotency::{IdempotencyRecord, IdempotencyStore};
-pub use job::{Delivery, DeliveryHandle, Job, JobQueue};
+pub use job::{Delivery, DeliveryHandle, Job, JobQueue, QueuedJob};
 pub use writer::{EventWriter, WriteError};

@@ -130,9 +130,18 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
             }
         })
     };
+    let store: Arc<dyn runtime::EventStore> = Arc::new(nats.store);
+    // Closes executions past their deadline that no worker runs, e.g. a dead worker's
+    // (contract §8); gateways run one too.
+    runtime::DeadlineSweeper::new(
+        Arc::clone(&store),
+        Arc::clone(&queue) as Arc<dyn runtime::JobQueue>,
+        runtime::SweeperSettings::default(),
+    )
+    .spawn(stopping.clone());
     let runner = Arc::new(Runner::new(
         registry,
-        Arc::new(nats.store),
+        store,
         Arc::new(nats.cancel),
         RunnerSettings::default(),
     ));

@@ -10,7 +10,8 @@
 //!   exhaustion is terminal `deadline_exceeded`, never retried [R 40];
 //! - cancellation [R 41] and worker loss (architecture invariant 4): a redelivered job whose log
 //!   shows a started attempt fails with `internal_error` "remote outcome is unknown" instead of
-//!   calling the provider again.
+//!   calling the provider again. Failure messages name the cause: a worker that stopped
+//!   heartbeating, or an event store that was unreachable.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -87,13 +88,25 @@ impl From<WriteError> for Stop {
     }
 }
 
-/// "Execution was interrupted; remote outcome is unknown".
+/// The failure of a redelivered job whose previous holder had started: its lease lapsed, so
+/// that worker stopped heartbeating (it died, or lost its connection to NATS).
 pub fn interrupted_error() -> RuntimeError {
     RuntimeError::new(
         ErrorCode::InternalError,
-        "Execution was interrupted by a worker failure; remote outcome is unknown",
+        "Execution was interrupted: its worker stopped heartbeating; remote outcome is unknown",
         false,
     )
+}
+
+/// The failure of an execution whose events the store would not take even after retries.
+/// `provider_may_have_run`: an attempt was routed, so a provider may have accepted the call.
+pub fn store_unreachable_error(provider_may_have_run: bool) -> RuntimeError {
+    let message = if provider_may_have_run {
+        "Execution event store was unreachable; remote outcome is unknown"
+    } else {
+        "Execution event store was unreachable"
+    };
+    RuntimeError::new(ErrorCode::InternalError, message, false)
 }
 
 fn limit_error() -> RuntimeError {
@@ -166,14 +179,14 @@ impl Runner {
                 return RunOutcome::Dropped;
             }
             // The previous holder died mid-execution: the provider may have accepted the call.
+            // Past the deadline, the deadline is what ended it (contract: no worker ran it).
+            let error = if job.deadline_at.unix_millis() <= Timestamp::now().unix_millis() {
+                RuntimeError::deadline_exceeded()
+            } else {
+                interrupted_error()
+            };
             return self
-                .finish(
-                    &mut writer,
-                    job.accepted_at,
-                    EventBody::Failed {
-                        error: interrupted_error(),
-                    },
-                )
+                .finish(&mut writer, job.accepted_at, EventBody::Failed { error })
                 .await;
         }
         instrument::queue_wait(job.accepted_at);
@@ -241,6 +254,15 @@ impl Runner {
                 error: limit_error(),
             },
             Ending::Routed(Err(Stop::Write(WriteError::Fenced))) => return RunOutcome::Dropped,
+            Ending::Routed(Err(Stop::Write(WriteError::Store(
+                e @ (runtime::StoreError::Unavailable(_) | runtime::StoreError::Closed),
+            )))) => {
+                tracing::error!(execution_id = %id, error = %e, "event store unreachable");
+                // Past sequence 1 a route was selected: its provider may have been called.
+                EventBody::Failed {
+                    error: store_unreachable_error(writer.last_sequence().get() > 1),
+                }
+            }
             Ending::Routed(Err(Stop::Write(WriteError::Store(e)))) => {
                 tracing::error!(execution_id = %id, error = %e, "event storage failed");
                 EventBody::Failed {

@@ -1041,6 +1041,30 @@ async fn a_redelivered_job_with_a_started_attempt_fails_as_interrupted() {
 }
 
 #[tokio::test]
+async fn a_redelivered_job_past_its_deadline_fails_with_deadline_exceeded() {
+    // Contract §8: the deadline, not the lost worker, ended an execution nobody ran in time.
+    let a = ScriptedProvider::succeeding("a");
+    let h = Harness::scripted(&[&a]);
+    let mut job = h.submit(&text_request(FALLBACK), LONG).await;
+    job.deadline_at = Timestamp::from_unix_millis(Timestamp::now().unix_millis() - 10);
+    h.append_foreign(job.execution_id, selected("a", 1)).await;
+
+    assert_eq!(h.runner.run(&job, 2).await, RunOutcome::Finished);
+
+    h.assert_log(
+        job.execution_id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            failed(RuntimeError::deadline_exceeded()),
+        ],
+    )
+    .await;
+    assert_eq!(a.calls(), 0);
+    assert!(interrupted_error().message.contains("stopped heartbeating"));
+}
+
+#[tokio::test]
 async fn a_first_delivery_of_a_claimed_log_is_dropped() {
     let a = ScriptedProvider::succeeding("a");
     let h = Harness::scripted(&[&a]);

@@ -1,7 +1,9 @@
 //! The in-memory job queue: an unbounded channel (admission bounds it) with a short dedupe
-//! window on execution ids.
+//! window on execution ids. Jobs are also listed by position until acknowledged, so `scan`
+//! behaves as in the NATS queue (admission bounds that list too).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -11,12 +13,18 @@ use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::StoreError;
-use crate::job::{Delivery, DeliveryHandle, Job, JobQueue};
+use crate::job::{Delivery, DeliveryHandle, Job, JobQueue, QueuedJob};
 
 const DEDUPE_WINDOW: Duration = Duration::from_secs(120);
 /// Most ids remembered, whatever the window: keeps memory flat at high throughput. Embedded
 /// mode publishes each execution once, so the window only guards against a retried publish.
 const DEDUPE_MAX_IDS: usize = 65_536;
+
+#[derive(Default)]
+struct Held {
+    next: u64,
+    jobs: BTreeMap<u64, QueuedJob>,
+}
 
 #[derive(Default)]
 struct Dedupe {
@@ -26,9 +34,11 @@ struct Dedupe {
 
 /// See the module docs.
 pub struct MemoryJobQueue {
-    tx: mpsc::UnboundedSender<Job>,
-    rx: Mutex<mpsc::UnboundedReceiver<Job>>,
+    tx: mpsc::UnboundedSender<(u64, Job)>,
+    rx: Mutex<mpsc::UnboundedReceiver<(u64, Job)>>,
     dedupe: SyncMutex<Dedupe>,
+    /// Jobs published and not yet acknowledged, by position.
+    held: Arc<SyncMutex<Held>>,
     closed: CancellationToken,
 }
 
@@ -51,16 +61,22 @@ impl MemoryJobQueue {
             tx,
             rx: Mutex::new(rx),
             dedupe: SyncMutex::new(Dedupe::default()),
+            held: Arc::new(SyncMutex::new(Held::default())),
             closed: CancellationToken::new(),
         }
     }
 }
 
-struct NoopHandle;
+/// Acknowledging removes the job from the held list; the lease never lapses.
+struct MemoryHandle {
+    held: Arc<SyncMutex<Held>>,
+    position: u64,
+}
 
 #[async_trait]
-impl DeliveryHandle for NoopHandle {
+impl DeliveryHandle for MemoryHandle {
     async fn ack(&self) -> Result<(), StoreError> {
+        self.held.lock().jobs.remove(&self.position);
         Ok(())
     }
     async fn in_progress(&self) -> Result<(), StoreError> {
@@ -89,7 +105,24 @@ impl JobQueue for MemoryJobQueue {
             }
             d.order.push_back((now, job.execution_id));
         }
-        self.tx.send(job.clone()).map_err(|_| StoreError::Closed)
+        let position = {
+            let mut held = self.held.lock();
+            held.next += 1;
+            let position = held.next;
+            held.jobs.insert(
+                position,
+                QueuedJob {
+                    position,
+                    execution_id: job.execution_id,
+                    deadline_at: job.deadline_at,
+                },
+            );
+            position
+        };
+        self.tx.send((position, job.clone())).map_err(|_| {
+            self.held.lock().jobs.remove(&position);
+            StoreError::Closed
+        })
     }
 
     async fn receive(&self) -> Result<Option<Delivery>, StoreError> {
@@ -98,7 +131,11 @@ impl JobQueue for MemoryJobQueue {
             () = self.closed.cancelled() => return Ok(None),
         };
         tokio::select! {
-            job = rx.recv() => Ok(job.map(|job| Delivery { job, delivered: 1, handle: Box::new(NoopHandle) })),
+            job = rx.recv() => Ok(job.map(|(position, job)| Delivery {
+                job,
+                delivered: 1,
+                handle: Box::new(MemoryHandle { held: Arc::clone(&self.held), position }),
+            })),
             () = self.closed.cancelled() => Ok(None),
         }
     }
@@ -114,6 +151,16 @@ impl JobQueue for MemoryJobQueue {
             Ok(())
         }
     }
+
+    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<QueuedJob>, StoreError> {
+        let held = self.held.lock();
+        Ok(held
+            .jobs
+            .range(after.saturating_add(1)..)
+            .take(limit)
+            .map(|(_, job)| *job)
+            .collect())
+    }
 }
 
 impl MemoryJobQueue {
@@ -122,7 +169,8 @@ impl MemoryJobQueue {
     pub fn take_pending(&self) -> Vec<Job> {
         let mut out = Vec::new();
         if let Ok(mut rx) = self.rx.try_lock() {
-            while let Ok(job) = rx.try_recv() {
+            while let Ok((position, job)) = rx.try_recv() {
+                self.held.lock().jobs.remove(&position);
                 out.push(job);
             }
         }

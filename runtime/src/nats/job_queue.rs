@@ -9,6 +9,11 @@
 //! local value would let the server redeliver healthy executions. (A delivery already waiting
 //! for its next beat when the lease shrinks keeps that one wait: shrinking the lease below a
 //! third of the old one while executions run may still cost them a redelivery.)
+//!
+//! `scan` reads held jobs with the stream's message-get API (`next_by_subj` from a sequence),
+//! one request per job: a WorkQueue stream admits no second consumer overlapping the workers'
+//! one, and a get neither takes nor delays a delivery. Acknowledged jobs are gone from the
+//! stream, so a scan reads only jobs waiting or running (at most `max_jobs`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +22,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::AckKind;
 use async_nats::jetstream::consumer::{self, PullConsumer};
 use async_nats::jetstream::message::{Acker, PublishMessage};
+use async_nats::jetstream::stream::RawMessageErrorKind;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -25,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{NatsBackend, unavailable};
 use crate::error::StoreError;
-use crate::job::{Delivery, DeliveryHandle, Job, JobQueue};
+use crate::job::{Delivery, DeliveryHandle, Job, JobQueue, QueuedJob};
 
 /// How long one fetch waits for a job before asking again.
 const FETCH_EXPIRES: Duration = Duration::from_secs(5);
@@ -86,6 +92,8 @@ const TRACEPARENT: &str = "traceparent";
 pub struct NatsJobQueue {
     backend: NatsBackend,
     lease: OnceCell<Arc<Lease>>,
+    /// The jobs stream, looked up on the first scan.
+    jobs_stream: OnceCell<async_nats::jetstream::stream::Stream>,
     closed: CancellationToken,
 }
 
@@ -100,6 +108,7 @@ impl NatsJobQueue {
         Self {
             backend,
             lease: OnceCell::new(),
+            jobs_stream: OnceCell::new(),
             closed: CancellationToken::new(),
         }
     }
@@ -269,5 +278,46 @@ impl JobQueue for NatsJobQueue {
 
     async fn ready(&self) -> Result<(), StoreError> {
         self.backend.check_connected()
+    }
+
+    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<QueuedJob>, StoreError> {
+        self.backend.check_connected()?;
+        let stream = self
+            .jobs_stream
+            .get_or_try_init(|| async {
+                self.backend
+                    .jetstream
+                    .get_stream(self.backend.settings.jobs_stream())
+                    .await
+                    .map_err(|e| unavailable("jobs stream", e))
+            })
+            .await?;
+        let subject = self.backend.settings.jobs_subject();
+        let mut out = Vec::new();
+        let mut next = after.saturating_add(1);
+        while out.len() < limit {
+            let message = match stream
+                .raw_message_builder()
+                .sequence(next)
+                .next_by_subject(subject.clone())
+                .send()
+                .await
+            {
+                Ok(message) => message,
+                Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => break,
+                Err(e) => return Err(unavailable("scan jobs", e)),
+            };
+            next = message.sequence.saturating_add(1);
+            match serde_json::from_slice::<Job>(&message.payload) {
+                Ok(job) => out.push(QueuedJob {
+                    position: message.sequence,
+                    execution_id: job.execution_id,
+                    deadline_at: job.deadline_at,
+                }),
+                // `receive` terminates undecodable jobs; a scan just skips them.
+                Err(_) => continue,
+            }
+        }
+        Ok(out)
     }
 }

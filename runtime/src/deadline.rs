@@ -1,0 +1,432 @@
+//! Deadline enforcement that does not need a live worker.
+//!
+//! A worker enforces the deadline of the execution it runs with its own timer. Nothing did when
+//! no worker ran the execution: none alive (the job waits in the queue), or its worker died (the
+//! job waits for its lease to lapse, then for another worker). The contract wants such an
+//! execution to end with `deadline_exceeded` at most 2 s after its deadline, written by any
+//! gateway or worker. Every gateway and worker process therefore runs a [`DeadlineSweeper`].
+//!
+//! How it works, and why:
+//! - It follows the job queue with [`JobQueue::scan`] from the last position it saw, keeping
+//!   `(deadline, execution)` of every job the queue holds in a local index ordered by deadline.
+//!   The queue is the source because it already holds every job not yet finished (acknowledged
+//!   jobs leave it), bounded by the cluster's admission limit; a separate deadline index would
+//!   cost one more write per submission and could disagree with the queue. Following from a
+//!   cursor reads each job once per process, not once per sweep; a process that starts (or
+//!   restarts) scans from the beginning, so jobs of a gateway that died are covered by the others.
+//! - Every [`SweeperSettings::interval`], executions whose deadline passed more than
+//!   [`SweeperSettings::grace`] ago are taken from the index; for each, the log's head is read and,
+//!   unless terminal, `execution.failed` `deadline_exceeded` is appended through [`EventWriter`]
+//!   from that head. The append is compare-and-set, so concurrent sweepers, a live worker and a
+//!   late worker all race safely: exactly one terminal is stored, nothing follows it, and a
+//!   worker that later takes the job finds the log terminal and drops it. The grace leaves the
+//!   worker running an execution a moment to close it itself (its timer fires at the deadline);
+//!   either way the terminal is the same `deadline_exceeded`.
+//! - An execution the store could not be asked about, or whose append lost a race without the
+//!   log becoming terminal, stays in the index and is tried again on the next sweep.
+//! - Memory: the index holds at most [`SweeperSettings::max_indexed`] jobs; when full, the cursor
+//!   stops advancing until deadlines pass (those jobs stay in the queue, so none is lost, only
+//!   enforced later). Each indexed job costs one head read when its deadline passes, whether or
+//!   not it is still running; that is the price of not tracking acknowledgements.
+//! - The sweeper does not remove the job from the queue (it does not hold the delivery); the next
+//!   worker to receive it acknowledges and drops it.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::event::EventBody;
+use protocol::{ExecutionId, RuntimeError, Timestamp};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::StoreError;
+use crate::event_store::EventStore;
+use crate::job::JobQueue;
+use crate::writer::EventWriter;
+
+/// Sweeper settings.
+#[derive(Debug, Clone)]
+pub struct SweeperSettings {
+    /// Time between sweeps; with `grace`, the worst delay from a deadline to its terminal event
+    /// (plus a store round trip) must stay under the contract's 2 s.
+    pub interval: Duration,
+    /// How long after a deadline the sweeper waits for a live worker to close the execution.
+    pub grace: Duration,
+    /// Jobs read from the queue per request batch.
+    pub scan_batch: usize,
+    /// Most jobs kept in the index.
+    pub max_indexed: usize,
+}
+
+impl Default for SweeperSettings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(500),
+            grace: Duration::from_millis(250),
+            scan_batch: 256,
+            max_indexed: 1_000_000,
+        }
+    }
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Jobs newly read from the queue.
+    pub scanned: usize,
+    /// Executions this sweep closed with `deadline_exceeded`.
+    pub closed: usize,
+    /// Expired executions left for the next sweep (store unreachable or a lost race).
+    pub retry: usize,
+}
+
+/// See the module docs.
+pub struct DeadlineSweeper {
+    store: Arc<dyn EventStore>,
+    queue: Arc<dyn JobQueue>,
+    settings: SweeperSettings,
+    /// Last queue position read.
+    cursor: u64,
+    /// Indexed jobs by deadline (unix milliseconds).
+    index: BTreeSet<(i64, ExecutionId)>,
+}
+
+impl std::fmt::Debug for DeadlineSweeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeadlineSweeper")
+            .field("cursor", &self.cursor)
+            .field("indexed", &self.index.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What became of one expired execution.
+enum Closing {
+    /// Terminal now, by this sweeper.
+    Closed,
+    /// Terminal already, or gone: nothing to do.
+    Done,
+    /// Try again next sweep.
+    Retry,
+}
+
+impl DeadlineSweeper {
+    pub fn new(
+        store: Arc<dyn EventStore>,
+        queue: Arc<dyn JobQueue>,
+        settings: SweeperSettings,
+    ) -> Self {
+        Self {
+            store,
+            queue,
+            settings,
+            cursor: 0,
+            index: BTreeSet::new(),
+        }
+    }
+
+    /// Jobs in the index now.
+    pub fn indexed(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Runs a sweep every `interval` until `stop` fires.
+    pub fn spawn(mut self, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(self.settings.interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let report = self.sweep().await;
+                if report.closed > 0 {
+                    tracing::info!(
+                        closed = report.closed,
+                        "executions closed past their deadline"
+                    );
+                }
+            }
+        })
+    }
+
+    /// One sweep: reads new jobs, then closes every execution past its deadline and grace.
+    pub async fn sweep(&mut self) -> SweepReport {
+        let mut report = SweepReport::default();
+        match self.follow_queue().await {
+            Ok(scanned) => report.scanned = scanned,
+            // Expired executions already indexed are still closed below.
+            Err(e) => tracing::warn!(error = %e, "deadline sweeper cannot read the job queue"),
+        }
+        let grace = i64::try_from(self.settings.grace.as_millis()).unwrap_or(i64::MAX);
+        let due_before = Timestamp::now().unix_millis().saturating_sub(grace);
+        let mut expired = Vec::new();
+        while let Some(&(deadline, id)) = self.index.first() {
+            if deadline > due_before {
+                break;
+            }
+            self.index.pop_first();
+            expired.push((deadline, id));
+        }
+        for (deadline, id) in expired {
+            match self.close(id).await {
+                Closing::Closed => report.closed += 1,
+                Closing::Done => {}
+                Closing::Retry => {
+                    report.retry += 1;
+                    self.index.insert((deadline, id));
+                }
+            }
+        }
+        report
+    }
+
+    /// Reads jobs after the cursor into the index, within its bound.
+    async fn follow_queue(&mut self) -> Result<usize, StoreError> {
+        let mut scanned = 0;
+        loop {
+            let room = self.settings.max_indexed.saturating_sub(self.index.len());
+            let limit = self.settings.scan_batch.min(room);
+            if limit == 0 {
+                return Ok(scanned);
+            }
+            let jobs = self.queue.scan(self.cursor, limit).await?;
+            let done = jobs.len() < limit;
+            for job in jobs {
+                self.cursor = self.cursor.max(job.position);
+                self.index
+                    .insert((job.deadline_at.unix_millis(), job.execution_id));
+                scanned += 1;
+            }
+            if done {
+                return Ok(scanned);
+            }
+        }
+    }
+
+    /// Appends the `deadline_exceeded` terminal unless the log is terminal already.
+    async fn close(&self, id: ExecutionId) -> Closing {
+        let head = match self.store.head(id).await {
+            Ok(Some(head)) => head,
+            Ok(None) => return Closing::Done,
+            Err(e) => {
+                tracing::warn!(execution_id = %id, error = %e, "deadline sweeper cannot read the log");
+                return Closing::Retry;
+            }
+        };
+        if head.terminal {
+            return Closing::Done;
+        }
+        let mut writer = EventWriter::resume(
+            Arc::clone(&self.store),
+            id,
+            head.last_sequence,
+            head.last_time,
+        );
+        let terminal = EventBody::Failed {
+            error: RuntimeError::deadline_exceeded(),
+        };
+        match writer.append_once(terminal).await {
+            Ok(()) => {
+                tracing::info!(execution_id = %id, "execution closed past its deadline");
+                Closing::Closed
+            }
+            Err(StoreError::Conflict { terminal: true, .. }) => Closing::Done,
+            // Another writer appended first: look again next sweep.
+            Err(StoreError::Conflict { .. }) => Closing::Retry,
+            Err(e @ (StoreError::Unavailable(_) | StoreError::Closed)) => {
+                tracing::warn!(execution_id = %id, error = %e, "deadline sweeper cannot append");
+                Closing::Retry
+            }
+            Err(e) => {
+                tracing::error!(execution_id = %id, error = %e, "deadline sweeper append refused");
+                Closing::Done
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::Job;
+    use crate::memory::{MemoryEventStore, MemoryJobQueue, MemoryLimits};
+    use protocol::Sequence;
+
+    fn request() -> protocol::ExecutionRequest {
+        serde_json::from_value(serde_json::json!({
+            "ability": "text-generation",
+            "input": [{"type": "text", "text": "hi"}],
+        }))
+        .unwrap()
+    }
+
+    async fn submit(
+        store: &Arc<dyn EventStore>,
+        queue: &Arc<dyn JobQueue>,
+        deadline_in_ms: i64,
+    ) -> (ExecutionId, EventWriter) {
+        let id = ExecutionId::new_random();
+        let accepted_at = Timestamp::now();
+        let writer = EventWriter::create(Arc::clone(store), id, accepted_at)
+            .await
+            .unwrap();
+        let job = Job {
+            execution_id: id,
+            request: request(),
+            accepted_at,
+            deadline_at: Timestamp::from_unix_millis(accepted_at.unix_millis() + deadline_in_ms),
+            traceparent: None,
+        };
+        queue.publish(&job).await.unwrap();
+        (id, writer)
+    }
+
+    fn backends() -> (Arc<dyn EventStore>, Arc<dyn JobQueue>) {
+        (
+            Arc::new(MemoryEventStore::new(MemoryLimits::default())),
+            Arc::new(MemoryJobQueue::new()),
+        )
+    }
+
+    fn settings() -> SweeperSettings {
+        SweeperSettings {
+            grace: Duration::ZERO,
+            ..SweeperSettings::default()
+        }
+    }
+
+    async fn terminal_error(store: &Arc<dyn EventStore>, id: ExecutionId) -> Option<String> {
+        let events = store.read(id, Sequence::ZERO, 100).await.unwrap().unwrap();
+        let terminals: Vec<_> = events
+            .iter()
+            .filter(|e| e.event.body.is_terminal())
+            .collect();
+        assert!(terminals.len() <= 1, "one terminal at most: {events:?}");
+        let last = events.last()?;
+        match &last.event.body {
+            EventBody::Failed { error } => Some(format!("{:?}", error.code)),
+            other if other.is_terminal() => Some(format!("{other:?}")),
+            _ => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_expired_unclaimed_execution_is_closed_and_a_live_one_is_not() {
+        let (store, queue) = backends();
+        let (expired, _) = submit(&store, &queue, -10).await;
+        let (live, _) = submit(&store, &queue, 60_000).await;
+        let mut sweeper = DeadlineSweeper::new(Arc::clone(&store), Arc::clone(&queue), settings());
+        let report = sweeper.sweep().await;
+        assert_eq!(report.scanned, 2);
+        assert_eq!(report.closed, 1);
+        assert_eq!(
+            terminal_error(&store, expired).await.as_deref(),
+            Some("DeadlineExceeded")
+        );
+        assert_eq!(terminal_error(&store, live).await, None);
+        assert_eq!(sweeper.indexed(), 1, "the live job stays indexed");
+        // A second sweep reads nothing new and closes nothing again.
+        assert_eq!(sweeper.sweep().await, SweepReport::default());
+    }
+
+    #[tokio::test]
+    async fn an_execution_a_worker_claimed_is_closed_after_its_last_event() {
+        let (store, queue) = backends();
+        let (id, mut worker) = submit(&store, &queue, -10).await;
+        worker
+            .append(EventBody::Progress {
+                phase: protocol::event::ProgressPhase::Processing,
+                progress: None,
+            })
+            .await
+            .unwrap();
+        let mut sweeper = DeadlineSweeper::new(Arc::clone(&store), Arc::clone(&queue), settings());
+        assert_eq!(sweeper.sweep().await.closed, 1);
+        assert_eq!(
+            terminal_error(&store, id).await.as_deref(),
+            Some("DeadlineExceeded")
+        );
+        // The worker that comes back late is fenced: nothing follows the terminal.
+        let late = worker
+            .append(EventBody::Failed {
+                error: RuntimeError::internal(),
+            })
+            .await;
+        assert!(
+            matches!(late, Err(crate::writer::WriteError::Fenced)),
+            "{late:?}"
+        );
+        assert_eq!(
+            terminal_error(&store, id).await.as_deref(),
+            Some("DeadlineExceeded")
+        );
+    }
+
+    #[tokio::test]
+    async fn racing_sweepers_store_exactly_one_terminal() {
+        let (store, queue) = backends();
+        let mut ids = Vec::new();
+        for _ in 0..20 {
+            ids.push(submit(&store, &queue, -10).await.0);
+        }
+        let sweepers: Vec<_> = (0..4)
+            .map(|_| DeadlineSweeper::new(Arc::clone(&store), Arc::clone(&queue), settings()))
+            .collect();
+        let reports = futures_util::future::join_all(sweepers.into_iter().map(|mut s| {
+            tokio::spawn(async move {
+                // A sweeper that lost a race retries on its next sweep.
+                let mut closed = 0;
+                for _ in 0..3 {
+                    closed += s.sweep().await.closed;
+                }
+                closed
+            })
+        }))
+        .await;
+        let closed: usize = reports.into_iter().map(|r| r.unwrap()).sum();
+        assert_eq!(closed, ids.len(), "each execution closed exactly once");
+        for id in ids {
+            assert_eq!(
+                terminal_error(&store, id).await.as_deref(),
+                Some("DeadlineExceeded")
+            );
+            let head = store.head(id).await.unwrap().unwrap();
+            assert_eq!(head.last_sequence, Sequence(2));
+        }
+    }
+
+    #[tokio::test]
+    async fn acknowledged_jobs_leave_the_scan_and_positions_increase() {
+        let queue = MemoryJobQueue::new();
+        let store: Arc<dyn EventStore> = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
+        let queue_dyn: Arc<dyn JobQueue> = Arc::new(queue);
+        let (a, _) = submit(&store, &queue_dyn, 1000).await;
+        let (b, _) = submit(&store, &queue_dyn, 1000).await;
+        let all = queue_dyn.scan(0, 10).await.unwrap();
+        assert_eq!(
+            all.iter().map(|j| j.execution_id).collect::<Vec<_>>(),
+            [a, b]
+        );
+        assert!(all[0].position < all[1].position);
+        let delivery = queue_dyn.receive().await.unwrap().unwrap();
+        assert_eq!(delivery.job.execution_id, a);
+        assert_eq!(
+            queue_dyn.scan(0, 10).await.unwrap().len(),
+            2,
+            "held until acked"
+        );
+        delivery.handle.ack().await.unwrap();
+        let rest = queue_dyn.scan(0, 10).await.unwrap();
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].execution_id, b);
+        assert!(
+            queue_dyn
+                .scan(rest[0].position, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+}
