@@ -263,26 +263,32 @@ async fn submit_execution(
     } else {
         None
     };
-    // The request span continues the caller's trace; the job carries this span's context to
-    // the worker (or the caller's own when spans are not exported).
-    let span = tracing::info_span!(
-        "POST /v1/executions",
-        otel.kind = "server",
-        http.request.method = "POST",
-        http.route = "/v1/executions",
-        execution_id = tracing::field::Empty,
-    );
-    if let Some(parent) = &traceparent {
-        telemetry::propagation::set_parent(&span, parent);
-    }
-    let traceparent = telemetry::propagation::traceparent_of(&span).or(traceparent);
-    let submission = submit::submit(&state, request, key, traceparent)
-        .instrument(span.clone())
-        .await?;
-    span.record(
-        "execution_id",
-        tracing::field::display(&submission.execution_id),
-    );
+    let submission = if telemetry::trace::exporting() {
+        // The request span continues the caller's trace; the job carries this span's context
+        // to the worker. Without export the caller's own `traceparent` travels unchanged and
+        // no span is built on this hot path.
+        let span = tracing::info_span!(
+            "POST /v1/executions",
+            otel.kind = "server",
+            http.request.method = "POST",
+            http.route = "/v1/executions",
+            execution_id = tracing::field::Empty,
+        );
+        if let Some(parent) = &traceparent {
+            telemetry::propagation::set_parent(&span, parent);
+        }
+        let traceparent = telemetry::propagation::traceparent_of(&span).or(traceparent);
+        let submission = submit::submit(&state, request, key, traceparent)
+            .instrument(span.clone())
+            .await?;
+        span.record(
+            "execution_id",
+            tracing::field::display(&submission.execution_id),
+        );
+        submission
+    } else {
+        submit::submit(&state, request, key, traceparent).await?
+    };
     if let Some(permit) = stream_permit {
         return events_response(&state, submission.execution_id, Sequence::ZERO, permit).await;
     }

@@ -6,34 +6,60 @@
 //! outside the standard set are counted as `other`. For SSE streams the duration ends when the
 //! response head is ready, not when the stream closes (`mrt_sse_streams_active` covers those).
 
+use std::collections::HashMap;
+use std::sync::LazyLock;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request};
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
+use metrics::{Counter, Histogram};
+use parking_lot::RwLock;
 use telemetry::metric;
 
 /// axum middleware (`axum::middleware::from_fn(instrument::record)`).
 pub async fn record(request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let route = request.extensions().get::<MatchedPath>().cloned();
     let method = method_label(request.method());
     let response = next.run(request).await;
-    let status = response.status().as_u16().to_string();
-    metrics::histogram!(metric::HTTP_REQUEST_DURATION_SECONDS, "route" => route.clone())
-        .record(started.elapsed().as_secs_f64());
-    metrics::counter!(
-        metric::HTTP_REQUESTS_TOTAL,
-        "route" => route,
-        "method" => method,
-        "status" => status
-    )
-    .increment(1);
+    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
+    let (count, duration) = handles(route, method, response.status().as_u16());
+    duration.record(started.elapsed().as_secs_f64());
+    count.increment(1);
     response
+}
+
+/// Handles by route template, then (method, status): a bounded set (the router's routes, the
+/// methods below, the statuses the server answers), resolved once each, so a request costs
+/// two map reads instead of two registry lookups with label allocations.
+type RouteHandles = HashMap<(&'static str, u16), (Counter, Histogram)>;
+static HANDLES: LazyLock<RwLock<HashMap<String, RouteHandles>>> = LazyLock::new(RwLock::default);
+
+fn handles(route: &str, method: &'static str, status: u16) -> (Counter, Histogram) {
+    if let Some(found) = HANDLES
+        .read()
+        .get(route)
+        .and_then(|by| by.get(&(method, status)))
+    {
+        return found.clone();
+    }
+    let made = (
+        metrics::counter!(
+            metric::HTTP_REQUESTS_TOTAL,
+            "route" => route.to_owned(),
+            "method" => method,
+            "status" => status.to_string()
+        ),
+        metrics::histogram!(metric::HTTP_REQUEST_DURATION_SECONDS, "route" => route.to_owned()),
+    );
+    HANDLES
+        .write()
+        .entry(route.to_owned())
+        .or_default()
+        .insert((method, status), made.clone());
+    made
 }
 
 fn method_label(method: &Method) -> &'static str {

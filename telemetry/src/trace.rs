@@ -51,6 +51,14 @@ impl Drop for TracingGuard {
     }
 }
 
+/// Set once spans are exported: request paths skip building spans nobody receives.
+static EXPORTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process exports spans over OTLP (cheap: one atomic load).
+pub fn exporting() -> bool {
+    EXPORTING.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Whether the environment asks for OTLP span export.
 pub fn otlp_configured() -> bool {
     let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
@@ -84,11 +92,15 @@ pub fn init(service: &'static str, format: LogFormat) -> TracingGuard {
             (None, None)
         }
     };
-    let _ = tracing_subscriber::registry()
+    let installed = tracing_subscriber::registry()
         .with(filter)
         .with(fmt)
         .with(otel)
-        .try_init();
+        .try_init()
+        .is_ok();
+    if installed && provider.is_some() {
+        EXPORTING.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     TracingGuard { provider }
 }
 

@@ -7,10 +7,104 @@
 //! records time to first output, the operation's duration and outcome and reported token usage,
 //! and owns the attempt's span with the GenAI semantic-convention attributes.
 
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
+
+use metrics::{Counter, Gauge, Histogram};
+use parking_lot::RwLock;
 use protocol::event::EventBody;
-use protocol::{RuntimeError, Target, Timestamp, UsageFact};
+use protocol::{RuntimeError, Timestamp, UsageFact};
 use telemetry::metric;
 use tokio::time::Instant;
+
+/// The metric handles of one configured model, resolved on its first attempt: the hot path then
+/// records through them, without a registry lookup or a label allocation per event.
+#[derive(Debug)]
+struct ModelHandles {
+    inflight: Gauge,
+    ttft: Histogram,
+    operation_ok: Histogram,
+    attempts_succeeded: Counter,
+    attempts_failed: Counter,
+    input_tokens: Histogram,
+    output_tokens: Histogram,
+    duration_succeeded: Histogram,
+}
+
+impl ModelHandles {
+    fn new(provider: &str, model: &str) -> Self {
+        let (p, m) = (provider.to_owned(), model.to_owned());
+        let tokens = |kind: &'static str| {
+            metrics::histogram!(
+                metric::TOKEN_USAGE,
+                "gen_ai_provider_name" => p.clone(),
+                "gen_ai_request_model" => m.clone(),
+                "gen_ai_token_type" => kind
+            )
+        };
+        let attempts = |outcome: &'static str| {
+            metrics::counter!(
+                metric::PROVIDER_ATTEMPTS_TOTAL,
+                "provider" => p.clone(),
+                "model" => m.clone(),
+                "outcome" => outcome
+            )
+        };
+        Self {
+            inflight: metrics::gauge!(metric::PROVIDER_INFLIGHT, "provider" => p.clone()),
+            ttft: metrics::histogram!(
+                metric::TIME_TO_FIRST_TOKEN_SECONDS,
+                "gen_ai_provider_name" => p.clone(),
+                "gen_ai_request_model" => m.clone()
+            ),
+            operation_ok: metrics::histogram!(
+                metric::OPERATION_DURATION_SECONDS,
+                "gen_ai_provider_name" => p.clone(),
+                "gen_ai_request_model" => m.clone()
+            ),
+            attempts_succeeded: attempts(metric::outcome::SUCCEEDED),
+            attempts_failed: attempts(metric::outcome::FAILED),
+            input_tokens: tokens(metric::token_type::INPUT),
+            output_tokens: tokens(metric::token_type::OUTPUT),
+            duration_succeeded: metrics::histogram!(
+                metric::EXECUTION_DURATION_SECONDS,
+                "provider" => p.clone(),
+                "model" => m.clone(),
+                "outcome" => metric::outcome::SUCCEEDED
+            ),
+        }
+    }
+}
+
+/// Handles by model, for one provider.
+type ProviderHandles = HashMap<String, Arc<ModelHandles>>;
+
+/// Handles by provider, then model (a bounded set: the deployment's models).
+static MODELS: LazyLock<RwLock<HashMap<String, ProviderHandles>>> = LazyLock::new(RwLock::default);
+
+fn model_handles(provider: &str, model: &str) -> Arc<ModelHandles> {
+    if let Some(handles) = MODELS.read().get(provider).and_then(|m| m.get(model)) {
+        return Arc::clone(handles);
+    }
+    let mut all = MODELS.write();
+    let handles = all
+        .entry(provider.to_owned())
+        .or_default()
+        .entry(model.to_owned())
+        .or_insert_with(|| Arc::new(ModelHandles::new(provider, model)));
+    Arc::clone(handles)
+}
+
+/// Handles without per-model labels, resolved once.
+static QUEUE_WAIT: LazyLock<Histogram> =
+    LazyLock::new(|| metrics::histogram!(metric::QUEUE_WAIT_SECONDS));
+static SUCCEEDED: LazyLock<Counter> = LazyLock::new(|| {
+    metrics::counter!(
+        metric::EXECUTIONS_TOTAL,
+        "outcome" => metric::outcome::SUCCEEDED,
+        "code" => metric::NO_CODE
+    )
+});
 
 /// Label value used when an execution ended before any provider was selected.
 const NO_TARGET: &str = "none";
@@ -22,7 +116,7 @@ pub fn redelivered() {
 
 /// Records the time from acceptance until a worker started the execution.
 pub fn queue_wait(accepted_at: Timestamp) {
-    metrics::histogram!(metric::QUEUE_WAIT_SECONDS).record(seconds_since(accepted_at));
+    QUEUE_WAIT.record(seconds_since(accepted_at));
 }
 
 /// Records a terminal event this process appended: outcome, code and total duration.
@@ -30,32 +124,33 @@ pub fn queue_wait(accepted_at: Timestamp) {
 /// The duration is labelled with the completed target; failed executions carry `none` (their
 /// attempts are counted per provider in `mrt_provider_attempts_total`).
 pub fn terminal(body: &EventBody, accepted_at: Timestamp) {
-    let (outcome, code, target) = match body {
+    let elapsed = seconds_since(accepted_at);
+    match body {
         EventBody::Completed { target } => {
-            (metric::outcome::SUCCEEDED, metric::NO_CODE, Some(target))
+            SUCCEEDED.increment(1);
+            model_handles(&target.provider, &target.model)
+                .duration_succeeded
+                .record(elapsed);
         }
         EventBody::Failed { error } => {
             let code = error.code.as_str();
-            if code == "cancelled" {
-                (metric::outcome::CANCELLED, code, None)
+            let outcome = if code == "cancelled" {
+                metric::outcome::CANCELLED
             } else {
-                (metric::outcome::FAILED, code, None)
-            }
+                metric::outcome::FAILED
+            };
+            metrics::counter!(metric::EXECUTIONS_TOTAL, "outcome" => outcome, "code" => code)
+                .increment(1);
+            metrics::histogram!(
+                metric::EXECUTION_DURATION_SECONDS,
+                "provider" => NO_TARGET,
+                "model" => NO_TARGET,
+                "outcome" => outcome
+            )
+            .record(elapsed);
         }
-        _ => return,
-    };
-    metrics::counter!(metric::EXECUTIONS_TOTAL, "outcome" => outcome, "code" => code).increment(1);
-    let (provider, model) = target.map_or(
-        (NO_TARGET.to_owned(), NO_TARGET.to_owned()),
-        |t: &Target| (t.provider.clone(), t.model.clone()),
-    );
-    metrics::histogram!(
-        metric::EXECUTION_DURATION_SECONDS,
-        "provider" => provider,
-        "model" => model,
-        "outcome" => outcome
-    )
-    .record(seconds_since(accepted_at));
+        _ => {}
+    }
 }
 
 fn seconds_since(at: Timestamp) -> f64 {
@@ -66,6 +161,7 @@ fn seconds_since(at: Timestamp) -> f64 {
 /// The meter of one provider attempt; see the module docs.
 #[derive(Debug)]
 pub struct AttemptMeter {
+    handles: Arc<ModelHandles>,
     provider: String,
     model: String,
     started: Instant,
@@ -88,22 +184,34 @@ fn operation_name(ability: &str) -> &'static str {
 
 impl AttemptMeter {
     pub fn start(provider: &str, model: &str, ability: &str, attempt: u32) -> Self {
-        metrics::gauge!(metric::PROVIDER_INFLIGHT, "provider" => provider.to_owned())
-            .increment(1.0);
+        let handles = model_handles(provider, model);
+        handles.inflight.increment(1.0);
         let operation = operation_name(ability);
-        let span = tracing::info_span!(
-            "provider.attempt",
-            otel.name = %format_args!("{operation} {model}"),
-            otel.kind = "client",
-            gen_ai.operation.name = operation,
-            gen_ai.provider.name = %provider,
-            gen_ai.request.model = %model,
-            gen_ai.usage.input_tokens = tracing::field::Empty,
-            gen_ai.usage.output_tokens = tracing::field::Empty,
-            error.type = tracing::field::Empty,
-            attempt,
-        );
+        // The full GenAI attribute set only when spans leave the process: formatting eight
+        // fields per attempt for local logs alone is measurable on the hot path.
+        let span = if telemetry::trace::exporting() {
+            tracing::info_span!(
+                "provider.attempt",
+                otel.name = %format_args!("{operation} {model}"),
+                otel.kind = "client",
+                gen_ai.operation.name = operation,
+                gen_ai.provider.name = %provider,
+                gen_ai.request.model = %model,
+                gen_ai.usage.input_tokens = tracing::field::Empty,
+                gen_ai.usage.output_tokens = tracing::field::Empty,
+                error.type = tracing::field::Empty,
+                attempt,
+            )
+        } else {
+            tracing::info_span!(
+                "provider.attempt",
+                gen_ai.provider.name = %provider,
+                gen_ai.request.model = %model,
+                attempt,
+            )
+        };
         Self {
+            handles,
             provider: provider.to_owned(),
             model: model.to_owned(),
             started: Instant::now(),
@@ -125,12 +233,9 @@ impl AttemptMeter {
     pub fn output(&mut self) {
         if !self.first_output {
             self.first_output = true;
-            metrics::histogram!(
-                metric::TIME_TO_FIRST_TOKEN_SECONDS,
-                "gen_ai_provider_name" => self.provider.clone(),
-                "gen_ai_request_model" => self.model.clone()
-            )
-            .record(self.started.elapsed().as_secs_f64());
+            self.handles
+                .ttft
+                .record(self.started.elapsed().as_secs_f64());
         }
     }
 
@@ -138,26 +243,25 @@ impl AttemptMeter {
     /// under their own names; vendor-namespaced units are not labels (unbounded).
     pub fn usage(&mut self, facts: &[UsageFact]) {
         for fact in facts {
-            let token_type = match fact.unit.as_str() {
+            match fact.unit.as_str() {
                 "input_token" => {
                     // Facts are reports, never summed: the last one is the attempt's figure.
                     self.input_tokens = Some(fact.quantity);
-                    metric::token_type::INPUT
+                    self.handles.input_tokens.record(fact.quantity);
                 }
                 "output_token" => {
                     self.output_tokens = Some(fact.quantity);
-                    metric::token_type::OUTPUT
+                    self.handles.output_tokens.record(fact.quantity);
                 }
-                unit if !unit.contains('.') => unit,
-                _ => continue,
-            };
-            metrics::histogram!(
-                metric::TOKEN_USAGE,
-                "gen_ai_provider_name" => self.provider.clone(),
-                "gen_ai_request_model" => self.model.clone(),
-                "gen_ai_token_type" => token_type.to_owned()
-            )
-            .record(fact.quantity);
+                unit if !unit.contains('.') => metrics::histogram!(
+                    metric::TOKEN_USAGE,
+                    "gen_ai_provider_name" => self.provider.clone(),
+                    "gen_ai_request_model" => self.model.clone(),
+                    "gen_ai_token_type" => unit.to_owned()
+                )
+                .record(fact.quantity),
+                _ => {}
+            }
         }
     }
 
@@ -175,15 +279,10 @@ impl AttemptMeter {
             self.span.record("error.type", error.code.as_str());
         }
         let elapsed = self.started.elapsed().as_secs_f64();
-        let outcome = match result {
+        match result {
             Ok(()) => {
-                metrics::histogram!(
-                    metric::OPERATION_DURATION_SECONDS,
-                    "gen_ai_provider_name" => self.provider.clone(),
-                    "gen_ai_request_model" => self.model.clone()
-                )
-                .record(elapsed);
-                metric::outcome::SUCCEEDED
+                self.handles.operation_ok.record(elapsed);
+                self.handles.attempts_succeeded.increment(1);
             }
             Err(error) => {
                 metrics::histogram!(
@@ -193,32 +292,18 @@ impl AttemptMeter {
                     "error_type" => error.code.as_str()
                 )
                 .record(elapsed);
-                metric::outcome::FAILED
+                self.handles.attempts_failed.increment(1);
             }
-        };
-        metrics::counter!(
-            metric::PROVIDER_ATTEMPTS_TOTAL,
-            "provider" => self.provider.clone(),
-            "model" => self.model.clone(),
-            "outcome" => outcome
-        )
-        .increment(1);
+        }
     }
 }
 
 impl Drop for AttemptMeter {
     fn drop(&mut self) {
-        metrics::gauge!(metric::PROVIDER_INFLIGHT, "provider" => self.provider.clone())
-            .decrement(1.0);
+        self.handles.inflight.decrement(1.0);
         if !self.finished {
             // Dropped mid-attempt (cancellation, deadline, shutdown): counted as failed.
-            metrics::counter!(
-                metric::PROVIDER_ATTEMPTS_TOTAL,
-                "provider" => self.provider.clone(),
-                "model" => self.model.clone(),
-                "outcome" => metric::outcome::FAILED
-            )
-            .increment(1);
+            self.handles.attempts_failed.increment(1);
         }
     }
 }

@@ -153,11 +153,18 @@ async fn run_delivery(runner: &Runner, delivery: Delivery, heartbeat: Duration) 
         delivered,
         trace_id = tracing::field::Empty,
     );
-    if let Some(traceparent) = job.traceparent.as_deref() {
+    if telemetry::trace::exporting()
+        && let Some(traceparent) = job.traceparent.as_deref()
+    {
         telemetry::propagation::set_parent(&span, traceparent);
     }
-    if let Some(trace_id) = telemetry::propagation::trace_id_of(&span)
-        .or_else(|| job.traceparent.as_deref().and_then(trace_id_of_traceparent))
+    let trace_id = if telemetry::trace::exporting() {
+        telemetry::propagation::trace_id_of(&span)
+    } else {
+        None
+    };
+    if let Some(trace_id) =
+        trace_id.or_else(|| job.traceparent.as_deref().and_then(trace_id_of_traceparent))
     {
         span.record("trace_id", trace_id);
     }
