@@ -82,6 +82,8 @@ impl Stack {
                 ("MODEL_RUNTIME_REPLICAS".into(), "3".into()),
                 ("MODEL_RUNTIME_ACK_WAIT_MS".into(), "5000".into()),
                 ("MODEL_RUNTIME_SHUTDOWN_GRACE_MS".into(), "5000".into()),
+                // Three workers on one machine: each admin endpoint on a free port.
+                ("MODEL_RUNTIME_ADMIN_PORT".into(), "0".into()),
             ]
         };
         let gateways = [1, 2]
@@ -379,23 +381,7 @@ async fn kill_and_recover(
     let killed = Instant::now();
     stack.nats.kill(victim);
     // Submits started after the kill: the first 202 among them must come within the bound.
-    loop {
-        let recovered = observed
-            .submits
-            .lock()
-            .await
-            .iter()
-            .any(|s| s.started > killed && s.status == Some(202));
-        if recovered {
-            break;
-        }
-        assert!(
-            killed.elapsed() < RECOVERY_BOUND,
-            "{what}: no submit succeeded within {RECOVERY_BOUND:?} of the kill\n{}",
-            stack.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_recovered(killed, what, stack, observed).await;
     eprintln!(
         "{what}: submits succeed again {:?} after the kill",
         killed.elapsed()
@@ -408,6 +394,28 @@ async fn kill_and_recover(
         "{what}: n{victim} restarted and current {:?} after the kill",
         killed.elapsed()
     );
+}
+
+/// Waits until a submit started after `since` was accepted (202), failing after
+/// [`RECOVERY_BOUND`] with every process log.
+async fn wait_recovered(since: Instant, what: &str, stack: &Stack, observed: &Observed) {
+    loop {
+        let recovered = observed
+            .submits
+            .lock()
+            .await
+            .iter()
+            .any(|s| s.started > since && s.status == Some(202));
+        if recovered {
+            return;
+        }
+        assert!(
+            since.elapsed() < RECOVERY_BOUND,
+            "{what}: no submit succeeded within {RECOVERY_BOUND:?}\n{}",
+            stack.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Stops all three nodes with SIGTERM, one after the other, and starts them again: submits
@@ -433,23 +441,7 @@ async fn restart_whole_cluster(
     }
     let restarted = Instant::now();
     stack.nats.start_stopped();
-    loop {
-        let recovered = observed
-            .submits
-            .lock()
-            .await
-            .iter()
-            .any(|s| s.started > restarted && s.status == Some(202));
-        if recovered {
-            break;
-        }
-        assert!(
-            restarted.elapsed() < RECOVERY_BOUND,
-            "no submit succeeded within {RECOVERY_BOUND:?} of the cluster's restart\n{}",
-            stack.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_recovered(restarted, "the cluster's restart", stack, observed).await;
     eprintln!(
         "whole cluster: submits succeed again {:?} after the restart",
         restarted.elapsed()
