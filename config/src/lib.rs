@@ -31,5 +31,5 @@ pub use error::ConfigError;
 pub use event_store::EventStoreConfig;
 pub use field::Fields;
 pub use limits::Limits;
-pub use process::{BackendKind, CommonArgs, LogFormat};
+pub use process::{BackendKind, CommonArgs, LogFormat, NatsAccessArgs, Secret};
 pub use provider::{FlowLimits, ProviderCatalog};

@@ -31,12 +31,31 @@ pub struct CommonArgs {
         default_value = "memory"
     )]
     pub backend: BackendKind,
-    /// NATS server with JetStream (backend nats).
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    /// NATS server with JetStream (backend nats): `nats://` or `tls://`, comma-separated for a
+    /// cluster; `user:password@` or `token@` in the URL authenticate.
+    #[arg(
+        long,
+        env = "NATS_URL",
+        default_value = "nats://127.0.0.1:4222",
+        hide_env_values = true
+    )]
     pub nats_url: String,
-    /// Redis for idempotency keys (backend nats).
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    /// Credentials and TLS for NATS.
+    #[command(flatten)]
+    pub nats_access: NatsAccessArgs,
+    /// Redis for idempotency keys (backend nats): `redis://[user:password@]host:port` or
+    /// `rediss://` for TLS.
+    #[arg(
+        long,
+        env = "REDIS_URL",
+        default_value = "redis://127.0.0.1:6379",
+        hide_env_values = true
+    )]
     pub redis_url: String,
+    /// CA certificate file (PEM) Redis's server certificate must chain to (`rediss://`);
+    /// without it, the system's roots.
+    #[arg(long, env = "REDIS_CA")]
+    pub redis_ca: Option<PathBuf>,
     /// Replicas of every JetStream stream and bucket (1-5), applied on creation and reconciled
     /// at startup; 3 on a 3-node cluster survives the loss of any one node.
     #[arg(long, env = "MODEL_RUNTIME_REPLICAS", default_value_t = 1,
@@ -61,6 +80,62 @@ pub struct CommonArgs {
     /// Log format on stderr: `text` or `json`.
     #[arg(long, env = "MODEL_RUNTIME_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
+}
+
+/// NATS credentials and TLS, the names of the NATS tools. Secrets (`NATS_PASSWORD`,
+/// `NATS_TOKEN`) come from the environment only, never from a flag: a command line is visible
+/// to every local user. Files (creds, nkey seed, certificates) are named by path.
+#[derive(Debug, Clone, Default, Args)]
+pub struct NatsAccessArgs {
+    /// NATS user; the password comes from `NATS_PASSWORD`.
+    #[arg(long, env = "NATS_USER")]
+    pub nats_user: Option<String>,
+    /// `NATS_PASSWORD` (environment only).
+    #[arg(skip = Secret::from_env("NATS_PASSWORD"))]
+    pub nats_password: Option<Secret>,
+    /// `NATS_TOKEN` (environment only).
+    #[arg(skip = Secret::from_env("NATS_TOKEN"))]
+    pub nats_token: Option<Secret>,
+    /// NATS credentials file (`.creds`: user JWT and nkey seed).
+    #[arg(long, env = "NATS_CREDS")]
+    pub nats_creds: Option<PathBuf>,
+    /// File holding an nkey seed (`SU...`) of an nkey user.
+    #[arg(long, env = "NATS_NKEY")]
+    pub nats_nkey: Option<PathBuf>,
+    /// CA certificate file (PEM) the NATS server certificate must chain to; implies TLS.
+    #[arg(long, env = "NATS_CA")]
+    pub nats_ca: Option<PathBuf>,
+    /// Client certificate file (PEM) for NATS TLS (with `--nats-key`); implies TLS.
+    #[arg(long, env = "NATS_CERT")]
+    pub nats_cert: Option<PathBuf>,
+    /// Private key file (PEM) of the client certificate.
+    #[arg(long, env = "NATS_KEY")]
+    pub nats_key: Option<PathBuf>,
+}
+
+/// A secret read from the environment: `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The variable's value; unset or empty is `None`.
+    pub fn from_env(name: &str) -> Option<Self> {
+        std::env::var(name).ok().filter(|v| !v.is_empty()).map(Self)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 /// Log output format.

@@ -57,13 +57,15 @@ pub async fn connect<P>(
 ) -> Result<(Backend, NatsBackend), StoreError> {
     let nats = NatsServices::connect(&NatsConnectSettings {
         url: args.nats_url.clone(),
+        access: worker::process::nats_access(&args.nats_access),
         layout: nats_settings(args, deployment),
         max_events: deployment.event_store.max_events as u64,
         connect_timeout: CONNECT_TIMEOUT,
     })
     .await?;
-    let idempotency = RedisIdempotencyStore::connect(
+    let idempotency = RedisIdempotencyStore::connect_with(
         &args.redis_url,
+        args.redis_ca.as_deref(),
         &args.namespace,
         deployment.retention,
         CONNECT_TIMEOUT,

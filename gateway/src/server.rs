@@ -86,11 +86,12 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
                 );
                 Runtime::Distributed(AppState::new(backend, registry, limits))
             }
-            // A setting JetStream refuses to change names the stream and the setting (never a
-            // credential or an address): say it, since retrying or another URL will not help.
+            // Refused credentials, a failed TLS handshake, or a setting JetStream refuses to
+            // change: the detail names what failed (never a credential or an address). Say it,
+            // since retrying will not help.
             Err(runtime::StoreError::Misconfigured(detail)) => {
-                tracing::error!(error = %detail, "JetStream settings cannot be reconciled");
-                return startup_error(&format!("cannot start with NATS ({detail})"));
+                tracing::error!(error = %detail, "cannot start with the backends");
+                return startup_error(&format!("cannot start: {detail}"));
             }
             Err(e) => {
                 tracing::error!(error = %e, "backend connection failed");

@@ -15,9 +15,12 @@
 //!   worker's runner and the gateway's submission flow both write through it.
 //! - [`memory`]: in-process implementations of all four, used by embedded mode and tests.
 //! - [`nats`]: JetStream event store, job queue and cancel bus (distributed mode), connected
-//!   together by `NatsServices::connect` for the gateway and the worker alike.
+//!   together by `NatsServices::connect` for the gateway and the worker alike, with the
+//!   credentials and TLS of `nats::NatsAccess`.
 //! - [`nats_url`]: credentials split out of `NATS_URL`, so no address the client logs holds one.
 //! - [`redis_idempotency`]: the Redis idempotency store (distributed mode).
+//! - [`tls`]: the rustls provider, certificate file checks and TLS failures, shared by the
+//!   NATS and Redis connections.
 //! - `contract` (feature `contract-tests`): the test suite every implementation must pass, so
 //!   the NATS and Redis implementations are held to exactly the same behaviour.
 //!
@@ -38,6 +41,7 @@ pub mod memory;
 pub mod nats;
 pub mod nats_url;
 pub mod redis_idempotency;
+pub mod tls;
 pub mod writer;
 
 pub use cancel::CancelBus;

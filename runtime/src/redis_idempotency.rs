@@ -56,38 +56,107 @@ async fn bounded<T>(
 }
 
 impl RedisIdempotencyStore {
-    /// Connects, retrying for up to `connect_timeout`; afterwards the connection reconnects by
-    /// itself.
+    /// Connects to `url` trusting the system's roots for `rediss://`; see
+    /// [`RedisIdempotencyStore::connect_with`].
     pub async fn connect(
         url: &str,
         namespace: &str,
         ttl: Duration,
         connect_timeout: Duration,
     ) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url)
-            .map_err(|_| StoreError::Unavailable("redis: invalid URL".into()))?;
+        Self::connect_with(url, None, namespace, ttl, connect_timeout).await
+    }
+
+    /// Connects to `url` (`redis://[user:password@]host:port`, or `rediss://` for TLS, whose
+    /// server certificate must chain to the PEM certificates in `ca_file` when given), retrying
+    /// an unreachable server for up to `connect_timeout`, and checks access with a `PING`.
+    /// Refused credentials and TLS failures end at once with `Misconfigured`. Afterwards the
+    /// connection reconnects by itself.
+    pub async fn connect_with(
+        url: &str,
+        ca_file: Option<&std::path::Path>,
+        namespace: &str,
+        ttl: Duration,
+        connect_timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let client = open_client(url, ca_file)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Duration::from_secs(1))
             .set_response_timeout(CALL_TIMEOUT)
             .set_number_of_retries(2)
             .set_max_delay(1000);
         let deadline = tokio::time::Instant::now() + connect_timeout;
-        let conn = loop {
-            match ConnectionManager::new_with_config(client.clone(), config.clone()).await {
-                Ok(conn) => break conn,
-                Err(e) if tokio::time::Instant::now() < deadline => {
+        loop {
+            let attempt = async {
+                let mut conn =
+                    ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
+                // Without a password a server that requires one accepts the connection and
+                // refuses the first command.
+                let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+                Ok::<_, redis::RedisError>(conn)
+            };
+            match attempt.await {
+                Ok(conn) => {
+                    return Ok(Self {
+                        conn,
+                        prefix: format!("{namespace}:idem:"),
+                        ttl,
+                    });
+                }
+                Err(e) => {
+                    if let Some(message) = fatal(&e) {
+                        return Err(StoreError::Misconfigured(message));
+                    }
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(unavailable(e));
+                    }
                     tracing::warn!(error = %e, "redis not reachable yet; retrying");
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
-                Err(e) => return Err(unavailable(e)),
             }
-        };
-        Ok(Self {
-            conn,
-            prefix: format!("{namespace}:idem:"),
-            ttl,
-        })
+        }
     }
+}
+
+/// The client for `url`, with `ca_file`'s roots for TLS. Errors never echo the URL.
+fn open_client(url: &str, ca_file: Option<&std::path::Path>) -> Result<redis::Client, StoreError> {
+    let invalid = |_| StoreError::Unavailable("redis: invalid URL".into());
+    let tls = url.starts_with("rediss://");
+    if tls {
+        crate::tls::install_crypto_provider();
+    }
+    match ca_file {
+        None => redis::Client::open(url).map_err(invalid),
+        Some(_) if !tls => Err(StoreError::Misconfigured(
+            "REDIS_CA is set but REDIS_URL is not rediss://".into(),
+        )),
+        Some(path) => {
+            // Checked here, so a bad file is named as such rather than as a failed handshake.
+            crate::tls::read_certificates("REDIS_CA", path)?;
+            let root_cert = crate::tls::read("REDIS_CA", path)?;
+            redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                },
+            )
+            .map_err(invalid)
+        }
+    }
+}
+
+/// The startup failure retrying cannot fix, worded without a secret: refused credentials or a
+/// failed TLS handshake.
+fn fatal(e: &redis::RedisError) -> Option<String> {
+    let refused = e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"));
+    if refused {
+        return Some(
+            "Redis refused the credentials; check the user and password in REDIS_URL".into(),
+        );
+    }
+    crate::tls::tls_failure(e).map(|tls| format!("TLS with Redis failed ({tls}); check REDIS_CA"))
 }
 
 #[async_trait]

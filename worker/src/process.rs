@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use runtime::nats::{NatsConnectSettings, NatsServices, NatsSettings};
+use runtime::nats::{NatsAccess, NatsConnectSettings, NatsServices, NatsSettings};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use config::{BackendKind, CommonArgs};
+use config::{BackendKind, CommonArgs, NatsAccessArgs};
 
 use crate::runner::{Runner, RunnerSettings};
 use crate::{PoolConfig, WorkerPool};
@@ -33,6 +33,21 @@ pub struct WorkerArgs {
     /// `admin listening on http://HOST:PORT`.
     #[arg(long, env = "MODEL_RUNTIME_ADMIN_PORT", default_value_t = 4321)]
     pub admin_port: u16,
+}
+
+/// The NATS credentials and TLS settings of the command line and environment (the gateway
+/// uses this too).
+pub fn nats_access(args: &NatsAccessArgs) -> NatsAccess {
+    NatsAccess {
+        user: args.nats_user.clone(),
+        password: args.nats_password.as_ref().map(|s| s.expose().to_owned()),
+        token: args.nats_token.as_ref().map(|s| s.expose().to_owned()),
+        creds_file: args.nats_creds.clone(),
+        nkey_file: args.nats_nkey.clone(),
+        ca_file: args.nats_ca.clone(),
+        cert_file: args.nats_cert.clone(),
+        key_file: args.nats_key.clone(),
+    }
 }
 
 fn startup_error(message: &str, code: u8) -> ExitCode {
@@ -58,6 +73,7 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
     };
     let settings = NatsConnectSettings {
         url: common.nats_url.clone(),
+        access: nats_access(&common.nats_access),
         layout: NatsSettings {
             retention: deployment.retention,
             max_jobs: i64::try_from(deployment.max_active_executions).unwrap_or(i64::MAX),
@@ -76,6 +92,12 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
     };
     let nats = match connected.await {
         Ok(nats) => nats,
+        // Refused credentials, a failed TLS handshake or a setting JetStream refuses: the
+        // message names what failed (never a credential).
+        Err(runtime::StoreError::Misconfigured(detail)) => {
+            tracing::error!(error = %detail, "cannot start with NATS");
+            return startup_error(&format!("cannot start with NATS: {detail}"), 1);
+        }
         Err(e) => {
             tracing::error!(error = %e, "backend connection failed");
             return startup_error(

@@ -18,6 +18,7 @@
 //! startup (see `reconcile`); several processes may start at once.
 //! [`NatsServices::connect`] is the one way a process connects all three.
 
+mod access;
 mod cancel;
 mod event_store;
 mod job_queue;
@@ -28,12 +29,16 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 
+pub use access::{NatsAccess, ResolvedAccess};
 pub use cancel::NatsCancelBus;
 pub use event_store::NatsEventStore;
 pub use job_queue::NatsJobQueue;
 pub use services::{NatsConnectSettings, NatsServices};
 
 use crate::error::StoreError;
+
+/// Pause between startup connection attempts.
+const CONNECT_RETRY: Duration = Duration::from_millis(250);
 
 /// How long a re-sent job or event is recognised as a duplicate (capped at the retention).
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
@@ -130,18 +135,25 @@ pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> StoreError {
 }
 
 impl NatsBackend {
-    /// Connects (retrying for up to `connect_timeout`) and creates or verifies the streams.
-    /// After this, the client reconnects by itself forever.
+    /// Connects without credentials beyond those in `url`; see [`NatsBackend::connect_with`].
     pub async fn connect(
         url: &str,
         settings: NatsSettings,
         connect_timeout: Duration,
     ) -> Result<Self, StoreError> {
-        let mut options = async_nats::ConnectOptions::new()
-            .name(format!("model-runtime-{}", settings.namespace))
-            .retry_on_initial_connect()
-            .connection_timeout(Duration::from_secs(2))
-            .request_timeout(Some(settings.request_timeout));
+        Self::connect_with(url, &NatsAccess::default(), settings, connect_timeout).await
+    }
+
+    /// Connects (retrying an unreachable server for up to `connect_timeout`) with `access`'s
+    /// credentials and TLS, and creates or verifies the streams. Refused credentials and TLS
+    /// failures end at once with `Misconfigured`. After this, the client reconnects by itself
+    /// forever.
+    pub async fn connect_with(
+        url: &str,
+        access: &NatsAccess,
+        settings: NatsSettings,
+        connect_timeout: Duration,
+    ) -> Result<Self, StoreError> {
         // The client logs server addresses, so credentials travel in the options only.
         let (url, credentials) = crate::nats_url::split_credentials(url);
         // A comma-separated list names several servers of one cluster; the client picks one and
@@ -151,26 +163,50 @@ impl NatsBackend {
             .map(|server| server.trim().parse::<async_nats::ServerAddr>())
             .collect::<Result<Vec<_>, _>>()
             .map_err(|_| StoreError::Unavailable("NATS_URL is not a list of NATS URLs".into()))?;
-        match credentials {
-            Some(crate::nats_url::NatsCredentials::UserPassword { user, password }) => {
-                options = options.user_and_password(user, password);
+        let tls_url = servers.iter().any(async_nats::ServerAddr::tls_required);
+        let access = access.resolve(credentials, tls_url)?;
+        let deadline = tokio::time::Instant::now() + connect_timeout;
+        let unreachable = || StoreError::Unavailable("NATS is unreachable".into());
+        let mut attempt = 0u32;
+        // Attempts are made here rather than by the client's own retry, which would retry
+        // refused credentials forever.
+        let client = loop {
+            attempt += 1;
+            let options = access.apply(
+                async_nats::ConnectOptions::new()
+                    .name(format!("model-runtime-{}", settings.namespace))
+                    .connection_timeout(Duration::from_secs(2))
+                    .request_timeout(Some(settings.request_timeout)),
+            )?;
+            let connected = tokio::time::timeout_at(deadline, async {
+                let client = options.connect(servers.clone()).await?;
+                client.flush().await.map_err(|e| {
+                    async_nats::ConnectError::with_source(async_nats::ConnectErrorKind::Io, e)
+                })?;
+                Ok::<_, async_nats::ConnectError>(client)
+            })
+            .await
+            .map_err(|_| unreachable())?;
+            match connected {
+                Ok(client) => break client,
+                Err(e) => match access::classify(&e) {
+                    access::AttemptFailure::Fatal(message) => {
+                        return Err(StoreError::Misconfigured(message));
+                    }
+                    access::AttemptFailure::Transient => {
+                        if attempt == 1 {
+                            tracing::info!(error = %e, "NATS not reachable yet; retrying");
+                        } else {
+                            tracing::debug!(error = %e, attempt, "NATS not reachable yet");
+                        }
+                        if tokio::time::Instant::now() + CONNECT_RETRY >= deadline {
+                            return Err(unreachable());
+                        }
+                        tokio::time::sleep(CONNECT_RETRY).await;
+                    }
+                },
             }
-            Some(crate::nats_url::NatsCredentials::Token(token)) => options = options.token(token),
-            None => {}
-        }
-        let client = tokio::time::timeout(connect_timeout, async {
-            let client = options
-                .connect(servers)
-                .await
-                .map_err(|e| unavailable("connect", e))?;
-            client
-                .flush()
-                .await
-                .map_err(|e| unavailable("connect", e))?;
-            Ok::<_, StoreError>(client)
-        })
-        .await
-        .map_err(|_| StoreError::Unavailable("NATS is unreachable".into()))??;
+        };
         let mut js = jetstream::new(client.clone());
         js.set_timeout(settings.request_timeout);
         let backend = Self {

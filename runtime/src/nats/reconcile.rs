@@ -110,7 +110,7 @@ pub(crate) async fn stream(
                 let fixed = immutable_differences(current, &desired);
                 if !fixed.is_empty() {
                     return Err(StoreError::Misconfigured(format!(
-                        "stream {name}: {} cannot be changed on an existing stream; delete the \
+                        "JetStream stream {name}: {} cannot be changed on an existing stream; delete the \
                          stream or use another namespace",
                         fixed.join(", ")
                     )));

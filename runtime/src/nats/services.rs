@@ -3,15 +3,18 @@
 
 use std::time::Duration;
 
-use super::{NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings};
+use super::{NatsAccess, NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings};
 use crate::error::StoreError;
 
 /// Where and how a process connects to NATS. Built by each binary from its own command line and
 /// deployment file, so this crate does not depend on either.
 #[derive(Debug, Clone)]
 pub struct NatsConnectSettings {
-    /// Server URL (`nats://host:4222`).
+    /// Server URL (`nats://host:4222`, `tls://host:4222`), credentials allowed (they are split
+    /// off before the client sees the address).
     pub url: String,
+    /// Credentials and TLS beyond the URL (contract §7).
+    pub access: NatsAccess,
     /// The JetStream layout (namespace, retention, job lease, queue bound).
     pub layout: NatsSettings,
     /// Events per execution before non-terminal appends fail with `ExecutionLimit` [R 84].
@@ -25,6 +28,7 @@ impl NatsConnectSettings {
     pub fn new(url: impl Into<String>, namespace: impl Into<String>) -> Self {
         Self {
             url: url.into(),
+            access: NatsAccess::default(),
             layout: NatsSettings::new(namespace),
             max_events: 4096,
             connect_timeout: Duration::from_secs(15),
@@ -46,8 +50,9 @@ impl NatsServices {
     /// Connects (bounded by `connect_timeout`), creates or verifies the streams and buckets,
     /// and builds the three services on the one connection.
     pub async fn connect(settings: &NatsConnectSettings) -> Result<Self, StoreError> {
-        let connection = NatsBackend::connect(
+        let connection = NatsBackend::connect_with(
             &settings.url,
+            &settings.access,
             settings.layout.clone(),
             settings.connect_timeout,
         )
