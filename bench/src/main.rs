@@ -348,9 +348,7 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         max_concurrency: args.provider_concurrency,
         max_queue_depth: args.provider_queue_depth,
         max_active_executions: args.max_active_executions,
-        streams: Some(StreamLimits::for_concurrency(
-            args.concurrency.max(args.max_in_flight.min(4096)),
-        )),
+        streams: StreamLimits::needed(args.concurrency.max(args.max_in_flight.min(4096)), nofile),
     };
     let config_json = deployment.to_json();
     let exec_slots = match args.backend {

@@ -154,14 +154,33 @@ pub struct StreamLimits {
     pub max_connections: usize,
 }
 
+/// The gateway's default `limits.max_sse_streams`.
+const DEFAULT_MAX_SSE_STREAMS: usize = 10_000;
+/// Open files the gateway keeps out of its default `max_connections` (open-file limit minus
+/// this).
+const GATEWAY_RESERVED_FILES: u64 = 64;
+
 impl StreamLimits {
     /// Room for `concurrency` streams with their submits (each client holds one connection at a
     /// time, plus the pool's idle ones), never below the gateway's default stream limit.
     pub fn for_concurrency(concurrency: usize) -> Self {
         Self {
-            max_sse_streams: (2 * concurrency).max(10_000),
+            max_sse_streams: (2 * concurrency).max(DEFAULT_MAX_SSE_STREAMS),
             max_connections: (2 * concurrency + 256).max(1024),
         }
+    }
+
+    /// [`StreamLimits::for_concurrency`] when the gateway's defaults would not hold
+    /// `concurrency` streams: more than its default stream limit, or more connections than its
+    /// default derived from the open-file limit (`nofile`, which the gateway inherits). `None`
+    /// otherwise, so the generated file stays valid for builds that predate these settings.
+    pub fn needed(concurrency: usize, nofile: Option<u64>) -> Option<Self> {
+        let wanted = Self::for_concurrency(concurrency);
+        let streams_short = 2 * concurrency > DEFAULT_MAX_SSE_STREAMS;
+        let connections_short = nofile.is_some_and(|n| {
+            n.saturating_sub(GATEWAY_RESERVED_FILES) < wanted.max_connections as u64
+        });
+        (streams_short || connections_short).then_some(wanted)
     }
 }
 

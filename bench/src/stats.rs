@@ -100,27 +100,27 @@ impl Timeline {
 
     /// Completions per second in each bucket up to `elapsed` (the run's measured length); the
     /// last bucket is divided by the part of it the run covered, so a run that ends inside a
-    /// bucket does not show a false drop. Buckets with no completion are included (as 0).
+    /// bucket does not show a false drop. A last bucket the run covered for less than half its
+    /// width is left out: it holds the executions that were draining when the run stopped (all
+    /// finishing at once) over a sliver of time, which would show as a false spike. Buckets with
+    /// no completion are included (as 0).
     pub fn rates(&self, elapsed: Duration) -> Vec<TimelinePoint> {
         let width = self.bucket.as_secs_f64();
         let total = elapsed.as_secs_f64();
         let buckets = ((total / width).ceil() as usize).max(self.counts.len());
         (0..buckets)
-            .map(|i| {
+            .filter_map(|i| {
                 let start = i as f64 * width;
                 let covered = (total - start).clamp(0.0, width);
-                // A sliver at the end (float rounding, or a run that stopped right after a
-                // bucket began) would turn one completion into a huge rate: rate it as full.
-                let covered = if covered >= 0.05 * width {
-                    covered
-                } else {
-                    width
-                };
+                if i + 1 == buckets && i > 0 && covered < 0.5 * width {
+                    return None;
+                }
+                let covered = if covered > 0.0 { covered } else { width };
                 let n = self.counts.get(i).copied().unwrap_or(0);
-                TimelinePoint {
+                Some(TimelinePoint {
                     start_s: (start * 1000.0).round() / 1000.0,
                     per_s: n as f64 / covered,
-                }
+                })
             })
             .collect()
     }
@@ -426,6 +426,9 @@ mod tests {
         assert_eq!(r[1].per_s, 1.0);
         assert_eq!(r[2].start_s, 2.0);
         assert!((r[2].per_s - 4.0).abs() < 1e-9);
+        // A last bucket covered for less than half its width (draining executions) is left out.
+        let r = t.rates(Duration::from_millis(2_400));
+        assert_eq!(r.len(), 2);
         // Empty buckets inside the run are reported as 0.
         let mut gap = Timeline::new(Duration::from_millis(500));
         gap.record(Duration::from_millis(1_700));
