@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark of BENCHMARKS.md's "Token streams" section and writes, into one output
 # directory, each run's human report (NAME.txt), JSON report (NAME.json), the logs of every
-# process it started (logs/NAME/) and SVG charts per group (GROUP-*.svg). About 12 minutes on
+# process it started (logs/NAME/) and SVG charts per group (GROUP-*.svg). About 13 minutes on
 # 2 cores after the release build (each run waits up to QUIET_MAX seconds for a quiet machine
 # first, which adds to that on a busy one).
 #
@@ -19,8 +19,8 @@
 #      alternating. BASELINE_GATEWAY=/path/to/gateway adds the same runs of another build (e.g.
 #      one from before the telemetry work) for the metrics cost.
 #
-# Environment: SKIP_BUILD=1 uses the binaries as they are; BIN_DIR (default
-# ${CARGO_TARGET_DIR:-target}/release); DURATION (measured seconds of most runs, default 20);
+# Environment: SKIP_BUILD=1 uses the binaries as they are; BIN_DIR (gateway and worker, default
+# ${CARGO_TARGET_DIR:-target}/release); BENCH_BIN (default $BIN_DIR/bench); DURATION (measured seconds of most runs, default 20);
 # SHORT (measured seconds of the c=1 and telemetry rounds, default 10); ROUNDS (group d,
 # default 3); QUIET_MAX (seconds to wait for a quiet machine before each run, default 30; 0:
 # no wait).
@@ -47,7 +47,7 @@ if [ -z "${SKIP_BUILD:-}" ]; then
   cargo build --release -p gateway -p worker -p bench
 fi
 BIN_DIR=${BIN_DIR:-${CARGO_TARGET_DIR:-target}/release}
-BENCH=$BIN_DIR/bench
+BENCH=${BENCH_BIN:-$BIN_DIR/bench}
 GATEWAY=$BIN_DIR/gateway
 WORKER=$BIN_DIR/worker
 for bin in "$BENCH" "$GATEWAY" "$WORKER"; do
