@@ -77,7 +77,7 @@ impl From<reqwest::Error> for ExecError {
 
 /// Timings of one execution, each measured from the execution's start instant (the scheduled
 /// arrival in open loop, the moment the request is sent in closed loop).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ExecTiming {
     /// Until the 202 body was read (get mode) or the stream's headers arrived (inline mode).
     pub submit: Duration,
@@ -91,6 +91,9 @@ pub struct ExecTiming {
     pub terminal: Duration,
     /// `execution.completed` (true) or `execution.failed` (false).
     pub completed: bool,
+    /// Each gap between two consecutive `output.delta` events as parsed, in µs (0 for deltas
+    /// parsed from the same read).
+    pub gaps_us: Vec<u32>,
 }
 
 #[derive(Deserialize)]
@@ -230,6 +233,7 @@ async fn read_stream(
     let mut first_delta = None;
     let mut last_delta = None;
     let mut deltas = 0u32;
+    let mut gaps_us = Vec::new();
     let mut terminal: Option<(Duration, bool)> = None;
     loop {
         let chunk = match response.chunk().await {
@@ -248,6 +252,9 @@ async fn read_stream(
                     let now = start.elapsed();
                     if first_delta.is_none() {
                         first_delta = Some(now);
+                    }
+                    if let Some(previous) = last_delta {
+                        gaps_us.push(gap_us(previous, now));
                     }
                     last_delta = Some(now);
                     deltas += 1;
@@ -272,5 +279,28 @@ async fn read_stream(
         deltas,
         terminal,
         completed,
+        gaps_us,
     })
+}
+
+/// `later − earlier` in whole µs, saturating (0 if `later` is not after `earlier`).
+pub fn gap_us(earlier: Duration, later: Duration) -> u32 {
+    u32::try_from(later.saturating_sub(earlier).as_micros()).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gap_is_whole_microseconds_and_never_negative() {
+        let a = Duration::from_micros(1_000);
+        assert_eq!(gap_us(a, Duration::from_nanos(11_000_999)), 10_000);
+        assert_eq!(gap_us(a, a), 0);
+        assert_eq!(gap_us(Duration::from_millis(5), a), 0);
+        assert_eq!(
+            gap_us(Duration::ZERO, Duration::from_secs(10_000)),
+            u32::MAX
+        );
+    }
 }

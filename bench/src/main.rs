@@ -12,14 +12,22 @@
 //! see whether the last window keeps up with the first. `--spawn` starts the gateway itself with
 //! a generated mock deployment on port 0 and reports its RSS (`VmRSS`) and CPU from `/proc`.
 //!
+//! `--spawn --backend nats` also starts the distributed stack (nats-server or a cluster of them,
+//! Redis, worker processes: see `servers`), reports every process's CPU and the JetStream
+//! messages stored per execution. `--mock-chunks N --mock-delay-ms D` make the mock a token
+//! stream, and the report then shows the added time per delta. `--out DIR` writes the JSON
+//! report and SVG charts; `bench plot` draws charts from several reports (before/after).
+//!
 //! The client is one tokio runtime and one pooled `reqwest` client; on a small machine the
 //! harness and the gateway share the cores, and the report shows how much CPU each used.
 //! See BENCHMARKS.md at the repository root for results and exact commands.
 
 mod client;
+mod plot;
 mod raw;
 mod report;
 mod run;
+mod servers;
 mod spawn;
 mod stats;
 
@@ -31,17 +39,36 @@ use bytes::Bytes;
 use clap::Parser;
 
 use crate::client::{Api, StreamMode};
-use crate::report::{GatewayReport, Params, Report};
+use crate::report::{GatewayReport, JetStreamReport, Params, Report, Setup};
 use crate::run::{Mode, Plan};
-use crate::spawn::{MockDeployment, SpawnedGateway, clock_ticks};
+use crate::servers::{Stack, StackPlan, StreamCounts};
+use crate::spawn::{MockDeployment, SpawnedGateway, StreamLimits, clock_ticks};
+
+/// The subcommands: baselines that do not go through the gateway, and charts.
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    #[command(flatten)]
+    Raw(raw::Command),
+    /// SVG charts from JSON reports (`--json-out` / `--out`), e.g. before and after a change.
+    Plot(plot::PlotArgs),
+}
+
+/// Where the executions run with `--spawn`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Backend {
+    /// The gateway alone, memory backend (executions run inside it).
+    Embedded,
+    /// The harness also starts nats-server (or a cluster), Redis and worker processes.
+    Nats,
+}
 
 /// Benchmark harness for the gateway.
 #[derive(Debug, Parser)]
 #[command(name = "bench", version, about, args_conflicts_with_subcommands = true)]
 struct Args {
-    /// A baseline that does not go through the gateway (see `bench help <subcommand>`).
+    /// A baseline that does not go through the gateway, or `plot` (see `bench help <subcommand>`).
     #[command(subcommand)]
-    command: Option<raw::Command>,
+    command: Option<Command>,
     /// closed: N clients submit→full SSE read→repeat; open: fixed arrival rate; submit: POST only.
     #[arg(long, value_enum, default_value = "closed")]
     mode: Mode,
@@ -106,12 +133,53 @@ struct Args {
     /// --spawn: write the gateway's stderr (logs) here; discarded otherwise.
     #[arg(long)]
     gateway_log: Option<PathBuf>,
-    /// Generated config: mock delay before each chunk, ms.
-    #[arg(long, default_value_t = 0)]
+    /// Generated config: mock delay before each chunk, ms (the provider's gap between deltas).
+    #[arg(long, visible_alias = "mock-delay-ms", default_value_t = 0)]
     delay_ms: u64,
     /// Generated config: number of mock chunks (default: the mock's three).
-    #[arg(long)]
+    #[arg(long, visible_alias = "mock-chunks")]
     chunks: Option<usize>,
+    /// --spawn: embedded (gateway alone) or nats (the harness also starts nats-server, Redis and
+    /// workers, on free ports, under a namespace of its own, all stopped on exit).
+    #[arg(long, value_enum, default_value = "embedded")]
+    backend: Backend,
+    /// --backend nats: worker binary.
+    #[arg(long, default_value = "target/release/worker")]
+    worker_bin: PathBuf,
+    /// --backend nats: worker processes.
+    #[arg(long, default_value_t = 1)]
+    worker_procs: usize,
+    /// Concurrent executions per executing process: the gateway's `--workers` in embedded mode,
+    /// each worker's `--workers` in nats mode. Default: the binary's own in embedded mode,
+    /// max(concurrency, 64) per worker in nats mode.
+    #[arg(long)]
+    exec_slots: Option<usize>,
+    /// --backend nats: nodes of the NATS cluster (1: a single server).
+    #[arg(long, default_value_t = 1)]
+    nats_cluster: usize,
+    /// --backend nats: replicas of every stream and the bucket (gateway and workers `--replicas`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
+    replicas: u8,
+    /// --backend nats: JetStream `sync_interval` of every node (`always`, or a duration like
+    /// `2m`); the server's default when unset.
+    #[arg(long)]
+    sync_interval: Option<String>,
+    /// --backend nats: nats-server binary (default: MRT_NATS_SERVER, the pip-installed one, PATH).
+    #[arg(long)]
+    nats_server: Option<PathBuf>,
+    /// --spawn: keep every spawned process's log in this directory (`gateway.log`, ...).
+    #[arg(long)]
+    log_dir: Option<PathBuf>,
+    /// Write `LABEL.json` and SVG charts of this run into this directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The configuration's name in the report, file names and charts (default: derived from
+    /// the options, e.g. `nats-c256-100x10ms`).
+    #[arg(long)]
+    label: Option<String>,
+    /// Width of the throughput timeline's buckets, seconds.
+    #[arg(long, default_value_t = 1.0)]
+    timeline_bucket: f64,
     /// Generated config: provider max_concurrency.
     #[arg(long, default_value_t = 256)]
     provider_concurrency: u32,
@@ -157,12 +225,37 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(bench(args, threads)) {
+    // On SIGINT/SIGTERM the run is dropped, and with it every process it started (each is
+    // killed on drop) and their directories.
+    let result = runtime.block_on(async {
+        tokio::select! {
+            result = bench(args, threads) => result,
+            () = interrupted() => Err("interrupted; every process the harness started was stopped".into()),
+        }
+    });
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bench: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM (never, if the handlers cannot be installed).
+async fn interrupted() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
     }
 }
 
@@ -174,6 +267,7 @@ fn validate(args: &Args) -> Result<(), String> {
         ("--duration", args.duration.unwrap_or(1.0)),
         ("--window", args.window),
         ("--timeout", args.timeout),
+        ("--timeline-bucket", args.timeline_bucket),
     ] {
         if !(v.is_finite() && v > 0.0) {
             return Err(format!("{name} must be a positive number of seconds"));
@@ -185,28 +279,134 @@ fn validate(args: &Args) -> Result<(), String> {
     if args.executions == Some(0) {
         return Err("--executions must be at least 1".into());
     }
+    if args.backend == Backend::Nats && !args.spawn {
+        return Err("--backend nats starts its own stack: it needs --spawn".into());
+    }
+    if args.nats_cluster == 0 || args.worker_procs == 0 {
+        return Err("--nats-cluster and --worker-procs must be at least 1".into());
+    }
+    if usize::from(args.replicas) > args.nats_cluster && args.backend == Backend::Nats {
+        return Err("--replicas cannot exceed the nodes of --nats-cluster".into());
+    }
+    if let Some(label) = &args.label
+        && (label.is_empty()
+            || !label
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.=".contains(c)))
+    {
+        return Err("--label takes letters, digits and - _ . = only (it names files)".into());
+    }
     Ok(())
 }
 
+/// The default `--label`: backend, concurrency (or rate), and the token stream's shape.
+fn default_label(args: &Args) -> String {
+    let backend = match (args.spawn, args.backend) {
+        (false, _) => "external".to_string(),
+        (true, Backend::Embedded) => "embedded".to_string(),
+        (true, Backend::Nats) if args.nats_cluster > 1 => {
+            format!("nats{}r{}", args.nats_cluster, args.replicas)
+        }
+        (true, Backend::Nats) => "nats".to_string(),
+    };
+    let load = match args.mode {
+        Mode::Open => format!("open{}", args.rate.unwrap_or(0.0)),
+        Mode::Submit => format!("submit-c{}", args.concurrency),
+        Mode::Closed => format!("c{}", args.concurrency),
+    };
+    let chunks = args.chunks.unwrap_or(3);
+    format!("{backend}-{load}-{chunks}x{}ms", args.delay_ms)
+}
+
+/// Raises the open-file soft limit to the hard limit (spawned processes inherit it) and returns
+/// the limit now in force.
+fn raise_nofile() -> Option<u64> {
+    rlimit::increase_nofile_limit(u64::MAX).ok().or_else(|| {
+        rlimit::getrlimit(rlimit::Resource::NOFILE)
+            .ok()
+            .map(|l| l.0)
+    })
+}
+
 async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
-    if let Some(cmd) = args.command.take() {
-        return raw::run(cmd).await;
+    match args.command.take() {
+        Some(Command::Raw(cmd)) => return raw::run(cmd).await,
+        Some(Command::Plot(a)) => return plot::run(&a),
+        None => {}
     }
+    let nofile = raise_nofile();
+    let wanted = 2 * args.concurrency.max(args.max_in_flight.min(4096)) as u64 + 256;
+    if let Some(limit) = nofile.filter(|l| *l < wanted) {
+        eprintln!(
+            "bench: warning: the open-file limit is {limit}, below the {wanted} this concurrency needs (raise the hard limit: ulimit -Hn)"
+        );
+    }
+    let label = args.label.clone().unwrap_or_else(|| default_label(&args));
     let deployment = MockDeployment {
         delay_ms: args.delay_ms,
         chunks: args.chunks,
         max_concurrency: args.provider_concurrency,
         max_queue_depth: args.provider_queue_depth,
         max_active_executions: args.max_active_executions,
+        streams: StreamLimits::needed(args.concurrency.max(args.max_in_flight.min(4096)), nofile),
     };
     let config_json = deployment.to_json();
+    let exec_slots = match args.backend {
+        Backend::Embedded => args.exec_slots,
+        Backend::Nats => Some(args.exec_slots.unwrap_or(args.concurrency.max(64))),
+    };
+    let stack_plan = StackPlan {
+        nats_server: args.nats_server.clone(),
+        nats_nodes: args.nats_cluster,
+        sync_interval: args.sync_interval.clone(),
+        worker_bin: args.worker_bin.clone(),
+        workers: args.worker_procs,
+        worker_slots: exec_slots.unwrap_or(64),
+        replicas: args.replicas,
+        log_dir: args.log_dir.clone(),
+    };
+    if let Some(dir) = &args.log_dir {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let probe = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+    let mut stack = if args.spawn && args.backend == Backend::Nats {
+        let stack = Stack::start(&stack_plan, &probe).await?;
+        if !args.quiet {
+            eprintln!(
+                "bench: started {} nats node(s) at {}, redis at {}, namespace {}",
+                stack.nats_urls.len(),
+                stack.nats_url(0),
+                stack.redis_url,
+                stack.namespace
+            );
+        }
+        Some(stack)
+    } else {
+        None
+    };
+    let mut gateway_args = stack
+        .as_ref()
+        .map(|s| s.gateway_args(args.replicas))
+        .unwrap_or_default();
+    if let (Backend::Embedded, Some(slots)) = (args.backend, exec_slots) {
+        gateway_args.push(format!("--workers={slots}"));
+    }
+    gateway_args.extend(args.gateway_args.iter().cloned());
+    let gateway_log = args
+        .gateway_log
+        .clone()
+        .or_else(|| args.log_dir.as_ref().map(|d| d.join("gateway.log")));
     let gateway = if args.spawn {
         let g = SpawnedGateway::start(
             &args.gateway_bin,
             &config_json,
             args.config.as_deref(),
-            &args.gateway_args,
-            args.gateway_log.as_deref(),
+            &gateway_args,
+            gateway_log.as_deref(),
         )?;
         if !args.quiet {
             eprintln!(
@@ -221,6 +421,15 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
     } else {
         None
     };
+    if let (Some(stack), Some(g)) = (stack.as_mut(), gateway.as_ref()) {
+        stack.start_workers(&stack_plan, &g.config).await?;
+        if !args.quiet {
+            eprintln!(
+                "bench: started {} worker process(es), {} executions each",
+                stack_plan.workers, stack_plan.worker_slots
+            );
+        }
+    }
     let url = gateway
         .as_ref()
         .map_or_else(|| args.url.clone(), |g| g.url.clone());
@@ -236,11 +445,38 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
     }
     api.wait_ready("/healthz", Duration::from_secs(10)).await?;
 
+    // JetStream message counts before any load (the gateway created the streams at startup).
+    let js = match &stack {
+        Some(stack) => {
+            let servers = stack
+                .nats_urls
+                .iter()
+                .map(|u| u.parse::<async_nats::ServerAddr>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("bad NATS URL: {e}"))?;
+            let client = async_nats::connect(servers)
+                .await
+                .map_err(|e| format!("cannot connect to NATS: {e}"))?;
+            let js = async_nats::jetstream::new(client);
+            let before = servers::stream_counts(&js, &stack.namespace).await?;
+            Some((js, before))
+        }
+        None => None,
+    };
+
     let duration = match (args.duration, args.executions) {
         (Some(d), _) => Some(Duration::from_secs_f64(d)),
         (None, Some(_)) => None,
         (None, None) => Some(Duration::from_secs(60)),
     };
+    let mut processes: Vec<(String, u32)> = Vec::new();
+    if let Some(g) = &gateway {
+        processes.push(("gateway".into(), g.pid));
+    }
+    if let Some(stack) = &stack {
+        processes.extend(stack.processes());
+    }
+    processes.push(("bench".into(), std::process::id()));
     let plan = Plan {
         mode: args.mode,
         stream: args.stream,
@@ -254,10 +490,25 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         timeout: Duration::from_secs_f64(args.timeout),
         quiet: args.quiet,
         gateway_pid: gateway.as_ref().map(|g| g.pid),
+        processes,
+        timeline_bucket: Duration::from_secs_f64(args.timeline_bucket),
         clock_ticks: clock_ticks(),
     };
     let outcome = run::run(api, plan).await;
 
+    let jetstream = match (&js, &stack) {
+        (Some((js, before)), Some(stack)) => {
+            let after: StreamCounts = servers::stream_counts(js, &stack.namespace).await?;
+            Some(JetStreamReport::new(
+                format!("{}_EVENTS", stack.namespace.to_ascii_uppercase()),
+                after.events_last_seq.saturating_sub(before.events_last_seq),
+                after.jobs_last_seq.saturating_sub(before.jobs_last_seq),
+                outcome.settled_all,
+            ))
+        }
+        _ => None,
+    };
+    let crashed = stack.as_mut().and_then(Stack::exited);
     let (pid, exit_code) = match gateway {
         Some(g) => {
             let pid = g.pid;
@@ -269,16 +520,36 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         }
         None => (None, None),
     };
+    drop(stack);
     let gateway_report = GatewayReport {
         spawned: args.spawn,
         pid,
         binary: args.spawn.then(|| args.gateway_bin.display().to_string()),
         config: (args.spawn && args.config.is_none()).then_some(config_json),
-        extra_args: args.gateway_args.clone(),
+        extra_args: gateway_args,
         start: None,
         end: None,
         cpu_s: None,
         exit_code,
+    };
+    let setup = Setup {
+        backend: match (args.spawn, args.backend) {
+            (false, _) => "external",
+            (true, Backend::Embedded) => "embedded",
+            (true, Backend::Nats) => "nats",
+        }
+        .into(),
+        nats_nodes: (args.backend == Backend::Nats).then_some(args.nats_cluster),
+        replicas: (args.backend == Backend::Nats).then_some(args.replicas),
+        sync_interval: args.sync_interval.clone(),
+        worker_processes: (args.backend == Backend::Nats).then_some(args.worker_procs),
+        exec_slots,
+        mock_chunks: args.chunks,
+        mock_delay_ms: args.delay_ms,
+        nofile_limit: nofile,
+        otlp_endpoint: std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .ok()
+            .filter(|v| !v.is_empty()),
     };
     let report = Report::new(
         Params {
@@ -292,19 +563,37 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
             warmup_s: args.warmup,
             window_s: args.window,
             client_threads: threads,
+            label: label.clone(),
+            setup,
+            provider_gap: Duration::from_millis(args.delay_ms),
         },
         outcome,
         gateway_report,
+        jetstream,
     );
     let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
     if let Some(path) = &args.json_out {
         std::fs::write(path, &json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let path = dir.join(format!("{label}.json"));
+        std::fs::write(&path, &json)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        let run = plot::PlotRun::from_json(&json, &label)?;
+        plot::write_charts(&[run], dir, &format!("{label}-"))?;
     }
     if args.json {
         eprint!("{}", report.render());
         println!("{json}");
     } else {
         print!("{}", report.render());
+    }
+    if let Some(name) = crashed {
+        return Err(format!(
+            "{name} exited during the run (see --log-dir); the figures above are not valid"
+        ));
     }
     Ok(())
 }

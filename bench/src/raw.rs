@@ -9,6 +9,9 @@
 //!   chunk, `data: [DONE]`), no delay: the whole body is one write.
 //! - `fixture-direct`: reads that fixture directly with reqwest + `protocol::sse::SseParser`:
 //!   time to first delta and per-delta time, the baseline for the `openai-chat` adapter path.
+//! - `otlp-sink`: an OTLP/HTTP receiver that accepts and discards every export (`POST
+//!   /v1/traces`, `/v1/metrics`, `/v1/logs`), so trace export can be measured with a collector
+//!   that keeps up.
 //!
 //! Each prints a short human summary and, with `--json-out`, a JSON report. Latencies are in µs
 //! (HdrHistogram, 3 significant figures) except `per_delta_ns`.
@@ -37,6 +40,15 @@ pub enum Command {
     FixtureServe(FixtureArgs),
     /// Read the fixture directly (reqwest + SseParser): first delta and per-delta time.
     FixtureDirect(DirectArgs),
+    /// Accept and discard OTLP/HTTP exports until killed (a collector that keeps up).
+    OtlpSink(SinkArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SinkArgs {
+    /// Port on 127.0.0.1 (0: any).
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
 }
 
 /// Options every loop shares.
@@ -261,7 +273,39 @@ pub async fn run(cmd: Command) -> Result<(), String> {
             server.await.map_err(|e| e.to_string())
         }
         Command::FixtureDirect(a) => fixture_direct(a).await,
+        Command::OtlpSink(a) => {
+            let (url, server) = start_otlp_sink(a.port).await?;
+            println!("otlp sink listening on {url}");
+            server.await.map_err(|e| e.to_string())
+        }
     }
+}
+
+/// Starts the OTLP/HTTP sink on 127.0.0.1:`port`: every export is answered 200 with an empty
+/// protobuf body (an `Export*ServiceResponse` with no partial success); returns its base URL.
+pub async fn start_otlp_sink(port: u16) -> Result<(String, tokio::task::JoinHandle<()>), String> {
+    use axum::http::header;
+    let accept = || async {
+        (
+            [(header::CONTENT_TYPE, "application/x-protobuf")],
+            Bytes::new(),
+        )
+    };
+    let app = axum::Router::new()
+        .route("/v1/traces", axum::routing::post(accept))
+        .route("/v1/metrics", axum::routing::post(accept))
+        .route("/v1/logs", axum::routing::post(accept))
+        .layer(axum::extract::DefaultBodyLimit::max(64 * 1024 * 1024));
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .map_err(|e| format!("cannot bind the OTLP sink: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let server = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            eprintln!("bench: OTLP sink: {e}");
+        }
+    });
+    Ok((format!("http://{addr}"), server))
 }
 
 async fn nats_rtt(a: NatsArgs) -> Result<(), String> {
@@ -495,6 +539,28 @@ async fn fixture_direct(a: DirectArgs) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn otlp_sink_accepts_exports_and_refuses_other_paths() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (url, server) = start_otlp_sink(0).await.unwrap();
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let ok = http
+            .post(format!("{url}/v1/traces"))
+            .header("content-type", "application/x-protobuf")
+            .body(vec![0u8; 64])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ok.status().as_u16(), 200);
+        assert_eq!(
+            ok.headers()["content-type"].to_str().unwrap(),
+            "application/x-protobuf"
+        );
+        let other = http.post(format!("{url}/v1/other")).send().await.unwrap();
+        assert_eq!(other.status().as_u16(), 404);
+        server.abort();
+    }
 
     #[test]
     fn fixture_body_is_sse_with_deltas_usage_and_done() {

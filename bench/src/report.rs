@@ -7,8 +7,8 @@ use serde::Serialize;
 
 use crate::client::StreamMode;
 use crate::run::{Mode, Outcome, Window};
-use crate::spawn::ProcStats;
-use crate::stats::Summary;
+use crate::spawn::{ProcStats, ProcessCpu};
+use crate::stats::{AddedPerDelta, Summary, TimelinePoint};
 
 /// Milliseconds with three decimals, from microseconds; `-` when absent.
 pub fn ms(us: Option<u64>) -> String {
@@ -37,6 +37,64 @@ pub struct LatencyReport {
     /// (last − first `output.delta`) / (deltas − 1) per execution. Unit: **ns** (the `_us`
     /// field names of `Summary` do not apply here).
     pub per_delta_ns: Option<Summary>,
+    /// Every gap between consecutive `output.delta` events of one execution at the client (µs).
+    pub delta_gap: Option<Summary>,
+}
+
+/// What the harness ran against: the figures that tell one configuration from another.
+#[derive(Debug, Clone, Serialize)]
+pub struct Setup {
+    /// `embedded` (memory backend), `nats` (the harness's own stack), or `external`.
+    pub backend: String,
+    pub nats_nodes: Option<usize>,
+    pub replicas: Option<u8>,
+    /// JetStream `sync_interval` the harness set (`None`: the server's default).
+    pub sync_interval: Option<String>,
+    pub worker_processes: Option<usize>,
+    /// Concurrent executions per executing process (`--workers` of the gateway in embedded mode
+    /// or of each worker); `None`: the binary's default.
+    pub exec_slots: Option<usize>,
+    /// Mock chunks per execution (`None`: the mock's three) and its delay before each, ms.
+    pub mock_chunks: Option<usize>,
+    pub mock_delay_ms: u64,
+    /// The harness's open-file limit after raising it (spawned processes inherit it).
+    pub nofile_limit: Option<u64>,
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` as the spawned processes saw it (trace export on when set).
+    pub otlp_endpoint: Option<String>,
+}
+
+/// JetStream messages the run stored, from the streams' last sequence before the first and
+/// after the last execution, warm-up included, divided by the executions that reached a
+/// terminal event over the same span.
+#[derive(Debug, Clone, Serialize)]
+pub struct JetStreamReport {
+    pub events_stream: String,
+    pub events_messages: u64,
+    pub jobs_messages: u64,
+    pub executions: u64,
+    pub events_per_execution: Option<f64>,
+    pub jobs_per_execution: Option<f64>,
+}
+
+impl JetStreamReport {
+    pub fn new(events_stream: String, events: u64, jobs: u64, executions: u64) -> Self {
+        let per = |n: u64| (executions > 0).then(|| n as f64 / executions as f64);
+        Self {
+            events_stream,
+            events_messages: events,
+            jobs_messages: jobs,
+            executions,
+            events_per_execution: per(events),
+            jobs_per_execution: per(jobs),
+        }
+    }
+}
+
+/// Completions per `bucket_s` over the measured run.
+#[derive(Debug, Serialize)]
+pub struct TimelineReport {
+    pub bucket_s: f64,
+    pub points: Vec<TimelinePoint>,
 }
 
 /// First versus last full window.
@@ -68,6 +126,9 @@ pub struct GatewayReport {
 
 #[derive(Debug, Serialize)]
 pub struct Report {
+    /// The configuration's name in charts and file names (`--label`).
+    pub label: String,
+    pub setup: Setup,
     pub mode: Mode,
     pub stream: StreamMode,
     pub url: String,
@@ -91,12 +152,19 @@ pub struct Report {
     /// `ok / elapsed_s`.
     pub throughput_per_s: f64,
     pub latency: LatencyReport,
+    /// Client gap between consecutive deltas minus the provider's configured gap.
+    pub added_per_delta: Option<AddedPerDelta>,
     pub windows: Vec<Window>,
+    pub timeline: TimelineReport,
     pub stability: Option<Stability>,
     pub gateway: GatewayReport,
     pub bench_cpu_s: Option<f64>,
     /// Busy CPU seconds of the whole machine during the run.
     pub system_cpu_s: Option<f64>,
+    /// CPU of every process the harness started, and of the harness, over the measured run.
+    pub processes: Vec<ProcessCpu>,
+    /// `--backend nats`: JetStream messages per execution.
+    pub jetstream: Option<JetStreamReport>,
 }
 
 /// Run parameters that the outcome does not carry.
@@ -112,10 +180,19 @@ pub struct Params {
     pub warmup_s: f64,
     pub window_s: f64,
     pub client_threads: usize,
+    pub label: String,
+    pub setup: Setup,
+    /// The provider's configured gap between deltas (the mock's delay).
+    pub provider_gap: std::time::Duration,
 }
 
 impl Report {
-    pub fn new(p: Params, o: Outcome, gateway: GatewayReport) -> Self {
+    pub fn new(
+        p: Params,
+        o: Outcome,
+        gateway: GatewayReport,
+        jetstream: Option<JetStreamReport>,
+    ) -> Self {
         let elapsed_s = o.elapsed.as_secs_f64();
         let full: Vec<&Window> = o.windows.iter().filter(|w| !w.partial).collect();
         let stability = match (full.first(), full.last()) {
@@ -140,7 +217,13 @@ impl Report {
             end: o.gateway_end,
             ..gateway
         };
+        let timeline = TimelineReport {
+            bucket_s: o.timeline.bucket().as_secs_f64(),
+            points: o.timeline.rates(o.elapsed),
+        };
         Self {
+            label: p.label,
+            setup: p.setup,
             mode: p.mode,
             stream: p.stream,
             url: p.url,
@@ -170,12 +253,17 @@ impl Report {
                 terminal: Summary::of(&o.latencies.terminal),
                 dispatch_lag: Summary::of(&o.latencies.dispatch_lag),
                 per_delta_ns: Summary::of(&o.latencies.per_delta_ns),
+                delta_gap: Summary::of(&o.latencies.delta_gap),
             },
+            added_per_delta: AddedPerDelta::of(&o.latencies.delta_gap, p.provider_gap),
             windows: o.windows,
+            timeline,
             stability,
             gateway,
             bench_cpu_s: o.bench_cpu_s,
             system_cpu_s: o.system_cpu_s,
+            processes: o.process_cpu,
+            jetstream,
         }
     }
 
@@ -192,7 +280,11 @@ impl Report {
             (_, StreamMode::Get) => "POST 202 then GET /events",
             (_, StreamMode::Inline) => "POST with Accept: text/event-stream",
         };
-        let _ = writeln!(s, "bench: {what} ({stream}) against {}", self.url);
+        let _ = writeln!(
+            s,
+            "bench [{}]: {what} ({stream}) against {} ({} backend)",
+            self.label, self.url, self.setup.backend
+        );
         let _ = writeln!(
             s,
             "  measured {:.1} s (limit: {}{}), warm-up {:.1} s, {} client threads on {} cores (client and gateway share them)",
@@ -267,6 +359,30 @@ impl Report {
                 h.count, h.p50_us, h.p90_us, h.p99_us, h.max_us, h.mean_us
             );
         }
+        if let Some(a) = &self.added_per_delta {
+            let _ = writeln!(
+                s,
+                "  added per delta (client gap - provider gap {:.3} ms, ms): count {} p50 {:.3} p90 {:.3} p99 {:.3} max {:.3} mean {:.3}",
+                a.provider_gap_us as f64 / 1000.0,
+                a.count,
+                a.p50_us as f64 / 1000.0,
+                a.p90_us as f64 / 1000.0,
+                a.p99_us as f64 / 1000.0,
+                a.max_us as f64 / 1000.0,
+                a.mean_us / 1000.0
+            );
+        }
+        if let Some(js) = &self.jetstream {
+            let _ = writeln!(
+                s,
+                "  JetStream: {} event-log messages, {} job messages for {} executions: {} event-log and {} job messages per execution",
+                js.events_messages,
+                js.jobs_messages,
+                js.executions,
+                opt(js.events_per_execution),
+                opt(js.jobs_per_execution)
+            );
+        }
         let _ = writeln!(s);
         let _ = writeln!(
             s,
@@ -339,6 +455,14 @@ impl Report {
             cores(self.bench_cpu_s),
             cores(self.system_cpu_s)
         );
+        if !self.processes.is_empty() {
+            let per: Vec<String> = self
+                .processes
+                .iter()
+                .map(|p| format!("{} {}", p.name, opt(p.cores)))
+                .collect();
+            let _ = writeln!(s, "  cores per process: {}", per.join(", "));
+        }
         if let Some(code) = g.exit_code {
             let _ = writeln!(s, "  gateway exit code after SIGTERM: {code}");
         }

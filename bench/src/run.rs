@@ -10,8 +10,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::client::{Api, ExecError, StreamMode};
-use crate::spawn::{ProcStats, proc_stats, system_busy_s};
-use crate::stats::{Latencies, Recorder};
+use crate::spawn::{ProcStats, ProcessCpu, cpu_between, cpu_snapshot, proc_stats, system_busy_s};
+use crate::stats::{Latencies, Recorder, Timeline};
 
 /// What the harness does per operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -41,6 +41,10 @@ pub struct Plan {
     pub quiet: bool,
     /// The gateway's pid, when the harness can read its `/proc` entry.
     pub gateway_pid: Option<u32>,
+    /// Every process whose CPU the report shows (`name`, pid), the harness itself included.
+    pub processes: Vec<(String, u32)>,
+    /// Width of the timeline's buckets (throughput over time for the charts).
+    pub timeline_bucket: Duration,
     pub clock_ticks: f64,
 }
 
@@ -86,6 +90,12 @@ pub struct Outcome {
     pub gateway_end: Option<ProcStats>,
     pub bench_cpu_s: Option<f64>,
     pub system_cpu_s: Option<f64>,
+    /// CPU of each process of `Plan::processes` over the measured run.
+    pub process_cpu: Vec<ProcessCpu>,
+    /// Completions per bucket over the measured run.
+    pub timeline: Timeline,
+    /// Executions that reached a terminal event (202s in submit mode), warm-up included.
+    pub settled_all: u64,
 }
 
 struct Control {
@@ -107,8 +117,8 @@ impl Control {
 /// Runs `plan` against `api`.
 pub async fn run(api: Api, plan: Plan) -> Outcome {
     let api = Arc::new(api);
-    let recorder = Arc::new(Recorder::default());
     let measure_start = Instant::now() + plan.warmup;
+    let recorder = Arc::new(Recorder::new(measure_start, plan.timeline_bucket));
     let ctl = Arc::new(Control {
         stop: AtomicBool::new(false),
         issued: AtomicU64::new(0),
@@ -143,6 +153,7 @@ pub async fn run(api: Api, plan: Plan) -> Outcome {
 
     tokio::time::sleep_until(measure_start).await;
     let gateway_start = read_gateway(&gateway_pid);
+    let cpu_start = cpu_snapshot(&plan.processes, plan.clock_ticks);
     let bench_start = proc_stats("self", plan.clock_ticks).cpu_s;
     let system_start = system_busy_s(plan.clock_ticks);
     let finished = Arc::new(Notify::new());
@@ -175,12 +186,14 @@ pub async fn run(api: Api, plan: Plan) -> Outcome {
     finished.notify_one();
     let windows = sampler.await.unwrap_or_default();
     let gateway_end = read_gateway(&gateway_pid);
+    let cpu_end = cpu_snapshot(&plan.processes, plan.clock_ticks);
     let bench_end = proc_stats("self", plan.clock_ticks).cpu_s;
     let system_end = system_busy_s(plan.clock_ticks);
-    let (latencies, errors) = recorder.finish();
+    let (latencies, errors, timeline) = recorder.finish();
     let issued = ctl.issued.load(Ordering::Relaxed).min(ctl.limit);
+    let elapsed = end.saturating_duration_since(measure_start);
     Outcome {
-        elapsed: end.saturating_duration_since(measure_start),
+        elapsed,
         issued,
         ok: recorder.ok.load(Ordering::Relaxed),
         failed: recorder.failed.load(Ordering::Relaxed),
@@ -193,6 +206,9 @@ pub async fn run(api: Api, plan: Plan) -> Outcome {
         gateway_end,
         bench_cpu_s: bench_start.zip(bench_end).map(|(a, b)| b - a),
         system_cpu_s: system_start.zip(system_end).map(|(a, b)| b - a),
+        process_cpu: cpu_between(&cpu_start, &cpu_end, elapsed.as_secs_f64()),
+        timeline,
+        settled_all: recorder.settled_all.load(Ordering::Relaxed),
     }
 }
 
@@ -203,6 +219,7 @@ async fn closed_client(api: Arc<Api>, ctl: Arc<Control>, rec: Arc<Recorder>, pla
         let failed = match plan.mode {
             Mode::Submit => match tokio::time::timeout(plan.timeout, api.submit()).await {
                 Ok(Ok(_)) => {
+                    rec.settled_all.fetch_add(1, Ordering::Relaxed);
                     if measured {
                         rec.submit_only(start.elapsed());
                     }
@@ -213,6 +230,7 @@ async fn closed_client(api: Arc<Api>, ctl: Arc<Control>, rec: Arc<Recorder>, pla
             },
             _ => match tokio::time::timeout(plan.timeout, api.execute(start, plan.stream)).await {
                 Ok(Ok(timing)) => {
+                    rec.settled_all.fetch_add(1, Ordering::Relaxed);
                     if measured {
                         rec.execution(&timing);
                     }
@@ -274,7 +292,11 @@ async fn open_loop(api: Arc<Api>, ctl: Arc<Control>, rec: Arc<Recorder>, plan: P
             if measured {
                 rec.dispatch_lag(scheduled.elapsed());
             }
-            match tokio::time::timeout(timeout, api.execute(scheduled, stream)).await {
+            let result = tokio::time::timeout(timeout, api.execute(scheduled, stream)).await;
+            if matches!(result, Ok(Ok(_))) {
+                rec.settled_all.fetch_add(1, Ordering::Relaxed);
+            }
+            match result {
                 Ok(Ok(timing)) if measured => rec.execution(&timing),
                 Ok(Err(e)) if measured => rec.error(&e),
                 Err(_) if measured => rec.error(&ExecError::Timeout),

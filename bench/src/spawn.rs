@@ -7,10 +7,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Memory and CPU of a process, from `/proc/PID/status` and `/proc/PID/stat`.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct ProcStats {
     /// Resident set size now (`VmRSS`), KiB.
     pub rss_kb: Option<u64>,
@@ -81,6 +81,59 @@ pub fn system_busy_s(ticks: f64) -> Option<f64> {
     Some(total.saturating_sub(idle) as f64 / ticks)
 }
 
+/// CPU one process used during the measured run (`/proc/PID/stat` utime + stime).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcessCpu {
+    /// `gateway`, `worker-1`, `nats-n0`, `redis`, `bench`.
+    pub name: String,
+    pub pid: u32,
+    /// CPU seconds over the measured run.
+    pub cpu_s: Option<f64>,
+    /// `cpu_s` / measured seconds: cores used on average.
+    pub cores: Option<f64>,
+    /// `VmRSS` at the end of the measured run, KiB.
+    pub rss_end_kb: Option<u64>,
+}
+
+/// `(name, pid, CPU seconds so far)` of each process, now.
+pub fn cpu_snapshot(processes: &[(String, u32)], ticks: f64) -> Vec<(String, u32, ProcStats)> {
+    processes
+        .iter()
+        .map(|(name, pid)| {
+            let proc_id = if *pid == std::process::id() {
+                "self".to_string()
+            } else {
+                pid.to_string()
+            };
+            (name.clone(), *pid, proc_stats(&proc_id, ticks))
+        })
+        .collect()
+}
+
+/// Per-process CPU between two snapshots of the same processes `elapsed_s` apart.
+pub fn cpu_between(
+    start: &[(String, u32, ProcStats)],
+    end: &[(String, u32, ProcStats)],
+    elapsed_s: f64,
+) -> Vec<ProcessCpu> {
+    start
+        .iter()
+        .zip(end)
+        .map(|((name, pid, a), (_, _, b))| {
+            let cpu_s = a.cpu_s.zip(b.cpu_s).map(|(a, b)| b - a);
+            ProcessCpu {
+                name: name.clone(),
+                pid: *pid,
+                cpu_s,
+                cores: cpu_s
+                    .filter(|_| elapsed_s > 0.0)
+                    .map(|c| (c / elapsed_s * 1000.0).round() / 1000.0),
+                rss_end_kb: b.rss_kb,
+            }
+        })
+        .collect()
+}
+
 /// What to put in the generated deployment file.
 #[derive(Debug, Clone)]
 pub struct MockDeployment {
@@ -90,6 +143,45 @@ pub struct MockDeployment {
     pub max_concurrency: u32,
     pub max_queue_depth: u32,
     pub max_active_executions: usize,
+    /// `limits.max_sse_streams` and `limits.max_connections`; the gateway's defaults if `None`.
+    pub streams: Option<StreamLimits>,
+}
+
+/// The gateway's connection and stream limits, sized for the run's concurrency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLimits {
+    pub max_sse_streams: usize,
+    pub max_connections: usize,
+}
+
+/// The gateway's default `limits.max_sse_streams`.
+const DEFAULT_MAX_SSE_STREAMS: usize = 10_000;
+/// Open files the gateway keeps out of its default `max_connections` (open-file limit minus
+/// this).
+const GATEWAY_RESERVED_FILES: u64 = 64;
+
+impl StreamLimits {
+    /// Room for `concurrency` streams with their submits (each client holds one connection at a
+    /// time, plus the pool's idle ones), never below the gateway's default stream limit.
+    pub fn for_concurrency(concurrency: usize) -> Self {
+        Self {
+            max_sse_streams: (2 * concurrency).max(DEFAULT_MAX_SSE_STREAMS),
+            max_connections: (2 * concurrency + 256).max(1024),
+        }
+    }
+
+    /// [`StreamLimits::for_concurrency`] when the gateway's defaults would not hold
+    /// `concurrency` streams: more than its default stream limit, or more connections than its
+    /// default derived from the open-file limit (`nofile`, which the gateway inherits). `None`
+    /// otherwise, so the generated file stays valid for builds that predate these settings.
+    pub fn needed(concurrency: usize, nofile: Option<u64>) -> Option<Self> {
+        let wanted = Self::for_concurrency(concurrency);
+        let streams_short = 2 * concurrency > DEFAULT_MAX_SSE_STREAMS;
+        let connections_short = nofile.is_some_and(|n| {
+            n.saturating_sub(GATEWAY_RESERVED_FILES) < wanted.max_connections as u64
+        });
+        (streams_short || connections_short).then_some(wanted)
+    }
 }
 
 impl MockDeployment {
@@ -109,10 +201,17 @@ impl MockDeployment {
             let chunks: Vec<String> = (0..n).map(|i| format!("tok{i} ")).collect();
             provider["chunks"] = chunks.into();
         }
-        serde_json::json!({
+        let mut deployment = serde_json::json!({
             "providers": [provider],
             "max_active_executions": self.max_active_executions,
-        })
+        });
+        if let Some(limits) = self.streams {
+            deployment["limits"] = serde_json::json!({
+                "max_sse_streams": limits.max_sse_streams,
+                "max_connections": limits.max_connections,
+            });
+        }
+        deployment
     }
 }
 
@@ -257,6 +356,7 @@ mod tests {
             max_concurrency: 256,
             max_queue_depth: 4096,
             max_active_executions: 4096,
+            streams: None,
         };
         let v = d.to_json();
         assert_eq!(v["max_active_executions"], 4096);
@@ -266,14 +366,44 @@ mod tests {
         assert_eq!(p["max_concurrency"], 256);
         assert_eq!(p["max_queue_depth"], 4096);
         assert!(p.get("delay_ms").is_none() && p.get("chunks").is_none());
+        assert!(v.get("limits").is_none());
         let v = MockDeployment {
             delay_ms: 5,
             chunks: Some(2),
+            streams: Some(StreamLimits::for_concurrency(1024)),
             ..d
         }
         .to_json();
         assert_eq!(v["providers"][0]["delay_ms"], 5);
         assert_eq!(v["providers"][0]["chunks"][1], "tok1 ");
+        assert_eq!(v["limits"]["max_sse_streams"], 10_000);
+        assert_eq!(v["limits"]["max_connections"], 2 * 1024 + 256);
+        assert_eq!(StreamLimits::for_concurrency(8_000).max_sse_streams, 16_000);
+    }
+
+    #[test]
+    fn cpu_between_snapshots_in_cores() {
+        let at = |cpu: f64| ProcStats {
+            cpu_s: Some(cpu),
+            rss_kb: Some(10),
+            ..ProcStats::default()
+        };
+        let start = vec![
+            ("gateway".to_string(), 7, at(1.0)),
+            ("nats-n0".into(), 8, at(2.0)),
+        ];
+        let end = vec![
+            ("gateway".to_string(), 7, at(4.0)),
+            ("nats-n0".into(), 8, ProcStats::default()),
+        ];
+        let cpu = cpu_between(&start, &end, 2.0);
+        assert_eq!(cpu[0].cpu_s, Some(3.0));
+        assert_eq!(cpu[0].cores, Some(1.5));
+        assert_eq!(cpu[0].rss_end_kb, Some(10));
+        // A process that exited has no end reading: no figure, not a wrong one.
+        assert_eq!(cpu[1].cores, None);
+        let own = cpu_snapshot(&[("bench".into(), std::process::id())], clock_ticks());
+        assert!(own[0].2.cpu_s.is_some());
     }
 
     #[test]

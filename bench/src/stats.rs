@@ -1,5 +1,7 @@
-//! Recording: HdrHistograms of the whole measured run, a histogram per reporting window, counters
-//! and error counts, all behind one short-held lock.
+//! Recording: HdrHistograms of the whole measured run, a histogram per reporting window, a
+//! timeline of completions per second, counters and error counts, all behind one short-held lock
+//! taken once per execution. Also the derived figures: percentile summaries, the added time per
+//! delta (client gap minus the provider's configured gap) and the timeline's rates.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,7 +9,8 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
 use crate::client::{ExecError, ExecTiming};
 
@@ -38,6 +41,9 @@ pub struct Latencies {
     pub dispatch_lag: Histogram<u64>,
     /// Per execution with at least two deltas: (last − first delta) / (deltas − 1), in **ns**.
     pub per_delta_ns: Histogram<u64>,
+    /// Every gap between two consecutive `output.delta` events of one execution, as the client
+    /// parsed them (µs; 0 when both came in one read).
+    pub delta_gap: Histogram<u64>,
 }
 
 impl Latencies {
@@ -48,7 +54,119 @@ impl Latencies {
             terminal: histogram(),
             dispatch_lag: histogram(),
             per_delta_ns: histogram(),
+            delta_gap: histogram(),
         }
+    }
+}
+
+/// Largest number of timeline buckets kept (a day of 1 s buckets); later completions go into the
+/// last one.
+const MAX_BUCKETS: usize = 86_400;
+
+/// Completions per fixed-width time bucket since the start of the measured run: throughput over
+/// time at a finer grain than the reporting windows, for the charts.
+#[derive(Debug, Clone)]
+pub struct Timeline {
+    bucket: Duration,
+    counts: Vec<u64>,
+}
+
+/// One timeline bucket: when it starts and its completions per second.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimelinePoint {
+    pub start_s: f64,
+    pub per_s: f64,
+}
+
+impl Timeline {
+    /// `bucket` is the bucket width (at least 1 ms).
+    pub fn new(bucket: Duration) -> Self {
+        Self {
+            bucket: bucket.max(Duration::from_millis(1)),
+            counts: Vec::new(),
+        }
+    }
+
+    /// Counts one completion `since_start` after the measured start.
+    pub fn record(&mut self, since_start: Duration) {
+        let i = usize::try_from(since_start.as_nanos() / self.bucket.as_nanos())
+            .unwrap_or(usize::MAX)
+            .min(MAX_BUCKETS - 1);
+        if self.counts.len() <= i {
+            self.counts.resize(i + 1, 0);
+        }
+        self.counts[i] += 1;
+    }
+
+    /// Completions per second in each bucket up to `elapsed` (the run's measured length); the
+    /// last bucket is divided by the part of it the run covered, so a run that ends inside a
+    /// bucket does not show a false drop. A last bucket the run covered for less than half its
+    /// width is left out: it holds the executions that were draining when the run stopped (all
+    /// finishing at once) over a sliver of time, which would show as a false spike. Buckets with
+    /// no completion are included (as 0).
+    pub fn rates(&self, elapsed: Duration) -> Vec<TimelinePoint> {
+        let width = self.bucket.as_secs_f64();
+        let total = elapsed.as_secs_f64();
+        let buckets = ((total / width).ceil() as usize).max(self.counts.len());
+        (0..buckets)
+            .filter_map(|i| {
+                let start = i as f64 * width;
+                let covered = (total - start).clamp(0.0, width);
+                if i + 1 == buckets && i > 0 && covered < 0.5 * width {
+                    return None;
+                }
+                let covered = if covered > 0.0 { covered } else { width };
+                let n = self.counts.get(i).copied().unwrap_or(0);
+                Some(TimelinePoint {
+                    start_s: (start * 1000.0).round() / 1000.0,
+                    per_s: n as f64 / covered,
+                })
+            })
+            .collect()
+    }
+
+    pub fn bucket(&self) -> Duration {
+        self.bucket
+    }
+}
+
+/// The added time per delta: each gap between consecutive deltas at the client minus the gap the
+/// provider was configured with. Signed (a delta that arrives in the same read as the previous
+/// one has a client gap of 0, so it shows as `-provider_gap`); µs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AddedPerDelta {
+    pub provider_gap_us: u64,
+    /// Gaps measured.
+    pub count: u64,
+    pub p50_us: i64,
+    pub p90_us: i64,
+    pub p99_us: i64,
+    pub max_us: i64,
+    pub mean_us: f64,
+}
+
+impl AddedPerDelta {
+    /// From the histogram of client gaps (µs). Subtracting a constant keeps the order, so each
+    /// quantile of the difference is the gap's quantile minus the provider's gap.
+    pub fn of(gaps: &Histogram<u64>, provider_gap: Duration) -> Option<Self> {
+        if gaps.is_empty() {
+            return None;
+        }
+        let provider = i64::try_from(provider_gap.as_micros()).unwrap_or(i64::MAX);
+        let minus = |v: u64| {
+            i64::try_from(v)
+                .unwrap_or(i64::MAX)
+                .saturating_sub(provider)
+        };
+        Some(Self {
+            provider_gap_us: u64::try_from(provider).unwrap_or(0),
+            count: gaps.len(),
+            p50_us: minus(gaps.value_at_quantile(0.50)),
+            p90_us: minus(gaps.value_at_quantile(0.90)),
+            p99_us: minus(gaps.value_at_quantile(0.99)),
+            max_us: minus(gaps.max()),
+            mean_us: ((gaps.mean() - provider as f64) * 10.0).round() / 10.0,
+        })
     }
 }
 
@@ -57,6 +175,7 @@ struct Locked {
     total: Latencies,
     /// Terminal latency in the current window (submit latency in submit-only mode).
     window: Histogram<u64>,
+    timeline: Timeline,
     errors: BTreeMap<String, u64>,
 }
 
@@ -72,29 +191,47 @@ pub struct Recorder {
     pub errored: AtomicU64,
     /// Open-loop arrivals not sent because `--max-in-flight` was reached.
     pub shed: AtomicU64,
+    /// Executions that reached a terminal event, warm-up included (the divisor of the JetStream
+    /// messages counted over the whole run).
+    pub settled_all: AtomicU64,
+    /// Start of the measured run: the timeline's origin.
+    measure_start: Instant,
 }
 
 impl Default for Recorder {
     fn default() -> Self {
+        Self::new(Instant::now(), Duration::from_secs(1))
+    }
+}
+
+impl Recorder {
+    /// A recorder whose timeline starts at `measure_start`, in buckets of `bucket`.
+    pub fn new(measure_start: Instant, bucket: Duration) -> Self {
         Self {
             locked: Mutex::new(Locked {
                 total: Latencies::new(),
                 window: histogram(),
+                timeline: Timeline::new(bucket),
                 errors: BTreeMap::new(),
             }),
             ok: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             errored: AtomicU64::new(0),
             shed: AtomicU64::new(0),
+            settled_all: AtomicU64::new(0),
+            measure_start,
         }
     }
-}
 
-impl Recorder {
     /// Records one execution that reached a terminal event.
     pub fn execution(&self, t: &ExecTiming) {
+        let since_start = Instant::now().saturating_duration_since(self.measure_start);
         {
             let mut l = self.locked.lock();
+            l.timeline.record(since_start);
+            for gap in &t.gaps_us {
+                let _ = l.total.delta_gap.record(u64::from(*gap));
+            }
             let _ = l.total.submit.record(micros(t.submit));
             if let Some(d) = t.first_delta {
                 let _ = l.total.first_delta.record(micros(d));
@@ -118,8 +255,10 @@ impl Recorder {
 
     /// Records one accepted submit (submit-only mode).
     pub fn submit_only(&self, d: Duration) {
+        let since_start = Instant::now().saturating_duration_since(self.measure_start);
         {
             let mut l = self.locked.lock();
+            l.timeline.record(since_start);
             let _ = l.total.submit.record(micros(d));
             let _ = l.window.record(micros(d));
         }
@@ -143,15 +282,17 @@ impl Recorder {
         std::mem::replace(&mut l.window, fresh)
     }
 
-    pub fn finish(&self) -> (Latencies, BTreeMap<String, u64>) {
+    pub fn finish(&self) -> (Latencies, BTreeMap<String, u64>, Timeline) {
         let mut l = self.locked.lock();
         let total = std::mem::replace(&mut l.total, Latencies::new());
-        (total, std::mem::take(&mut l.errors))
+        let bucket = l.timeline.bucket();
+        let timeline = std::mem::replace(&mut l.timeline, Timeline::new(bucket));
+        (total, std::mem::take(&mut l.errors), timeline)
     }
 }
 
 /// Percentiles of one histogram, in microseconds.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Summary {
     pub count: u64,
     pub min_us: u64,
@@ -214,24 +355,95 @@ mod tests {
             deltas: 4,
             terminal: Duration::from_micros(300),
             completed: true,
+            gaps_us: vec![30, 0, 60],
         };
         rec.execution(&t);
         rec.execution(&ExecTiming {
             completed: false,
             first_delta: None,
-            ..t
+            gaps_us: Vec::new(),
+            ..t.clone()
         });
         rec.error(&ExecError::SubmitStatus(429));
         assert_eq!(rec.ok.load(Ordering::Relaxed), 1);
         assert_eq!(rec.failed.load(Ordering::Relaxed), 1);
         assert_eq!(rec.take_window().len(), 2);
         assert!(rec.take_window().is_empty());
-        let (lat, errors) = rec.finish();
+        let (lat, errors, timeline) = rec.finish();
         assert_eq!(lat.terminal.len(), 2);
+        assert_eq!(lat.delta_gap.len(), 3);
+        assert_eq!(lat.delta_gap.min(), 0);
+        assert_eq!(timeline.counts.iter().sum::<u64>(), 2);
         assert_eq!(lat.first_delta.len(), 1);
         // (290 - 200) us / 3 gaps = 30 us = 30,000 ns (3 significant figures).
         assert_eq!(lat.per_delta_ns.len(), 1);
         assert_eq!(lat.per_delta_ns.value_at_quantile(0.5) / 100, 300);
         assert_eq!(errors.get("submit_http_429"), Some(&1));
+    }
+
+    #[test]
+    fn added_per_delta_subtracts_the_provider_gap_from_each_quantile() {
+        let mut gaps = histogram();
+        // 98 gaps of 10.2 ms, one of 0 (same read), one of 25 ms: provider gap 10 ms.
+        for _ in 0..98 {
+            gaps.record(10_200).unwrap();
+        }
+        gaps.record(0).unwrap();
+        gaps.record(25_000).unwrap();
+        let a = AddedPerDelta::of(&gaps, Duration::from_millis(10)).unwrap();
+        assert_eq!(a.provider_gap_us, 10_000);
+        assert_eq!(a.count, 100);
+        // 10,200 is exact at 3 significant figures (resolution 8 µs above 8,192: 10,200 lies in
+        // [10,200, 10,208)); the quantile reports the bucket's highest equivalent value.
+        assert!((200..=208).contains(&a.p50_us), "{a:?}");
+        assert!((200..=208).contains(&a.p90_us), "{a:?}");
+        assert!((14_990..=15_020).contains(&a.max_us), "{a:?}");
+        // A negative figure is kept: deltas that arrive together show as -provider gap.
+        let mut together = histogram();
+        together.record(0).unwrap();
+        let b = AddedPerDelta::of(&together, Duration::from_millis(10)).unwrap();
+        assert_eq!(b.p50_us, -10_000);
+        assert!(AddedPerDelta::of(&histogram(), Duration::from_millis(10)).is_none());
+    }
+
+    #[test]
+    fn timeline_buckets_by_second_and_rates_the_partial_last_bucket() {
+        let mut t = Timeline::new(Duration::from_secs(1));
+        for ms in [0, 10, 999, 1_000, 2_500, 2_600] {
+            t.record(Duration::from_millis(ms));
+        }
+        assert_eq!(t.counts, vec![3, 1, 2]);
+        // The run lasted 2.5 s: the third bucket covered 0.5 s, a fourth none at all.
+        let r = t.rates(Duration::from_millis(2_500));
+        assert_eq!(r.len(), 3);
+        assert_eq!(
+            r[0],
+            TimelinePoint {
+                start_s: 0.0,
+                per_s: 3.0
+            }
+        );
+        assert_eq!(r[1].per_s, 1.0);
+        assert_eq!(r[2].start_s, 2.0);
+        assert!((r[2].per_s - 4.0).abs() < 1e-9);
+        // A last bucket covered for less than half its width (draining executions) is left out.
+        let r = t.rates(Duration::from_millis(2_400));
+        assert_eq!(r.len(), 2);
+        // Empty buckets inside the run are reported as 0.
+        let mut gap = Timeline::new(Duration::from_millis(500));
+        gap.record(Duration::from_millis(1_700));
+        let r = gap.rates(Duration::from_secs(2));
+        assert_eq!(
+            r.iter().map(|p| p.per_s).collect::<Vec<_>>(),
+            vec![0.0, 0.0, 0.0, 2.0]
+        );
+    }
+
+    #[test]
+    fn timeline_caps_the_number_of_buckets() {
+        let mut t = Timeline::new(Duration::from_secs(1));
+        t.record(Duration::from_secs(10 * MAX_BUCKETS as u64));
+        assert_eq!(t.counts.len(), MAX_BUCKETS);
+        assert_eq!(t.counts[MAX_BUCKETS - 1], 1);
     }
 }

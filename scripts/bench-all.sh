@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# Runs every benchmark of BENCHMARKS.md's "Token streams" section and writes, into one output
+# directory, each run's human report (NAME.txt), JSON report (NAME.json), the logs of every
+# process it started (logs/NAME/) and SVG charts per group (GROUP-*.svg). About 13 minutes on
+# 2 cores after the release build (each run waits up to QUIET_MAX seconds for a quiet machine
+# first, which adds to that on a busy one).
+#
+#   scripts/bench-all.sh [OUT_DIR]          # default: bench-results/<UTC time>
+#
+# Groups (BENCH_GROUPS="a b c d" by default; set a subset to run only those):
+#   a  issue 14 item 4: token streams (100 chunks x 10 ms) at c=256 and c=1024, nats vs embedded;
+#      zero-delay closed loop c=32; submit latency at c=1; JetStream messages per 7-event
+#      execution (3-chunk zero-delay mock, c=1)
+#   b  issue 12 item 6: 3-node R3 cluster vs one node R1 (closed loop c=32, exec/s, submit
+#      p50/p99); worker scaling 1 -> 2 -> 4 processes on the cluster
+#   c  JetStream sync_interval: server default vs `always`, one node R1 and 3-node R3
+#   d  issue 13: telemetry cost, embedded closed loop c=32: no trace export, export to a
+#      collector that keeps up (bench otlp-sink), collector down (closed port); ROUNDS rounds,
+#      alternating. BASELINE_GATEWAY=/path/to/gateway adds the same runs of another build (e.g.
+#      one from before the telemetry work) for the metrics cost.
+#
+# Environment: SKIP_BUILD=1 uses the binaries as they are; BIN_DIR (gateway and worker, default
+# ${CARGO_TARGET_DIR:-target}/release); BENCH_BIN (default $BIN_DIR/bench); DURATION (measured seconds of most runs, default 20);
+# SHORT (measured seconds of the c=1 and telemetry rounds, default 10); ROUNDS (group d,
+# default 3); QUIET_MAX (seconds to wait for a quiet machine before each run, default 30; 0:
+# no wait).
+#
+# Before/after: run this script on both builds into two directories, then
+#   bench plot --before OLD/a-nats-c256.json --after NEW/a-nats-c256.json ... --out DIR
+# (see BENCHMARKS.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${1:-bench-results/$(date -u +%Y%m%dT%H%M%SZ)}
+GROUPS_TO_RUN=${BENCH_GROUPS:-a b c d}
+DURATION=${DURATION:-20}
+SHORT=${SHORT:-10}
+ROUNDS=${ROUNDS:-3}
+QUIET_MAX=${QUIET_MAX:-30}
+
+# shellcheck source=scripts/lib/servers.sh
+. scripts/lib/servers.sh
+ensure_nats_server
+ensure_redis_server
+
+if [ -z "${SKIP_BUILD:-}" ]; then
+  cargo build --release -p gateway -p worker -p bench
+fi
+BIN_DIR=${BIN_DIR:-${CARGO_TARGET_DIR:-target}/release}
+BENCH=${BENCH_BIN:-$BIN_DIR/bench}
+GATEWAY=$BIN_DIR/gateway
+WORKER=$BIN_DIR/worker
+for bin in "$BENCH" "$GATEWAY" "$WORKER"; do
+  [ -x "$bin" ] || { echo "missing $bin (build it, or set BIN_DIR)" >&2; exit 1; }
+done
+mkdir -p "$OUT/logs"
+
+# Busy CPU ticks and total ticks of the whole machine (first line of /proc/stat).
+cpu_ticks() {
+  awk '/^cpu /{busy=$2+$3+$4+$7+$8+$9; print busy, busy+$5+$6}' /proc/stat
+}
+
+# Waits (at most QUIET_MAX s) until the machine used under 0.25 cores over 5 s; logs the wait.
+wait_quiet() {
+  local waited=0 b0 t0 b1 t1 cores
+  [ "$QUIET_MAX" -gt 0 ] || return 0
+  cores=$(nproc)
+  while :; do
+    read -r b0 t0 < <(cpu_ticks)
+    sleep 5
+    read -r b1 t1 < <(cpu_ticks)
+    waited=$((waited + 5))
+    # busy share of all cores over the interval, times the core count: cores in use (x100).
+    local used=$(( (b1 - b0) * 100 * cores / (t1 - t0 > 0 ? t1 - t0 : 1) ))
+    echo "$(date -u +%T) quiet check: $used/100 cores busy" >> "$OUT/quiet.log"
+    if [ "$used" -lt 25 ] || [ "$waited" -ge "$QUIET_MAX" ]; then
+      return 0
+    fi
+  done
+}
+
+FAILED=()
+
+# run LABEL BENCH-ARGS...: one spawned run; a failure is recorded and the series goes on.
+run() {
+  local label=$1
+  shift
+  wait_quiet
+  echo "== $label: bench $*"
+  mkdir -p "$OUT/logs/$label"
+  if "$BENCH" --spawn --gateway-bin "$GATEWAY" --worker-bin "$WORKER" --label "$label" \
+    --out "$OUT" --log-dir "$OUT/logs/$label" --quiet "$@" > "$OUT/$label.txt" 2>&1; then
+    grep -E 'throughput:|terminal \(|JetStream:|added per delta|cores per process' "$OUT/$label.txt" || true
+  else
+    echo "   FAILED (see $OUT/$label.txt)"
+    FAILED+=("$label")
+  fi
+}
+
+# plot GROUP: charts of every report of the group, into GROUP-*.svg.
+plot() {
+  local group=$1 args=() f
+  for f in "$OUT/$group"-*.json; do
+    [ -e "$f" ] && args+=(--run "$f")
+  done
+  if [ "${#args[@]}" -gt 0 ]; then
+    "$BENCH" plot "${args[@]}" --out "$OUT" --prefix "$group-" > /dev/null
+  fi
+}
+
+STREAM=(--mock-chunks 100 --mock-delay-ms 10)
+T=(--duration "$DURATION")
+
+for group in $GROUPS_TO_RUN; do
+  case $group in
+  a)
+    for c in 256 1024; do
+      # Every stream runs at once: provider and executing slots are sized to c.
+      sized=(-c "$c" --provider-concurrency "$c" --exec-slots "$c" --warmup 3 --timeout 60)
+      run "a-embedded-c$c" --backend embedded "${sized[@]}" "${STREAM[@]}" "${T[@]}"
+      run "a-nats-c$c" --backend nats "${sized[@]}" "${STREAM[@]}" "${T[@]}"
+    done
+    run a-nats-zero-c32 --backend nats -c 32 --warmup 2 "${T[@]}"
+    run a-embedded-zero-c32 --backend embedded -c 32 --warmup 2 "${T[@]}"
+    run a-nats-submit-c1 --backend nats --mode submit -c 1 --warmup 2 --duration "$SHORT" \
+      --idempotency-prefix a7
+    run a-nats-msgs-c1 --backend nats -c 1 --warmup 1 --duration "$SHORT"
+    ;;
+  b)
+    for nodes in 1 3; do
+      run "b-nats${nodes}r${nodes}-c32" --backend nats --nats-cluster "$nodes" --replicas "$nodes" \
+        -c 32 --warmup 2 "${T[@]}" --idempotency-prefix "b$nodes"
+    done
+    for w in 1 2 4; do
+      # Worker-bound: 8 executions per worker process, each 3 chunks x 50 ms (ideal 53/s each).
+      run "b-scale-w$w" --backend nats --nats-cluster 3 --replicas 3 --worker-procs "$w" \
+        --exec-slots 8 --mock-delay-ms 50 -c 64 --warmup 3 "${T[@]}"
+    done
+    ;;
+  c)
+    for nodes in 1 3; do
+      for sync in default always; do
+        sync_arg=()
+        [ "$sync" = always ] && sync_arg=(--sync-interval always)
+        run "c-nats${nodes}r${nodes}-sync-$sync-c32" --backend nats --nats-cluster "$nodes" \
+          --replicas "$nodes" "${sync_arg[@]}" -c 32 --warmup 2 "${T[@]}" \
+          --idempotency-prefix "c$nodes$sync"
+      done
+    done
+    ;;
+  d)
+    "$BENCH" otlp-sink > "$OUT/otlp-sink.txt" 2>&1 &
+    sink_pid=$!
+    for _ in $(seq 50); do
+      grep -q 'listening on' "$OUT/otlp-sink.txt" && break
+      sleep 0.1
+    done
+    sink=$(sed -n 's/^otlp sink listening on //p' "$OUT/otlp-sink.txt")
+    # A port nothing listens on: the collector is down.
+    down=http://127.0.0.1:9
+    for round in $(seq "$ROUNDS"); do
+      run "d-off-r$round" --backend embedded -c 32 --warmup 2 --duration "$SHORT"
+      OTEL_EXPORTER_OTLP_ENDPOINT=$sink run "d-export-r$round" --backend embedded -c 32 \
+        --warmup 2 --duration "$SHORT"
+      OTEL_EXPORTER_OTLP_ENDPOINT=$down run "d-down-r$round" --backend embedded -c 32 \
+        --warmup 2 --duration "$SHORT"
+      if [ -n "${BASELINE_GATEWAY:-}" ]; then
+        GATEWAY_SAVED=$GATEWAY
+        GATEWAY=$BASELINE_GATEWAY
+        run "d-baseline-r$round" --backend embedded -c 32 --warmup 2 --duration "$SHORT"
+        GATEWAY=$GATEWAY_SAVED
+      fi
+    done
+    # The collector-down target is about submissions: submit-only, c=32, export off vs down.
+    run d-submit-off --backend embedded --mode submit -c 32 --warmup 2 "${T[@]}"
+    OTEL_EXPORTER_OTLP_ENDPOINT=$down run d-submit-down --backend embedded --mode submit -c 32 \
+      --warmup 2 "${T[@]}"
+    kill "$sink_pid" 2> /dev/null || true
+    wait "$sink_pid" 2> /dev/null || true
+    ;;
+  *)
+    echo "unknown group $group (a b c d)" >&2
+    exit 2
+    ;;
+  esac
+  plot "$group"
+done
+
+echo "results in $OUT"
+if [ "${#FAILED[@]}" -gt 0 ]; then
+  echo "failed runs: ${FAILED[*]}" >&2
+  exit 1
+fi
