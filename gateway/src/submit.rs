@@ -1,10 +1,45 @@
 //! The submission flow, independent of HTTP: validate limits and capabilities, bind the
-//! idempotency key, create the log with `execution.accepted`, publish the job.
+//! idempotency key, create the log with `execution.accepted` and publish the job.
 //!
 //! Order matters for the invariants: nothing is published for a request that is rejected, the
 //! execution id is minted before the key is bound (so a retry after a crash between the steps
 //! heals to the same execution), and the key is released when creation fails so a retry can
 //! create it [R 14].
+//!
+//! Creating the log and publishing the job run concurrently (one round trip to each stream, at
+//! the same time; before, the publish waited for the create's acknowledgement). That is safe
+//! because a worker can only run an execution by appending `route.selected` to its log with
+//! compare-and-set: a job whose log does not exist cannot run. A worker that receives a job
+//! before its log waits for the log a bounded time, then drops the job; when the log appears
+//! after such a wait, it first checks that the job was not withdrawn (`worker::runner`).
+//!
+//! What a failed step means ("outcome unknown" included). A JetStream publish whose
+//! acknowledgement timed out (a leader election) may have been stored. The rule kept here: a
+//! 503 is answered only once nothing of the execution can run; a 202 only once the execution
+//! is queued. So when either step fails, the submission settles the other before answering:
+//! - the create failed (refused, or outcome unknown): the job is withdrawn from the queue
+//!   (`JobQueue::withdraw`: found by its msg id, deleted), then, if the create's outcome is
+//!   unknown, the log is created-or-found and closed with the unqueued failure, so a create
+//!   that lands late finds the subject taken;
+//! - the publish failed with its outcome unknown: the log is closed with the unqueued failure
+//!   by compare-and-set on `execution.accepted`. A stored job then finds the log terminal and is
+//!   dropped. If a worker claimed the execution first, the close loses, the job was stored
+//!   and runs: the submission is answered 202 after all;
+//! - the queue refused the job (admission limit): the log is closed; 429.
+//!
+//! Settling is bounded so every submit is answered within 2 s ([`SETTLE_BOUND`]). When the
+//! outcome is still unknown then (both streams unreachable), the answer is 503, a background
+//! task keeps settling, and the idempotency key stays bound: a keyed retry replays the same
+//! execution (which then shows the unqueued failure) rather than creating a second one, so
+//! one key still means at most one execution (invariant 3). The alternative, answering 202 and
+//! republishing the job in the background until acknowledged, was rejected: a gateway that
+//! dies before the republish lands leaves a 202 execution no job will ever run, and no scan
+//! covers logs without jobs (the deadline sweeper follows the queue).
+//!
+//! Known residual window: a create whose acknowledgement was lost although it was stored, a
+//! worker that found that log at its first look and claimed it before the job was withdrawn,
+//! and an event store that stays unreachable for this gateway until [`SETTLE_BOUND`]: the
+//! submission is answered 503 and the execution runs. Each of the three is needed.
 //!
 //! Store errors stay typed here until the flow has decided what they mean: `AlreadyExists` while
 //! healing a crash window is the one expected outcome (a concurrent retry healed it first);
@@ -49,6 +84,7 @@ async fn submit_inner(
     traceparent: Option<String>,
 ) -> Result<ExecutionSubmission, ApiError> {
     let inner = &state.inner;
+    let started = Instant::now();
     let deadline_ms = request
         .deadline_ms
         .unwrap_or(inner.limits.default_deadline_ms);
@@ -74,7 +110,9 @@ async fn submit_inner(
         traceparent,
     };
     let Some(key) = idempotency_key else {
-        create_fresh(state, &job).await?;
+        create_fresh(state, &job, started)
+            .await
+            .map_err(|f| f.error)?;
         return Ok(accepted(id, created_at));
     };
     let key_hash = sha256_hex(format!("\u{0}{key}").as_bytes());
@@ -86,11 +124,13 @@ async fn submit_inner(
     let claimed = inner.backend.idempotency.claim(&key_hash, &record).await?;
     match claimed {
         None => {
-            if let Err(e) = create_fresh(state, &job).await {
-                if let Err(release) = inner.backend.idempotency.release(&key_hash, id).await {
-                    tracing::warn!(error = %release, "could not release idempotency key after a failed submit");
+            if let Err(failed) = create_fresh(state, &job, started).await {
+                if failed.settled {
+                    if let Err(release) = inner.backend.idempotency.release(&key_hash, id).await {
+                        tracing::warn!(error = %release, "could not release idempotency key after a failed submit");
+                    }
                 }
-                return Err(e);
+                return Err(failed.error.into());
             }
             Ok(accepted(id, created_at))
         }
@@ -113,49 +153,273 @@ fn accepted(execution_id: ExecutionId, created_at: Timestamp) -> ExecutionSubmis
 /// What creating an execution's log found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Creation {
-    /// The log was created and the job published.
+    /// The log was created and the job published (or a worker already claimed the execution
+    /// while the submission was learning the outcome of a failed step).
     Created,
-    /// The log already existed; nothing was written or published.
+    /// The log already existed; a concurrent healer created it and publishes its job.
     AlreadyExists,
 }
 
-/// Creates the log of an execution whose id was just minted: an existing log is a failure.
-async fn create_fresh(state: &AppState, job: &Job) -> Result<(), ApiError> {
-    match create_and_publish(state, job).await? {
-        Creation::Created => Ok(()),
-        Creation::AlreadyExists => Err(ApiError::Internal(format!(
-            "freshly minted execution id {} already has a log",
-            job.execution_id
-        ))),
+/// A submission that did not create its execution.
+#[derive(Debug)]
+struct Failed {
+    error: StoreError,
+    /// `true`: nothing of the execution will ever run (its job is not queued and its log, if
+    /// any, is closed or will be), so the idempotency key may be released. `false`: the outcome
+    /// could not be learnt within [`SETTLE_BOUND`]; a background task keeps settling it, and
+    /// the key stays bound so that a keyed retry replays this execution instead of creating a
+    /// second one (invariant 3).
+    settled: bool,
+}
+
+impl Failed {
+    fn settled(error: StoreError) -> Self {
+        Self {
+            error,
+            settled: true,
+        }
     }
 }
 
-/// Creates the log and publishes the job. If publishing fails, the log is closed with a
-/// failure so nothing is left waiting for a job that will never come.
-async fn create_and_publish(state: &AppState, job: &Job) -> Result<Creation, StoreError> {
-    let backend = &state.inner.backend;
-    let created =
-        EventWriter::create(backend.store.clone(), job.execution_id, job.accepted_at).await;
-    let mut writer = match created {
-        Ok(writer) => writer,
-        Err(StoreError::AlreadyExists) => return Ok(Creation::AlreadyExists),
-        Err(e) => {
-            // A create that timed out may still have been stored (the ack was lost, e.g. in a
-            // leader election): the submit is answered 503 and no job is published, so such
-            // a log would stay open forever. Close it if it exists.
-            close_unqueued_later(state, job);
-            return Err(e);
+/// How long after its start a submission may spend learning what became of a failed step:
+/// every submit is answered within 2 s (contract section 8), and each store request is bounded
+/// by the backend's request timeout (1.5 s in `nats` mode), so this leaves the last step
+/// its share of the bound.
+const SETTLE_BOUND: Duration = Duration::from_millis(1750);
+
+/// How long a background task keeps settling a submission answered 503 whose outcome was
+/// unknown (a JetStream election lasts seconds; the duplicate window, which `withdraw` relies
+/// on, is two minutes).
+const BACKGROUND_SETTLE: Duration = Duration::from_secs(60);
+
+/// Creates the log of an execution whose id was just minted: an existing log is a failure.
+async fn create_fresh(state: &AppState, job: &Job, started: Instant) -> Result<(), Failed> {
+    match create_and_publish(state, job, started).await? {
+        Creation::Created => Ok(()),
+        Creation::AlreadyExists => {
+            // Impossible for a random id; the job published beside it must not run.
+            let queue = state.inner.backend.queue.clone();
+            let stray = job.clone();
+            tokio::spawn(async move {
+                if let Err(e) = queue.withdraw(&stray).await {
+                    tracing::error!(execution_id = %stray.execution_id, error = %e, "could not withdraw a job");
+                }
+            });
+            Err(Failed::settled(StoreError::Misconfigured(format!(
+                "freshly minted execution id {} already has a log",
+                job.execution_id
+            ))))
         }
-    };
-    if let Err(e) = backend.queue.publish(job).await {
-        tracing::warn!(execution_id = %job.execution_id, error = %e, "job publish failed");
-        if let Err(close) = writer.append_once(unqueued_failure()).await {
-            tracing::warn!(execution_id = %job.execution_id, error = %close, "could not close unqueued execution; retrying in the background");
-            close_unqueued_later(state, job);
-        }
-        return Err(e);
     }
-    Ok(Creation::Created)
+}
+
+/// Creates the log and publishes the job concurrently: one round trip to each stream at the
+/// same time instead of one after the other. Safe because a worker claims an execution only by
+/// appending to its log with compare-and-set: a job whose log does not exist cannot run, and
+/// the worker waits for the log a bounded time (see `worker::runner`).
+///
+/// When either step fails, the submission learns what became of the other before it answers
+/// ([`settle`]): a 503 means nothing will run, a 202 that the execution is queued or already
+/// claimed by a worker.
+async fn create_and_publish(
+    state: &AppState,
+    job: &Job,
+    started: Instant,
+) -> Result<Creation, Failed> {
+    let backend = &state.inner.backend;
+    let (created, published) = tokio::join!(
+        EventWriter::create(backend.store.clone(), job.execution_id, job.accepted_at),
+        backend.queue.publish(job),
+    );
+    match (created, published) {
+        (Ok(_), Ok(())) => Ok(Creation::Created),
+        // Only while healing: a concurrent retry created the log; our publish, if stored, is
+        // the same job under the same msg id.
+        (Err(StoreError::AlreadyExists), _) => Ok(Creation::AlreadyExists),
+        (Ok(mut writer), Err(e @ StoreError::AdmissionFull)) => {
+            // Refused by the queue's limit: certainly not queued. Close the log.
+            if let Err(close) = writer.append_once(unqueued_failure()).await {
+                tracing::warn!(execution_id = %job.execution_id, error = %close, "could not close unqueued execution; retrying in the background");
+                spawn_settle(state, job, Settle::closing(writer));
+            }
+            Err(Failed::settled(e))
+        }
+        (Ok(writer), Err(e)) => {
+            // The job may or may not be stored (a lost acknowledgement): close the log first.
+            // Whoever appends sequence 2 decides: this gateway's failure (a stored job then
+            // finds the log terminal and is dropped) or a worker's claim (the job was stored
+            // and runs: the submission is accepted after all).
+            tracing::warn!(execution_id = %job.execution_id, error = %e, "job publish failed; settling");
+            settle(state, job, Settle::closing(writer), e, started).await
+        }
+        (Err(e), published) => {
+            tracing::warn!(execution_id = %job.execution_id, error = %e, "log creation failed; settling");
+            let withdraw = !matches!(published, Err(StoreError::AdmissionFull));
+            if !matches!(e, StoreError::Unavailable(_) | StoreError::Closed) {
+                // A refusal: nothing was stored. Only the job must go.
+                let attempt = Settle {
+                    withdraw,
+                    writer: None,
+                    close_log: false,
+                };
+                return settle(state, job, attempt, e, started).await;
+            }
+            // The create's outcome is unknown (a timeout may hide a stored event): withdraw
+            // the job, then create-or-find the log and close it, so a create that lands late
+            // finds the log taken (compare-and-set on an empty subject).
+            let attempt = Settle {
+                withdraw,
+                writer: None,
+                close_log: true,
+            };
+            settle(state, job, attempt, e, started).await
+        }
+    }
+}
+
+/// What is left to do to settle a failed submission.
+struct Settle {
+    /// The job may be queued and must be withdrawn first.
+    withdraw: bool,
+    /// The writer of the log (kept across retries, so a close that landed unacknowledged is
+    /// recognised as this writer's own).
+    writer: Option<EventWriter>,
+    /// Whether the log may exist (or appear) and must be closed.
+    close_log: bool,
+}
+
+/// What settling found.
+enum Settled {
+    /// Nothing of the execution will run: its job is withdrawn (or was never queued) and its
+    /// log is closed with the unqueued failure (or never existed).
+    Closed,
+    /// A worker appended to the log first: the job was queued and the execution is running
+    /// (or done). The submission is accepted.
+    Claimed,
+}
+
+impl Settle {
+    fn closing(writer: EventWriter) -> Self {
+        Self {
+            withdraw: false,
+            writer: Some(writer),
+            close_log: true,
+        }
+    }
+
+    /// One attempt; a store error means "not known yet, try again".
+    async fn step(&mut self, state: &AppState, job: &Job) -> Result<Settled, StoreError> {
+        let backend = &state.inner.backend;
+        if self.withdraw {
+            backend.queue.withdraw(job).await?;
+            self.withdraw = false;
+        }
+        if !self.close_log {
+            return Ok(Settled::Closed);
+        }
+        let writer = match &mut self.writer {
+            Some(writer) => writer,
+            None => {
+                let store = backend.store.clone();
+                let writer =
+                    match EventWriter::create(store.clone(), job.execution_id, job.accepted_at)
+                        .await
+                    {
+                        Ok(writer) => writer,
+                        Err(StoreError::AlreadyExists) => {
+                            let Some(head) = backend.store.head(job.execution_id).await? else {
+                                return Err(StoreError::Unavailable("log not readable yet".into()));
+                            };
+                            if head.terminal || head.last_sequence > Sequence(1) {
+                                return Ok(Settled::Claimed);
+                            }
+                            EventWriter::resume(
+                                store,
+                                job.execution_id,
+                                head.last_sequence,
+                                head.last_time,
+                            )
+                        }
+                        Err(e) => return Err(e),
+                    };
+                self.writer.insert(writer)
+            }
+        };
+        match writer.append_once(unqueued_failure()).await {
+            Ok(()) => {
+                tracing::info!(execution_id = %job.execution_id, "closed the log of an unqueued execution");
+                self.close_log = false;
+                Ok(Settled::Closed)
+            }
+            Err(StoreError::Conflict { .. }) => Ok(Settled::Claimed),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Settles a failed submission within [`SETTLE_BOUND`] of `started` and answers it: `Claimed`
+/// is an acceptance, `Closed` the failure `error`. When the outcome cannot be learnt in time
+/// the submission fails unsettled (the key stays bound) and a background task finishes.
+async fn settle(
+    state: &AppState,
+    job: &Job,
+    mut attempt: Settle,
+    error: StoreError,
+    started: Instant,
+) -> Result<Creation, Failed> {
+    let deadline = started + SETTLE_BOUND;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match tokio::time::timeout(left, attempt.step(state, job)).await {
+            Ok(Ok(Settled::Closed)) => return Err(Failed::settled(error)),
+            Ok(Ok(Settled::Claimed)) => {
+                tracing::info!(execution_id = %job.execution_id, "a worker claimed the execution while its submission failed; accepted");
+                return Ok(Creation::Created);
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(execution_id = %job.execution_id, error = %e, "settling a failed submission");
+                tokio::time::sleep(Duration::from_millis(20).min(left)).await;
+            }
+            Err(_) => break,
+        }
+    }
+    tracing::warn!(execution_id = %job.execution_id, "submission outcome unknown; answered 503, settling in the background");
+    spawn_settle(state, job, attempt);
+    Err(Failed {
+        error,
+        settled: false,
+    })
+}
+
+/// Finishes settling in the background, retrying with backoff for [`BACKGROUND_SETTLE`].
+fn spawn_settle(state: &AppState, job: &Job, mut attempt: Settle) {
+    let state = state.clone();
+    let job = job.clone();
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(50);
+        loop {
+            match attempt.step(&state, &job).await {
+                Ok(Settled::Closed) => return,
+                Ok(Settled::Claimed) => {
+                    tracing::warn!(execution_id = %job.execution_id, "an execution answered 503 was claimed by a worker");
+                    return;
+                }
+                Err(e) if started.elapsed() < BACKGROUND_SETTLE => {
+                    tracing::debug!(execution_id = %job.execution_id, error = %e, "settling in the background");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    tracing::error!(execution_id = %job.execution_id, error = %e, "could not settle a failed submission");
+                    return;
+                }
+            }
+        }
+    });
 }
 
 /// The terminal event of an execution whose job could not be queued.
@@ -167,27 +431,6 @@ fn unqueued_failure() -> EventBody {
             false,
         ),
     }
-}
-
-/// Closes the log of a submit answered 503 in the background, if the log exists and is still
-/// open: its `execution.accepted` may be stored even though the store reported a failure, and
-/// no job will run it. Retries while the store is unavailable (bounded by the writer's retry
-/// limit); a missing log or one another writer extended (a job that was queued after all and
-/// is running) ends the attempt. Fenced by compare-and-set like every append.
-fn close_unqueued_later(state: &AppState, job: &Job) {
-    let store = state.inner.backend.store.clone();
-    let (id, accepted_at) = (job.execution_id, job.accepted_at);
-    tokio::spawn(async move {
-        let mut writer = EventWriter::resume(store, id, Sequence(1), accepted_at);
-        match writer.append(unqueued_failure()).await {
-            Ok(()) => tracing::info!(execution_id = %id, "closed the log of an unqueued execution"),
-            Err(runtime::WriteError::Store(StoreError::NotFound) | runtime::WriteError::Fenced) => {
-            }
-            Err(e) => {
-                tracing::warn!(execution_id = %id, error = %e, "could not close unqueued execution")
-            }
-        }
-    });
 }
 
 /// The key is bound to an execution with the same request: answer with its current status.
@@ -227,7 +470,10 @@ async fn replay(
                 // create it now, under the recorded id and time.
                 // `AlreadyExists`: a concurrent retry healed it first. Any other store error
                 // (a `Conflict` or `Violation` included) is a failure, never a replay.
-                match create_and_publish(state, &job).await? {
+                match create_and_publish(state, &job, Instant::now())
+                    .await
+                    .map_err(|f| f.error)?
+                {
                     Creation::Created | Creation::AlreadyExists => {
                         return Ok(replayed(ExecutionStatus::Accepted));
                     }

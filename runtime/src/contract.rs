@@ -390,6 +390,7 @@ pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
         .unwrap()
         .unwrap();
     first.handle.in_progress().await.unwrap();
+    assert!(!first.handle.withdrawn().await.unwrap());
     first.handle.ack().await.unwrap();
     let second = tokio::time::timeout(PROMPT, queue.receive())
         .await
@@ -425,6 +426,36 @@ pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
         tokio::time::timeout(Duration::from_millis(300), queue.receive())
             .await
             .is_err()
+    );
+    // Withdrawing: a delivery of the job learns it, a waiting job is never delivered, and a
+    // job never published stays so.
+    let (c, d, e) = (
+        job(ExecutionId::new_random()),
+        job(ExecutionId::new_random()),
+        job(ExecutionId::new_random()),
+    );
+    queue.publish(&c).await.unwrap();
+    queue.publish(&d).await.unwrap();
+    let held_c = tokio::time::timeout(PROMPT, queue.receive())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(held_c.job.execution_id, c.execution_id);
+    for withdrawn in [&c, &d, &e, &d] {
+        queue.withdraw(withdrawn).await.unwrap();
+    }
+    assert!(held_c.handle.withdrawn().await.unwrap());
+    held_c.handle.ack().await.unwrap();
+    assert!(
+        queue.scan(0, 10).await.unwrap().is_empty(),
+        "withdrawn jobs are not held"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), queue.receive())
+            .await
+            .is_err(),
+        "withdrawn jobs are not delivered"
     );
     // Concurrent receivers share jobs without duplicates.
     let ids: Vec<_> = (0..20).map(|_| ExecutionId::new_random()).collect();

@@ -6,8 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::StoreError;
 
-/// Everything a worker needs to run one execution. Published once per execution, after its
-/// log was created; the execution id is the queue's dedupe id.
+/// Everything a worker needs to run one execution. Published once per execution, concurrently
+/// with the creation of its log (a worker waits for the log before claiming it); the execution
+/// id is the queue's dedupe id.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Job {
     pub execution_id: ExecutionId,
@@ -35,6 +36,13 @@ pub trait DeliveryHandle: Send + Sync {
     /// the lease never lapses (a queue in this process), so heartbeats are a formality.
     fn lease(&self) -> Option<std::time::Duration> {
         None
+    }
+    /// Whether the job of this delivery was withdrawn from the queue ([`JobQueue::withdraw`])
+    /// since it was delivered. A worker asks only when it had to wait for the job's log to
+    /// appear, i.e. when its submitter may be failing the submission; it never runs a withdrawn
+    /// job. Errors: the queue could not be asked (the job must not run yet).
+    async fn withdrawn(&self) -> Result<bool, StoreError> {
+        Ok(false)
     }
 }
 
@@ -79,9 +87,15 @@ pub struct QueuedJob {
 ///   at most `limit`, without taking or disturbing any delivery; any process may call it (the
 ///   deadline sweeper of every gateway and worker does). A job published later always gets a
 ///   greater position, so a scanner that continues from the last position it saw misses none.
+/// - `withdraw` removes an execution's job whatever became of its publish: stored, not stored,
+///   or outcome unknown (a lost acknowledgement). Once it returns `Ok`, the job is no longer
+///   held and will not be delivered again, and a delivery already handed out reports
+///   [`DeliveryHandle::withdrawn`]. Idempotent. Only a submitter failing its submission calls it.
 #[async_trait]
 pub trait JobQueue: Send + Sync + 'static {
     async fn publish(&self, job: &Job) -> Result<(), StoreError>;
+    /// Removes `job` from the queue, published or not (see the contract above).
+    async fn withdraw(&self, job: &Job) -> Result<(), StoreError>;
     async fn receive(&self) -> Result<Option<Delivery>, StoreError>;
     /// Stops handing out jobs; pending `receive` calls return `Ok(None)`.
     fn close(&self);

@@ -168,7 +168,9 @@ async fn run_delivery(runner: &Runner, delivery: Delivery, heartbeat: Duration) 
     {
         span.record("trace_id", trace_id);
     }
-    let run = runner.run(&job, delivered).instrument(span);
+    let run = runner
+        .run_delivery(&job, delivered, Some(&*handle))
+        .instrument(span);
     tokio::pin!(run);
     let outcome = loop {
         // The lease is read on every beat: the server's value wins over the configured one.

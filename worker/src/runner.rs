@@ -11,7 +11,17 @@
 //! - cancellation [R 41] and worker loss (architecture invariant 4): a redelivered job whose log
 //!   shows a started attempt fails with `internal_error` "remote outcome is unknown" instead of
 //!   calling the provider again. Failure messages name the cause: a worker that stopped
-//!   heartbeating, or an event store that was unreachable.
+//!   heartbeating, or an event store that was unreachable;
+//! - a job whose log does not exist yet: the gateway creates the log and publishes the job
+//!   concurrently, so a job can arrive first. The runner waits for the log (polling its head with
+//!   backoff from 5 ms to 500 ms, heartbeating the delivery meanwhile) for at most
+//!   [`RunnerSettings::log_wait`], then drops the job: a log that has not appeared by then was
+//!   never created (the gateway answered 503 and withdrew the job). When the log does appear
+//!   after a wait, the runner first asks the queue whether the job was withdrawn (the gateway
+//!   withdraws the job of a submission whose create failed or whose outcome it could not learn)
+//!   and never claims a withdrawn job (it also asks on every poll while waiting, so a withdrawn
+//!   job does not hold a slot). A job whose log is there at the first look is claimed at once:
+//!   no extra round trip on the common path.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +29,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use protocol::event::EventBody;
 use protocol::{ErrorCode, RuntimeError, Target, Timestamp};
-use runtime::{CancelBus, EventStore, EventWriter, Job, WriteError};
+use runtime::{CancelBus, DeliveryHandle, EventStore, EventWriter, Job, LogHead, WriteError};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -46,12 +56,16 @@ pub struct RunnerSettings {
     /// How long an interrupted attempt may run its adapter cleanup (fal's cancel PUT has its own
     /// 5 s bound) before it is dropped.
     pub cleanup_grace: Duration,
+    /// How long a job whose log does not exist is kept waiting for it before it is dropped
+    /// (see the module docs): well beyond a submission's 2 s bound and a JetStream election.
+    pub log_wait: Duration,
 }
 
 impl Default for RunnerSettings {
     fn default() -> Self {
         Self {
             cleanup_grace: Duration::from_secs(6),
+            log_wait: Duration::from_secs(10),
         }
     }
 }
@@ -149,17 +163,24 @@ impl Runner {
         self.abort_all.cancel();
     }
 
-    /// Runs one delivery of `job`. `delivered` is 1 on first delivery.
+    /// Runs `job` without a queue delivery (a withdrawal cannot be checked). `delivered` is 1
+    /// on first delivery.
     pub async fn run(&self, job: &Job, delivered: u32) -> RunOutcome {
+        self.run_delivery(job, delivered, None).await
+    }
+
+    /// Runs one delivery of `job`; `held` is the delivery's handle, asked whether the job was
+    /// withdrawn when its log had to be waited for. `delivered` is 1 on first delivery.
+    pub async fn run_delivery(
+        &self,
+        job: &Job,
+        delivered: u32,
+        held: Option<&dyn DeliveryHandle>,
+    ) -> RunOutcome {
         let id = job.execution_id;
-        // Only the end of the log matters here, which every store reads cheaply.
-        let head = match self.store.head(id).await {
-            Ok(Some(head)) => head,
-            Ok(None) => return RunOutcome::Dropped,
-            Err(e) => {
-                tracing::warn!(execution_id = %id, error = %e, "cannot read execution state");
-                return RunOutcome::Abandoned;
-            }
+        let head = match self.await_log(id, held).await {
+            Ok(head) => head,
+            Err(outcome) => return outcome,
         };
         if head.terminal {
             return RunOutcome::Dropped;
@@ -275,6 +296,66 @@ impl Runner {
             }
         };
         self.finish(&mut writer, job.accepted_at, terminal).await
+    }
+
+    /// The end of the execution's log, waiting up to [`RunnerSettings::log_wait`] for a log
+    /// that does not exist yet (see the module docs). Only the end of the log matters here,
+    /// which every store reads cheaply.
+    async fn await_log(
+        &self,
+        id: protocol::ExecutionId,
+        held: Option<&dyn DeliveryHandle>,
+    ) -> Result<LogHead, RunOutcome> {
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(5);
+        let mut waited = false;
+        loop {
+            match self.store.head(id).await {
+                Ok(Some(head)) => {
+                    if waited
+                        && !head.terminal
+                        && let Some(held) = held
+                    {
+                        match held.withdrawn().await {
+                            Ok(false) => {}
+                            Ok(true) => {
+                                tracing::info!(execution_id = %id, "job withdrawn by its submitter; dropped");
+                                return Err(RunOutcome::Dropped);
+                            }
+                            Err(e) => {
+                                tracing::warn!(execution_id = %id, error = %e, "cannot tell whether the job was withdrawn");
+                                return Err(RunOutcome::Abandoned);
+                            }
+                        }
+                    }
+                    return Ok(head);
+                }
+                Ok(None) if started.elapsed() < self.settings.log_wait => {
+                    // A withdrawn job's log may never come: stop waiting at once.
+                    if let Some(held) = held
+                        && let Ok(true) = held.withdrawn().await
+                    {
+                        tracing::info!(execution_id = %id, "job withdrawn by its submitter; dropped");
+                        return Err(RunOutcome::Dropped);
+                    }
+                    waited = true;
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        // Shutting down: leave the job to another worker.
+                        () = self.abort_all.cancelled() => return Err(RunOutcome::Abandoned),
+                    }
+                    delay = (delay * 2).min(Duration::from_millis(500));
+                }
+                Ok(None) => {
+                    tracing::info!(execution_id = %id, "job without a log; dropped");
+                    return Err(RunOutcome::Dropped);
+                }
+                Err(e) => {
+                    tracing::warn!(execution_id = %id, error = %e, "cannot read execution state");
+                    return Err(RunOutcome::Abandoned);
+                }
+            }
+        }
     }
 
     /// Appends the terminal event.

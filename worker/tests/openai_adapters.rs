@@ -239,6 +239,7 @@ fn harness(adapter: Arc<dyn Provider>) -> Harness {
         MemoryLimits::default(),
         RunnerSettings {
             cleanup_grace: Duration::from_secs(120),
+            ..RunnerSettings::default()
         },
     )
 }

@@ -31,6 +31,7 @@ fn limits(max_concurrency: u32, max_queue_depth: u32) -> Limits {
 fn long_cleanup() -> RunnerSettings {
     RunnerSettings {
         cleanup_grace: Duration::from_secs(120),
+        ..RunnerSettings::default()
     }
 }
 
@@ -1109,14 +1110,78 @@ async fn a_terminal_log_is_dropped_whatever_the_delivery() {
     assert_eq!(h.bus.watched(), 0);
 }
 
-#[tokio::test]
-async fn an_unknown_execution_is_dropped() {
+// Paused time: the runner waits `log_wait` (10 s) for the log before dropping the job.
+#[tokio::test(start_paused = true)]
+async fn a_job_whose_log_never_appears_is_dropped_after_the_log_wait() {
     let a = ScriptedProvider::succeeding("a");
     let h = Harness::scripted(&[&a]);
     let job = job(&text_request(""), LONG);
+    let waited = tokio::time::Instant::now();
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
+    assert!(waited.elapsed() >= RunnerSettings::default().log_wait);
     assert!(h.store.state(job.execution_id).await.unwrap().is_none());
     assert_eq!(a.calls(), 0);
+}
+
+/// A delivery whose job its submitter may withdraw.
+struct Withdrawable(Arc<std::sync::atomic::AtomicBool>);
+
+#[async_trait::async_trait]
+impl runtime::DeliveryHandle for Withdrawable {
+    async fn ack(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn in_progress(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn withdrawn(&self) -> Result<bool, StoreError> {
+        Ok(self.0.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
+/// Starts a delivery of a job whose log does not exist, lets the runner find it missing (paused
+/// time: the runner's sleeps run only when every task is idle), then, as a submitter settling
+/// a failed create does, withdraws the job (if `withdraw`) and creates the log.
+async fn run_before_the_log(
+    h: &Harness,
+    withdraw: bool,
+) -> (runtime::Job, tokio::task::JoinHandle<RunOutcome>) {
+    let job = job(&text_request(""), LONG);
+    let runner = Arc::clone(&h.runner);
+    let delivered = job.clone();
+    let withdrawn = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handle = Withdrawable(Arc::clone(&withdrawn));
+    let run = tokio::spawn(async move { runner.run_delivery(&delivered, 1, Some(&handle)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!run.is_finished(), "the runner waits for the log");
+    withdrawn.store(withdraw, std::sync::atomic::Ordering::SeqCst);
+    h.create_log(job.execution_id).await;
+    (job, run)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_that_arrives_before_its_log_waits_for_it_and_runs() {
+    let a = ScriptedProvider::succeeding("a");
+    let h = Harness::scripted(&[&a]);
+    let (job, run) = run_before_the_log(&h, false).await;
+    assert_eq!(run.await.unwrap(), RunOutcome::Finished);
+    assert_eq!(a.calls(), 1);
+    let events = h.events(job.execution_id).await;
+    assert_eq!(events.last().unwrap().type_name(), "execution.completed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_withdrawn_job_is_never_claimed_when_its_log_appears_late() {
+    let a = ScriptedProvider::succeeding("a");
+    let h = Harness::scripted(&[&a]);
+    let (job, run) = run_before_the_log(&h, true).await;
+    assert_eq!(run.await.unwrap(), RunOutcome::Dropped);
+    assert_eq!(a.calls(), 0);
+    // Left for the submitter to close: the worker wrote nothing.
+    assert_eq!(
+        type_names(&h.events(job.execution_id).await),
+        ["execution.accepted"]
+    );
 }
 
 #[tokio::test]

@@ -24,6 +24,9 @@ const DEDUPE_MAX_IDS: usize = 65_536;
 struct Held {
     next: u64,
     jobs: BTreeMap<u64, QueuedJob>,
+    /// Withdrawn executions whose job is still in the channel or delivered and not yet
+    /// acknowledged (withdrawals are rare: only failed submissions).
+    withdrawn: HashSet<ExecutionId>,
 }
 
 #[derive(Default)]
@@ -71,16 +74,22 @@ impl MemoryJobQueue {
 struct MemoryHandle {
     held: Arc<SyncMutex<Held>>,
     position: u64,
+    execution_id: ExecutionId,
 }
 
 #[async_trait]
 impl DeliveryHandle for MemoryHandle {
     async fn ack(&self) -> Result<(), StoreError> {
-        self.held.lock().jobs.remove(&self.position);
+        let mut held = self.held.lock();
+        held.jobs.remove(&self.position);
+        held.withdrawn.remove(&self.execution_id);
         Ok(())
     }
     async fn in_progress(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+    async fn withdrawn(&self) -> Result<bool, StoreError> {
+        Ok(self.held.lock().withdrawn.contains(&self.execution_id))
     }
 }
 
@@ -125,18 +134,40 @@ impl JobQueue for MemoryJobQueue {
         })
     }
 
+    async fn withdraw(&self, job: &Job) -> Result<(), StoreError> {
+        let id = job.execution_id;
+        let mut held = self.held.lock();
+        // Only a failing submission withdraws, so a scan of the held jobs is fine here.
+        held.jobs.retain(|_, queued| queued.execution_id != id);
+        held.withdrawn.insert(id);
+        Ok(())
+    }
+
     async fn receive(&self) -> Result<Option<Delivery>, StoreError> {
         let mut rx = tokio::select! {
             rx = self.rx.lock() => rx,
             () = self.closed.cancelled() => return Ok(None),
         };
-        tokio::select! {
-            job = rx.recv() => Ok(job.map(|(position, job)| Delivery {
+        loop {
+            let received = tokio::select! {
+                job = rx.recv() => job,
+                () = self.closed.cancelled() => return Ok(None),
+            };
+            let Some((position, job)) = received else {
+                return Ok(None);
+            };
+            if self.held.lock().withdrawn.remove(&job.execution_id) {
+                continue;
+            }
+            return Ok(Some(Delivery {
+                handle: Box::new(MemoryHandle {
+                    held: Arc::clone(&self.held),
+                    position,
+                    execution_id: job.execution_id,
+                }),
                 job,
                 delivered: 1,
-                handle: Box::new(MemoryHandle { held: Arc::clone(&self.held), position }),
-            })),
-            () = self.closed.cancelled() => Ok(None),
+            }));
         }
     }
 
@@ -170,8 +201,11 @@ impl MemoryJobQueue {
         let mut out = Vec::new();
         if let Ok(mut rx) = self.rx.try_lock() {
             while let Ok((position, job)) = rx.try_recv() {
-                self.held.lock().jobs.remove(&position);
-                out.push(job);
+                let mut held = self.held.lock();
+                held.jobs.remove(&position);
+                if !held.withdrawn.remove(&job.execution_id) {
+                    out.push(job);
+                }
             }
         }
         out

@@ -14,15 +14,22 @@
 //! one request per job: a WorkQueue stream admits no second consumer overlapping the workers'
 //! one, and a get neither takes nor delays a delivery. Acknowledged jobs are gone from the
 //! stream, so a scan reads only jobs waiting or running (at most `max_jobs`).
+//!
+//! `withdraw` (a submission that failed after its job may have been stored) publishes the job
+//! again under the same `Nats-Msg-Id`: inside the duplicate window the server answers with the
+//! stored original's sequence (or stores it now if the first publish never landed), and that
+//! sequence is then deleted. Deleting a job a worker holds makes its ack a no-op; the worker
+//! learns of it through `withdrawn`, a get of its delivery's sequence from the stream leader.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::AckKind;
+use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::consumer::{self, PullConsumer};
 use async_nats::jetstream::message::{Acker, PublishMessage};
-use async_nats::jetstream::stream::RawMessageErrorKind;
+use async_nats::jetstream::stream::{DeleteMessageErrorKind, RawMessageErrorKind};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -165,9 +172,54 @@ impl NatsJobQueue {
     }
 }
 
+impl NatsJobQueue {
+    /// The jobs stream, looked up once.
+    async fn stream(&self) -> Result<&async_nats::jetstream::stream::Stream, StoreError> {
+        self.jobs_stream
+            .get_or_try_init(|| async {
+                self.backend
+                    .jetstream
+                    .get_stream(self.backend.settings.jobs_stream())
+                    .await
+                    .map_err(|e| unavailable("jobs stream", e))
+            })
+            .await
+    }
+
+    /// Publishes `job` (or finds it stored: the execution id is its `Nats-Msg-Id`) and returns
+    /// its stream sequence.
+    async fn publish_at(&self, job: &Job) -> Result<u64, StoreError> {
+        self.backend.check_connected()?;
+        let payload = serde_json::to_vec(job)
+            .map_err(|e| StoreError::Unavailable(format!("encode job: {e}")))?;
+        let mut message = PublishMessage::build()
+            .payload(Bytes::from(payload))
+            .message_id(job.execution_id.to_string());
+        if let Some(traceparent) = &job.traceparent {
+            message = message.header(TRACEPARENT, traceparent.as_str());
+        }
+        let ack = self
+            .backend
+            .jetstream
+            .send_publish(self.backend.settings.jobs_subject(), message)
+            .await
+            .map_err(|e| unavailable("publish job", e))?;
+        match ack.await {
+            // A duplicate carries the sequence of the stored original.
+            Ok(ack) => Ok(ack.sequence),
+            // `discard: new` on the jobs stream is the cluster-wide admission limit.
+            Err(e) if e.to_string().contains("maximum messages") => Err(StoreError::AdmissionFull),
+            Err(e) => Err(unavailable("publish job ack", e)),
+        }
+    }
+}
+
 struct NatsDelivery {
     acker: Acker,
     lease: Arc<Lease>,
+    /// The jobs stream and the job's sequence in it (for `withdrawn`).
+    stream: async_nats::jetstream::stream::Stream,
+    stream_sequence: u64,
 }
 
 #[async_trait]
@@ -191,31 +243,44 @@ impl DeliveryHandle for NatsDelivery {
     fn lease(&self) -> Option<Duration> {
         Some(self.lease.get())
     }
+
+    async fn withdrawn(&self) -> Result<bool, StoreError> {
+        // A plain (not direct) get is answered by the stream leader, which applied the delete.
+        match self.stream.get_raw_message(self.stream_sequence).await {
+            Ok(_) => Ok(false),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(true),
+            Err(e) => Err(unavailable("job lookup", e)),
+        }
+    }
 }
 
 #[async_trait]
 impl JobQueue for NatsJobQueue {
     async fn publish(&self, job: &Job) -> Result<(), StoreError> {
-        self.backend.check_connected()?;
-        let payload = serde_json::to_vec(job)
-            .map_err(|e| StoreError::Unavailable(format!("encode job: {e}")))?;
-        let mut message = PublishMessage::build()
-            .payload(Bytes::from(payload))
-            .message_id(job.execution_id.to_string());
-        if let Some(traceparent) = &job.traceparent {
-            message = message.header(TRACEPARENT, traceparent.as_str());
-        }
-        let ack = self
-            .backend
-            .jetstream
-            .send_publish(self.backend.settings.jobs_subject(), message)
-            .await
-            .map_err(|e| unavailable("publish job", e))?;
-        match ack.await {
+        self.publish_at(job).await.map(|_| ())
+    }
+
+    async fn withdraw(&self, job: &Job) -> Result<(), StoreError> {
+        let sequence = match self.publish_at(job).await {
+            Ok(sequence) => sequence,
+            // The server checks the msg id before the stream's limits: a full queue that
+            // refuses the republish holds no copy of the job.
+            Err(StoreError::AdmissionFull) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let stream = self.stream().await?;
+        match stream.delete_message(sequence).await {
             Ok(_) => Ok(()),
-            // `discard: new` on the jobs stream is the cluster-wide admission limit.
-            Err(e) if e.to_string().contains("maximum messages") => Err(StoreError::AdmissionFull),
-            Err(e) => Err(unavailable("publish job ack", e)),
+            // Gone already: acknowledged (a worker ran or dropped it) or deleted before.
+            Err(e)
+                if matches!(e.kind(), DeleteMessageErrorKind::JetStream(j)
+                    if j.error_code() == ErrorCode::NO_MESSAGE_FOUND
+                        || (j.error_code() == ErrorCode::STREAM_MESSAGE_DELETE_FAILED
+                            && j.to_string().contains("no message found"))) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(unavailable("withdraw job", e)),
         }
     }
 
@@ -226,6 +291,8 @@ impl JobQueue for NatsJobQueue {
             }
             let lease = self.shared_lease().await?;
             lease.refresh().await;
+            // Looked up before fetching, so a lookup failure never strands a fetched job.
+            let stream = self.stream().await?;
             let consumer = &lease.consumer;
             let fetch = async {
                 let mut batch = consumer
@@ -246,7 +313,10 @@ impl JobQueue for NatsJobQueue {
                 () = self.closed.cancelled() => return Ok(None),
             };
             let Some(message) = message else { continue };
-            let delivered = message.info().map(|i| i.delivered).unwrap_or(1);
+            let (delivered, stream_sequence) = message
+                .info()
+                .map(|i| (i.delivered, i.stream_sequence))
+                .unwrap_or((1, 0));
             let (message, acker) = message.split();
             match serde_json::from_slice::<Job>(&message.payload) {
                 Ok(mut job) => {
@@ -261,6 +331,8 @@ impl JobQueue for NatsJobQueue {
                         handle: Box::new(NatsDelivery {
                             acker,
                             lease: Arc::clone(lease),
+                            stream: stream.clone(),
+                            stream_sequence,
                         }),
                     }));
                 }
@@ -282,16 +354,7 @@ impl JobQueue for NatsJobQueue {
 
     async fn scan(&self, after: u64, limit: usize) -> Result<Vec<QueuedJob>, StoreError> {
         self.backend.check_connected()?;
-        let stream = self
-            .jobs_stream
-            .get_or_try_init(|| async {
-                self.backend
-                    .jetstream
-                    .get_stream(self.backend.settings.jobs_stream())
-                    .await
-                    .map_err(|e| unavailable("jobs stream", e))
-            })
-            .await?;
+        let stream = self.stream().await?;
         let subject = self.backend.settings.jobs_subject();
         let mut out = Vec::new();
         let mut next = after.saturating_add(1);

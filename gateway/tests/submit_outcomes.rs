@@ -1,0 +1,495 @@
+//! What a failed step of a submission means (`gateway::submit`): the log is created and the
+//! job published concurrently, so either can fail while the other succeeded, and a failure may
+//! hide a stored write (a lost acknowledgement). Whatever happened, a 503 means nothing runs
+//! (no provider call, the log closed with the unqueued failure), and a 202 means the
+//! execution runs to a terminal event.
+//!
+//! The gateway runs with memory stores behind fault-injecting wrappers and a worker pool in
+//! this process whose only provider is a fake HTTP server counting its calls; every request
+//! carries a unique text, so each provider call is attributed to its execution.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use config::{BaseUrl, FlowLimits};
+use parking_lot::Mutex;
+use protocol::materialize::Materializer;
+use protocol::{ExecutionId, RuntimeEvent, Sequence};
+use runtime::memory::{
+    MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
+};
+use runtime::{
+    CancelBus, Delivery, EventRecord, EventStore, EventStream, Job, JobQueue, LogHead, QueuedJob,
+    StoreError, WriterId,
+};
+use serde_json::{Value, json};
+use testkit::fake_provider::{FakeProvider, Reply};
+use tower::ServiceExt;
+use worker::provider::credential::{KeySource, Secret};
+use worker::provider::openai_chat::OpenAiChatProvider;
+use worker::provider::text::TextProviderConfig;
+use worker::runner::{Runner, RunnerSettings};
+use worker::{PoolConfig, ProviderRegistry, WorkerPool};
+
+/// Longest any condition is awaited (busy two-core machines).
+const WAIT: Duration = Duration::from_secs(30);
+
+/// How an injected fault treats a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// The write is not stored and reported unavailable (e.g. no stream leader).
+    Lost,
+    /// The write is stored but reported unavailable (its acknowledgement timed out).
+    AckLost,
+}
+
+/// Applies a fault to the first write of the next `remaining` executions.
+struct Faults {
+    fault: Fault,
+    remaining: AtomicUsize,
+    seen: Mutex<HashSet<ExecutionId>>,
+}
+
+impl Faults {
+    fn new(fault: Fault, count: usize) -> Self {
+        Self {
+            fault,
+            remaining: AtomicUsize::new(count),
+            seen: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The fault for this write of `id`, if any: only an execution's first write is hit.
+    fn hit(&self, id: ExecutionId) -> Option<Fault> {
+        if !self.seen.lock().insert(id) {
+            return None;
+        }
+        self.remaining
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .ok()
+            .map(|_| self.fault)
+    }
+}
+
+fn unavailable() -> StoreError {
+    StoreError::Unavailable("injected fault".into())
+}
+
+/// The gateway's event store: `create` under [`Faults`]; everything fails during an outage.
+struct FaultyStore {
+    inner: Arc<MemoryEventStore>,
+    creates: Faults,
+    outage: AtomicBool,
+}
+
+impl FaultyStore {
+    fn check(&self) -> Result<(), StoreError> {
+        if self.outage.load(Ordering::SeqCst) {
+            Err(unavailable())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[async_trait]
+impl EventStore for FaultyStore {
+    async fn create(&self, accepted: RuntimeEvent) -> Result<(), StoreError> {
+        self.check()?;
+        match self.creates.hit(accepted.execution_id) {
+            None => self.inner.create(accepted).await,
+            Some(Fault::Lost) => Err(unavailable()),
+            Some(Fault::AckLost) => {
+                self.inner.create(accepted).await?;
+                Err(unavailable())
+            }
+        }
+    }
+    async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.append_as(event, writer).await
+    }
+    async fn head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
+        self.check()?;
+        self.inner.head(id).await
+    }
+    async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, StoreError> {
+        self.check()?;
+        self.inner.state(id).await
+    }
+    async fn read(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError> {
+        self.check()?;
+        self.inner.read(id, after, limit).await
+    }
+    async fn subscribe(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+    ) -> Result<Option<EventStream>, StoreError> {
+        self.check()?;
+        self.inner.subscribe(id, after).await
+    }
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.check()
+    }
+}
+
+/// The gateway's job queue: `publish` under [`Faults`].
+struct FaultyQueue {
+    inner: Arc<MemoryJobQueue>,
+    publishes: Faults,
+}
+
+#[async_trait]
+impl JobQueue for FaultyQueue {
+    async fn publish(&self, job: &Job) -> Result<(), StoreError> {
+        match self.publishes.hit(job.execution_id) {
+            None => self.inner.publish(job).await,
+            Some(Fault::Lost) => Err(unavailable()),
+            Some(Fault::AckLost) => {
+                self.inner.publish(job).await?;
+                Err(unavailable())
+            }
+        }
+    }
+    async fn withdraw(&self, job: &Job) -> Result<(), StoreError> {
+        self.inner.withdraw(job).await
+    }
+    async fn receive(&self) -> Result<Option<Delivery>, StoreError> {
+        self.inner.receive().await
+    }
+    fn close(&self) {
+        self.inner.close();
+    }
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.inner.ready().await
+    }
+    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<QueuedJob>, StoreError> {
+        self.inner.scan(after, limit).await
+    }
+}
+
+struct Harness {
+    app: axum::Router,
+    store: Arc<MemoryEventStore>,
+    queue: Arc<MemoryJobQueue>,
+    gateway_store: Arc<FaultyStore>,
+    provider: FakeProvider,
+    pool: Option<WorkerPool>,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            // Stops the workers; nothing is awaited here.
+            drop(tokio::spawn(pool.shutdown(Duration::ZERO)));
+        }
+    }
+}
+
+/// A gateway whose `create` suffers `create_fault` for the next `creates` executions and whose
+/// `publish` suffers `publish_fault` for the next `publishes`, with four workers sharing the
+/// memory stores.
+async fn harness(create_fault: (Fault, usize), publish_fault: (Fault, usize)) -> Harness {
+    // The provider fails every call (500): an execution that reaches it ends quickly, and the
+    // call is counted either way.
+    let provider = FakeProvider::start(|_| Reply::text(500, "")).await;
+    let config = TextProviderConfig {
+        id: "openai-chat".into(),
+        model: "model-alpha".into(),
+        abilities: vec!["text-generation".into()],
+        api_key_env: "MRT_TEST_KEY_NOT_READ".into(),
+        base_url: BaseUrl::parse(&format!("{}/v1", provider.origin())).unwrap(),
+        input_modalities: vec![protocol::request::Modality::Text],
+        tools: false,
+        flow: FlowLimits::CONFIG_DEFAULT,
+    };
+    let mut registry = ProviderRegistry::new();
+    registry
+        .register(
+            Arc::new(OpenAiChatProvider::new(
+                &config,
+                KeySource::Fixed(Secret::new("test-key")),
+            )),
+            16,
+            64,
+        )
+        .unwrap();
+    let registry = Arc::new(registry);
+    let store = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
+    let queue = Arc::new(MemoryJobQueue::new());
+    let cancel = Arc::new(MemoryCancelBus::new());
+    let gateway_store = Arc::new(FaultyStore {
+        inner: store.clone(),
+        creates: Faults::new(create_fault.0, create_fault.1),
+        outage: AtomicBool::new(false),
+    });
+    let backend = gateway::Backend {
+        store: gateway_store.clone(),
+        queue: Arc::new(FaultyQueue {
+            inner: queue.clone(),
+            publishes: Faults::new(publish_fault.0, publish_fault.1),
+        }),
+        idempotency: Arc::new(MemoryIdempotencyStore::new(Duration::from_secs(60))),
+        cancel: cancel.clone(),
+        heal_missing: true,
+    };
+    let runner = Arc::new(Runner::new(
+        Arc::clone(&registry),
+        store.clone(),
+        cancel as Arc<dyn CancelBus>,
+        RunnerSettings::default(),
+    ));
+    let pool = WorkerPool::spawn(
+        queue.clone(),
+        runner,
+        PoolConfig {
+            concurrency: 4,
+            ..PoolConfig::default()
+        },
+    );
+    let limits = gateway::ApiLimits {
+        replay_wait: Duration::from_millis(50),
+        ..gateway::ApiLimits::default()
+    };
+    Harness {
+        app: gateway::router(gateway::AppState::new(backend, registry, limits)),
+        store,
+        queue,
+        gateway_store,
+        provider,
+        pool: Some(pool),
+    }
+}
+
+/// One submission as the client saw it.
+#[derive(Debug)]
+struct Answer {
+    text: String,
+    status: StatusCode,
+    body: Value,
+    latency: Duration,
+}
+
+impl Harness {
+    async fn submit(&self, text: &str, key: Option<&str>) -> Answer {
+        let body =
+            json!({ "ability": "text-generation", "input": [{ "type": "text", "text": text }] });
+        let mut request = Request::builder()
+            .method("POST")
+            .uri("/v1/executions")
+            .header("content-type", "application/json");
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let request = request.body(Body::from(body.to_string())).unwrap();
+        let started = Instant::now();
+        let response = self.app.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        Answer {
+            text: text.to_owned(),
+            status,
+            body: serde_json::from_slice(&bytes).unwrap(),
+            latency: started.elapsed(),
+        }
+    }
+
+    /// Provider calls made for the execution submitted with `text`.
+    fn calls_for(&self, text: &str) -> usize {
+        self.provider
+            .received()
+            .iter()
+            .filter(|r| r.json().to_string().contains(text))
+            .count()
+    }
+
+    /// The event types of `id`'s log.
+    async fn log_types(&self, id: ExecutionId) -> Vec<&'static str> {
+        self.store
+            .read(id, Sequence::ZERO, 100)
+            .await
+            .unwrap()
+            .unwrap_or_default()
+            .iter()
+            .map(|r| r.event.type_name())
+            .collect()
+    }
+
+    /// Waits until `id`'s log is terminal, returning its event types.
+    async fn terminal_log(&self, id: ExecutionId) -> Vec<&'static str> {
+        let until = Instant::now() + WAIT;
+        loop {
+            let head = self.store.head(id).await.unwrap();
+            if head.is_some_and(|h| h.terminal) {
+                return self.log_types(id).await;
+            }
+            assert!(
+                Instant::now() < until,
+                "{id} never reached a terminal event"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits until no worker holds a delivery and no job is queued.
+    async fn drained(&self) {
+        let until = Instant::now() + WAIT;
+        loop {
+            let running = self.pool.as_ref().map_or(0, WorkerPool::running);
+            // Jobs still held (waiting, or delivered and not acknowledged).
+            let queued = self.queue.scan(0, 1).await.unwrap().is_empty();
+            if running == 0 && queued {
+                return;
+            }
+            assert!(Instant::now() < until, "the workers never went idle");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+fn execution_id(answer: &Answer) -> ExecutionId {
+    let id = answer.body["execution_id"]
+        .as_str()
+        .expect("an execution id");
+    id.parse().expect("a UUID")
+}
+
+/// Every submission hit by a fault answers 202 or 503 `unavailable` within 2 s; a 503 never
+/// ran; a 202 ran once and ended.
+async fn assert_consistent(h: &Harness, answers: &[Answer]) -> (usize, usize) {
+    let (mut accepted, mut refused) = (0, 0);
+    for answer in answers {
+        assert!(
+            answer.latency <= Duration::from_secs(2),
+            "a submit took {:?}",
+            answer.latency
+        );
+        match answer.status {
+            StatusCode::ACCEPTED => {
+                accepted += 1;
+                let log = h.terminal_log(execution_id(answer)).await;
+                assert_eq!(log.last(), Some(&"execution.failed"), "{log:?}");
+            }
+            StatusCode::SERVICE_UNAVAILABLE => {
+                refused += 1;
+                assert_eq!(answer.body["error"]["code"], "unavailable", "{answer:?}");
+            }
+            other => panic!("unexpected answer {other}: {answer:?}"),
+        }
+    }
+    h.drained().await;
+    for answer in answers {
+        let calls = h.calls_for(&answer.text);
+        if answer.status == StatusCode::ACCEPTED {
+            assert_eq!(calls, 1, "an accepted execution calls its provider once");
+        } else {
+            assert_eq!(calls, 0, "a submission answered 503 reached a provider");
+        }
+    }
+    (accepted, refused)
+}
+
+/// A log creation that failed (nothing stored) while the job was published: the client gets
+/// 503, the job is withdrawn, the provider is never called; the key is released, so a retry
+/// creates and runs the execution.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_log_creation_failed_never_runs() {
+    let h = harness((Fault::Lost, 8), (Fault::Lost, 0)).await;
+    let mut answers = Vec::new();
+    for n in 0..8 {
+        answers.push(h.submit(&format!("[lost-create-{n}]"), None).await);
+    }
+    for answer in &answers {
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{answer:?}");
+        assert_eq!(answer.body["error"]["code"], "unavailable");
+        assert_eq!(answer.body["error"]["retryable"], true);
+    }
+    // Give the workers every chance: wait until they are idle and the queue is empty.
+    h.drained().await;
+    for answer in &answers {
+        assert_eq!(h.calls_for(&answer.text), 0, "{answer:?}");
+    }
+
+    // Keyed: the failure is certain, so the key is released and a retry creates a new
+    // execution, which runs.
+    let h = harness((Fault::Lost, 1), (Fault::Lost, 0)).await;
+    let first = h.submit("keyed-lost-create", Some("k-1")).await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+    let retry = h.submit("keyed-lost-create", Some("k-1")).await;
+    assert_eq!(retry.status, StatusCode::ACCEPTED, "{retry:?}");
+    let log = h.terminal_log(execution_id(&retry)).await;
+    assert_eq!(log.first(), Some(&"execution.accepted"));
+    h.drained().await;
+    assert_eq!(h.calls_for("keyed-lost-create"), 1);
+}
+
+/// A log creation stored but unacknowledged, with workers racing for the job: each submission
+/// is settled one way or the other, consistently with what ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_acknowledgement_was_lost_is_settled_consistently() {
+    let h = harness((Fault::AckLost, 16), (Fault::Lost, 0)).await;
+    let mut answers = Vec::new();
+    for n in 0..16 {
+        answers.push(h.submit(&format!("[ack-lost-create-{n}]"), None).await);
+    }
+    let (accepted, refused) = assert_consistent(&h, &answers).await;
+    eprintln!("{accepted} accepted, {refused} answered 503");
+}
+
+/// Task A: a job publish stored but unacknowledged (a JetStream election). The gateway closes
+/// the log by compare-and-set; whoever appends sequence 2 first decides the answer: a 503's job
+/// finds the log terminal and is dropped, a 202's job runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_whose_acknowledgement_was_lost_is_settled_consistently() {
+    let h = harness((Fault::Lost, 0), (Fault::AckLost, 16)).await;
+    let mut answers = Vec::new();
+    for n in 0..16 {
+        answers.push(h.submit(&format!("[ack-lost-publish-{n}]"), None).await);
+    }
+    let (accepted, refused) = assert_consistent(&h, &answers).await;
+    eprintln!("{accepted} accepted, {refused} answered 503");
+    // A publish that was not stored: the log is closed, nothing runs.
+    let h = harness((Fault::Lost, 0), (Fault::Lost, 4)).await;
+    let mut answers = Vec::new();
+    for n in 0..4 {
+        answers.push(h.submit(&format!("[lost-publish-{n}]"), None).await);
+    }
+    let (accepted, _) = assert_consistent(&h, &answers).await;
+    assert_eq!(accepted, 0, "an unstored job cannot be claimed");
+}
+
+/// When the outcome cannot be learnt within the submit bound (the event store is down), the
+/// answer is 503 and the key stays bound: a keyed retry replays the same execution instead of
+/// creating a second one (invariant 3), and nothing runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_outcome_keeps_the_key_bound() {
+    let h = harness((Fault::Lost, 0), (Fault::Lost, 0)).await;
+    h.gateway_store.outage.store(true, Ordering::SeqCst);
+    let first = h.submit("unknown-outcome", Some("k-unknown")).await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+    assert!(first.latency <= Duration::from_secs(2), "{first:?}");
+    h.gateway_store.outage.store(false, Ordering::SeqCst);
+    let retry = h.submit("unknown-outcome", Some("k-unknown")).await;
+    assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
+    assert_eq!(retry.body["idempotent_replay"], true, "{retry:?}");
+    let again = h.submit("unknown-outcome", Some("k-unknown")).await;
+    assert_eq!(again.body["execution_id"], retry.body["execution_id"]);
+    h.terminal_log(execution_id(&retry)).await;
+    h.drained().await;
+    assert!(h.calls_for("unknown-outcome") <= 1);
+}
