@@ -125,10 +125,10 @@ async fn submit_inner(
     match claimed {
         None => {
             if let Err(failed) = create_fresh(state, &job, started).await {
-                if failed.settled {
-                    if let Err(release) = inner.backend.idempotency.release(&key_hash, id).await {
-                        tracing::warn!(error = %release, "could not release idempotency key after a failed submit");
-                    }
+                if failed.settled
+                    && let Err(release) = inner.backend.idempotency.release(&key_hash, id).await
+                {
+                    tracing::warn!(error = %release, "could not release idempotency key after a failed submit");
                 }
                 return Err(failed.error.into());
             }
