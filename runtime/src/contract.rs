@@ -90,6 +90,48 @@ pub async fn event_store_suite(store: Arc<dyn EventStore>) {
     bad_runs_change_nothing(&*store).await;
 }
 
+/// Runs and the per-execution limit, for a store built to hold 5 non-terminal events per
+/// execution: a run crossing the limit stores what fits and stops with `ExecutionLimit`, and a
+/// terminal event is still admitted, alone or at the end of a run.
+pub async fn run_limit_suite(store: Arc<dyn EventStore>) {
+    let id = routed(store.as_ref()).await;
+    let writer = crate::WriterId::random();
+    let run = records((3..=7).map(|s| event(id, s, delta("x"))).collect());
+    let stopped = store.append_run_as(&run, writer).await.unwrap_err();
+    assert!(
+        matches!(stopped.error, StoreError::ExecutionLimit),
+        "{stopped:?}"
+    );
+    assert_eq!(stopped.stored, 3, "the events within the limit are stored");
+    assert_eq!(
+        store.head(id).await.unwrap().unwrap().last_sequence,
+        Sequence(5)
+    );
+    let closing = records(vec![event(id, 6, delta("y")), event(id, 7, completed())]);
+    let stopped = store.append_run_as(&closing, writer).await.unwrap_err();
+    assert!(matches!(stopped.error, StoreError::ExecutionLimit));
+    assert_eq!(stopped.stored, 0);
+    let terminal = records(vec![event(
+        id,
+        6,
+        EventBody::Failed {
+            error: RuntimeError::internal(),
+        },
+    )]);
+    store.append_run_as(&terminal, writer).await.unwrap();
+    let head = store.head(id).await.unwrap().unwrap();
+    assert_eq!((head.last_sequence, head.terminal), (Sequence(6), true));
+    // A run of non-terminal events that ends in the terminal event, all within the limit.
+    let id = routed(store.as_ref()).await;
+    let run = records(vec![
+        event(id, 3, delta("a")),
+        event(id, 4, delta("b")),
+        event(id, 5, completed()),
+    ]);
+    store.append_run_as(&run, writer).await.unwrap();
+    assert!(store.head(id).await.unwrap().unwrap().terminal);
+}
+
 /// `events` as records, the form runs are appended in.
 pub fn records(events: Vec<RuntimeEvent>) -> Vec<crate::EventRecord> {
     events.into_iter().map(crate::EventRecord::new).collect()
