@@ -85,6 +85,218 @@ pub async fn event_store_suite(store: Arc<dyn EventStore>) {
     cursors_at_or_past_terminal_are_empty(&*store).await;
     unknown_executions_are_none(&*store).await;
     rule_violations_change_nothing(&*store).await;
+    runs_read_like_events_appended_one_by_one(Arc::clone(&store)).await;
+    runs_are_fenced_like_events(Arc::clone(&store)).await;
+    bad_runs_change_nothing(&*store).await;
+}
+
+/// Runs and the per-execution limit, for a store built to hold 5 non-terminal events per
+/// execution: a run crossing the limit stores what fits and stops with `ExecutionLimit`, and a
+/// terminal event is still admitted, alone or at the end of a run.
+pub async fn run_limit_suite(store: Arc<dyn EventStore>) {
+    let id = routed(store.as_ref()).await;
+    let writer = crate::WriterId::random();
+    let run = records((3..=7).map(|s| event(id, s, delta("x"))).collect());
+    let stopped = store.append_run_as(&run, writer).await.unwrap_err();
+    assert!(
+        matches!(stopped.error, StoreError::ExecutionLimit),
+        "{stopped:?}"
+    );
+    assert_eq!(stopped.stored, 3, "the events within the limit are stored");
+    assert_eq!(
+        store.head(id).await.unwrap().unwrap().last_sequence,
+        Sequence(5)
+    );
+    let closing = records(vec![event(id, 6, delta("y")), event(id, 7, completed())]);
+    let stopped = store.append_run_as(&closing, writer).await.unwrap_err();
+    assert!(matches!(stopped.error, StoreError::ExecutionLimit));
+    assert_eq!(stopped.stored, 0);
+    let terminal = records(vec![event(
+        id,
+        6,
+        EventBody::Failed {
+            error: RuntimeError::internal(),
+        },
+    )]);
+    store.append_run_as(&terminal, writer).await.unwrap();
+    let head = store.head(id).await.unwrap().unwrap();
+    assert_eq!((head.last_sequence, head.terminal), (Sequence(6), true));
+    // A run of non-terminal events that ends in the terminal event, all within the limit.
+    let id = routed(store.as_ref()).await;
+    let run = records(vec![
+        event(id, 3, delta("a")),
+        event(id, 4, delta("b")),
+        event(id, 5, completed()),
+    ]);
+    store.append_run_as(&run, writer).await.unwrap();
+    assert!(store.head(id).await.unwrap().unwrap().terminal);
+}
+
+/// `events` as records, the form runs are appended in.
+pub fn records(events: Vec<RuntimeEvent>) -> Vec<crate::EventRecord> {
+    events.into_iter().map(crate::EventRecord::new).collect()
+}
+
+fn sequences(records: &[Arc<crate::EventRecord>]) -> Vec<u64> {
+    records.iter().map(|r| r.sequence().get()).collect()
+}
+
+/// Everything a subscription yields until it ends.
+async fn drain(mut stream: crate::EventStream) -> Vec<Arc<crate::EventRecord>> {
+    let mut out = Vec::new();
+    while let Some(item) = tokio::time::timeout(PROMPT, stream.next()).await.unwrap() {
+        out.push(item.unwrap());
+    }
+    out
+}
+
+/// A run appended in one go reads, replays, follows live and materializes exactly like the
+/// same events appended one by one, and cursors may fall inside a run.
+async fn runs_read_like_events_appended_one_by_one(store: Arc<dyn EventStore>) {
+    let id = routed(store.as_ref()).await;
+    let writer = crate::WriterId::random();
+    let live_from_zero = store.subscribe(id, Sequence(0)).await.unwrap().unwrap();
+    let live_inside = store.subscribe(id, Sequence(4)).await.unwrap().unwrap();
+    let run = records(
+        (3..=6)
+            .map(|s| event(id, s, delta(&format!("d{s}"))))
+            .collect(),
+    );
+    store.append_run_as(&run, writer).await.unwrap();
+    let all = store.read(id, Sequence(0), 100).await.unwrap().unwrap();
+    assert_eq!(sequences(&all), [1, 2, 3, 4, 5, 6]);
+    for (stored, appended) in all[2..].iter().zip(&run) {
+        assert_eq!(
+            stored.json, appended.json,
+            "a run's events are stored as they are"
+        );
+    }
+    // Cursors and limits inside the run.
+    assert_eq!(
+        sequences(&store.read(id, Sequence(4), 100).await.unwrap().unwrap()),
+        [5, 6]
+    );
+    assert_eq!(
+        sequences(&store.read(id, Sequence(3), 2).await.unwrap().unwrap()),
+        [4, 5]
+    );
+    let head = store.head(id).await.unwrap().unwrap();
+    assert_eq!(
+        head.last_sequence,
+        Sequence(6),
+        "the head is the run's last event"
+    );
+    assert!(!head.terminal);
+    let replay_inside = store.subscribe(id, Sequence(5)).await.unwrap().unwrap();
+    // A second run ends the log with its terminal event.
+    let end = records(vec![event(id, 7, delta("d7")), event(id, 8, completed())]);
+    store.append_run_as(&end, writer).await.unwrap();
+    let head = store.head(id).await.unwrap().unwrap();
+    assert_eq!(head.last_sequence, Sequence(8));
+    assert!(head.terminal);
+    let state = store.state(id).await.unwrap().unwrap();
+    assert_eq!(state.status(), ExecutionStatus::Succeeded);
+    assert_eq!(state.last_sequence(), Sequence(8));
+    assert_eq!(
+        sequences(&drain(live_from_zero).await),
+        (1..=8).collect::<Vec<_>>()
+    );
+    assert_eq!(sequences(&drain(live_inside).await), [5, 6, 7, 8]);
+    assert_eq!(sequences(&drain(replay_inside).await), [6, 7, 8]);
+    let after_terminal_run = store.subscribe(id, Sequence(7)).await.unwrap().unwrap();
+    assert_eq!(sequences(&drain(after_terminal_run).await), [8]);
+    // Nothing after the terminal event, as a run either.
+    let late = records(vec![
+        event(id, 9, delta("late")),
+        event(id, 10, delta("late")),
+    ]);
+    let refused = store.append_run_as(&late, writer).await.unwrap_err();
+    assert!(
+        matches!(refused.error, StoreError::Conflict { terminal: true, .. }),
+        "{refused:?}"
+    );
+    assert_eq!(refused.stored, 0);
+}
+
+/// Writers racing with runs over the same sequences: exactly one run wins whole, the others
+/// are fenced and store nothing; a stale run is refused.
+async fn runs_are_fenced_like_events(store: Arc<dyn EventStore>) {
+    let id = routed(store.as_ref()).await;
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let run = records(
+                (3..=6)
+                    .map(|s| event(id, s, delta(&format!("writer {w} at {s}"))))
+                    .collect(),
+            );
+            (
+                w,
+                store.append_run_as(&run, crate::WriterId::random()).await,
+            )
+        }));
+    }
+    let mut winners = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            (w, Ok(())) => winners.push(w),
+            (_, Err(e)) => {
+                assert!(
+                    matches!(e.error, StoreError::Conflict { .. }),
+                    "unexpected {e:?}"
+                );
+                assert_eq!(e.stored, 0, "a fenced run stores nothing");
+            }
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one run wins");
+    let log = store.read(id, Sequence(0), 100).await.unwrap().unwrap();
+    assert_eq!(sequences(&log), [1, 2, 3, 4, 5, 6]);
+    let winner = format!("writer {} at", winners[0]);
+    assert!(
+        log[2..]
+            .iter()
+            .all(|r| String::from_utf8_lossy(&r.json).contains(&winner)),
+        "the winning run is stored whole, nothing of the others"
+    );
+    // A run that starts at a sequence the log already has is refused (another writer won).
+    let stale = records(vec![event(id, 6, delta("x")), event(id, 7, delta("y"))]);
+    let refused = store
+        .append_run_as(&stale, crate::WriterId::random())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused.error, StoreError::Conflict { last, terminal: false } if last == Sequence(6)),
+        "{refused:?}"
+    );
+}
+
+/// A run that is not contiguous, mixes executions or continues after its own terminal event is
+/// refused whole.
+async fn bad_runs_change_nothing(store: &dyn EventStore) {
+    let id = routed(store).await;
+    let other = ExecutionId::new_random();
+    let bad = [
+        vec![event(id, 3, delta("a")), event(id, 5, delta("b"))],
+        vec![event(id, 3, delta("a")), event(other, 4, delta("b"))],
+        vec![event(id, 3, completed()), event(id, 4, delta("b"))],
+    ];
+    for run in bad {
+        let refused = store
+            .append_run_as(&records(run), crate::WriterId::random())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused.error, StoreError::Violation(_)),
+            "{refused:?}"
+        );
+        assert_eq!(refused.stored, 0);
+    }
+    assert_eq!(
+        store.head(id).await.unwrap().unwrap().last_sequence,
+        Sequence(2)
+    );
 }
 
 async fn create_and_append_in_order(store: &dyn EventStore) {

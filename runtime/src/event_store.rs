@@ -63,6 +63,43 @@ pub struct LogHead {
     pub last_time: protocol::Timestamp,
 }
 
+/// Why [`EventStore::append_run_as`] stopped: the error, and how many leading events of the run
+/// were stored (acknowledged) before it. An event whose outcome is unknown (a lost
+/// acknowledgement) is not counted: retrying the rest with the same writer is safe.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{error} ({stored} events of the run stored)")]
+pub struct RunError {
+    pub stored: usize,
+    pub error: StoreError,
+}
+
+/// Checks that `run` can be appended as one run on its own terms (whatever the log holds): one
+/// execution, consecutive sequences, each event valid, a terminal event only at the end.
+pub fn check_run(run: &[EventRecord]) -> Result<(), protocol::materialize::LogViolation> {
+    use protocol::materialize::LogViolation;
+    let Some(first) = run.first() else {
+        return Ok(());
+    };
+    for (i, record) in run.iter().enumerate() {
+        let event = &record.event;
+        if event.execution_id != first.event.execution_id {
+            return Err(LogViolation::WrongExecution);
+        }
+        let expected = Sequence(first.sequence().get().saturating_add(i as u64));
+        if event.sequence != expected {
+            return Err(LogViolation::OutOfOrder {
+                expected,
+                got: event.sequence,
+            });
+        }
+        if i > 0 && run[i - 1].event.is_terminal() {
+            return Err(LogViolation::AfterTerminal);
+        }
+        protocol::materialize::check_event(event)?;
+    }
+    Ok(())
+}
+
 /// Events of one execution with sequence greater than a cursor: replay, then live, ending right
 /// after the terminal event. An `Err` item ends the stream.
 pub type EventStream = BoxStream<'static, Result<Arc<EventRecord>, StoreError>>;
@@ -80,6 +117,15 @@ pub type EventStream = BoxStream<'static, Result<Arc<EventRecord>, StoreError>>;
 ///   subscription sees the event (acknowledged appends are never lost while retained).
 ///   Non-terminal appends beyond the per-execution limits fail with `ExecutionLimit`; the
 ///   terminal event is always admitted so the writer can close the log.
+/// - `append_run_as` appends a contiguous run (`run[0]` at the log's last sequence + 1, each
+///   event the next) with the same rules as appending its events one by one, in order, as one
+///   writer: on `Err`, exactly the events `run[..stored]` were stored (a store may store a run
+///   as one unit; JetStream does, one message per run up to its message size), so the writer
+///   continues from there. Retrying the unstored rest with the same writer after an unknown
+///   outcome succeeds if it had landed; a run of another writer gets `Conflict`. Limits apply
+///   per event: the run stops at the first event beyond them (`ExecutionLimit`), and a
+///   terminal event is always admitted. Readers see the events of a run exactly as if they had
+///   been appended one by one (cursors may fall inside a run).
 /// - `read` returns events with sequence > `after`, in order, at most `limit` of them.
 /// - `subscribe` streams every event with sequence > `after` exactly once and in order, then
 ///   follows live appends, and ends after the terminal event. A cursor at or past the terminal
@@ -102,6 +148,31 @@ pub trait EventStore: Send + Sync + 'static {
     /// an unknown outcome (a lost acknowledgement) succeeds if the first attempt landed; any
     /// other writer of that sequence gets `Conflict`.
     async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError>;
+
+    /// Appends the contiguous run `run` for `writer` (see the contract above). The default
+    /// appends the events one by one with [`EventStore::append_as`]: a run is then not one
+    /// unit, but with a single writer nothing can come between its events, and `stored` says
+    /// exactly where it stopped. Stores with a cheaper way (one message for the run) override
+    /// it.
+    async fn append_run_as(&self, run: &[EventRecord], writer: WriterId) -> Result<(), RunError> {
+        check_run(run).map_err(|e| RunError {
+            stored: 0,
+            error: e.into(),
+        })?;
+        for (stored, record) in run.iter().enumerate() {
+            self.append_as(record.event.clone(), writer)
+                .await
+                .map_err(|error| RunError { stored, error })?;
+        }
+        Ok(())
+    }
+
+    /// Whether appends take a round trip worth overlapping: the [`crate::EventWriter`] then
+    /// pipelines (events handed in while an append is in flight go in the next run). Stores
+    /// whose appends complete at once (memory) say no, and the writer appends inline.
+    fn pipelines_appends(&self) -> bool {
+        false
+    }
 
     /// The materialized state of an execution.
     async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, StoreError>;

@@ -14,15 +14,35 @@
 //! store failures are retried with bounded backoff by [`EventWriter::append`]; a retried append
 //! is safe because stores de-duplicate on `{execution_id}:{sequence}`. Request paths that must
 //! answer promptly use [`EventWriter::append_once`] and get the store's error as it is.
+//!
+//! **Pipelining.** Against a store whose appends take a round trip (JetStream:
+//! [`EventStore::pipelines_appends`]), [`EventWriter::pipelined`] starts a per-writer appender
+//! task, and [`EventWriter::submit`] hands an event over without waiting for its
+//! acknowledgement: the event gets its sequence and time here, at once, and joins a bounded
+//! queue ([`QUEUE_MAX_EVENTS`] events or [`QUEUE_MAX_BYTES`] bytes; `submit` waits while it is
+//! full). The appender sends what is queued as one run ([`EventStore::append_run_as`], at
+//! most [`RUN_MAX_EVENTS`] events and [`RUN_MAX_BYTES`] bytes); events submitted while that run
+//! is in flight go in the next one. Nothing lingers: a run leaves as soon as the previous one
+//! is acknowledged, so a lone event is sent at once. A failed run (after the same retries as
+//! [`EventWriter::append`]) stops the pipeline: the queue is dropped, the error is sticky
+//! (every later `submit`, `append` or `flush` returns it, and [`EventWriter::failure`] fires
+//! for a caller waiting on something else), and only [`EventWriter::recover`] resumes the
+//! writer, from the last event the store acknowledged, so the caller can close the log.
+//! [`EventWriter::append`] and [`EventWriter::flush`] return once everything submitted so far
+//! is acknowledged: a caller that needs an event durable (a route selection before the
+//! provider call, the terminal event before the job is acknowledged) waits for it there.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use protocol::event::EventBody;
 use protocol::{ExecutionId, RuntimeEvent, Sequence, Timestamp};
+use tokio::sync::Notify;
 
 use crate::error::StoreError;
-use crate::event_store::{EventStore, WriterId};
+use crate::event_store::{EventRecord, EventStore, RunError, WriterId};
 
 /// The acceptance time of a new execution: the time of its `execution.accepted` event. The
 /// submission takes it before the log exists because the job and the idempotency record carry
@@ -49,6 +69,17 @@ pub enum WriteError {
 /// in all), so a short backend blip does not fail executions.
 const MAX_TRIES: u32 = 10;
 
+/// Most events waiting in a pipelined writer's queue (submitted, not yet sent).
+pub const QUEUE_MAX_EVENTS: usize = 256;
+/// Most bytes of event JSON waiting in a pipelined writer's queue; a larger single event is
+/// still admitted into an empty queue.
+pub const QUEUE_MAX_BYTES: usize = 1024 * 1024;
+/// Most events in one run sent by the appender.
+pub const RUN_MAX_EVENTS: usize = 64;
+/// Most bytes of event JSON in one run sent by the appender (well under NATS's default
+/// `max_payload` of 1 MiB); a larger single event goes alone.
+pub const RUN_MAX_BYTES: usize = 256 * 1024;
+
 /// See the module docs.
 pub struct EventWriter {
     store: Arc<dyn EventStore>,
@@ -61,6 +92,173 @@ pub struct EventWriter {
     /// `mrt_event_append_duration_seconds`, resolved once per writer (a registry lookup per
     /// append would cost more than a memory append).
     append_duration: metrics::Histogram,
+    /// The appender of a pipelined writer.
+    pipeline: Option<Pipeline>,
+}
+
+/// What the writer and its appender task share.
+struct Shared {
+    state: Mutex<PipeState>,
+    /// Wakes the appender when events are queued or the writer is dropped.
+    wake_appender: Notify,
+    /// Wakes waiters (room in the queue, acknowledgements, failure).
+    progress: Notify,
+}
+
+struct PipeState {
+    queue: VecDeque<EventRecord>,
+    queued_bytes: usize,
+    /// The last event the store acknowledged, and its time.
+    stored: Sequence,
+    stored_time: Timestamp,
+    /// Why the pipeline stopped; sticky until [`EventWriter::recover`].
+    failure: Option<WriteError>,
+}
+
+impl Shared {
+    /// Waits until `ready` returns `Some`, re-checking after every progress notification.
+    async fn wait_for<T>(&self, mut ready: impl FnMut(&mut PipeState) -> Option<T>) -> T {
+        loop {
+            // Register interest before looking, so progress between the look and the wait
+            // cannot be missed.
+            let notified = self.progress.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(value) = ready(&mut self.state.lock()) {
+                return value;
+            }
+            notified.await;
+        }
+    }
+}
+
+struct Pipeline {
+    shared: Arc<Shared>,
+    appender: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        // A dropped writer writes nothing more (its caller has stopped or was fenced).
+        self.appender.abort();
+    }
+}
+
+/// Fires when a pipelined writer's appender fails (never for an inline writer), so a caller
+/// waiting on something else (a provider) learns promptly that it must stop.
+#[derive(Clone)]
+pub struct WriteFailure {
+    shared: Option<Arc<Shared>>,
+}
+
+impl std::fmt::Debug for WriteFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteFailure").finish_non_exhaustive()
+    }
+}
+
+impl WriteFailure {
+    /// The pipeline's error, once there is one (pending forever otherwise).
+    pub async fn failed(&self) -> WriteError {
+        match &self.shared {
+            Some(shared) => shared.wait_for(|state| state.failure.clone()).await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// The appender task of a pipelined writer: sends what is queued as runs, one at a time.
+async fn run_appender(
+    shared: Arc<Shared>,
+    store: Arc<dyn EventStore>,
+    writer_id: WriterId,
+    append_duration: metrics::Histogram,
+) {
+    loop {
+        let run = loop {
+            let woken = shared.wake_appender.notified();
+            {
+                let mut state = shared.state.lock();
+                if state.failure.is_none() && !state.queue.is_empty() {
+                    break take_run(&mut state);
+                }
+            }
+            woken.await;
+        };
+        let result = append_run(&*store, &run, writer_id, &append_duration).await;
+        {
+            let mut state = shared.state.lock();
+            let stored = match &result {
+                Ok(()) => run.len(),
+                Err((stored, _)) => *stored,
+            };
+            if let Some(last) = run[..stored].last() {
+                state.stored = last.sequence();
+                state.stored_time = last.event.time;
+            }
+            if let Err((_, error)) = result {
+                state.failure = Some(error);
+                state.queue.clear();
+                state.queued_bytes = 0;
+            }
+        }
+        shared.progress.notify_waiters();
+    }
+}
+
+/// The next run from the front of the queue: at least one event, then as many as the run
+/// bounds allow.
+fn take_run(state: &mut PipeState) -> Vec<EventRecord> {
+    let mut run = Vec::new();
+    let mut bytes = 0;
+    while let Some(next) = state.queue.front() {
+        let size = next.json.len();
+        if !run.is_empty() && (run.len() >= RUN_MAX_EVENTS || bytes + size > RUN_MAX_BYTES) {
+            break;
+        }
+        bytes += size;
+        state.queued_bytes -= size;
+        if let Some(record) = state.queue.pop_front() {
+            run.push(record);
+        }
+    }
+    run
+}
+
+/// Appends `run`, retrying transient store failures like [`EventWriter::append`]. On failure,
+/// how many leading events were stored and why it stopped.
+async fn append_run(
+    store: &dyn EventStore,
+    run: &[EventRecord],
+    writer_id: WriterId,
+    append_duration: &metrics::Histogram,
+) -> Result<(), (usize, WriteError)> {
+    let mut done = 0;
+    let mut delay = Duration::from_millis(50);
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let started = std::time::Instant::now();
+        match store.append_run_as(&run[done..], writer_id).await {
+            Ok(()) => {
+                append_duration.record(started.elapsed().as_secs_f64());
+                return Ok(());
+            }
+            Err(RunError { stored, error }) => {
+                done += stored;
+                match error {
+                    StoreError::Conflict { .. } => return Err((done, WriteError::Fenced)),
+                    StoreError::ExecutionLimit => return Err((done, WriteError::Limit)),
+                    e @ (StoreError::Unavailable(_) | StoreError::Closed) if tries < MAX_TRIES => {
+                        tracing::warn!(error = %e, "append failed; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                    e => return Err((done, WriteError::Store(e))),
+                }
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for EventWriter {
@@ -102,7 +300,126 @@ impl EventWriter {
             last_time,
             output_exposed: false,
             append_duration: metrics::histogram!(telemetry::metric::EVENT_APPEND_DURATION_SECONDS),
+            pipeline: None,
         }
+    }
+
+    /// This writer, pipelined if its store's appends are worth overlapping
+    /// ([`EventStore::pipelines_appends`]; see the module docs); unchanged otherwise.
+    pub fn pipelined(self) -> Self {
+        if self.store.pipelines_appends() {
+            self.start_pipeline()
+        } else {
+            self
+        }
+    }
+
+    /// This writer, pipelined whatever the store.
+    fn start_pipeline(mut self) -> Self {
+        if self.pipeline.is_some() {
+            return self;
+        }
+        let shared = Arc::new(Shared {
+            state: Mutex::new(PipeState {
+                queue: VecDeque::new(),
+                queued_bytes: 0,
+                stored: self.last,
+                stored_time: self.last_time,
+                failure: None,
+            }),
+            wake_appender: Notify::new(),
+            progress: Notify::new(),
+        });
+        let appender = tokio::spawn(run_appender(
+            Arc::clone(&shared),
+            Arc::clone(&self.store),
+            self.writer_id,
+            self.append_duration.clone(),
+        ));
+        self.pipeline = Some(Pipeline { shared, appender });
+        self
+    }
+
+    /// Whether appends go through the appender task.
+    pub fn is_pipelined(&self) -> bool {
+        self.pipeline.is_some()
+    }
+
+    /// A handle that fires when the pipeline fails (never for an inline writer).
+    pub fn failure(&self) -> WriteFailure {
+        WriteFailure {
+            shared: self.pipeline.as_ref().map(|p| Arc::clone(&p.shared)),
+        }
+    }
+
+    /// Hands `body` to the log as the next event. Pipelined: returns once it is queued
+    /// (waiting while the queue is full), before the store acknowledges it; a failure of the
+    /// pipeline is returned here (and by every later call) until [`EventWriter::recover`].
+    /// Inline: the same as [`EventWriter::append`].
+    pub async fn submit(&mut self, body: EventBody) -> Result<(), WriteError> {
+        let Some(pipeline) = &self.pipeline else {
+            return self.append_inline(body).await;
+        };
+        let shared = Arc::clone(&pipeline.shared);
+        shared
+            .wait_for(|state| match &state.failure {
+                Some(e) => Some(Err(e.clone())),
+                None if state.queue.is_empty()
+                    || (state.queue.len() < QUEUE_MAX_EVENTS
+                        && state.queued_bytes < QUEUE_MAX_BYTES) =>
+                {
+                    Some(Ok(()))
+                }
+                None => None,
+            })
+            .await?;
+        let event = self.next_event(body);
+        let (sequence, time, exposes) = (event.sequence, event.time, event.body.exposes_output());
+        let record = EventRecord::new(event);
+        {
+            let mut state = shared.state.lock();
+            if let Some(e) = &state.failure {
+                return Err(e.clone());
+            }
+            state.queued_bytes += record.json.len();
+            state.queue.push_back(record);
+        }
+        self.last = sequence;
+        self.last_time = time;
+        self.output_exposed |= exposes;
+        shared.wake_appender.notify_one();
+        Ok(())
+    }
+
+    /// Waits until every event submitted so far is acknowledged by the store, or returns the
+    /// pipeline's failure. Immediate for an inline writer.
+    pub async fn flush(&mut self) -> Result<(), WriteError> {
+        let Some(pipeline) = &self.pipeline else {
+            return Ok(());
+        };
+        let last = self.last;
+        pipeline
+            .shared
+            .wait_for(|state| match &state.failure {
+                Some(e) => Some(Err(e.clone())),
+                None if state.stored >= last => Some(Ok(())),
+                None => None,
+            })
+            .await
+    }
+
+    /// Takes the pipeline's failure, if any, and resumes the writer from the last event the
+    /// store acknowledged (what was queued behind the failure is dropped), so the caller can
+    /// append the event that closes the log. `None` (and no change) without a failure.
+    pub fn recover(&mut self) -> Option<WriteError> {
+        let pipeline = self.pipeline.as_ref()?;
+        let mut state = pipeline.shared.state.lock();
+        let failure = state.failure.take()?;
+        state.queue.clear();
+        state.queued_bytes = 0;
+        self.last = state.stored;
+        self.last_time = state.stored_time;
+        Some(failure)
     }
 
     pub fn execution_id(&self) -> ExecutionId {
@@ -125,6 +442,7 @@ impl EventWriter {
         RuntimeEvent::new(self.id, self.last.next(), now, body)
     }
 
+    /// Records `event` as this writer's last (pipelined: handed over, not yet acknowledged).
     fn appended(&mut self, event: &RuntimeEvent) {
         self.last = event.sequence;
         self.last_time = event.time;
@@ -134,14 +452,35 @@ impl EventWriter {
     /// Appends `body` as the next event in one attempt, for request paths that answer at once.
     /// The store's error is returned unchanged (`Conflict` when another writer appended first).
     pub async fn append_once(&mut self, body: EventBody) -> Result<(), StoreError> {
+        if self.pipeline.is_some() {
+            // Nothing may be in flight beside a direct append.
+            self.flush().await.map_err(|e| match e {
+                WriteError::Store(e) => e,
+                WriteError::Fenced => StoreError::Conflict {
+                    last: self.last,
+                    terminal: false,
+                },
+                WriteError::Limit => StoreError::ExecutionLimit,
+            })?;
+        }
         let event = self.next_event(body);
         self.store.append_as(event.clone(), self.writer_id).await?;
         self.appended(&event);
         Ok(())
     }
 
-    /// Appends `body` as the next event, retrying transient store failures.
+    /// Appends `body` as the next event, retrying transient store failures. Pipelined: submits
+    /// it and waits until it (and everything before it) is acknowledged.
     pub async fn append(&mut self, body: EventBody) -> Result<(), WriteError> {
+        if self.pipeline.is_some() {
+            self.submit(body).await?;
+            return self.flush().await;
+        }
+        self.append_inline(body).await
+    }
+
+    /// [`EventWriter::append`] of an inline writer.
+    async fn append_inline(&mut self, body: EventBody) -> Result<(), WriteError> {
         let event = self.next_event(body);
         let mut delay = Duration::from_millis(50);
         let mut tries = 0;
@@ -169,9 +508,210 @@ impl EventWriter {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
     use crate::memory::{MemoryEventStore, MemoryLimits};
+    use futures_util::FutureExt;
+    use tokio::sync::Semaphore;
+
+    /// A memory store whose run appends wait for a permit of `gate` each (when gated), and
+    /// which records the length of every run it stores.
+    struct GatedStore {
+        inner: MemoryEventStore,
+        gate: Option<Arc<Semaphore>>,
+        entered: Notify,
+        runs: parking_lot::Mutex<Vec<usize>>,
+    }
+
+    impl GatedStore {
+        fn new(limits: MemoryLimits, gate: Option<Arc<Semaphore>>) -> Arc<Self> {
+            Arc::new(Self {
+                inner: MemoryEventStore::new(limits),
+                gate,
+                entered: Notify::new(),
+                runs: parking_lot::Mutex::new(Vec::new()),
+            })
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl EventStore for GatedStore {
+        async fn create(&self, accepted: RuntimeEvent) -> Result<(), StoreError> {
+            self.inner.create(accepted).await
+        }
+        async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError> {
+            self.inner.append_as(event, writer).await
+        }
+        async fn append_run_as(
+            &self,
+            run: &[EventRecord],
+            writer: WriterId,
+        ) -> Result<(), RunError> {
+            self.entered.notify_one();
+            if let Some(gate) = &self.gate {
+                gate.acquire().await.unwrap().forget();
+            }
+            self.runs.lock().push(run.len());
+            self.inner.append_run_as(run, writer).await
+        }
+        fn pipelines_appends(&self) -> bool {
+            true
+        }
+        async fn state(
+            &self,
+            id: ExecutionId,
+        ) -> Result<Option<protocol::materialize::Materializer>, StoreError> {
+            self.inner.state(id).await
+        }
+        async fn read(
+            &self,
+            id: ExecutionId,
+            after: Sequence,
+            limit: usize,
+        ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError> {
+            self.inner.read(id, after, limit).await
+        }
+        async fn subscribe(
+            &self,
+            id: ExecutionId,
+            after: Sequence,
+        ) -> Result<Option<crate::EventStream>, StoreError> {
+            self.inner.subscribe(id, after).await
+        }
+        async fn ready(&self) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    fn delta(text: &str) -> EventBody {
+        EventBody::OutputDelta {
+            output_index: 0,
+            delta: text.into(),
+        }
+    }
+
+    async fn pipelined_writer(store: &Arc<GatedStore>) -> (ExecutionId, EventWriter) {
+        let id = ExecutionId::new_random();
+        let store: Arc<dyn EventStore> = Arc::clone(store) as Arc<dyn EventStore>;
+        let writer = EventWriter::create(store, id, Timestamp::now())
+            .await
+            .unwrap()
+            .pipelined();
+        assert!(writer.is_pipelined());
+        (id, writer)
+    }
+
+    #[tokio::test]
+    async fn events_handed_in_during_an_append_go_in_the_next_one_as_one_run() {
+        let gate = Arc::new(Semaphore::new(0));
+        let store = GatedStore::new(MemoryLimits::default(), Some(Arc::clone(&gate)));
+        let (id, mut writer) = pipelined_writer(&store).await;
+        writer.submit(delta("a")).await.unwrap();
+        // The appender takes the first event at once (nothing in flight: no waiting for more).
+        store.entered.notified().await;
+        for text in ["b", "c", "d"] {
+            writer.submit(delta(text)).await.unwrap();
+        }
+        assert_eq!(
+            writer.last_sequence(),
+            Sequence(5),
+            "sequences are assigned at once"
+        );
+        gate.add_permits(2);
+        writer.flush().await.unwrap();
+        assert_eq!(*store.runs.lock(), [1, 3]);
+        let events = store.read(id, Sequence::ZERO, 10).await.unwrap().unwrap();
+        let texts: Vec<_> = events
+            .iter()
+            .skip(1)
+            .map(|r| match &r.event.body {
+                EventBody::OutputDelta { delta, .. } => delta.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(texts, ["a", "b", "c", "d"]);
+    }
+
+    #[tokio::test]
+    async fn runs_are_bounded_and_a_full_queue_holds_the_caller_back() {
+        let gate = Arc::new(Semaphore::new(0));
+        let store = GatedStore::new(MemoryLimits::default(), Some(Arc::clone(&gate)));
+        let (_, mut writer) = pipelined_writer(&store).await;
+        writer.submit(delta("first")).await.unwrap();
+        store.entered.notified().await;
+        for i in 0..QUEUE_MAX_EVENTS {
+            writer.submit(delta(&i.to_string())).await.unwrap();
+        }
+        // The queue is full: the next submission waits for room.
+        let mut blocked = Box::pin(writer.submit(delta("blocked")));
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+            assert!(
+                (&mut blocked).now_or_never().is_none(),
+                "the queue is bounded"
+            );
+        }
+        gate.add_permits(usize::MAX >> 4);
+        blocked.await.unwrap();
+        writer.flush().await.unwrap();
+        let runs = store.runs.lock().clone();
+        assert_eq!(runs.iter().sum::<usize>(), QUEUE_MAX_EVENTS + 2);
+        assert!(runs.iter().all(|&n| n <= RUN_MAX_EVENTS), "{runs:?}");
+        assert_eq!(runs[1], RUN_MAX_EVENTS, "{runs:?}");
+    }
+
+    #[tokio::test]
+    async fn a_failed_pipeline_is_sticky_until_recovered_from_the_stored_head() {
+        let limits = MemoryLimits {
+            max_events: 3,
+            ..MemoryLimits::default()
+        };
+        let store = GatedStore::new(limits, None);
+        let (id, mut writer) = pipelined_writer(&store).await;
+        let failure = writer.failure();
+        for text in ["a", "b", "c", "d"] {
+            // Errors surface on a later submission at the earliest, never lose an event silently.
+            if writer.submit(delta(text)).await.is_err() {
+                break;
+            }
+        }
+        assert!(matches!(writer.flush().await, Err(WriteError::Limit)));
+        assert!(matches!(failure.failed().await, WriteError::Limit));
+        assert!(
+            matches!(writer.submit(delta("e")).await, Err(WriteError::Limit)),
+            "sticky"
+        );
+        assert!(matches!(writer.recover(), Some(WriteError::Limit)));
+        assert_eq!(writer.last_sequence(), Sequence(3), "the last stored event");
+        assert!(writer.recover().is_none());
+        writer
+            .append(EventBody::Failed {
+                error: protocol::RuntimeError::internal(),
+            })
+            .await
+            .unwrap();
+        let head = store.head(id).await.unwrap().unwrap();
+        assert_eq!((head.last_sequence, head.terminal), (Sequence(4), true));
+    }
+
+    #[tokio::test]
+    async fn a_fenced_pipeline_reports_it_to_a_waiting_caller() {
+        let store = GatedStore::new(MemoryLimits::default(), None);
+        let (id, mut writer) = pipelined_writer(&store).await;
+        let failure = writer.failure();
+        // Another writer takes sequence 2 first.
+        let mut other = EventWriter::resume(
+            Arc::clone(&store) as Arc<dyn EventStore>,
+            id,
+            Sequence(1),
+            Timestamp::now(),
+        );
+        other.append(delta("other")).await.unwrap();
+        writer.submit(delta("mine")).await.unwrap();
+        assert!(matches!(failure.failed().await, WriteError::Fenced));
+        assert!(matches!(writer.flush().await, Err(WriteError::Fenced)));
+    }
 
     fn store() -> Arc<dyn EventStore> {
         Arc::new(MemoryEventStore::new(MemoryLimits::default()))

@@ -40,6 +40,15 @@ async fn nats_event_store_passes_the_contract() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_event_store_limits_runs_like_events() {
+    let server = NatsServer::start();
+    let store = NatsEventStore::new(backend(&server).await, 5)
+        .await
+        .unwrap();
+    contract::run_limit_suite(Arc::new(store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_job_queue_passes_the_contract() {
     let server = NatsServer::start();
     contract::job_queue_suite(Arc::new(NatsJobQueue::new(backend(&server).await))).await;

@@ -492,3 +492,267 @@ async fn replicas_are_applied_on_creation_and_reconciled_on_restart() {
         );
     }
 }
+
+/// Messages stored in the namespace's events stream (one execution per namespace in these
+/// tests, so: the execution's messages).
+async fn stored_messages(backend: &NatsBackend) -> u64 {
+    backend
+        .jetstream
+        .get_stream(backend.settings.events_stream())
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .messages
+}
+
+fn sequences(records: &[Arc<EventRecord>]) -> Vec<u64> {
+    records.iter().map(|r| r.sequence().get()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_is_one_message_and_single_event_messages_of_old_logs_stay_readable() {
+    let server = NatsServer::start();
+    let settings = NatsSettings::new(unique_namespace("t"));
+    let backend = connect(&server, settings.clone()).await;
+    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
+    let id = ExecutionId::new_random();
+    let subject = settings.events_subject(&id);
+    // The log as the previous version wrote it: one event per message, no format header.
+    let mut expected_last = 0;
+    for event in [ev(id, 1, EventBody::Accepted), ev(id, 2, route())] {
+        let ack = backend
+            .jetstream
+            .send_publish(
+                subject.clone(),
+                jetstream::message::PublishMessage::build()
+                    .payload(EventRecord::new(event.clone()).json)
+                    .message_id(format!("{id}:{}:0123456789abcdef", event.sequence))
+                    .expected_last_subject_sequence(expected_last),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        expected_last = ack.sequence;
+    }
+    let live = store.subscribe(id, Sequence(0)).await.unwrap().unwrap();
+    let live_inside = store.subscribe(id, Sequence(4)).await.unwrap().unwrap();
+    let run: Vec<EventRecord> = (3..=6)
+        .map(|s| EventRecord::new(ev(id, s, delta(&format!("d{s}")))))
+        .collect();
+    store.append_run_as(&run, WriterId::random()).await.unwrap();
+    assert_eq!(stored_messages(&backend).await, 3, "the run is one message");
+    let last = backend
+        .jetstream
+        .get_stream(settings.events_stream())
+        .await
+        .unwrap()
+        .direct_get_last_for_subject(subject.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        last.headers.get("Mrt-Format").map(|v| v.as_str()),
+        Some("2")
+    );
+    let body: Vec<serde_json::Value> = serde_json::from_slice(&last.payload).unwrap();
+    assert_eq!(body.len(), 4, "format 2 holds the run as a JSON array");
+    // A run of one is written in the old format.
+    store.append(ev(id, 7, completed())).await.unwrap();
+    let last = backend
+        .jetstream
+        .get_stream(settings.events_stream())
+        .await
+        .unwrap()
+        .direct_get_last_for_subject(subject)
+        .await
+        .unwrap();
+    assert!(last.headers.get("Mrt-Format").is_none());
+    assert_eq!(stored_messages(&backend).await, 4);
+    // Old and new messages read alike, by direct get, live and from inside the run.
+    let all = store.read(id, Sequence(0), 100).await.unwrap().unwrap();
+    assert_eq!(sequences(&all), [1, 2, 3, 4, 5, 6, 7]);
+    for (stored, appended) in all[2..6].iter().zip(&run) {
+        assert_eq!(stored.json, appended.json);
+    }
+    assert_eq!(sequences(&drain(live).await), [1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(sequences(&drain(live_inside).await), [5, 6, 7]);
+    let state = store.state(id).await.unwrap().unwrap();
+    assert_eq!(state.last_sequence(), Sequence(7));
+    assert!(state.is_terminal());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_logs_of_runs_read_through_the_ordered_consumer() {
+    // Past 64 events readers use an ordered consumer: it expands runs too.
+    let server = NatsServer::start();
+    let settings = NatsSettings::new(unique_namespace("t"));
+    let backend = connect(&server, settings).await;
+    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
+    let id = ExecutionId::new_random();
+    store.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
+    store.append(ev(id, 2, route())).await.unwrap();
+    let writer = WriterId::random();
+    for start in (3..=98u64).step_by(32) {
+        let run: Vec<EventRecord> = (start..start + 32)
+            .map(|s| EventRecord::new(ev(id, s, delta("x"))))
+            .collect();
+        store.append_run_as(&run, writer).await.unwrap();
+    }
+    store.append(ev(id, 99, completed())).await.unwrap();
+    assert_eq!(stored_messages(&backend).await, 6);
+    let all = store
+        .read(id, Sequence(0), usize::MAX)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(sequences(&all), (1..=99).collect::<Vec<_>>());
+    let from_inside = store.subscribe(id, Sequence(70)).await.unwrap().unwrap();
+    assert_eq!(
+        sequences(&drain(from_inside).await),
+        (71..=99).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_of_an_unknown_format_is_refused_not_misread() {
+    let server = NatsServer::start();
+    let settings = NatsSettings::new(unique_namespace("t"));
+    let backend = connect(&server, settings.clone()).await;
+    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
+    let id = ExecutionId::new_random();
+    store.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
+    let body = format!(
+        "[{}]",
+        String::from_utf8(EventRecord::new(ev(id, 2, route())).json.to_vec()).unwrap()
+    );
+    backend
+        .jetstream
+        .send_publish(
+            settings.events_subject(&id),
+            jetstream::message::PublishMessage::build()
+                .payload(body.into())
+                .header("Mrt-Format", "9"),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.read(id, Sequence(0), 10).await,
+        Err(StoreError::Unavailable(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_run_after_a_lost_ack_is_absorbed_and_another_writers_run_is_fenced() {
+    let server = NatsServer::start();
+    let settings = NatsSettings::new(unique_namespace("t"));
+    let backend = connect(&server, settings.clone()).await;
+    let first = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
+    // The retrying side still holds the head from before its run landed (its ack was lost).
+    let retrying = NatsEventStore::new(connect(&server, settings).await, 4096)
+        .await
+        .unwrap();
+    let id = ExecutionId::new_random();
+    first.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
+    first.append(ev(id, 2, route())).await.unwrap();
+    assert_eq!(
+        retrying.head(id).await.unwrap().unwrap().last_sequence,
+        Sequence(2)
+    );
+    let writer = WriterId::random();
+    let run: Vec<EventRecord> = (3..=5)
+        .map(|s| EventRecord::new(ev(id, s, delta(&format!("d{s}")))))
+        .collect();
+    first.append_run_as(&run, writer).await.unwrap();
+    // The identical run again, by the same writer, compare-and-set on the stale head.
+    retrying.append_run_as(&run, writer).await.unwrap();
+    // And once more with a fresh view of the log.
+    first.append_run_as(&run, writer).await.unwrap();
+    assert_eq!(stored_messages(&backend).await, 3, "deduplicated");
+    // The same events from another writer are fenced.
+    let fenced = retrying
+        .append_run_as(&run, WriterId::random())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(fenced.error, StoreError::Conflict { last, .. } if last == Sequence(5)),
+        "{fenced:?}"
+    );
+    assert_eq!(fenced.stored, 0);
+    assert_eq!(stored_messages(&backend).await, 3);
+    assert_eq!(
+        sequences(&first.read(id, Sequence(0), 10).await.unwrap().unwrap()),
+        [1, 2, 3, 4, 5]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_larger_than_a_message_are_split_to_fit_it() {
+    let server = NatsServer::start();
+    let settings = NatsSettings {
+        max_event_bytes: 4096,
+        ..NatsSettings::new(unique_namespace("t"))
+    };
+    let backend = connect(&server, settings).await;
+    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
+    let id = ExecutionId::new_random();
+    store.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
+    store.append(ev(id, 2, route())).await.unwrap();
+    // 12 events of about 1 KiB: three fit in the 3 KiB left for a body.
+    let run: Vec<EventRecord> = (3..=14)
+        .map(|s| EventRecord::new(ev(id, s, delta(&"x".repeat(900)))))
+        .collect();
+    store.append_run_as(&run, WriterId::random()).await.unwrap();
+    let messages = stored_messages(&backend).await - 2;
+    assert!((4..12).contains(&messages), "{messages} messages");
+    assert_eq!(
+        sequences(&store.read(id, Sequence(0), 100).await.unwrap().unwrap()),
+        (1..=14).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test]
+async fn a_pipelined_writer_stores_the_mock_execution_in_at_most_four_messages() {
+    // The mock's 7 events: accepted (the submission), route.selected (acknowledged before the
+    // provider call), three deltas, usage and the terminal event handed over back to back.
+    // On this one-thread runtime the appender runs only when the runner waits, the way it
+    // finds the events queued behind an append in flight.
+    let server = NatsServer::start();
+    let settings = NatsSettings::new(unique_namespace("t"));
+    let backend = connect(&server, settings).await;
+    let store: Arc<dyn EventStore> =
+        Arc::new(NatsEventStore::new(backend.clone(), 4096).await.unwrap());
+    let id = ExecutionId::new_random();
+    let mut writer =
+        runtime::EventWriter::create(Arc::clone(&store), id, protocol::Timestamp::now())
+            .await
+            .unwrap()
+            .pipelined();
+    assert!(writer.is_pipelined());
+    writer.append(route()).await.unwrap();
+    for text in ["hello", " from", " mock"] {
+        writer.submit(delta(text)).await.unwrap();
+    }
+    writer
+        .submit(EventBody::UsageReported {
+            facts: vec![
+                protocol::UsageFact::new(
+                    protocol::UsageUnit::output_token(),
+                    3.0,
+                    protocol::UsageSource::Runtime,
+                )
+                .unwrap(),
+            ],
+        })
+        .await
+        .unwrap();
+    writer.append(completed()).await.unwrap();
+    let messages = stored_messages(&backend).await;
+    assert!(messages <= 4, "{messages} messages for 7 events");
+    let all = store.read(id, Sequence(0), 10).await.unwrap().unwrap();
+    assert_eq!(sequences(&all), [1, 2, 3, 4, 5, 6, 7]);
+}

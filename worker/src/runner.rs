@@ -22,6 +22,14 @@
 //!   and never claims a withdrawn job (it also asks on every poll while waiting, so a withdrawn
 //!   job does not hold a slot). A job whose log is there at the first look is claimed at once:
 //!   no extra round trip on the common path.
+//!
+//! Events are written through a pipelined [`EventWriter`] where the store's appends take a round
+//! trip (JetStream): provider output is handed over without waiting for each acknowledgement
+//! (events queued behind an append in flight go in the next one, as one run), while a route
+//! selection is acknowledged before its provider is called and the terminal event before the
+//! job is acknowledged. A write failure (fenced, limit, store down) stops the attempt as soon as
+//! the appender reports it, even while the provider is quiet; the log is then closed from the
+//! last acknowledged event.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -193,7 +201,8 @@ impl Runner {
             id,
             head.last_sequence,
             head.last_time,
-        );
+        )
+        .pipelined();
         if head.last_sequence.get() > 1 {
             if delivered <= 1 {
                 // A duplicate job while another attempt owns the log.
@@ -246,6 +255,7 @@ impl Runner {
         }
         let deadline = Instant::now() + deadline_in;
         let attempt_cancel = CancellationToken::new();
+        let write_failure = writer.failure();
         let ending = {
             let route = self.route(&mut writer, job, attempt_cancel.clone());
             tokio::pin!(route);
@@ -257,9 +267,10 @@ impl Runner {
                 () = cancel.cancelled() => Ending::Interrupted(RuntimeError::cancelled()),
                 () = self.abort_all.cancelled() => Ending::Interrupted(RuntimeError::cancelled()),
                 () = tokio::time::sleep_until(deadline) => Ending::Interrupted(RuntimeError::deadline_exceeded()),
+                e = write_failure.failed() => Ending::WriteFailed(e),
                 result = &mut route => Ending::Routed(result),
             };
-            if matches!(ending, Ending::Interrupted(_)) {
+            if matches!(ending, Ending::Interrupted(_) | Ending::WriteFailed(_)) {
                 attempt_cancel.cancel();
                 // Let the adapter run its bounded cleanup, then drop the attempt.
                 let _ = tokio::time::timeout(self.settings.cleanup_grace, &mut route).await;
@@ -271,27 +282,12 @@ impl Runner {
             Ending::Routed(Err(Stop::Failed(error))) | Ending::Interrupted(error) => {
                 EventBody::Failed { error }
             }
-            Ending::Routed(Err(Stop::Write(WriteError::Limit))) => EventBody::Failed {
-                error: limit_error(),
-            },
-            Ending::Routed(Err(Stop::Write(WriteError::Fenced))) => return RunOutcome::Dropped,
-            Ending::Routed(Err(Stop::Write(WriteError::Store(
-                e @ (runtime::StoreError::Unavailable(_) | runtime::StoreError::Closed),
-            )))) => {
-                tracing::error!(execution_id = %id, error = %e, "event store unreachable");
-                // Past sequence 1 a route was selected: its provider may have been called.
-                EventBody::Failed {
-                    error: store_unreachable_error(writer.last_sequence().get() > 1),
-                }
-            }
-            Ending::Routed(Err(Stop::Write(WriteError::Store(e)))) => {
-                tracing::error!(execution_id = %id, error = %e, "event storage failed");
-                EventBody::Failed {
-                    error: RuntimeError::new(
-                        ErrorCode::InternalError,
-                        "Execution event storage failed",
-                        false,
-                    ),
+            Ending::Routed(Err(Stop::Write(e))) | Ending::WriteFailed(e) => {
+                // Continue from the last acknowledged event.
+                writer.recover();
+                match write_failure_terminal(&writer, e) {
+                    Some(terminal) => terminal,
+                    None => return RunOutcome::Dropped,
                 }
             }
         };
@@ -358,25 +354,47 @@ impl Runner {
         }
     }
 
-    /// Appends the terminal event.
+    /// Appends the terminal event, after everything submitted before it. If an earlier event
+    /// failed (the terminal was then not written), the log is closed with the failure that
+    /// write error means instead.
     async fn finish(
         &self,
         writer: &mut EventWriter,
         accepted_at: Timestamp,
         terminal: EventBody,
     ) -> RunOutcome {
+        let terminal_sequence = writer.last_sequence().next();
         let metered = terminal.clone();
-        match writer.append(terminal).await {
+        let error = match writer.append(terminal).await {
             Ok(()) => {
                 instrument::terminal(&metered, accepted_at);
-                RunOutcome::Finished
+                return RunOutcome::Finished;
             }
-            Err(WriteError::Fenced) => RunOutcome::Dropped,
-            Err(e) => {
-                tracing::error!(execution_id = %writer.execution_id(), error = %e, "cannot append terminal event");
-                RunOutcome::Abandoned
-            }
+            Err(WriteError::Fenced) => return RunOutcome::Dropped,
+            Err(e) => e,
+        };
+        writer.recover();
+        if writer.last_sequence().next() != terminal_sequence
+            && let Some(fallback) = write_failure_terminal(writer, error.clone())
+        {
+            let metered = fallback.clone();
+            return match writer.append(fallback).await {
+                Ok(()) => {
+                    instrument::terminal(&metered, accepted_at);
+                    RunOutcome::Finished
+                }
+                Err(WriteError::Fenced) => RunOutcome::Dropped,
+                Err(e) => {
+                    tracing::error!(execution_id = %writer.execution_id(), error = %e, "cannot append terminal event");
+                    RunOutcome::Abandoned
+                }
+            };
         }
+        if matches!(error, WriteError::Fenced) {
+            return RunOutcome::Dropped;
+        }
+        tracing::error!(execution_id = %writer.execution_id(), error = %error, "cannot append terminal event");
+        RunOutcome::Abandoned
     }
 
     /// Routing and attempts; returns the completed target or why the execution stops.
@@ -502,6 +520,35 @@ impl Runner {
 enum Ending {
     Routed(Result<Target, Stop>),
     Interrupted(RuntimeError),
+    /// The writer's pipeline failed while the attempt ran.
+    WriteFailed(WriteError),
+}
+
+/// The terminal event that closes a log whose write failed with `error`; `None` when the
+/// writer was fenced (another writer owns the log: write nothing).
+fn write_failure_terminal(writer: &EventWriter, error: WriteError) -> Option<EventBody> {
+    let id = writer.execution_id();
+    let error = match error {
+        WriteError::Fenced => return None,
+        WriteError::Limit => limit_error(),
+        WriteError::Store(
+            e @ (runtime::StoreError::Unavailable(_) | runtime::StoreError::Closed),
+        ) => {
+            tracing::error!(execution_id = %id, error = %e, "event store unreachable");
+            // Past sequence 1 a route was selected (acknowledged before its provider was
+            // called): the provider may have been called.
+            store_unreachable_error(writer.last_sequence().get() > 1)
+        }
+        WriteError::Store(e) => {
+            tracing::error!(execution_id = %id, error = %e, "event storage failed");
+            RuntimeError::new(
+                ErrorCode::InternalError,
+                "Execution event storage failed",
+                false,
+            )
+        }
+    };
+    Some(EventBody::Failed { error })
 }
 
 /// Turns adapter events into runtime events through the writer.
@@ -572,7 +619,9 @@ impl ProviderSink for AttemptSink<'_> {
                 | EventBody::ToolCallStarted { .. }
                 | EventBody::OutputResult { .. }
         );
-        match self.writer.append(body).await {
+        // Handed over without waiting for the acknowledgement (pipelined writer); a failure
+        // comes back here on a later event, or through the runner's failure watch.
+        match self.writer.submit(body).await {
             Ok(()) => {
                 if output && let Some(meter) = &mut self.meter {
                     meter.output();

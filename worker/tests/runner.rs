@@ -1537,3 +1537,118 @@ async fn shutdown_lets_running_executions_finish_within_the_grace_period() {
     h.assert_log(first.execution_id, &success_log("a")).await;
     assert_eq!(a.calls(), 1);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Pipelined writes (the runner's path against JetStream): the same logs as inline writes
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_writes_produce_the_reference_log() {
+    let mock: Arc<dyn Provider> = Arc::new(MockProvider::new(MockConfig::default()));
+    let h = Harness::new(vec![(mock, limits(4, 8))]).pipelined();
+    let job = run_to_end(&h, &text_request("")).await;
+    // The terminal event is acknowledged before the run returns (the job is acked after it).
+    assert!(h.is_terminal(job.execution_id).await);
+    let mock_target = Target {
+        provider: "provider-mock".into(),
+        model: "model-alpha".into(),
+    };
+    h.assert_log(
+        job.execution_id,
+        &[
+            EventBody::Accepted,
+            EventBody::RouteSelected {
+                target: mock_target.clone(),
+                attempt: 1,
+            },
+            delta("hello"),
+            delta(" from"),
+            delta(" mock"),
+            usage(3),
+            EventBody::Completed {
+                target: mock_target,
+            },
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_writes_end_at_the_event_limit_like_inline_writes() {
+    // The deltas are queued faster than they are stored; the run that crosses the limit stores
+    // what fits, and the log is closed right after it with the limit failure.
+    let script = (0..20).map(|i| emit_delta(&format!("chunk{i}"))).collect();
+    let a = ScriptedProvider::new("a", script);
+    let b = ScriptedProvider::succeeding("b");
+    let h = Harness::event_limited(&[&a, &b], 4).pipelined();
+    let job = run_to_end(&h, &text_request(FALLBACK)).await;
+    let limit_error = not_retryable(
+        ErrorCode::QueueFull,
+        "Execution event log limit was reached",
+    );
+    h.assert_log(
+        job.execution_id,
+        &failed_after(
+            target("a"),
+            &[delta("chunk0"), delta("chunk1")],
+            limit_error,
+        ),
+    )
+    .await;
+    assert_eq!(b.calls(), 0);
+    assert_eq!(h.store.active(), 0, "the log is closed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_writer_fenced_while_the_provider_is_quiet_stops_the_attempt() {
+    // Another writer closes the log while the first delta is in flight; the provider then goes
+    // quiet for longer than the test may take. The appender's failure reaches the runner
+    // without another event: the attempt is cancelled and nothing more is written.
+    let a = ScriptedProvider::new(
+        "a",
+        vec![emit_delta("one"), Step::Sleep(Duration::from_secs(600))],
+    );
+    let h = Harness::interposed(
+        &[&a],
+        "output.delta",
+        Interference::Foreign(failed(interrupted_error())),
+        false,
+    )
+    .pipelined();
+    let job = h.submit(&text_request(""), LONG).await;
+    let outcome = tokio::time::timeout(Duration::from_secs(60), h.runner.run(&job, 1))
+        .await
+        .expect("the fenced runner stops without waiting for the provider");
+    assert_eq!(outcome, RunOutcome::Dropped);
+    h.assert_log(
+        job.execution_id,
+        &failed_after(target("a"), &[], interrupted_error()),
+    )
+    .await;
+    assert_eq!((a.calls(), a.finished()), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_execution_past_its_deadline_is_closed_after_its_output() {
+    let a = ScriptedProvider::new(
+        "a",
+        vec![
+            emit_delta("one"),
+            emit_delta("two"),
+            Step::Sleep(Duration::from_secs(600)),
+        ],
+    );
+    let h = Harness::scripted(&[&a]).pipelined();
+    let job = h
+        .submit(&text_request(""), Duration::from_millis(500))
+        .await;
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    h.assert_log(
+        job.execution_id,
+        &failed_after(
+            target("a"),
+            &[delta("one"), delta("two")],
+            RuntimeError::deadline_exceeded(),
+        ),
+    )
+    .await;
+}

@@ -40,6 +40,15 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn memory_event_store_limits_runs_like_events() {
+        let limits = MemoryLimits {
+            max_events: 5,
+            ..MemoryLimits::default()
+        };
+        contract::run_limit_suite(Arc::new(MemoryEventStore::new(limits))).await;
+    }
+
+    #[tokio::test]
     async fn memory_job_queue_passes_the_contract() {
         contract::job_queue_suite(Arc::new(MemoryJobQueue::new())).await;
     }

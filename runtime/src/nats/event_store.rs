@@ -13,6 +13,20 @@
 //! which batches deliveries. (An ordered consumer for every reader cost the server most of a
 //! core at ~800 executions/s; see BENCHMARKS.md.)
 //!
+//! Stored format. A message without the `Mrt-Format` header is format 1: its body is one event's
+//! JSON (every log written before runs existed stays readable). `Mrt-Format: 2`: the body is a
+//! JSON array holding a contiguous run of events, each element exactly the event's JSON, with
+//! `Nats-Msg-Id = {execution_id}:{first}-{last}:{writer}`. [`EventStore::append_run_as`] packs a
+//! run into as few messages as the stream's message size allows (a run of one is written in
+//! format 1, as before), each still compare-and-set on the subject's last stream sequence; a
+//! retried identical run is absorbed by deduplication (or recognised by its msg id on a wrong
+//! last sequence), while another writer's run of the same sequences has another id and is
+//! fenced. Every reader expands a message into its events and skips those at or before its
+//! cursor, so a cursor may fall inside a run; the head of a log is the last event of its last
+//! message. A message is stored (and republished) as a unit, so gap detection on the live
+//! path works per message: a message whose first event is past the next expected one means a
+//! message was missed, and the stream is re-read.
+//!
 //! Readers never follow the write subject `{ns}.events.{id}`: core NATS delivers every publish
 //! there, including appends the stream refuses (a fenced writer's failed compare-and-set) or
 //! never stores (its leader was lost), so a reader would show events the log does not hold.
@@ -22,12 +36,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{self, DeliverPolicy};
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
 use async_trait::async_trait;
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::StreamExt;
 use parking_lot::Mutex;
 use protocol::materialize::{Materializer, check_event};
@@ -35,7 +50,9 @@ use protocol::{ExecutionId, RuntimeEvent, Sequence};
 
 use super::{NatsBackend, unavailable};
 use crate::error::StoreError;
-use crate::event_store::{EventRecord, EventStore, EventStream, LogHead, WriterId};
+use crate::event_store::{
+    EventRecord, EventStore, EventStream, LogHead, RunError, WriterId, check_run,
+};
 
 /// What this process knows about the end of a log.
 #[derive(Debug, Clone, Copy)]
@@ -50,6 +67,77 @@ struct Head {
 struct Fetched {
     head: Head,
     msg_id: Option<String>,
+}
+
+/// The header naming a message's stored format (see the module docs); absent means format 1.
+const FORMAT_HEADER: &str = "Mrt-Format";
+/// Format 2: a JSON array holding a contiguous run of events.
+const FORMAT_RUN: &str = "2";
+
+/// Room left in a message for its headers when packing a run (msg id, expected sequence,
+/// format, and what the server adds), so a run never exceeds the stream's message size.
+const HEADER_ALLOWANCE: usize = 1024;
+
+/// The events of one stored message, or `None` when it is not a message of a format this
+/// process reads.
+fn decode_message(headers: Option<&HeaderMap>, payload: Bytes) -> Option<Vec<EventRecord>> {
+    match headers
+        .and_then(|h| h.get(FORMAT_HEADER))
+        .map(|v| v.as_str())
+    {
+        None => Some(vec![EventRecord::decode(payload)?]),
+        Some(FORMAT_RUN) => {
+            let raws: Vec<&serde_json::value::RawValue> = serde_json::from_slice(&payload).ok()?;
+            let mut records = Vec::with_capacity(raws.len());
+            for raw in raws {
+                // Each record keeps exactly its element's bytes, shared with the payload.
+                let json = payload.slice_ref(raw.get().as_bytes());
+                let record = EventRecord::decode(json)?;
+                if let Some(previous) = records.last().map(EventRecord::sequence)
+                    && record.sequence() != previous.next()
+                {
+                    return None;
+                }
+                records.push(record);
+            }
+            (!records.is_empty()).then_some(records)
+        }
+        Some(_) => None,
+    }
+}
+
+fn undecodable() -> StoreError {
+    StoreError::Unavailable("undecodable message in the events stream".into())
+}
+
+/// The body of a format-2 message: the events' JSON as one array.
+fn encode_run(run: &[EventRecord]) -> Bytes {
+    let size = run.iter().map(|r| r.json.len() + 1).sum::<usize>() + 1;
+    let mut body = BytesMut::with_capacity(size);
+    body.put_u8(b'[');
+    for (i, record) in run.iter().enumerate() {
+        if i > 0 {
+            body.put_u8(b',');
+        }
+        body.put_slice(&record.json);
+    }
+    body.put_u8(b']');
+    body.freeze()
+}
+
+/// The end of the first message of `run[start..end]`: as many events as fit in `budget` bytes
+/// of body, at least one.
+fn pack(run: &[EventRecord], start: usize, end: usize, budget: usize) -> usize {
+    let mut size = 1 + run[start].json.len() + 1;
+    let mut next = start + 1;
+    while next < end {
+        size += run[next].json.len() + 1;
+        if size > budget {
+            break;
+        }
+        next += 1;
+    }
+    next
 }
 
 /// Logs up to this many events are read by direct gets and followed with a plain subscription;
@@ -116,17 +204,24 @@ impl LiveMerge {
                 }
                 Err(_) => None,
             };
+            // A message is stored as a unit: it continues what was delivered when its first
+            // event is not past the next expected one (earlier events are skipped).
             let in_order = message
-                .and_then(|m| Some((stored_sequence(&m), EventRecord::decode(m.payload)?)))
-                .filter(|(_, r)| r.sequence() <= self.expected);
+                .and_then(|m| {
+                    let records = decode_message(m.headers.as_ref(), m.payload.clone())?;
+                    Some((stored_sequence(&m), records))
+                })
+                .filter(|(_, records)| records[0].sequence() <= self.expected);
             match in_order {
-                Some((stream_sequence, record)) => {
+                Some((stream_sequence, records)) => {
                     // Everything of this execution up to here has been delivered, so a re-read
                     // may start after it.
                     if let Some(s) = stream_sequence {
                         self.last_stream_sequence = self.last_stream_sequence.max(s);
                     }
-                    self.accept(record);
+                    for record in records {
+                        self.accept(record);
+                    }
                 }
                 // A gap, an undecodable message or a quiet second: read what the stream has.
                 None => {
@@ -171,12 +266,20 @@ impl std::fmt::Debug for NatsEventStore {
     }
 }
 
-/// `{execution_id}:{sequence}:{writer}`: the writer part keeps two writers of the same
-/// sequence apart even when their events serialize identically (two duplicate deliveries
-/// selecting the same route in the same millisecond), so deduplication only ever absorbs a
-/// writer's own retry and compare-and-set decides between writers.
-fn msg_id(id: ExecutionId, sequence: Sequence, writer: WriterId) -> String {
-    format!("{id}:{sequence}:{writer}")
+/// The `Nats-Msg-Id` of a message holding `run`: `{execution_id}:{sequence}:{writer}` for one
+/// event (format 1, as ever), `{execution_id}:{first}-{last}:{writer}` for a run. The writer
+/// part keeps two writers of the same sequences apart even when their events serialize
+/// identically (two duplicate deliveries selecting the same route in the same millisecond), so
+/// deduplication only ever absorbs a writer's own retry and compare-and-set decides between
+/// writers.
+fn msg_id(run: &[EventRecord], writer: WriterId) -> String {
+    let (first, last) = (&run[0].event, &run[run.len() - 1].event);
+    let id = first.execution_id;
+    if run.len() == 1 {
+        format!("{id}:{}:{writer}", first.sequence)
+    } else {
+        format!("{id}:{}-{}:{writer}", first.sequence, last.sequence)
+    }
 }
 
 impl NatsEventStore {
@@ -224,10 +327,10 @@ impl NatsEventStore {
                     .headers
                     .get("Nats-Msg-Id")
                     .map(|v| v.as_str().to_owned());
-                let payload = message.payload;
-                let record = EventRecord::decode(payload).ok_or_else(|| {
-                    StoreError::Unavailable("undecodable event in the events stream".into())
-                })?;
+                let records = decode_message(Some(&message.headers), message.payload)
+                    .ok_or_else(undecodable)?;
+                // The head of the log is the last event of its last message.
+                let record = records.last().ok_or_else(undecodable)?;
                 let head = Head {
                     sequence: record.sequence(),
                     stream_sequence: message.sequence,
@@ -241,23 +344,30 @@ impl NatsEventStore {
         }
     }
 
-    /// Publishes `record` expecting the subject's last stream sequence to be `expected`.
+    /// Publishes `run` as one message (format 1 for one event, else format 2) expecting the
+    /// subject's last stream sequence to be `expected`.
     async fn publish(
         &self,
-        record: &EventRecord,
+        run: &[EventRecord],
         expected: u64,
         writer: WriterId,
     ) -> Result<Result<u64, PublishErrorKind>, StoreError> {
         self.backend.check_connected()?;
-        let event = &record.event;
-        let message = PublishMessage::build()
-            .payload(record.json.clone())
-            .message_id(msg_id(event.execution_id, event.sequence, writer))
+        let id = run[0].event.execution_id;
+        let mut message = if run.len() == 1 {
+            PublishMessage::build().payload(run[0].json.clone())
+        } else {
+            PublishMessage::build()
+                .payload(encode_run(run))
+                .header(FORMAT_HEADER, FORMAT_RUN)
+        };
+        message = message
+            .message_id(msg_id(run, writer))
             .expected_last_subject_sequence(expected);
         let ack = match self
             .backend
             .jetstream
-            .send_publish(self.subject(event.execution_id), message)
+            .send_publish(self.subject(id), message)
             .await
         {
             Ok(ack) => ack,
@@ -270,6 +380,77 @@ impl NatsEventStore {
                 kind @ PublishErrorKind::WrongLastSequence => Ok(Err(kind)),
                 _ => Err(unavailable("publish ack", e)),
             },
+        }
+    }
+
+    /// The largest body a message of a run may have: the stream's message size and the
+    /// server's payload limit, less room for headers.
+    fn message_budget(&self) -> usize {
+        let max_message = usize::try_from(self.backend.settings.max_event_bytes).unwrap_or(0);
+        let max_payload = self.backend.client.server_info().max_payload;
+        let limit = if max_payload == 0 {
+            max_message
+        } else {
+            max_message.min(max_payload)
+        };
+        limit.saturating_sub(HEADER_ALLOWANCE)
+    }
+
+    /// Appends `run` (checked, contiguous, non-empty) as one message, compare-and-set on the
+    /// subject's last stream sequence.
+    async fn append_message(
+        &self,
+        run: &[EventRecord],
+        writer: WriterId,
+    ) -> Result<(), StoreError> {
+        let first = &run[0].event;
+        let last = &run[run.len() - 1].event;
+        let id = first.execution_id;
+        let cached = self.heads.lock().get(&id).copied();
+        let (head, last_msg_id) = match cached {
+            Some(h) if h.sequence.next() == first.sequence => (h, None),
+            _ => match self.fetch_head(id).await? {
+                Some(f) => (f.head, f.msg_id),
+                None => return Err(StoreError::NotFound),
+            },
+        };
+        if head.terminal || head.sequence.next() != first.sequence {
+            self.remember(id, head);
+            if last_msg_id.as_deref() == Some(msg_id(run, writer).as_str()) {
+                // Our write is the last one: a retry after a lost ack.
+                return Ok(());
+            }
+            return Err(StoreError::Conflict {
+                last: head.sequence,
+                terminal: head.terminal,
+            });
+        }
+        let appended = |stream_sequence| Head {
+            sequence: last.sequence,
+            stream_sequence,
+            terminal: last.is_terminal(),
+            time: last.time,
+        };
+        match self.publish(run, head.stream_sequence, writer).await? {
+            Ok(stream_sequence) => {
+                self.remember(id, appended(stream_sequence));
+                Ok(())
+            }
+            Err(_) => {
+                self.heads.lock().remove(&id);
+                match self.fetch_head(id).await? {
+                    Some(f) if f.msg_id.as_deref() == Some(msg_id(run, writer).as_str()) => {
+                        // Our write landed earlier (a retry after a lost ack).
+                        self.remember(id, f.head);
+                        Ok(())
+                    }
+                    Some(Fetched { head: h, .. }) => Err(StoreError::Conflict {
+                        last: h.sequence,
+                        terminal: h.terminal,
+                    }),
+                    None => Err(StoreError::NotFound),
+                }
+            }
         }
     }
 
@@ -334,11 +515,13 @@ impl NatsEventStore {
             {
                 Ok(message) => {
                     let stream_sequence = message.sequence;
-                    let record = EventRecord::decode(message.payload)
-                        .ok_or_else(|| StoreError::Unavailable("undecodable event".into()))?;
-                    let done = stop_after.is_some_and(|s| record.sequence() >= s);
+                    let records = decode_message(Some(&message.headers), message.payload)
+                        .ok_or_else(undecodable)?;
+                    let done = records
+                        .last()
+                        .is_some_and(|r| stop_after.is_some_and(|s| r.sequence() >= s));
                     from = stream_sequence + 1;
-                    out.push((stream_sequence, record));
+                    out.extend(records.into_iter().map(|r| (stream_sequence, r)));
                     if done {
                         return Ok(out);
                     }
@@ -397,45 +580,65 @@ impl NatsEventStore {
             .messages()
             .await
             .map_err(|e| unavailable("consume", e))?;
-        let stream = futures_util::stream::unfold(
-            (messages, Sequence::ZERO, false),
-            |(mut messages, last, done)| async move {
-                if done {
-                    return None;
-                }
-                loop {
-                    let message = match messages.next().await? {
-                        Ok(m) => m,
-                        Err(e) => {
-                            return Some((
-                                Err(unavailable("ordered consumer", e)),
-                                (messages, last, true),
-                            ));
-                        }
-                    };
-                    let payload: Bytes = message.message.payload.clone();
-                    let Some(record) = EventRecord::decode(payload) else {
-                        return Some((
-                            Err(StoreError::Unavailable("undecodable event".into())),
-                            (messages, last, true),
-                        ));
-                    };
-                    let seq = record.sequence();
-                    if seq <= last {
-                        continue; // redelivered after a consumer reset
-                    }
-                    if seq != last.next() {
-                        return Some((
-                            Err(StoreError::Unavailable("gap in event log".into())),
-                            (messages, last, true),
-                        ));
-                    }
-                    let terminal = record.event.is_terminal();
-                    return Some((Ok(Arc::new(record)), (messages, seq, terminal)));
-                }
-            },
-        );
+        let state = Ordered {
+            messages,
+            pending: std::collections::VecDeque::new(),
+            last: Sequence::ZERO,
+            done: false,
+        };
+        let stream = futures_util::stream::unfold(state, |mut state| async move {
+            let item = state.next().await?;
+            Some((item, state))
+        });
         Ok(stream.boxed())
+    }
+}
+
+/// State of an ordered-consumer read: the messages, the events of the current message not yet
+/// yielded, the last sequence yielded.
+struct Ordered {
+    messages: consumer::pull::Ordered,
+    pending: std::collections::VecDeque<EventRecord>,
+    last: Sequence,
+    done: bool,
+}
+
+impl Ordered {
+    async fn next(&mut self) -> Option<Result<Arc<EventRecord>, StoreError>> {
+        loop {
+            if self.done {
+                return None;
+            }
+            let Some(record) = self.pending.pop_front() else {
+                let message = match self.messages.next().await? {
+                    Ok(m) => m,
+                    Err(e) => {
+                        self.done = true;
+                        return Some(Err(unavailable("ordered consumer", e)));
+                    }
+                };
+                let payload: Bytes = message.message.payload.clone();
+                match decode_message(message.message.headers.as_ref(), payload) {
+                    Some(records) => self.pending.extend(records),
+                    None => {
+                        self.done = true;
+                        return Some(Err(undecodable()));
+                    }
+                }
+                continue;
+            };
+            let seq = record.sequence();
+            if seq <= self.last {
+                continue; // redelivered after a consumer reset
+            }
+            if seq != self.last.next() {
+                self.done = true;
+                return Some(Err(StoreError::Unavailable("gap in event log".into())));
+            }
+            self.last = seq;
+            self.done = record.event.is_terminal();
+            return Some(Ok(Arc::new(record)));
+        }
     }
 }
 
@@ -446,7 +649,10 @@ impl EventStore for NatsEventStore {
         let id = accepted.execution_id;
         let time = accepted.time;
         let record = EventRecord::new(accepted);
-        match self.publish(&record, 0, WriterId::random()).await? {
+        match self
+            .publish(std::slice::from_ref(&record), 0, WriterId::random())
+            .await?
+        {
             Ok(stream_sequence) => {
                 self.remember(
                     id,
@@ -465,61 +671,41 @@ impl EventStore for NatsEventStore {
     }
 
     async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError> {
-        check_event(&event)?;
-        let id = event.execution_id;
-        let terminal = event.is_terminal();
-        if !terminal && event.sequence.get() > self.max_events {
-            return Err(StoreError::ExecutionLimit);
+        self.append_run_as(&[EventRecord::new(event)], writer)
+            .await
+            .map_err(|e| e.error)
+    }
+
+    async fn append_run_as(&self, run: &[EventRecord], writer: WriterId) -> Result<(), RunError> {
+        check_run(run).map_err(|e| RunError {
+            stored: 0,
+            error: e.into(),
+        })?;
+        // Limits apply per event: the run stops before the first non-terminal event beyond
+        // them; the terminal event is always admitted.
+        let admitted = run
+            .iter()
+            .position(|r| !r.event.is_terminal() && r.sequence().get() > self.max_events)
+            .unwrap_or(run.len());
+        let mut stored = 0;
+        while stored < admitted {
+            let end = pack(run, stored, admitted, self.message_budget());
+            self.append_message(&run[stored..end], writer)
+                .await
+                .map_err(|error| RunError { stored, error })?;
+            stored = end;
         }
-        let cached = self.heads.lock().get(&id).copied();
-        let head = match cached {
-            Some(h) if h.sequence.next() == event.sequence => h,
-            _ => match self.fetch_head(id).await? {
-                Some(f) => f.head,
-                None => return Err(StoreError::NotFound),
-            },
-        };
-        if head.terminal || head.sequence.next() != event.sequence {
-            self.remember(id, head);
-            return Err(StoreError::Conflict {
-                last: head.sequence,
-                terminal: head.terminal,
+        if stored < run.len() {
+            return Err(RunError {
+                stored,
+                error: StoreError::ExecutionLimit,
             });
         }
-        let time = event.time;
-        let sequence = event.sequence;
-        let record = EventRecord::new(event);
-        match self.publish(&record, head.stream_sequence, writer).await? {
-            Ok(stream_sequence) => {
-                self.remember(
-                    id,
-                    Head {
-                        sequence,
-                        stream_sequence,
-                        terminal,
-                        time,
-                    },
-                );
-                Ok(())
-            }
-            Err(_) => {
-                self.heads.lock().remove(&id);
-                match self.fetch_head(id).await? {
-                    Some(f)
-                        if f.msg_id.as_deref() == Some(msg_id(id, sequence, writer).as_str()) =>
-                    {
-                        // Our write landed earlier (a retry after a lost ack).
-                        self.remember(id, f.head);
-                        Ok(())
-                    }
-                    Some(Fetched { head: h, .. }) => Err(StoreError::Conflict {
-                        last: h.sequence,
-                        terminal: h.terminal,
-                    }),
-                    None => Err(StoreError::NotFound),
-                }
-            }
-        }
+        Ok(())
+    }
+
+    fn pipelines_appends(&self) -> bool {
+        true
     }
 
     async fn head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {

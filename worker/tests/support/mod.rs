@@ -355,6 +355,8 @@ pub struct Harness {
     pub bus: Arc<MemoryCancelBus>,
     pub registry: Arc<ProviderRegistry>,
     pub runner: Arc<Runner>,
+    runner_store: Arc<dyn EventStore>,
+    settings: RunnerSettings,
 }
 
 impl std::fmt::Debug for Harness {
@@ -441,15 +443,34 @@ impl Harness {
         let bus = Arc::new(MemoryCancelBus::new());
         let runner = Arc::new(Runner::new(
             Arc::clone(&registry),
-            runner_store,
+            Arc::clone(&runner_store),
             Arc::clone(&bus) as Arc<dyn CancelBus>,
-            settings,
+            settings.clone(),
         ));
         Self {
             store,
             bus,
             registry,
             runner,
+            runner_store,
+            settings,
+        }
+    }
+
+    /// The same harness with a runner whose writer pipelines its appends, as it does against
+    /// JetStream (see [`PipelinedStore`]).
+    pub fn pipelined(self) -> Self {
+        let runner_store: Arc<dyn EventStore> = Arc::new(PipelinedStore(self.runner_store));
+        let runner = Arc::new(Runner::new(
+            Arc::clone(&self.registry),
+            Arc::clone(&runner_store),
+            Arc::clone(&self.bus) as Arc<dyn CancelBus>,
+            self.settings.clone(),
+        ));
+        Self {
+            runner,
+            runner_store,
+            ..self
         }
     }
 
@@ -787,5 +808,72 @@ impl EventStore for InterposedStore {
 
     async fn ready(&self) -> Result<(), runtime::StoreError> {
         self.inner.ready().await
+    }
+}
+
+/// Delegates to another store but asks writers to pipeline their appends (as the JetStream
+/// store does), so the runner's pipelined path runs over a memory store: its appender task
+/// sends what queued during an append as one run.
+pub struct PipelinedStore(pub Arc<dyn EventStore>);
+
+impl std::fmt::Debug for PipelinedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PipelinedStore").finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl EventStore for PipelinedStore {
+    async fn create(&self, accepted: RuntimeEvent) -> Result<(), runtime::StoreError> {
+        self.0.create(accepted).await
+    }
+
+    async fn append_as(
+        &self,
+        event: RuntimeEvent,
+        writer: runtime::WriterId,
+    ) -> Result<(), runtime::StoreError> {
+        self.0.append_as(event, writer).await
+    }
+
+    async fn append_run_as(
+        &self,
+        run: &[runtime::EventRecord],
+        writer: runtime::WriterId,
+    ) -> Result<(), runtime::RunError> {
+        self.0.append_run_as(run, writer).await
+    }
+
+    fn pipelines_appends(&self) -> bool {
+        true
+    }
+
+    async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, runtime::StoreError> {
+        self.0.state(id).await
+    }
+
+    async fn head(&self, id: ExecutionId) -> Result<Option<runtime::LogHead>, runtime::StoreError> {
+        self.0.head(id).await
+    }
+
+    async fn read(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<Option<Vec<Arc<runtime::EventRecord>>>, runtime::StoreError> {
+        self.0.read(id, after, limit).await
+    }
+
+    async fn subscribe(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+    ) -> Result<Option<runtime::EventStream>, runtime::StoreError> {
+        self.0.subscribe(id, after).await
+    }
+
+    async fn ready(&self) -> Result<(), runtime::StoreError> {
+        self.0.ready().await
     }
 }
