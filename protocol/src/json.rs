@@ -21,7 +21,7 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
-use serde_json::value::RawValue;
+pub use serde_json::value::RawValue;
 
 /// Deepest nesting of arrays and objects in one JSON document, as `serde_json` enforces it
 /// (127 levels: its recursion limit is 128).
@@ -212,47 +212,13 @@ impl<'de> Deserialize<'de> for Key<'de> {
     }
 }
 
-/// The members of the object `text`, in text order (duplicates included), or `None` when
-/// `text` is not an object.
-fn members(text: &str) -> Result<Option<Vec<(Key<'_>, &RawValue)>>, serde_json::Error> {
-    struct Members;
-    impl<'de> Visitor<'de> for Members {
-        type Value = Vec<(Key<'de>, &'de RawValue)>;
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("an object")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut out = Vec::new();
-            while let Some(key) = map.next_key::<Key<'de>>()? {
-                out.push((key, map.next_value::<&'de RawValue>()?));
-            }
-            Ok(out)
-        }
-    }
-    if !is_object(text) {
-        return Ok(None);
-    }
-    serde_json::Deserializer::from_str(text)
-        .deserialize_map(Members)
-        .map(Some)
-}
-
-/// Members sorted by key, each key once with its last value (what a `Value` map holds).
-fn resolved<'a>(mut entries: Vec<(Key<'a>, &'a RawValue)>) -> Vec<(Key<'a>, &'a RawValue)> {
-    // Stable: equal keys keep text order, so the last of each run is the value that wins.
-    entries.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut out: Vec<(Key<'a>, &'a RawValue)> = Vec::with_capacity(entries.len());
-    for entry in entries {
-        match out.last_mut() {
-            Some(last) if last.0 == entry.0 => *last = entry,
-            _ => out.push(entry),
-        }
-    }
-    out
-}
-
-fn is_object(text: &str) -> bool {
+fn starts_object(text: &str) -> bool {
     text.trim_start().starts_with('{')
+}
+
+/// Whether `raw` is a JSON object.
+pub fn is_object(raw: &RawValue) -> bool {
+    starts_object(raw.get())
 }
 
 /// `object`'s member `key` (its last value when the key repeats); `Err(NotAnObject)` when
@@ -275,7 +241,7 @@ pub fn member<'a>(object: &'a RawValue, key: &str) -> Result<Option<&'a RawValue
             Ok(found)
         }
     }
-    if !is_object(object.get()) {
+    if !is_object(object) {
         return Err(NotAnObject);
     }
     serde_json::Deserializer::from_str(object.get())
@@ -338,27 +304,47 @@ pub fn object_with(
     drop: &[&str],
     owned: &[(&str, &str)],
 ) -> Result<String, serde_json::Error> {
-    let mut merged = String::from("{");
-    let mut first = true;
-    let mut entry = |merged: &mut String, key: &str, value: &str| {
-        if !first {
-            merged.push(',');
+    /// Copies the members of an object, but for `skip`, into `out` (each followed by a comma).
+    struct CopyMembers<'a> {
+        out: &'a mut String,
+        skip: &'a dyn Fn(&str) -> bool,
+    }
+    impl<'de> Visitor<'de> for CopyMembers<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an object")
         }
-        first = false;
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<&'de RawValue>()? {
+                let value = map.next_value::<&'de RawValue>()?;
+                let name = key_text(key.get()).map_err(de::Error::custom)?;
+                if !(self.skip)(&name) {
+                    self.out.push_str(key.get());
+                    self.out.push(':');
+                    self.out.push_str(value.get());
+                    self.out.push(',');
+                }
+            }
+            Ok(())
+        }
+    }
+    let mut merged = String::from("{");
+    if let Some(base) = base.filter(|b| is_object(b)) {
+        let skip = |name: &str| drop.contains(&name) || owned.iter().any(|(k, _)| *k == name);
+        serde_json::Deserializer::from_str(base.get()).deserialize_map(CopyMembers {
+            out: &mut merged,
+            skip: &skip,
+        })?;
+    }
+    for (key, value) in owned {
         // A key is a plain string: serializing it cannot fail.
         merged.push_str(&serde_json::to_string(key).unwrap_or_default());
         merged.push(':');
         merged.push_str(value);
-    };
-    if let Some(entries) = base.map(|b| members(b.get())).transpose()?.flatten() {
-        for (key, value) in entries {
-            if !drop.contains(&key.0.as_ref()) && !owned.iter().any(|(k, _)| *k == key.0) {
-                entry(&mut merged, &key.0, value.get());
-            }
-        }
+        merged.push(',');
     }
-    for (key, value) in owned {
-        entry(&mut merged, key, value);
+    if merged.ends_with(',') {
+        merged.pop();
     }
     merged.push('}');
     let mut out = String::with_capacity(merged.len());
@@ -366,9 +352,18 @@ pub fn object_with(
     Ok(out)
 }
 
+/// The key a raw JSON string (quotes included) stands for: borrowed unless it has escapes.
+fn key_text(raw: &str) -> Result<Cow<'_, str>, serde_json::Error> {
+    match raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
+        Some(inner) if !inner.contains('\\') => Ok(Cow::Borrowed(inner)),
+        _ => serde_json::from_str::<String>(raw).map(Cow::Owned),
+    }
+}
+
 fn write(text: &str, form: Form, out: &mut dyn Sink) -> Result<(), serde_json::Error> {
     let mut de = serde_json::Deserializer::from_str(text);
     Writer {
+        text,
         form,
         out,
         comma: false,
@@ -377,14 +372,16 @@ fn write(text: &str, form: Form, out: &mut dyn Sink) -> Result<(), serde_json::E
     de.end()
 }
 
-/// Writes one value (preceded by a comma when `comma`).
-struct Writer<'o> {
+/// Writes one value (preceded by a comma when `comma`) read from `text`.
+struct Writer<'t, 'o> {
+    /// The whole text the deserializer reads: members are remembered as offsets into it.
+    text: &'t str,
     form: Form,
     out: &'o mut dyn Sink,
     comma: bool,
 }
 
-impl Writer<'_> {
+impl Writer<'_, '_> {
     fn start(&mut self) {
         if self.comma {
             self.out.put(",");
@@ -401,9 +398,32 @@ impl Writer<'_> {
         self.start();
         self.out.put(&n.to_string());
     }
+
+    /// Offset of `part`, a slice of `self.text`.
+    fn offset(&self, part: &str) -> Result<u32, serde_json::Error> {
+        (part.as_ptr() as usize)
+            .checked_sub(self.text.as_ptr() as usize)
+            .filter(|o| *o <= self.text.len())
+            .and_then(|o| u32::try_from(o).ok())
+            .ok_or_else(|| de::Error::custom("member outside the text"))
+    }
 }
 
-impl<'de> DeserializeSeed<'de> for Writer<'_> {
+/// The key whose raw string (quotes included) starts at `at` in `text`.
+fn key_at(text: &str, at: u32) -> Result<Cow<'_, str>, serde_json::Error> {
+    let rest = text.get(at as usize..).unwrap_or_default();
+    // The first quote after the opening one closes the key unless a backslash comes first.
+    let after = rest.get(1..).unwrap_or_default();
+    let raw = match after.find(['"', '\\']) {
+        Some(end) if after.as_bytes().get(end) == Some(&b'"') => {
+            rest.get(..end + 2).unwrap_or_default()
+        }
+        _ => <&RawValue>::deserialize(&mut serde_json::Deserializer::from_str(rest))?.get(),
+    };
+    key_text(raw)
+}
+
+impl<'de> DeserializeSeed<'de> for Writer<'_, '_> {
     type Value = ();
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
@@ -411,7 +431,7 @@ impl<'de> DeserializeSeed<'de> for Writer<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for Writer<'_> {
+impl<'de> Visitor<'de> for Writer<'_, '_> {
     type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -468,6 +488,7 @@ impl<'de> Visitor<'de> for Writer<'_> {
         let mut comma = false;
         while seq
             .next_element_seed(Writer {
+                text: self.text,
                 form: self.form,
                 out: &mut *self.out,
                 comma,
@@ -480,21 +501,51 @@ impl<'de> Visitor<'de> for Writer<'_> {
         Ok(())
     }
 
+    /// Members are written sorted by key, each key once with its last value, so they are
+    /// collected first: 8 bytes each (offsets of the key and the value in the text).
     fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
         self.start();
-        let mut entries = Vec::new();
-        while let Some(key) = map.next_key::<Key<'de>>()? {
-            entries.push((key, map.next_value::<&'de RawValue>()?));
+        let mut members: Vec<(u32, u32)> = Vec::new();
+        while let Some(key) = map.next_key::<&'de RawValue>()? {
+            let value = map.next_value::<&'de RawValue>()?;
+            let at = |part: &str| self.offset(part).map_err(de::Error::custom);
+            members.push((at(key.get())?, at(value.get())?));
         }
+        // Keys were read once already; reading them again cannot fail.
+        let text = self.text;
+        let key = |at: u32| key_at(text, at).unwrap_or_default();
+        // Stable: equal keys keep text order, so the last of each run is the value that wins.
+        members.sort_by(|a, b| key(a.0).cmp(&key(b.0)));
+        let mut last: Option<(u32, u32)> = None;
+        let mut first = true;
         self.out.put("{");
-        for (i, (key, value)) in resolved(entries).into_iter().enumerate() {
-            if i > 0 {
-                self.out.put(",");
+        for member in members.into_iter().map(Some).chain([None]) {
+            if let (Some(prev), Some(next)) = (last, member)
+                && key(prev.0) == key(next.0)
+            {
+                last = member;
+                continue;
             }
-            self.out
-                .put(&serde_json::to_string(key.0.as_ref()).unwrap_or_default());
-            self.out.put(":");
-            write(value.get(), self.form, &mut *self.out).map_err(de::Error::custom)?;
+            if let Some((k, v)) = last {
+                if !first {
+                    self.out.put(",");
+                }
+                first = false;
+                let name = key_at(text, k).map_err(de::Error::custom)?;
+                self.out
+                    .put(&serde_json::to_string(name.as_ref()).unwrap_or_default());
+                self.out.put(":");
+                let rest = text.get(v as usize..).unwrap_or_default();
+                Writer {
+                    text: rest,
+                    form: self.form,
+                    out: &mut *self.out,
+                    comma: false,
+                }
+                .deserialize(&mut serde_json::Deserializer::from_str(rest))
+                .map_err(de::Error::custom)?;
+            }
+            last = member;
         }
         self.out.put("}");
         Ok(())
