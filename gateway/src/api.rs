@@ -251,6 +251,9 @@ async fn submit_execution(
     let bytes = read_body(body, limit).await?;
     let request = protocol::validate::parse_request(&bytes)
         .map_err(|e| ApiError::InvalidRequest(e.message()))?;
+    // The request holds what it needs (caller-defined JSON as raw text): the body goes now,
+    // not after the submit, so a request costs about one body while it is admitted.
+    drop(bytes);
     let traceparent = headers
         .get("traceparent")
         .and_then(|v| v.to_str().ok())

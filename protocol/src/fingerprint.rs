@@ -2,7 +2,9 @@
 //!
 //! Two requests are "the same" when their canonical JSON is equal: object keys sorted by code
 //! point, no insignificant whitespace, and integral numbers written without a fraction (JSON
-//! numbers `5` and `5.0` are the same number). Only the sha256 of that text is ever stored.
+//! numbers `5` and `5.0` are the same number). Only the sha256 of that text is ever stored, so
+//! the form never changes (`tests/fingerprint_pin.rs` pins digests). [`canonical_json`] writes
+//! it for a `Value`; [`request_fingerprint`] streams it from text ([`crate::json`]).
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -52,10 +54,19 @@ fn write_canonical(value: &Value, out: &mut String) {
     }
 }
 
-/// sha256 (hex) of the request's canonical JSON.
+/// sha256 (hex) of the request's canonical JSON, streamed from its serialized text (no JSON
+/// tree): the same digest as `canonical_json(&serde_json::to_value(request))`.
 pub fn request_fingerprint(request: &ExecutionRequest) -> String {
-    let value = serde_json::to_value(request).unwrap_or(Value::Null);
-    sha256_hex(canonical_json(&value).as_bytes())
+    let mut hasher = Sha256::new();
+    // A request always serializes (its raw parts are valid JSON); should it ever fail, every
+    // such request shares the fingerprint of `null`, as before.
+    let written = serde_json::to_string(request).map(|text| {
+        crate::json::write_canonical(&text, &mut |piece| hasher.update(piece.as_bytes()))
+    });
+    if !matches!(written, Ok(Ok(()))) {
+        return sha256_hex(b"null");
+    }
+    hex::encode(hasher.finalize())
 }
 
 /// sha256 of arbitrary bytes, hex encoded (used for idempotency keys: never stored raw).

@@ -4,7 +4,10 @@
 //! - [`id`]: `ExecutionId` and `Sequence` newtypes.
 //! - [`time`]: `Timestamp`, always ISO-8601 UTC with milliseconds (`2026-01-01T00:00:00.000Z`).
 //! - [`request`]: `ExecutionRequest` and its parts (the caller's input).
-//! - [`validate`]: bytes → checked `ExecutionRequest`, with fixed public messages only.
+//! - [`json`]: `RawJson`, caller-defined JSON kept as its text, and the in-place readers and
+//!   writers over it (compact text, canonical form, one member, provider bodies).
+//! - [`validate`]: bytes → checked `ExecutionRequest`, with fixed public messages only (read in
+//!   place by `strict`, with `JSON.parse` semantics and no JSON tree).
 //! - [`fingerprint`]: canonical JSON and the sha256 request fingerprint used by idempotency.
 //! - [`idempotency`]: the `Idempotency-Key` rule (1-256 visible ASCII characters).
 //! - [`number`]: `MAX_SAFE_INTEGER`, the largest integer on the wire, and whole-number checks.
@@ -26,6 +29,7 @@ pub mod event;
 pub mod fingerprint;
 pub mod id;
 pub mod idempotency;
+pub mod json;
 pub mod manifest;
 pub mod materialize;
 pub mod number;
@@ -34,6 +38,7 @@ pub mod request;
 pub mod schema;
 pub mod snapshot;
 pub mod sse;
+mod strict;
 pub mod time;
 pub mod usage;
 pub mod validate;

@@ -5,9 +5,12 @@
 //! enforces the bounds that serde alone cannot, so the schema and the validator agree.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 
-use serde::{Deserialize, Deserializer, Serialize};
-use serde_json::Value;
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::json::RawJson;
 
 /// Largest `deadline_ms` and `retry_budget_ms` (24 hours).
 pub const MAX_DURATION_MS: u64 = 86_400_000;
@@ -34,6 +37,7 @@ pub struct ExecutionRequest {
     #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 256)))]
     pub ability: String,
     /// One or more typed input parts.
+    #[serde(deserialize_with = "input_parts")]
     #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 1024)))]
     pub input: Vec<InputPart>,
     /// Capabilities that must be present before routing.
@@ -73,18 +77,24 @@ pub struct ExecutionRequest {
         deserialize_with = "present"
     )]
     #[cfg_attr(feature = "schema", schemars(extend("maxProperties" = 64)))]
-    pub extensions: Option<serde_json::Map<String, Value>>,
+    pub extensions: Option<Extensions>,
 }
 
+/// `extensions`: caller-defined JSON by key, each value kept as its text until an adapter
+/// reads it.
+pub type Extensions = BTreeMap<String, RawJson>;
+
 /// One typed input part.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+// Deserialized by hand (below): serde's internally tagged enums buffer every value into a tree
+// first, which is what `RawJson` avoids.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum InputPart {
     /// Plain text (may be empty).
     Text { text: String },
     /// Any JSON value, including null.
-    Json { value: Value },
+    Json { value: RawJson },
     /// An image by reference.
     Image {
         #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 8192)))]
@@ -253,7 +263,7 @@ pub struct RoutingPreferences {
         deserialize_with = "present"
     )]
     #[cfg_attr(feature = "schema", schemars(extend("uniqueItems" = true), inner(length(min = 1))))]
-    pub provider_order: Option<Vec<String>>,
+    pub provider_order: Option<NameList>,
     /// Whether a retryable failure may move on to the next candidate (default false).
     #[serde(
         default,
@@ -278,7 +288,7 @@ pub struct RoutingPreferences {
 }
 
 /// A metadata value: string, number or boolean.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum MetadataValue {
     String(String),
@@ -351,11 +361,10 @@ impl ExecutionRequest {
             }
         }
         if let Some(routing) = &self.routing {
-            if let Some(order) = &routing.provider_order {
-                let unique: BTreeSet<_> = order.iter().collect();
-                if unique.len() != order.len() || order.iter().any(String::is_empty) {
-                    return Err(BoundViolation::ProviderOrder);
-                }
+            if let Some(order) = &routing.provider_order
+                && (order.has_duplicates() || order.iter().any(str::is_empty))
+            {
+                return Err(BoundViolation::ProviderOrder);
             }
             if routing
                 .max_attempts
@@ -398,6 +407,268 @@ impl ExecutionRequest {
         }
         seen
     }
+}
+
+/// Names (`provider_order`) stored in one buffer: a list of short strings as `Vec<String>`
+/// costs ~56 bytes each whatever their length, several times the body that carried them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NameList {
+    text: String,
+    /// End of each name in `text`.
+    ends: Vec<u32>,
+}
+
+impl NameList {
+    /// The names, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        let mut start = 0;
+        self.ends.iter().map(move |&end| {
+            let name = self.text.get(start..end as usize).unwrap_or_default();
+            start = end as usize;
+            name
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Index of the first name equal to `name`.
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.iter().position(|n| n == name)
+    }
+
+    /// Whether a name appears twice (4 bytes a name to find out).
+    pub fn has_duplicates(&self) -> bool {
+        let names: Vec<&str> = self.iter().collect();
+        let mut order: Vec<u32> = (0..u32::try_from(names.len()).unwrap_or(u32::MAX)).collect();
+        let name = |i: &u32| names.get(*i as usize).copied().unwrap_or_default();
+        order.sort_unstable_by(|a, b| name(a).cmp(name(b)));
+        order.windows(2).any(|w| name(&w[0]) == name(&w[1]))
+    }
+
+    fn push(&mut self, name: &str) -> Result<(), &'static str> {
+        self.text.push_str(name);
+        self.ends
+            .push(u32::try_from(self.text.len()).map_err(|_| "name list too long")?);
+        Ok(())
+    }
+}
+
+impl<S: AsRef<str>> FromIterator<S> for NameList {
+    fn from_iter<I: IntoIterator<Item = S>>(iter: I) -> Self {
+        let mut list = NameList::default();
+        for name in iter {
+            // Lists built in code stay far below 4 GiB.
+            let _ = list.push(name.as_ref());
+        }
+        list
+    }
+}
+
+impl Serialize for NameList {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for NameList {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Names;
+        impl<'de> Visitor<'de> for Names {
+            type Value = NameList;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an array of strings")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<NameList, A::Error> {
+                let mut list = NameList::default();
+                while seq.next_element_seed(Append(&mut list))?.is_some() {}
+                Ok(list)
+            }
+        }
+        /// Appends one string to the list without allocating it on its own.
+        struct Append<'a>(&'a mut NameList);
+        impl<'de> DeserializeSeed<'de> for Append<'_> {
+            type Value = ();
+            fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+                d.deserialize_str(self)
+            }
+        }
+        impl<'de> Visitor<'de> for Append<'_> {
+            type Value = ();
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+                self.0.push(v).map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_seq(Names)
+    }
+}
+
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for NameList {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        <Vec<String> as schemars::JsonSchema>::schema_name()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        <Vec<String> as schemars::JsonSchema>::json_schema(generator)
+    }
+}
+
+impl<'de> Deserialize<'de> for MetadataValue {
+    /// A string, number or boolean; anything else is refused before it is read further (an
+    /// untagged enum would first buffer it, however large).
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Scalar;
+        impl Visitor<'_> for Scalar {
+            type Value = MetadataValue;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string, number or boolean")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<MetadataValue, E> {
+                Ok(MetadataValue::String(v.to_owned()))
+            }
+            fn visit_string<E>(self, v: String) -> Result<MetadataValue, E> {
+                Ok(MetadataValue::String(v))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<MetadataValue, E> {
+                Ok(MetadataValue::Bool(v))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<MetadataValue, E> {
+                Ok(MetadataValue::Number(v.into()))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<MetadataValue, E> {
+                Ok(MetadataValue::Number(v.into()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<MetadataValue, E> {
+                serde_json::Number::from_f64(v)
+                    .map(MetadataValue::Number)
+                    .ok_or_else(|| E::custom("number out of range"))
+            }
+        }
+        deserializer.deserialize_any(Scalar)
+    }
+}
+
+/// The `type` of an input part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum PartType {
+    Text,
+    Json,
+    Image,
+    Audio,
+    Video,
+    File,
+}
+
+/// The members an input part may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum PartField {
+    Type,
+    Text,
+    Value,
+    Uri,
+    MediaType,
+}
+
+impl<'de> Deserialize<'de> for InputPart {
+    /// `{"type": ..., <the type's fields>}`: an unknown member, a member of another type, a
+    /// missing required one or a `null` `media_type` is an error. A repeated member keeps its
+    /// last value.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Part;
+        impl<'de> Visitor<'de> for Part {
+            type Value = InputPart;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an input part object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<InputPart, A::Error> {
+                let mut kind = None;
+                let mut text = None;
+                let mut value = None;
+                let mut uri = None;
+                let mut media_type = None;
+                while let Some(field) = map.next_key::<PartField>()? {
+                    match field {
+                        PartField::Type => kind = Some(map.next_value::<PartType>()?),
+                        PartField::Text => text = Some(map.next_value::<String>()?),
+                        PartField::Value => value = Some(map.next_value::<RawJson>()?),
+                        PartField::Uri => uri = Some(map.next_value::<String>()?),
+                        PartField::MediaType => media_type = Some(map.next_value::<String>()?),
+                    }
+                }
+                let kind = kind.ok_or_else(|| de::Error::missing_field("type"))?;
+                let misplaced = |ok: bool, name: &'static str| {
+                    if ok {
+                        Ok(())
+                    } else {
+                        Err(de::Error::unknown_field(name, &[]))
+                    }
+                };
+                let media = matches!(
+                    kind,
+                    PartType::Image | PartType::Audio | PartType::Video | PartType::File
+                );
+                misplaced(text.is_none() || kind == PartType::Text, "text")?;
+                misplaced(value.is_none() || kind == PartType::Json, "value")?;
+                misplaced(uri.is_none() || media, "uri")?;
+                misplaced(media_type.is_none() || media, "media_type")?;
+                Ok(match kind {
+                    PartType::Text => InputPart::Text {
+                        text: text.ok_or_else(|| de::Error::missing_field("text"))?,
+                    },
+                    PartType::Json => InputPart::Json {
+                        value: value.ok_or_else(|| de::Error::missing_field("value"))?,
+                    },
+                    media => {
+                        let uri = uri.ok_or_else(|| de::Error::missing_field("uri"))?;
+                        match media {
+                            PartType::Image => InputPart::Image { uri, media_type },
+                            PartType::Audio => InputPart::Audio { uri, media_type },
+                            PartType::Video => InputPart::Video { uri, media_type },
+                            _ => InputPart::File { uri, media_type },
+                        }
+                    }
+                })
+            }
+        }
+        deserializer.deserialize_map(Part)
+    }
+}
+
+/// `input`, refused as soon as it has more than [`MAX_INPUT_PARTS`] parts.
+fn input_parts<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<InputPart>, D::Error> {
+    struct Parts;
+    impl<'de> Visitor<'de> for Parts {
+        type Value = Vec<InputPart>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an array of input parts")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<InputPart>, A::Error> {
+            let mut parts = Vec::new();
+            while let Some(part) = seq.next_element::<InputPart>()? {
+                if parts.len() == MAX_INPUT_PARTS {
+                    return Err(de::Error::invalid_length(MAX_INPUT_PARTS + 1, &self));
+                }
+                parts.push(part);
+            }
+            Ok(parts)
+        }
+    }
+    deserializer.deserialize_seq(Parts)
 }
 
 /// JSON Schema's `integer` admits `5.0`; so do we (the reference validates with a JSON Schema

@@ -5,10 +5,11 @@
 //! sentences of [`RequestError`].
 
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::error::{ErrorCode, RuntimeError};
 use crate::request::ExecutionRequest;
+use crate::strict::Strict;
 
 /// Default and reference limit for request bodies: 1 MiB.
 pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
@@ -42,46 +43,19 @@ impl RequestError {
 
 /// Parses and checks a request body. Never panics; never echoes input in the error.
 ///
-/// The body is first parsed into a JSON value (so duplicate keys keep the last value, as
-/// `JSON.parse` does), then its shape is checked where serde is more lenient than JSON Schema
-/// (serde fills structs from arrays and accepts enums as single-key objects), and only then
-/// deserialized into the typed request.
+/// Read as the reference reads it (`JSON.parse`, then the schema), without a JSON tree: first
+/// the whole body is checked to be JSON (syntax, numbers, escapes, nesting below
+/// [`crate::json::MAX_DEPTH`]: "must be valid JSON"), then the typed request is read in place
+/// by [`Strict`] (a repeated key keeps its last value; objects, arrays and enum strings only
+/// where the schema wants them), keeping caller-defined JSON as raw text. Memory: the request
+/// itself (about the body's size) and, while reading, at most 64 borrowed members per open
+/// object.
 pub fn parse_request(body: &[u8]) -> Result<ExecutionRequest, RequestError> {
-    let value: Value = serde_json::from_slice(body).map_err(|_| RequestError::InvalidJson)?;
-    if !shape_ok(&value) {
-        return Err(RequestError::Schema);
-    }
-    let request = ExecutionRequest::deserialize(value).map_err(|_| RequestError::Schema)?;
+    crate::json::check_syntax(body).map_err(|_| RequestError::InvalidJson)?;
+    let root: &RawValue = serde_json::from_slice(body).map_err(|_| RequestError::InvalidJson)?;
+    let request = ExecutionRequest::deserialize(Strict(root)).map_err(|_| RequestError::Schema)?;
     request.check().map_err(|_| RequestError::Schema)?;
     Ok(request)
-}
-
-/// Objects where the schema wants objects, strings where it wants enum values.
-fn shape_ok(root: &Value) -> bool {
-    let Some(root) = root.as_object() else {
-        return false;
-    };
-    let object_or_absent = |key: &str| root.get(key).is_none_or(Value::is_object);
-    if !object_or_absent("requirements") || !object_or_absent("routing") {
-        return false;
-    }
-    if let Some(input) = root.get("input").and_then(Value::as_array)
-        && !input.iter().all(Value::is_object)
-    {
-        return false;
-    }
-    let strings = |v: Option<&Value>| match v {
-        None => true,
-        Some(Value::Array(items)) => items.iter().all(Value::is_string),
-        Some(_) => true, // wrong type: serde rejects it
-    };
-    let requirements = root.get("requirements");
-    let routing = root.get("routing");
-    strings(requirements.and_then(|r| r.get("input_modalities")))
-        && strings(requirements.and_then(|r| r.get("output_modalities")))
-        && routing
-            .and_then(|r| r.get("strategy"))
-            .is_none_or(Value::is_string)
 }
 
 /// Checks an already-typed request (for embedders building requests in code): bounds plus the
@@ -189,6 +163,83 @@ mod tests {
             let text = serde_json::to_string(&e).unwrap_or_default();
             assert!(!text.contains("CANARY"), "{text}");
             assert!(text.contains("invalid_request"));
+        }
+    }
+
+    #[test]
+    fn a_repeated_key_keeps_its_last_value_at_every_level() {
+        let request = parse_request(
+            br#"{"ability":5,"ability":"b","input":[{"type":"text","text":5,"text":"x","type":"text"}],
+                "routing":{"max_attempts":0,"max_attempts":2},"metadata":{"k":{},"k":1},
+                "extensions":{"e":1,"e":{ "kept" : [1, 1] }}}"#,
+        )
+        .unwrap();
+        assert_eq!(request.ability, "b");
+        assert_eq!(
+            request.input,
+            vec![crate::request::InputPart::Text { text: "x".into() }]
+        );
+        assert_eq!(request.routing.and_then(|r| r.max_attempts), Some(2));
+        let extensions = request.extensions.unwrap_or_default();
+        // Caller-defined JSON is kept exactly as sent.
+        assert_eq!(extensions["e"].get(), r#"{ "kept" : [1, 1] }"#);
+        // 65 members, one of them repeated: 64 properties.
+        let members: Vec<String> = (0..65).map(|i| format!(r#""k{}":1"#, i % 64)).collect();
+        assert!(ok(&format!(
+            r#"{{"ability":"a","input":[{{"type":"text","text":"x"}}],"extensions":{{{}}}}}"#,
+            members.join(",")
+        )));
+    }
+
+    #[test]
+    fn json_verdicts_are_serde_json_verdicts() {
+        // Nesting (serde_json's recursion limit), numbers out of range, bad escapes, trailing
+        // text: the body is "not JSON" exactly when a `Value` parse refuses it, wherever it is.
+        let part = |value: &str| {
+            format!(r#"{{"ability":"a","input":[{{"type":"json","value":{value}}}],"x":1}}"#)
+        };
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        let mut bodies = vec![
+            part(&deep(120)),
+            part(&deep(124)),
+            part(&deep(125)),
+            part(&deep(200)),
+            part("1e400"),
+            part(r#""\ud800""#),
+            part("[1,]"),
+            format!("{} x", part("1")),
+        ];
+        bodies.push(format!(
+            r#"{{"ability":"a","input":[{{"type":"text","text":"x"}}],"extensions":{{"a":{}}}}}"#,
+            deep(125)
+        ));
+        for body in bodies {
+            let value_ok = serde_json::from_str::<serde_json::Value>(&body).is_ok();
+            let verdict = err(&body);
+            assert_eq!(
+                verdict != Some(RequestError::InvalidJson),
+                value_ok,
+                "{verdict:?} for {}",
+                &body[..body.len().min(80)]
+            );
+        }
+        assert_eq!(err(&part(&deep(200))), Some(RequestError::InvalidJson));
+    }
+
+    #[test]
+    fn structs_come_from_objects_and_enums_from_strings_only() {
+        for body in [
+            r#"{"ability":"a","input":[["text","x"]]}"#,
+            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"routing":[null,null]}"#,
+            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"routing":{"strategy":{"ordered":null}}}"#,
+            r#"{"ability":"a","input":[{"type":{"text":null},"text":"x"}]}"#,
+            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"requirements":{"input_modalities":[{"text":null}]}}"#,
+            r#"{"ability":"a","input":[{"type":"text","text":"x"}],"metadata":{"a":[1]}}"#,
+            r#"{"ability":"a","input":[{"type":"text","text":"x","value":1}]}"#,
+            r#"{"ability":"a","input":[{"type":"json"}]}"#,
+            r#"{"ability":"a","input":[{"type":"image","uri":"u","media_type":null}]}"#,
+        ] {
+            assert_eq!(err(body), Some(RequestError::Schema), "{body}");
         }
     }
 

@@ -36,6 +36,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use protocol::event::EventBody;
+use protocol::request::RoutingPreferences;
 use protocol::{ErrorCode, RuntimeError, Target, Timestamp};
 use runtime::{CancelBus, DeliveryHandle, EventStore, EventWriter, Job, LogHead, WriteError};
 use tokio::time::Instant;
@@ -409,7 +410,8 @@ impl Runner {
         if candidates.is_empty() {
             return Err(Stop::Failed(RuntimeError::capability_unavailable()));
         }
-        let routing = request.routing.clone().unwrap_or_default();
+        let no_preferences = RoutingPreferences::default();
+        let routing = request.routing.as_ref().unwrap_or(&no_preferences);
         let max_attempts = if routing.allow_fallback == Some(true) {
             routing
                 .max_attempts

@@ -371,7 +371,8 @@ impl JobQueue for NatsJobQueue {
                 Err(e) => return Err(unavailable("scan jobs", e)),
             };
             next = message.sequence.saturating_add(1);
-            match serde_json::from_slice::<Job>(&message.payload) {
+            // Only the two fields a scan needs: the request is skipped, never built.
+            match serde_json::from_slice::<JobHeader>(&message.payload) {
                 Ok(job) => out.push(QueuedJob {
                     position: message.sequence,
                     execution_id: job.execution_id,
@@ -383,4 +384,11 @@ impl JobQueue for NatsJobQueue {
         }
         Ok(out)
     }
+}
+
+/// The fields of a queued job a deadline scan reads.
+#[derive(serde::Deserialize)]
+struct JobHeader {
+    execution_id: protocol::ExecutionId,
+    deadline_at: protocol::Timestamp,
 }

@@ -8,28 +8,24 @@
 //! [R 68]; the adapter then writes the fields it owns over a [`copy`] of it.
 
 use protocol::ExecutionRequest;
-use serde_json::{Map, Value};
+use protocol::json::{self, RawValue};
 
-/// `extensions.<key>` or its `<field>` exists but is not a JSON object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NotAnObject;
+pub use protocol::json::NotAnObject;
 
 /// `extensions.<key>.<field>`: `Ok(None)` when absent, an error when it (or
-/// `extensions.<key>`) is present but not an object.
+/// `extensions.<key>`) is present but not an object. Read in place from the caller's text:
+/// nothing but `<key>`'s members is looked at, and nothing is built.
 pub fn object<'a>(
     request: &'a ExecutionRequest,
     key: &str,
     field: &str,
-) -> Result<Option<&'a Map<String, Value>>, NotAnObject> {
+) -> Result<Option<&'a RawValue>, NotAnObject> {
     let Some(extension) = request.extensions.as_ref().and_then(|e| e.get(key)) else {
         return Ok(None);
     };
-    let Value::Object(extension) = extension else {
-        return Err(NotAnObject);
-    };
-    match extension.get(field) {
+    match json::member(extension.as_raw(), field)? {
         None => Ok(None),
-        Some(Value::Object(object)) => Ok(Some(object)),
+        Some(object) if json::is_object(object) => Ok(Some(object)),
         Some(_) => Err(NotAnObject),
     }
 }
@@ -41,25 +37,37 @@ pub fn admits(request: &ExecutionRequest, key: &str, field: &str, forbidden: &[&
     match object(request, key, field) {
         Err(NotAnObject) => false,
         Ok(None) => true,
-        Ok(Some(fields)) => !forbidden.iter().any(|f| fields.contains_key(*f)),
+        Ok(Some(fields)) => !forbidden
+            .iter()
+            .any(|f| matches!(json::member(fields, f), Ok(Some(_)))),
     }
 }
 
-/// A copy of `extensions.<key>.<field>`, or an empty object (also when it is not an object:
-/// routing refuses such requests before they reach an adapter).
-pub fn copy(request: &ExecutionRequest, key: &str, field: &str) -> Map<String, Value> {
-    object(request, key, field)
-        .ok()
-        .flatten()
-        .cloned()
-        .unwrap_or_default()
+/// A provider body: `extensions.<key>.<field>` (nothing when absent or not an object: routing
+/// refuses such requests before they reach an adapter) without the members named in `drop`,
+/// with `owned` (key, JSON text) written over it; compact, keys sorted, as a JSON map copy
+/// printed would be. Written from the caller's text, never through a JSON tree.
+pub fn body_over(
+    request: &ExecutionRequest,
+    key: &str,
+    field: &str,
+    drop: &[&str],
+    owned: &[(&str, &str)],
+) -> Result<String, protocol::RuntimeError> {
+    let base = object(request, key, field).ok().flatten();
+    json::object_with(base, drop, owned).map_err(|_| protocol::RuntimeError::internal())
+}
+
+/// `value` as JSON text for a body field.
+pub fn to_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<String, protocol::RuntimeError> {
+    serde_json::to_string(value).map_err(|_| protocol::RuntimeError::internal())
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn request(value: Value) -> ExecutionRequest {
         serde_json::from_value(value).unwrap()
@@ -72,11 +80,14 @@ mod tests {
                 json!({"ability": "a", "input": [{"type": "text", "text": "x"}], "extensions": ext}),
             )
         };
-        assert_eq!(object(&with(json!({})), "anthropic", "request"), Ok(None));
-        assert_eq!(
+        assert!(matches!(
+            object(&with(json!({})), "anthropic", "request"),
+            Ok(None)
+        ));
+        assert!(matches!(
             object(&with(json!({"anthropic": {}})), "anthropic", "request"),
             Ok(None)
-        );
+        ));
         assert!(
             object(
                 &with(json!({"anthropic": {"request": {"a": 1}}})),
@@ -91,12 +102,15 @@ mod tests {
             json!({"anthropic": {"request": []}}),
             json!({"anthropic": {"request": "x"}}),
         ] {
-            assert_eq!(
+            assert!(matches!(
                 object(&with(bad.clone()), "anthropic", "request"),
                 Err(NotAnObject)
-            );
+            ));
             assert!(!admits(&with(bad.clone()), "anthropic", "request", &[]));
-            assert_eq!(copy(&with(bad), "anthropic", "request"), Map::new());
+            assert_eq!(
+                body_over(&with(bad), "anthropic", "request", &[], &[("a", "1")]).unwrap(),
+                r#"{"a":1}"#
+            );
         }
     }
 }

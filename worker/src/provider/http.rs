@@ -21,7 +21,6 @@ use protocol::sse::{SseEvent, SseParser};
 use protocol::{ErrorCode, RuntimeError};
 use reqwest::StatusCode;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
-use serde_json::{Map, Value};
 use url::Url;
 
 /// Largest JSON response body read from a provider.
@@ -122,15 +121,14 @@ pub fn endpoint(base: &BaseUrl, path: &str) -> Result<Url, RuntimeError> {
 pub fn sse_post(
     endpoint: Url,
     authorization: HeaderValue,
-    body: &Map<String, Value>,
+    body: &str,
 ) -> Result<reqwest::RequestBuilder, RuntimeError> {
-    let body = serde_json::to_vec(body).map_err(|_| RuntimeError::internal())?;
     Ok(client()?
         .post(endpoint)
         .header(AUTHORIZATION, authorization)
         .header(CONTENT_TYPE, "application/json")
         .header(ACCEPT, "text/event-stream")
-        .body(body))
+        .body(body.to_owned()))
 }
 
 /// Reads a JSON body of at most [`MAX_JSON_BYTES`].

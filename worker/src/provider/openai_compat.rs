@@ -13,7 +13,6 @@ use std::marker::PhantomData;
 use async_trait::async_trait;
 use protocol::manifest::ProviderManifest;
 use protocol::{ExecutionRequest, RuntimeError};
-use serde_json::{Map, Value};
 
 use super::credential::KeySource;
 use super::frame_loop::FrameMapper;
@@ -34,7 +33,7 @@ pub trait OpenAiDialect: Send + Sync + 'static {
 
     /// The request body: the extension's object, then the runtime-owned fields over it. Fails
     /// only for inputs routing should not have admitted, or JSON that cannot be rendered.
-    fn body(call: &ProviderCall<'_>) -> Result<Map<String, Value>, RuntimeError>;
+    fn body(call: &ProviderCall<'_>) -> Result<String, RuntimeError>;
 }
 
 /// An adapter speaking dialect `D`. See the module docs.
@@ -66,7 +65,7 @@ impl<D: OpenAiDialect> OpenAiCompatible<D> {
     }
 
     /// The body one attempt would send for `call`.
-    pub fn body(&self, call: &ProviderCall<'_>) -> Result<Map<String, Value>, RuntimeError> {
+    pub fn body(&self, call: &ProviderCall<'_>) -> Result<String, RuntimeError> {
         D::body(call)
     }
 }

@@ -7,10 +7,11 @@
 //! fields in its extension unless `capabilities.tools` is true.
 
 use config::{BaseUrl, ConfigError, Fields, FlowLimits};
+use protocol::json::RawJson;
 use protocol::manifest::{ModelCapability, ProviderManifest};
 use protocol::request::Modality;
 use protocol::{ExecutionRequest, RuntimeError};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::catalog::{ProviderType, Section};
 use super::credential::{self, KeySource};
@@ -136,8 +137,8 @@ impl TextProviderConfig {
 }
 
 /// A JSON part as text: its compact serialization.
-pub fn json_text(value: &Value) -> Result<String, RuntimeError> {
-    serde_json::to_string(value).map_err(|_| RuntimeError::internal())
+pub fn json_text(value: &RawJson) -> Result<String, RuntimeError> {
+    Ok(value.compact())
 }
 
 impl Section for TextProviderConfig {
@@ -184,7 +185,7 @@ impl TextTarget {
     pub async fn bearer_attempt(
         &self,
         path: &str,
-        body: &Map<String, Value>,
+        body: &str,
         call: &ProviderCall<'_>,
         sink: &mut dyn ProviderSink,
         mapper: &mut dyn FrameMapper,

@@ -55,7 +55,7 @@ impl AnthropicMessagesProvider {
         &self,
         call: &ProviderCall<'_>,
         key: &Secret,
-        body: &serde_json::Value,
+        body: &str,
         sink: &mut dyn ProviderSink,
     ) -> Result<(), RuntimeError> {
         let endpoint = self.endpoint.clone().ok_or_else(RuntimeError::internal)?;
@@ -63,7 +63,8 @@ impl AnthropicMessagesProvider {
             .post(endpoint)
             .header("x-api-key", credential::header(key.expose())?)
             .header("anthropic-version", wire::API_VERSION)
-            .json(body);
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_owned());
         frame_loop::run(request, &call.cancel, sink, &mut MessageStream::new()).await
     }
 }

@@ -44,7 +44,7 @@ pub fn content_block(part: &InputPart) -> Result<ContentBlock<'_>, RuntimeError>
     match part {
         InputPart::Text { text } => Ok(ContentBlock::Text { text: text.into() }),
         InputPart::Json { value } => Ok(ContentBlock::Text {
-            text: value.to_string().into(),
+            text: value.compact().into(),
         }),
         InputPart::Image { uri, .. } => Ok(ContentBlock::Image {
             source: ImageSource::Url { url: uri },
@@ -59,11 +59,13 @@ pub fn content_block(part: &InputPart) -> Result<ContentBlock<'_>, RuntimeError>
 /// stream:true}`. `max_tokens` from the extension is kept when it is a positive integer,
 /// otherwise [`DEFAULT_MAX_TOKENS`]. A non-object extension is treated as absent (routing
 /// refuses such requests before they reach the adapter).
-pub fn request_body(request: &ExecutionRequest, model: &str) -> Result<Value, RuntimeError> {
-    let mut body = extension::copy(request, EXTENSION, "request");
-    let max_tokens = body
-        .get("max_tokens")
-        .and_then(Value::as_u64)
+pub fn request_body(request: &ExecutionRequest, model: &str) -> Result<String, RuntimeError> {
+    let max_tokens = extension::object(request, EXTENSION, "request")
+        .ok()
+        .flatten()
+        .and_then(|fields| protocol::json::member(fields, "max_tokens").ok().flatten())
+        .and_then(|n| serde_json::from_str::<serde_json::Number>(n.get()).ok())
+        .and_then(|n| n.as_u64())
         .filter(|n| *n > 0)
         .unwrap_or(DEFAULT_MAX_TOKENS);
     let content = request
@@ -71,18 +73,29 @@ pub fn request_body(request: &ExecutionRequest, model: &str) -> Result<Value, Ru
         .iter()
         .map(content_block)
         .collect::<Result<Vec<_>, _>>()?;
-    let content = serde_json::to_value(content).map_err(|_| RuntimeError::internal())?;
-    let mut message = Map::new();
-    message.insert("role".into(), Value::from("user"));
-    message.insert("content".into(), content);
-    body.insert("model".into(), Value::from(model));
-    body.insert("max_tokens".into(), Value::from(max_tokens));
-    body.insert(
-        "messages".into(),
-        Value::Array(vec![Value::Object(message)]),
-    );
-    body.insert("stream".into(), Value::Bool(true));
-    Ok(Value::Object(body))
+    let messages = [Message {
+        role: "user",
+        content,
+    }];
+    extension::body_over(
+        request,
+        EXTENSION,
+        "request",
+        &[],
+        &[
+            ("model", &extension::to_json(model)?),
+            ("max_tokens", &max_tokens.to_string()),
+            ("messages", &extension::to_json(&messages)?),
+            ("stream", "true"),
+        ],
+    )
+}
+
+/// The one user message of a request body.
+#[derive(Debug, Serialize)]
+struct Message<'a> {
+    role: &'static str,
+    content: Vec<ContentBlock<'a>>,
 }
 
 /// `message_start`: the message shell with the initial usage (input tokens, cache tokens).
@@ -188,7 +201,7 @@ mod tests {
                 "model": "other", "stream": false, "messages": [{"role": "assistant"}]
             }}}
         }));
-        let body = request_body(&req, "claude-x").unwrap();
+        let body: Value = serde_json::from_str(&request_body(&req, "claude-x").unwrap()).unwrap();
         assert_eq!(
             body,
             json!({
@@ -220,7 +233,8 @@ mod tests {
                 "ability": "a", "input": [{"type": "text", "text": "x"}],
                 "extensions": {"anthropic": {"request": {"max_tokens": given}}}
             }));
-            assert_eq!(request_body(&req, "m").unwrap()["max_tokens"], json!(sent));
+            let body: Value = serde_json::from_str(&request_body(&req, "m").unwrap()).unwrap();
+            assert_eq!(body["max_tokens"], json!(sent));
         }
     }
 

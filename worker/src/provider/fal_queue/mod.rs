@@ -104,11 +104,12 @@ impl FalQueueProvider {
         submit_url: Url,
         auth: &HeaderValue,
     ) -> Result<Value, RuntimeError> {
-        let body = wire::submit_body(call.request);
+        let body = wire::submit_body(call.request)?;
         let request = http::client()?
             .post(submit_url)
             .header(AUTHORIZATION, auth.clone())
-            .json(&body);
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
         let response = tokio::select! {
             biased;
             () = call.cancel.cancelled() => return Err(RuntimeError::cancelled()),

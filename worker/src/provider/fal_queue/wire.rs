@@ -27,35 +27,35 @@ pub const OWNED_FIELDS: [&str; 3] = ["prompt", "image_url", "image_urls"];
 ///   the request has no text or JSON part.
 /// - one image part gives `image_url`, several give `image_urls` (in input order).
 /// - the extension's own `prompt`, `image_url` and `image_urls` are always dropped first.
-pub fn submit_body(request: &ExecutionRequest) -> Value {
-    let mut body = extension::copy(request, EXTENSION, "input");
-    for field in OWNED_FIELDS {
-        body.remove(field);
-    }
+pub fn submit_body(request: &ExecutionRequest) -> Result<String, RuntimeError> {
     let mut prompt: Vec<String> = Vec::new();
     let mut images: Vec<&str> = Vec::new();
     for part in &request.input {
         match part {
             InputPart::Text { text } => prompt.push(text.clone()),
-            InputPart::Json { value } => prompt.push(value.to_string()),
+            InputPart::Json { value } => prompt.push(value.compact()),
             InputPart::Image { uri, .. } => images.push(uri),
             // Never routed here: the manifest declares at most text, json and image.
             InputPart::Audio { .. } | InputPart::Video { .. } | InputPart::File { .. } => {}
         }
     }
-    if !prompt.is_empty() {
-        body.insert("prompt".into(), Value::from(prompt.join("\n")));
-    }
-    match images.as_slice() {
-        [] => {}
-        [one] => {
-            body.insert("image_url".into(), Value::from(*one));
-        }
-        several => {
-            body.insert("image_urls".into(), Value::from(several.to_vec()));
-        }
-    }
-    Value::Object(body)
+    let prompt = if prompt.is_empty() {
+        None
+    } else {
+        Some(extension::to_json(&prompt.join("\n"))?)
+    };
+    let images = match images.as_slice() {
+        [] => None,
+        [one] => Some(("image_url", extension::to_json(one)?)),
+        several => Some(("image_urls", extension::to_json(several)?)),
+    };
+    let owned: Vec<(&str, &str)> = prompt
+        .as_deref()
+        .map(|p| ("prompt", p))
+        .into_iter()
+        .chain(images.as_ref().map(|(k, v)| (*k, v.as_str())))
+        .collect();
+    extension::body_over(request, EXTENSION, "input", &OWNED_FIELDS, &owned)
 }
 
 /// `submit[field]` as a safe URL on `base`'s origin, else `provider_protocol_error`.
@@ -152,7 +152,7 @@ mod tests {
             }}}
         }));
         assert_eq!(
-            submit_body(&req),
+            serde_json::from_str::<Value>(&submit_body(&req).unwrap()).unwrap(),
             json!({
                 "num_images": 2,
                 "prompt": "a cat\n{\"style\":\"ink\"}",
@@ -168,7 +168,7 @@ mod tests {
             "extensions": {"fal": {"input": {"prompt": "ignored", "image_url": "x"}}}
         }));
         assert_eq!(
-            submit_body(&req),
+            serde_json::from_str::<Value>(&submit_body(&req).unwrap()).unwrap(),
             json!({"image_urls": ["https://img.example/1.png", "https://img.example/2.png"]})
         );
     }

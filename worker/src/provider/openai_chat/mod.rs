@@ -21,7 +21,6 @@ use std::borrow::Cow;
 
 use protocol::RuntimeError;
 use protocol::request::InputPart;
-use serde_json::{Map, Value};
 
 use self::stream::ChatStream;
 use super::openai_compat::{OpenAiCompatible, OpenAiDialect};
@@ -49,7 +48,7 @@ impl OpenAiDialect for ChatCompletions {
     type Mapper = ChatStream;
 
     /// The request body: the extension's object, then the runtime-owned fields over it.
-    fn body(call: &ProviderCall<'_>) -> Result<Map<String, Value>, RuntimeError> {
+    fn body(call: &ProviderCall<'_>) -> Result<String, RuntimeError> {
         let content = call
             .request
             .input
@@ -60,18 +59,18 @@ impl OpenAiDialect for ChatCompletions {
             role: "user",
             content,
         }];
-        let mut body = extension::copy(call.request, EXTENSION_KEY, "request");
-        body.insert("model".into(), Value::String(call.model.to_owned()));
-        body.insert(
-            "messages".into(),
-            serde_json::to_value(messages).map_err(|_| RuntimeError::internal())?,
-        );
-        body.insert("stream".into(), Value::Bool(true));
-        body.insert(
-            "stream_options".into(),
-            serde_json::json!({ "include_usage": true }),
-        );
-        Ok(body)
+        extension::body_over(
+            call.request,
+            EXTENSION_KEY,
+            "request",
+            &[],
+            &[
+                ("model", &extension::to_json(call.model)?),
+                ("messages", &extension::to_json(&messages)?),
+                ("stream", "true"),
+                ("stream_options", r#"{"include_usage":true}"#),
+            ],
+        )
     }
 }
 
@@ -155,7 +154,7 @@ mod tests {
             cancel: CancellationToken::new(),
         };
         assert_eq!(
-            Value::Object(p.body(&call).unwrap()),
+            serde_json::from_str::<serde_json::Value>(&p.body(&call).unwrap()).unwrap(),
             serde_json::json!({
                 "model": "llama-3.1-8b",
                 "max_tokens": 64,

@@ -24,7 +24,6 @@ use std::borrow::Cow;
 
 use protocol::RuntimeError;
 use protocol::request::InputPart;
-use serde_json::{Map, Value};
 
 use self::stream::ResponsesStream;
 use super::openai_compat::{OpenAiCompatible, OpenAiDialect};
@@ -52,7 +51,7 @@ impl OpenAiDialect for Responses {
     type Mapper = ResponsesStream;
 
     /// The request body: the extension's object, then the runtime-owned fields over it.
-    fn body(call: &ProviderCall<'_>) -> Result<Map<String, Value>, RuntimeError> {
+    fn body(call: &ProviderCall<'_>) -> Result<String, RuntimeError> {
         let content = call
             .request
             .input
@@ -63,15 +62,18 @@ impl OpenAiDialect for Responses {
             role: "user",
             content,
         }];
-        let mut body = extension::copy(call.request, EXTENSION_KEY, "request");
-        body.insert("model".into(), Value::String(call.model.to_owned()));
-        body.insert(
-            "input".into(),
-            serde_json::to_value(input).map_err(|_| RuntimeError::internal())?,
-        );
-        body.insert("stream".into(), Value::Bool(true));
-        body.insert("store".into(), Value::Bool(false));
-        Ok(body)
+        extension::body_over(
+            call.request,
+            EXTENSION_KEY,
+            "request",
+            &[],
+            &[
+                ("model", &extension::to_json(call.model)?),
+                ("input", &extension::to_json(&input)?),
+                ("stream", "true"),
+                ("store", "false"),
+            ],
+        )
     }
 }
 
@@ -182,7 +184,7 @@ mod tests {
             model: "gpt-test",
             cancel: CancellationToken::new(),
         };
-        let body = Value::Object(p.body(&call).unwrap());
+        let body: serde_json::Value = serde_json::from_str(&p.body(&call).unwrap()).unwrap();
         assert_eq!(
             body,
             serde_json::json!({

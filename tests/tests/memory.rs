@@ -1,0 +1,302 @@
+//! Memory per accepted request (contract.md section 8, issue 10): under 4× its body size plus
+//! 64 KiB whatever the shape of its JSON, in the gateway and in the worker.
+//!
+//! Each test submits 50 bodies of about 1 MiB in the shapes that cost the most when parsed
+//! into JSON trees (tiny objects and arrays by the hundred thousand, deep nesting, objects with
+//! many members, long lists of names, the most input parts), every one with an
+//! `Idempotency-Key` so the fingerprint is computed too. A mock that waits ten minutes before
+//! its first chunk keeps them all held; once the API shows every execution queued or running,
+//! the growth of the real processes' resident memory (`VmRSS` in `/proc/<pid>/status`) over
+//! their idle baseline must stay under the sum of the per-request bounds. Before raw JSON
+//! text, the first shape alone cost ~97 MiB per request, so the first batch fails.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use e2e_tests::*;
+use futures_util::future::join_all;
+use serde_json::{Value, json};
+use testkit::TempDir;
+
+/// Requests held at once.
+const REQUESTS: usize = 50;
+/// Submitted concurrently, between two memory checks.
+const BATCH: usize = 5;
+/// Body size: about 1 MiB, below the body limit in both modes (in `nats` mode it is NATS's
+/// 1 MiB `max_payload` minus a 16 KiB envelope).
+const BODY_BYTES: usize = 1_000_000;
+/// The bound per request: 4× its body plus 64 KiB.
+fn bound(body: usize) -> u64 {
+    4 * body as u64 + 64 * 1024
+}
+
+/// The deployment: `slow` holds every execution (ten minutes before its first chunk), `fast`
+/// answers at once (warm-up). Neither limits concurrency below what the test holds.
+fn deployment() -> Value {
+    let mock = |id: &str, delay_ms: u64| {
+        json!({"type": "mock", "id": id, "model": "model-alpha",
+               "abilities": ["text-generation"], "delay_ms": delay_ms,
+               "max_concurrency": 64, "max_queue_depth": 64})
+    };
+    json!({"providers": [mock("slow", 600_000), mock("fast", 0)]})
+}
+
+/// A request routed to `provider`, with `extra` root fields.
+fn request(provider: &str, extra: &str) -> String {
+    format!(
+        r#"{{"ability":"text-generation","input":[{{"type":"text","text":"x"}}],"routing":{{"provider_order":["{provider}"]}}{extra}}}"#
+    )
+}
+
+/// `open` + as many `item(i)` as fit (comma-separated) + `close`, about `BODY_BYTES` long.
+fn filled(open: &str, item: impl Fn(usize) -> String, close: &str) -> String {
+    let mut body = String::with_capacity(BODY_BYTES);
+    body.push_str(open);
+    let mut i = 0;
+    loop {
+        let next = item(i);
+        if body.len() + next.len() + 1 + close.len() > BODY_BYTES {
+            break;
+        }
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(&next);
+        i += 1;
+    }
+    body.push_str(close);
+    body
+}
+
+/// The worst shapes for a JSON tree, each accepted by the `slow` mock.
+fn worst_shapes() -> Vec<String> {
+    let head = r#"{"ability":"text-generation","input":[{"type":"text","text":"x"}],"routing":{"provider_order":["slow"]},"#;
+    let nested = |depth: usize| format!("{}{{\"a\":0}}{}", "[".repeat(depth), "]".repeat(depth));
+    vec![
+        // The issue's shape: tiny objects in an extension.
+        filled(
+            &format!(r#"{head}"extensions":{{"x":["#),
+            |_| r#"{"a":0}"#.into(),
+            "]}}",
+        ),
+        // Tiny arrays.
+        filled(
+            &format!(r#"{head}"extensions":{{"x":["#),
+            |_| "[0]".into(),
+            "]}}",
+        ),
+        // One object with a hundred thousand members (sorted for the fingerprint).
+        filled(
+            &format!(r#"{head}"extensions":{{"x":{{"#),
+            |i| format!(r#""{i:x}":0"#),
+            "}}}",
+        ),
+        // Nesting at the depth limit, over and over.
+        filled(
+            &format!(r#"{head}"extensions":{{"x":["#),
+            |_| nested(118),
+            "]}}",
+        ),
+        // A list of names as long as the body allows.
+        filled(
+            r#"{"ability":"text-generation","input":[{"type":"text","text":"x"}],"routing":{"provider_order":["slow","#,
+            |i| format!(r#""{i:x}""#),
+            "]}}",
+        ),
+        // The most input parts, then tiny objects.
+        filled(
+            &format!(
+                r#"{{"ability":"text-generation","input":[{}],"routing":{{"provider_order":["slow"]}},"extensions":{{"x":["#,
+                vec![r#"{"type":"text","text":"x"}"#; 1024].join(",")
+            ),
+            |_| r#"{"a":0}"#.into(),
+            "]}}",
+        ),
+    ]
+}
+
+/// Resident memory of `pid` in bytes, from `/proc/<pid>/status`.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+/// Submits `body` with an idempotency key; returns the execution id (202 expected).
+async fn submit_raw(base: &str, body: String, key: &str) -> String {
+    let response = client()
+        .post(format!("{base}/v1/executions"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let answer: Value = response.json().await.unwrap_or(Value::Null);
+    assert_eq!(status, 202, "{answer}");
+    answer["execution_id"].as_str().unwrap().to_owned()
+}
+
+/// Waits until every execution in `ids` shows `running` (held by a runner).
+async fn wait_running(base: &str, ids: &[String]) {
+    let deadline = Instant::now() + PROMPT;
+    for id in ids {
+        loop {
+            let (_, snapshot) = get_json(&format!("{base}/v1/executions/{id}")).await;
+            match snapshot["status"].as_str() {
+                Some("running") => break,
+                Some("accepted") if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => panic!("execution {id} is {other:?}, not running"),
+            }
+        }
+    }
+}
+
+/// Warms `base` up (connections, runtime, first execution), so the baseline is the idle
+/// process and not its lazy start-up.
+async fn warm_up(base: &str) {
+    for i in 0..3 {
+        let id = submit_raw(base, request("fast", ""), &format!("warm-{i}")).await;
+        let done = wait_terminal(base, &id).await;
+        assert_eq!(done["status"], "completed", "{done}");
+    }
+}
+
+/// Submits the worst shapes, [`REQUESTS`] in all, [`BATCH`] at a time, failing as soon as the
+/// watched processes have grown past the bound of everything submitted so far (so a build
+/// that amplifies stops early instead of exhausting the machine). Returns the ids and the
+/// summed bound.
+async fn submit_worst(base: &str, watched: &[(&str, u32, u64)]) -> (Vec<String>, u64) {
+    let shapes = worst_shapes();
+    let mut ids = Vec::new();
+    let mut total = 0;
+    for batch in 0..REQUESTS / BATCH {
+        let bodies: Vec<String> = (0..BATCH)
+            .map(|i| shapes[(batch * BATCH + i) % shapes.len()].clone())
+            .collect();
+        total += bodies.iter().map(|b| bound(b.len())).sum::<u64>();
+        let submitted = join_all(bodies.into_iter().enumerate().map(|(i, body)| {
+            let key = format!("worst-{batch}-{i}");
+            async move { submit_raw(base, body, &key).await }
+        }))
+        .await;
+        ids.extend(submitted);
+        for (name, pid, baseline) in watched {
+            let grown = rss(*pid).saturating_sub(*baseline);
+            assert!(
+                grown < total,
+                "{name} grew {} MiB after {} requests (bound {} MiB)",
+                grown >> 20,
+                ids.len(),
+                total >> 20
+            );
+        }
+    }
+    (ids, total)
+}
+
+fn report(name: &str, grown: u64, total: u64, ids: usize) {
+    eprintln!(
+        "{name}: RSS grew {:.1} MiB for {ids} held requests ({:.2} MiB each; bound {:.1} MiB)",
+        grown as f64 / 1048576.0,
+        grown as f64 / 1048576.0 / ids as f64,
+        total as f64 / 1048576.0
+    );
+}
+
+#[test]
+fn worst_shapes_are_parsed_as_they_are_kept() {
+    for body in worst_shapes() {
+        assert!(body.len() <= BODY_BYTES, "{}", body.len());
+        assert!(body.len() > BODY_BYTES - 1000, "{}", body.len());
+        let parsed = protocol::validate::parse_request(body.as_bytes());
+        assert!(parsed.is_ok(), "{:?}: {}", parsed.err(), &body[..200]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_gateway_memory_per_request_is_bounded_whatever_the_json_shape() {
+    let dir = TempDir::new("mrt-memory-");
+    let config = dir.path().join("deployment.json");
+    std::fs::write(&config, deployment().to_string()).unwrap();
+    // 25 runner slots: half of the executions run, half wait in the in-process queue.
+    let env = [
+        ("MODEL_RUNTIME_BACKEND".to_owned(), "memory".to_owned()),
+        (
+            "MODEL_RUNTIME_CONFIG".to_owned(),
+            config.display().to_string(),
+        ),
+        ("MODEL_RUNTIME_WORKERS".to_owned(), "25".to_owned()),
+    ];
+    let (gateway, line) = spawn("gateway", &["--port", "0"], &env, "listening on ", &dir);
+    let base = line.trim_start_matches("listening on ").trim().to_owned();
+    warm_up(&base).await;
+    let baseline = rss(gateway.pid());
+    let (ids, total) = submit_worst(&base, &[("gateway", gateway.pid(), baseline)]).await;
+    // Confirmed held: 25 running, the rest queued.
+    let deadline = Instant::now() + PROMPT;
+    loop {
+        let mut running = 0;
+        for id in &ids {
+            let (_, snapshot) = get_json(&format!("{base}/v1/executions/{id}")).await;
+            match snapshot["status"].as_str() {
+                Some("running") => running += 1,
+                Some("accepted") => {}
+                other => panic!("execution {id} is {other:?}, not held"),
+            }
+        }
+        if running == 25 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{running} of 25 slots running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let grown = rss(gateway.pid()).saturating_sub(baseline);
+    report("embedded gateway", grown, total, ids.len());
+    assert!(
+        grown < total,
+        "grew {} MiB, bound {} MiB",
+        grown >> 20,
+        total >> 20
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_and_worker_memory_per_request_is_bounded_whatever_the_json_shape() {
+    let cluster = Cluster::start(&deployment());
+    let gateway = cluster.gateway();
+    // Enough runner slots to hold every execution at once.
+    let worker = cluster.worker_with(&[("MODEL_RUNTIME_WORKERS", "64")]);
+    let base = gateway.url.clone();
+    warm_up(&base).await;
+    let (gateway_base, worker_base) = (rss(gateway.process.pid()), rss(worker.pid()));
+    let (ids, total) = submit_worst(
+        &base,
+        &[
+            ("gateway", gateway.process.pid(), gateway_base),
+            ("worker", worker.pid(), worker_base),
+        ],
+    )
+    .await;
+    wait_running(&base, &ids).await;
+    for (name, pid, baseline) in [
+        ("gateway", gateway.process.pid(), gateway_base),
+        ("worker", worker.pid(), worker_base),
+    ] {
+        let grown = rss(pid).saturating_sub(baseline);
+        report(name, grown, total, ids.len());
+        assert!(
+            grown < total,
+            "{name} grew {} MiB, bound {} MiB",
+            grown >> 20,
+            total >> 20
+        );
+    }
+}
