@@ -77,7 +77,7 @@ async fn submit_inner(
         traceparent,
     };
     let Some(key) = idempotency_key else {
-        create_fresh(state, &job).await?;
+        create_fresh(state, tenant, &job).await?;
         return Ok(accepted(id, created_at));
     };
     let key_hash = idempotency_key_hash(tenant, key);
@@ -89,7 +89,7 @@ async fn submit_inner(
     let claimed = inner.backend.idempotency.claim(&key_hash, &record).await?;
     match claimed {
         None => {
-            if let Err(e) = create_fresh(state, &job).await {
+            if let Err(e) = create_fresh(state, tenant, &job).await {
                 if let Err(release) = inner.backend.idempotency.release(&key_hash, id).await {
                     tracing::warn!(error = %release, "could not release idempotency key after a failed submit");
                 }
@@ -100,7 +100,7 @@ async fn submit_inner(
         Some(existing) if existing.fingerprint != record.fingerprint => {
             Err(ApiError::IdempotencyConflict)
         }
-        Some(existing) => replay(state, existing, job).await,
+        Some(existing) => replay(state, tenant, existing, job).await,
     }
 }
 
@@ -136,8 +136,8 @@ enum Creation {
 }
 
 /// Creates the log of an execution whose id was just minted: an existing log is a failure.
-async fn create_fresh(state: &AppState, job: &Job) -> Result<(), ApiError> {
-    match create_and_publish(state, job).await? {
+async fn create_fresh(state: &AppState, tenant: &Tenant, job: &Job) -> Result<(), ApiError> {
+    match create_and_publish(state, tenant, job).await? {
         Creation::Created => Ok(()),
         Creation::AlreadyExists => Err(ApiError::Internal(format!(
             "freshly minted execution id {} already has a log",
@@ -146,12 +146,21 @@ async fn create_fresh(state: &AppState, job: &Job) -> Result<(), ApiError> {
     }
 }
 
-/// Creates the log and publishes the job. If publishing fails, the log is closed with a
+/// Creates the log, owned by `tenant`, and publishes the job. If publishing fails, the log is closed with a
 /// failure so nothing is left waiting for a job that will never come.
-async fn create_and_publish(state: &AppState, job: &Job) -> Result<Creation, StoreError> {
+async fn create_and_publish(
+    state: &AppState,
+    tenant: &Tenant,
+    job: &Job,
+) -> Result<Creation, StoreError> {
     let backend = &state.inner.backend;
-    let created =
-        EventWriter::create(backend.store.clone(), job.execution_id, job.accepted_at).await;
+    let created = EventWriter::create(
+        backend.store.clone(),
+        job.execution_id,
+        job.accepted_at,
+        tenant,
+    )
+    .await;
     let mut writer = match created {
         Ok(writer) => writer,
         Err(StoreError::AlreadyExists) => return Ok(Creation::AlreadyExists),
@@ -209,6 +218,7 @@ fn close_unqueued_later(state: &AppState, job: &Job) {
 /// The key is bound to an execution with the same request: answer with its current status.
 async fn replay(
     state: &AppState,
+    tenant: &Tenant,
     existing: IdempotencyRecord,
     job: Job,
 ) -> Result<ExecutionSubmission, ApiError> {
@@ -243,7 +253,7 @@ async fn replay(
                 // create it now, under the recorded id and time.
                 // `AlreadyExists`: a concurrent retry healed it first. Any other store error
                 // (a `Conflict` or `Violation` included) is a failure, never a replay.
-                match create_and_publish(state, &job).await? {
+                match create_and_publish(state, tenant, &job).await? {
                     Creation::Created | Creation::AlreadyExists => {
                         return Ok(replayed(ExecutionStatus::Accepted));
                     }
