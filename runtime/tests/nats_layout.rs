@@ -492,3 +492,59 @@ async fn replicas_are_applied_on_creation_and_reconciled_on_restart() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_stored_before_owners_existed_belong_to_the_default_tenant() {
+    let server = NatsServer::start();
+    let settings = NatsSettings::new(unique_namespace("t"));
+    let backend = connect(&server, settings.clone()).await;
+    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
+    // `execution.accepted` as earlier versions stored it: no owner header.
+    let id = ExecutionId::new_random();
+    let accepted = EventRecord::new(ev(id, 1, EventBody::Accepted));
+    backend
+        .jetstream
+        .send_publish(
+            settings.events_subject(&id),
+            jetstream::message::PublishMessage::build()
+                .payload(accepted.json.clone())
+                .expected_last_subject_sequence(0),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(
+        store.owner(id).await.unwrap(),
+        Some(protocol::Tenant::default())
+    );
+    let (state, owner) = store.owned_state(id).await.unwrap().unwrap();
+    assert_eq!(
+        (state.last_sequence(), owner.is_default()),
+        (Sequence(1), true)
+    );
+    // A log created for a tenant carries it in the header of its first message only.
+    let acme: protocol::Tenant = "acme".parse().unwrap();
+    let owned = ExecutionId::new_random();
+    store
+        .create_owned(ev(owned, 1, EventBody::Accepted), &acme)
+        .await
+        .unwrap();
+    store.append(ev(owned, 2, route())).await.unwrap();
+    let first = backend
+        .jetstream
+        .get_stream(settings.events_stream())
+        .await
+        .unwrap()
+        .direct_get_next_for_subject(settings.events_subject(&owned), Some(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        first
+            .headers
+            .get(runtime::nats::OWNER_HEADER)
+            .map(|v| v.as_str()),
+        Some("acme")
+    );
+    assert_eq!(store.owner(owned).await.unwrap(), Some(acme));
+}

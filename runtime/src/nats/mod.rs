@@ -29,7 +29,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream};
 
 pub use cancel::NatsCancelBus;
-pub use event_store::NatsEventStore;
+pub use event_store::{NatsEventStore, OWNER_HEADER};
 pub use job_queue::NatsJobQueue;
 pub use services::{NatsConnectSettings, NatsServices};
 
