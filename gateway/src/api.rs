@@ -8,11 +8,13 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use config::Scope;
 use protocol::manifest::ProviderList;
 use protocol::snapshot::{CancelResponse, CancelStatus, RuntimeInfo, RuntimeState};
 use protocol::{ExecutionId, Sequence};
 use tracing::Instrument;
 
+use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::events::{empty_sse_response, sse_response};
 use crate::response::{json_response, security_headers};
@@ -34,6 +36,10 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .fallback(route_not_found)
         .method_not_allowed_fallback(route_not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::authenticate,
+        ))
         .layer(axum::middleware::from_fn(head_not_found))
         .layer(axum::middleware::map_response(security_headers))
         .layer(axum::middleware::from_fn(crate::instrument::record))
@@ -209,9 +215,11 @@ async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
 
 async fn submit_execution(
     State(state): State<AppState>,
+    principal: Principal,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    principal.require(Scope::Submit)?;
     // Checked before the body is read: a stopping gateway answers 503 at once. The flow itself
     // does not check again.
     if state.is_stopping() {
@@ -281,7 +289,7 @@ async fn submit_execution(
             telemetry::propagation::set_parent(&span, parent);
         }
         let traceparent = telemetry::propagation::traceparent_of(&span).or(traceparent);
-        let submission = submit::submit(&state, request, key, traceparent)
+        let submission = submit::submit(&state, &principal.tenant, request, key, traceparent)
             .instrument(span.clone())
             .await?;
         span.record(
@@ -290,7 +298,7 @@ async fn submit_execution(
         );
         submission
     } else {
-        submit::submit(&state, request, key, traceparent).await?
+        submit::submit(&state, &principal.tenant, request, key, traceparent).await?
     };
     if let Some(permit) = stream_permit {
         return events_response(&state, submission.execution_id, Sequence::ZERO, permit).await;
@@ -303,36 +311,50 @@ async fn submit_execution(
     Ok(json_response(status, &submission))
 }
 
-/// The materialized execution named by the path, or the matching API error.
+/// The materialized execution named by the path, or the matching API error. Another tenant's
+/// execution is not found, exactly like an unknown one.
 async fn load_execution(
     state: &AppState,
+    principal: &Principal,
     path: Result<Path<String>, PathRejection>,
     uri: &Uri,
 ) -> Result<protocol::materialize::Materializer, ApiError> {
     let id = execution_id(path, uri)?.ok_or(EXECUTION_NOT_FOUND)?;
-    state
-        .backend()
-        .store
-        .state(id)
-        .await?
-        .ok_or(EXECUTION_NOT_FOUND)
+    match state.backend().store.owned_state(id).await? {
+        Some((execution, owner)) if owner == principal.tenant => Ok(execution),
+        _ => Err(EXECUTION_NOT_FOUND),
+    }
+}
+
+/// Whether the execution exists and belongs to the caller's tenant (one read of the log's
+/// first message).
+async fn owned_by(
+    state: &AppState,
+    principal: &Principal,
+    id: ExecutionId,
+) -> Result<bool, ApiError> {
+    Ok(state.backend().store.owner(id).await? == Some(principal.tenant.clone()))
 }
 
 async fn get_execution(
     State(state): State<AppState>,
+    principal: Principal,
     uri: Uri,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    let execution = load_execution(&state, path, &uri).await?;
+    principal.require(Scope::Read)?;
+    let execution = load_execution(&state, &principal, path, &uri).await?;
     Ok(json_response(StatusCode::OK, &execution.snapshot()))
 }
 
 async fn get_result(
     State(state): State<AppState>,
+    principal: Principal,
     uri: Uri,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    let execution = load_execution(&state, path, &uri).await?;
+    principal.require(Scope::Read)?;
+    let execution = load_execution(&state, &principal, path, &uri).await?;
     Ok(match execution.result_response() {
         Ok(result) => json_response(StatusCode::OK, &result),
         Err(not_ready) => json_response(StatusCode::CONFLICT, &not_ready),
@@ -341,12 +363,15 @@ async fn get_result(
 
 async fn cancel_execution(
     State(state): State<AppState>,
+    principal: Principal,
     uri: Uri,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    principal.require(Scope::Cancel)?;
     let cancelled = match execution_id(path, &uri)? {
-        Some(id) => submit::cancel(&state, id).await?,
-        None => false,
+        // Another tenant's execution is answered like an unknown one.
+        Some(id) if owned_by(&state, &principal, id).await? => submit::cancel(&state, id).await?,
+        _ => false,
     };
     Ok(if cancelled {
         json_response(
@@ -428,19 +453,23 @@ fn percent_decode(raw: &str) -> Option<String> {
 
 async fn get_events(
     State(state): State<AppState>,
+    principal: Principal,
     uri: Uri,
     path: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    principal.require(Scope::Read)?;
     let id = execution_id(path, &uri)?.ok_or(EXECUTION_NOT_FOUND)?;
-    // Existence is checked before the cursor [R 52]; the end of the log is all we need.
-    let head = state
-        .backend()
-        .store
-        .head(id)
-        .await?
-        .ok_or(EXECUTION_NOT_FOUND)?;
+    // Existence (and ownership) is checked before the cursor [R 52]; the owner and the end of
+    // the log are all we need.
+    let store = &state.backend().store;
+    // Both reads at once: ownership costs a request, not a round trip.
+    let (owner, head) = tokio::join!(store.owner(id), store.head(id));
+    if owner? != Some(principal.tenant.clone()) {
+        return Err(EXECUTION_NOT_FOUND);
+    }
+    let head = head?.ok_or(EXECUTION_NOT_FOUND)?;
     let after = cursor(query.as_deref(), &headers)?;
     if head.terminal && after >= head.last_sequence {
         return Ok(empty_sse_response());

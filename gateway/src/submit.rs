@@ -52,7 +52,8 @@ use protocol::event::EventBody;
 use protocol::fingerprint::{request_fingerprint, sha256_hex};
 use protocol::snapshot::ExecutionSubmission;
 use protocol::{
-    ErrorCode, ExecutionId, ExecutionRequest, ExecutionStatus, RuntimeError, Sequence, Timestamp,
+    ErrorCode, ExecutionId, ExecutionRequest, ExecutionStatus, RuntimeError, Sequence, Tenant,
+    Timestamp,
 };
 use runtime::{EventWriter, IdempotencyRecord, Job, StoreError};
 
@@ -63,12 +64,13 @@ use crate::state::AppState;
 /// Runs the flow for a parsed request.
 pub async fn submit(
     state: &AppState,
+    tenant: &Tenant,
     request: ExecutionRequest,
     idempotency_key: Option<&str>,
     traceparent: Option<String>,
 ) -> Result<ExecutionSubmission, ApiError> {
     let inner = &state.inner;
-    let result = submit_inner(state, request, idempotency_key, traceparent).await;
+    let result = submit_inner(state, tenant, request, idempotency_key, traceparent).await;
     match &result {
         Ok(s) if s.idempotent_replay => Metrics::inc(&inner.metrics.submissions_replayed),
         Ok(_) => Metrics::inc(&inner.metrics.submissions_accepted),
@@ -79,6 +81,7 @@ pub async fn submit(
 
 async fn submit_inner(
     state: &AppState,
+    tenant: &Tenant,
     request: ExecutionRequest,
     idempotency_key: Option<&str>,
     traceparent: Option<String>,
@@ -110,12 +113,12 @@ async fn submit_inner(
         traceparent,
     };
     let Some(key) = idempotency_key else {
-        create_fresh(state, &job, started)
+        create_fresh(state, tenant, &job, started)
             .await
             .map_err(|f| f.error)?;
         return Ok(accepted(id, created_at));
     };
-    let key_hash = sha256_hex(format!("\u{0}{key}").as_bytes());
+    let key_hash = idempotency_key_hash(tenant, key);
     let record = IdempotencyRecord {
         fingerprint: request_fingerprint(&job.request),
         execution_id: id,
@@ -124,7 +127,7 @@ async fn submit_inner(
     let claimed = inner.backend.idempotency.claim(&key_hash, &record).await?;
     match claimed {
         None => {
-            if let Err(failed) = create_fresh(state, &job, started).await {
+            if let Err(failed) = create_fresh(state, tenant, &job, started).await {
                 if failed.settled
                     && let Err(release) = inner.backend.idempotency.release(&key_hash, id).await
                 {
@@ -137,7 +140,20 @@ async fn submit_inner(
         Some(existing) if existing.fingerprint != record.fingerprint => {
             Err(ApiError::IdempotencyConflict)
         }
-        Some(existing) => replay(state, existing, job).await,
+        Some(existing) => replay(state, tenant, existing, job).await,
+    }
+}
+
+/// The stored name of an idempotency key: scoped by tenant, so the same key from two tenants
+/// names two executions. The default tenant keeps the hash keys had before tenants existed
+/// (`sha256("\0" + key)`), so an upgrade keeps anonymous deployments' keys; other tenants hash
+/// `tenant + "\0" + key`. Tenant names and keys never contain NUL and tenant names are never
+/// empty, so no two (tenant, key) pairs share an input.
+pub fn idempotency_key_hash(tenant: &Tenant, key: &str) -> String {
+    if tenant.is_default() {
+        sha256_hex(format!("\u{0}{key}").as_bytes())
+    } else {
+        sha256_hex(format!("{tenant}\u{0}{key}").as_bytes())
     }
 }
 
@@ -193,8 +209,13 @@ const SETTLE_BOUND: Duration = Duration::from_millis(1750);
 const BACKGROUND_SETTLE: Duration = Duration::from_secs(60);
 
 /// Creates the log of an execution whose id was just minted: an existing log is a failure.
-async fn create_fresh(state: &AppState, job: &Job, started: Instant) -> Result<(), Failed> {
-    match create_and_publish(state, job, started).await? {
+async fn create_fresh(
+    state: &AppState,
+    tenant: &Tenant,
+    job: &Job,
+    started: Instant,
+) -> Result<(), Failed> {
+    match create_and_publish(state, tenant, job, started).await? {
         Creation::Created => Ok(()),
         Creation::AlreadyExists => {
             // Impossible for a random id; the job published beside it must not run.
@@ -223,12 +244,18 @@ async fn create_fresh(state: &AppState, job: &Job, started: Instant) -> Result<(
 /// claimed by a worker.
 async fn create_and_publish(
     state: &AppState,
+    tenant: &Tenant,
     job: &Job,
     started: Instant,
 ) -> Result<Creation, Failed> {
     let backend = &state.inner.backend;
     let (created, published) = tokio::join!(
-        EventWriter::create(backend.store.clone(), job.execution_id, job.accepted_at),
+        EventWriter::create(
+            backend.store.clone(),
+            job.execution_id,
+            job.accepted_at,
+            tenant,
+        ),
         backend.queue.publish(job),
     );
     match (created, published) {
@@ -240,7 +267,7 @@ async fn create_and_publish(
             // Refused by the queue's limit: certainly not queued. Close the log.
             if let Err(close) = writer.append_once(unqueued_failure()).await {
                 tracing::warn!(execution_id = %job.execution_id, error = %close, "could not close unqueued execution; retrying in the background");
-                spawn_settle(state, job, Settle::closing(writer));
+                spawn_settle(state, job, Settle::closing(writer, tenant));
             }
             Err(Failed::settled(e))
         }
@@ -250,7 +277,7 @@ async fn create_and_publish(
             // finds the log terminal and is dropped) or a worker's claim (the job was stored
             // and runs: the submission is accepted after all).
             tracing::warn!(execution_id = %job.execution_id, error = %e, "job publish failed; settling");
-            settle(state, job, Settle::closing(writer), e, started).await
+            settle(state, job, Settle::closing(writer, tenant), e, started).await
         }
         (Err(e), published) => {
             tracing::warn!(execution_id = %job.execution_id, error = %e, "log creation failed; settling");
@@ -261,6 +288,7 @@ async fn create_and_publish(
                     withdraw,
                     writer: None,
                     close_log: false,
+                    owner: tenant.clone(),
                 };
                 return settle(state, job, attempt, e, started).await;
             }
@@ -271,6 +299,7 @@ async fn create_and_publish(
                 withdraw,
                 writer: None,
                 close_log: true,
+                owner: tenant.clone(),
             };
             settle(state, job, attempt, e, started).await
         }
@@ -286,6 +315,8 @@ struct Settle {
     writer: Option<EventWriter>,
     /// Whether the log may exist (or appear) and must be closed.
     close_log: bool,
+    /// The tenant the log belongs to, should settling have to create it.
+    owner: Tenant,
 }
 
 /// What settling found.
@@ -299,11 +330,12 @@ enum Settled {
 }
 
 impl Settle {
-    fn closing(writer: EventWriter) -> Self {
+    fn closing(writer: EventWriter, owner: &Tenant) -> Self {
         Self {
             withdraw: false,
             writer: Some(writer),
             close_log: true,
+            owner: owner.clone(),
         }
     }
 
@@ -321,27 +353,31 @@ impl Settle {
             Some(writer) => writer,
             None => {
                 let store = backend.store.clone();
-                let writer =
-                    match EventWriter::create(store.clone(), job.execution_id, job.accepted_at)
-                        .await
-                    {
-                        Ok(writer) => writer,
-                        Err(StoreError::AlreadyExists) => {
-                            let Some(head) = backend.store.head(job.execution_id).await? else {
-                                return Err(StoreError::Unavailable("log not readable yet".into()));
-                            };
-                            if head.terminal || head.last_sequence > Sequence(1) {
-                                return Ok(Settled::Claimed);
-                            }
-                            EventWriter::resume(
-                                store,
-                                job.execution_id,
-                                head.last_sequence,
-                                head.last_time,
-                            )
+                let writer = match EventWriter::create(
+                    store.clone(),
+                    job.execution_id,
+                    job.accepted_at,
+                    &self.owner,
+                )
+                .await
+                {
+                    Ok(writer) => writer,
+                    Err(StoreError::AlreadyExists) => {
+                        let Some(head) = backend.store.head(job.execution_id).await? else {
+                            return Err(StoreError::Unavailable("log not readable yet".into()));
+                        };
+                        if head.terminal || head.last_sequence > Sequence(1) {
+                            return Ok(Settled::Claimed);
                         }
-                        Err(e) => return Err(e),
-                    };
+                        EventWriter::resume(
+                            store,
+                            job.execution_id,
+                            head.last_sequence,
+                            head.last_time,
+                        )
+                    }
+                    Err(e) => return Err(e),
+                };
                 self.writer.insert(writer)
             }
         };
@@ -436,6 +472,7 @@ fn unqueued_failure() -> EventBody {
 /// The key is bound to an execution with the same request: answer with its current status.
 async fn replay(
     state: &AppState,
+    tenant: &Tenant,
     existing: IdempotencyRecord,
     job: Job,
 ) -> Result<ExecutionSubmission, ApiError> {
@@ -470,7 +507,7 @@ async fn replay(
                 // create it now, under the recorded id and time.
                 // `AlreadyExists`: a concurrent retry healed it first. Any other store error
                 // (a `Conflict` or `Violation` included) is a failure, never a replay.
-                match create_and_publish(state, &job, Instant::now())
+                match create_and_publish(state, tenant, &job, Instant::now())
                     .await
                     .map_err(|f| f.error)?
                 {

@@ -101,16 +101,24 @@ impl FaultyStore {
 
 #[async_trait]
 impl EventStore for FaultyStore {
-    async fn create(&self, accepted: RuntimeEvent) -> Result<(), StoreError> {
+    async fn create_owned(
+        &self,
+        accepted: RuntimeEvent,
+        owner: &protocol::Tenant,
+    ) -> Result<(), StoreError> {
         self.check()?;
         match self.creates.hit(accepted.execution_id) {
-            None => self.inner.create(accepted).await,
+            None => self.inner.create_owned(accepted, owner).await,
             Some(Fault::Lost) => Err(unavailable()),
             Some(Fault::AckLost) => {
-                self.inner.create(accepted).await?;
+                self.inner.create_owned(accepted, owner).await?;
                 Err(unavailable())
             }
         }
+    }
+    async fn owner(&self, id: ExecutionId) -> Result<Option<protocol::Tenant>, StoreError> {
+        self.check()?;
+        self.inner.owner(id).await
     }
     async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError> {
         self.check()?;

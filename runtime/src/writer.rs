@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use protocol::event::EventBody;
-use protocol::{ExecutionId, RuntimeEvent, Sequence, Timestamp};
+use protocol::{ExecutionId, RuntimeEvent, Sequence, Tenant, Timestamp};
 use tokio::sync::Notify;
 
 use crate::error::StoreError;
@@ -271,17 +271,18 @@ impl std::fmt::Debug for EventWriter {
 }
 
 impl EventWriter {
-    /// Creates the log of a new execution with `execution.accepted` (sequence 1) at
-    /// `accepted_at`, and returns the writer that continues it. Store errors are returned as
+    /// Creates the log of a new execution, owned by `owner`, with `execution.accepted`
+    /// (sequence 1) at `accepted_at`, and returns the writer that continues it. Store errors are returned as
     /// they are (`AlreadyExists` when the log exists): creation is never retried here, the
     /// submitter decides.
     pub async fn create(
         store: Arc<dyn EventStore>,
         id: ExecutionId,
         accepted_at: Timestamp,
+        owner: &Tenant,
     ) -> Result<Self, StoreError> {
         let accepted = RuntimeEvent::new(id, Sequence(1), accepted_at, EventBody::Accepted);
-        store.create(accepted).await?;
+        store.create_owned(accepted, owner).await?;
         Ok(Self::resume(store, id, Sequence(1), accepted_at))
     }
 
@@ -537,8 +538,15 @@ mod tests {
 
     #[async_trait::async_trait]
     impl EventStore for GatedStore {
-        async fn create(&self, accepted: RuntimeEvent) -> Result<(), StoreError> {
-            self.inner.create(accepted).await
+        async fn create_owned(
+            &self,
+            accepted: RuntimeEvent,
+            owner: &Tenant,
+        ) -> Result<(), StoreError> {
+            self.inner.create_owned(accepted, owner).await
+        }
+        async fn owner(&self, id: ExecutionId) -> Result<Option<Tenant>, StoreError> {
+            self.inner.owner(id).await
         }
         async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError> {
             self.inner.append_as(event, writer).await
@@ -594,7 +602,7 @@ mod tests {
     async fn pipelined_writer(store: &Arc<GatedStore>) -> (ExecutionId, EventWriter) {
         let id = ExecutionId::new_random();
         let store: Arc<dyn EventStore> = Arc::clone(store) as Arc<dyn EventStore>;
-        let writer = EventWriter::create(store, id, Timestamp::now())
+        let writer = EventWriter::create(store, id, Timestamp::now(), &Tenant::default())
             .await
             .unwrap()
             .pipelined();
@@ -729,14 +737,14 @@ mod tests {
         let store = store();
         let id = ExecutionId::new_random();
         let accepted_at = Timestamp::from_unix_millis(1_767_225_600_000);
-        let writer = EventWriter::create(Arc::clone(&store), id, accepted_at)
+        let writer = EventWriter::create(Arc::clone(&store), id, accepted_at, &Tenant::default())
             .await
             .unwrap();
         assert_eq!(writer.last_sequence(), Sequence(1));
         let head = store.head(id).await.unwrap().unwrap();
         assert_eq!(head.last_sequence, Sequence(1));
         assert_eq!(head.last_time, accepted_at);
-        let again = EventWriter::create(store, id, accepted_at).await;
+        let again = EventWriter::create(store, id, accepted_at, &Tenant::default()).await;
         assert!(matches!(again, Err(StoreError::AlreadyExists)), "{again:?}");
     }
 
@@ -746,7 +754,7 @@ mod tests {
         let id = ExecutionId::new_random();
         // An acceptance time in the future: later events must not be earlier than it.
         let future = Timestamp::from_unix_millis(Timestamp::now().unix_millis() + 3_600_000);
-        let mut writer = EventWriter::create(Arc::clone(&store), id, future)
+        let mut writer = EventWriter::create(Arc::clone(&store), id, future, &Tenant::default())
             .await
             .unwrap();
         writer.append(progress()).await.unwrap();
@@ -763,9 +771,10 @@ mod tests {
         let store = store();
         let id = ExecutionId::new_random();
         let accepted_at = Timestamp::now();
-        let mut first = EventWriter::create(Arc::clone(&store), id, accepted_at)
-            .await
-            .unwrap();
+        let mut first =
+            EventWriter::create(Arc::clone(&store), id, accepted_at, &Tenant::default())
+                .await
+                .unwrap();
         let mut second = EventWriter::resume(Arc::clone(&store), id, Sequence(1), accepted_at);
         first.append(progress()).await.unwrap();
         let once = second.append_once(progress()).await;

@@ -727,11 +727,15 @@ async fn a_pipelined_writer_stores_the_mock_execution_in_at_most_four_messages()
     let store: Arc<dyn EventStore> =
         Arc::new(NatsEventStore::new(backend.clone(), 4096).await.unwrap());
     let id = ExecutionId::new_random();
-    let mut writer =
-        runtime::EventWriter::create(Arc::clone(&store), id, protocol::Timestamp::now())
-            .await
-            .unwrap()
-            .pipelined();
+    let mut writer = runtime::EventWriter::create(
+        Arc::clone(&store),
+        id,
+        protocol::Timestamp::now(),
+        &protocol::Tenant::default(),
+    )
+    .await
+    .unwrap()
+    .pipelined();
     assert!(writer.is_pipelined());
     writer.append(route()).await.unwrap();
     for text in ["hello", " from", " mock"] {
@@ -755,4 +759,60 @@ async fn a_pipelined_writer_stores_the_mock_execution_in_at_most_four_messages()
     assert!(messages <= 4, "{messages} messages for 7 events");
     let all = store.read(id, Sequence(0), 10).await.unwrap().unwrap();
     assert_eq!(sequences(&all), [1, 2, 3, 4, 5, 6, 7]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_stored_before_owners_existed_belong_to_the_default_tenant() {
+    let server = NatsServer::start();
+    let settings = NatsSettings::new(unique_namespace("t"));
+    let backend = connect(&server, settings.clone()).await;
+    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
+    // `execution.accepted` as earlier versions stored it: no owner header.
+    let id = ExecutionId::new_random();
+    let accepted = EventRecord::new(ev(id, 1, EventBody::Accepted));
+    backend
+        .jetstream
+        .send_publish(
+            settings.events_subject(&id),
+            jetstream::message::PublishMessage::build()
+                .payload(accepted.json.clone())
+                .expected_last_subject_sequence(0),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(
+        store.owner(id).await.unwrap(),
+        Some(protocol::Tenant::default())
+    );
+    let (state, owner) = store.owned_state(id).await.unwrap().unwrap();
+    assert_eq!(
+        (state.last_sequence(), owner.is_default()),
+        (Sequence(1), true)
+    );
+    // A log created for a tenant carries it in the header of its first message only.
+    let acme: protocol::Tenant = "acme".parse().unwrap();
+    let owned = ExecutionId::new_random();
+    store
+        .create_owned(ev(owned, 1, EventBody::Accepted), &acme)
+        .await
+        .unwrap();
+    store.append(ev(owned, 2, route())).await.unwrap();
+    let first = backend
+        .jetstream
+        .get_stream(settings.events_stream())
+        .await
+        .unwrap()
+        .direct_get_next_for_subject(settings.events_subject(&owned), Some(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        first
+            .headers
+            .get(runtime::nats::OWNER_HEADER)
+            .map(|v| v.as_str()),
+        Some("acme")
+    );
+    assert_eq!(store.owner(owned).await.unwrap(), Some(acme));
 }

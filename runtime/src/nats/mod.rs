@@ -33,7 +33,7 @@ use async_nats::jetstream::{self, stream};
 
 pub use access::{NatsAccess, ResolvedAccess};
 pub use cancel::NatsCancelBus;
-pub use event_store::NatsEventStore;
+pub use event_store::{NatsEventStore, OWNER_HEADER};
 pub use job_queue::NatsJobQueue;
 pub use services::{NatsConnectSettings, NatsServices};
 

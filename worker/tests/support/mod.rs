@@ -749,8 +749,19 @@ impl InterposedStore {
 
 #[async_trait]
 impl EventStore for InterposedStore {
-    async fn create(&self, accepted: RuntimeEvent) -> Result<(), runtime::StoreError> {
-        self.inner.create(accepted).await
+    async fn create_owned(
+        &self,
+        accepted: RuntimeEvent,
+        owner: &protocol::Tenant,
+    ) -> Result<(), runtime::StoreError> {
+        self.inner.create_owned(accepted, owner).await
+    }
+
+    async fn owner(
+        &self,
+        id: ExecutionId,
+    ) -> Result<Option<protocol::Tenant>, runtime::StoreError> {
+        self.inner.owner(id).await
     }
 
     async fn append_as(
@@ -824,8 +835,19 @@ impl std::fmt::Debug for PipelinedStore {
 
 #[async_trait]
 impl EventStore for PipelinedStore {
-    async fn create(&self, accepted: RuntimeEvent) -> Result<(), runtime::StoreError> {
-        self.0.create(accepted).await
+    async fn create_owned(
+        &self,
+        accepted: RuntimeEvent,
+        owner: &protocol::Tenant,
+    ) -> Result<(), runtime::StoreError> {
+        self.0.create_owned(accepted, owner).await
+    }
+
+    async fn owner(
+        &self,
+        id: ExecutionId,
+    ) -> Result<Option<protocol::Tenant>, runtime::StoreError> {
+        self.0.owner(id).await
     }
 
     async fn append_as(
