@@ -18,6 +18,8 @@
 //!   together by `NatsServices::connect` for the gateway and the worker alike.
 //! - [`nats_url`]: credentials split out of `NATS_URL`, so no address the client logs holds one.
 //! - [`redis_idempotency`]: the Redis idempotency store (distributed mode).
+//! - [`quota`]: per-tenant quotas (active executions, submit rate): the `QuotaStore` trait, its
+//!   memory and Redis implementations, and `QuotaGate`, which the gateway calls per submit.
 //! - `contract` (feature `contract-tests`): the test suite every implementation must pass, so
 //!   the NATS and Redis implementations are held to exactly the same behaviour.
 //!
@@ -37,6 +39,7 @@ pub mod job;
 pub mod memory;
 pub mod nats;
 pub mod nats_url;
+pub mod quota;
 pub mod redis_idempotency;
 pub mod writer;
 
@@ -46,4 +49,5 @@ pub use error::StoreError;
 pub use event_store::{EventRecord, EventStore, EventStream, LogHead, WriterId};
 pub use idempotency::{IdempotencyRecord, IdempotencyStore};
 pub use job::{Delivery, DeliveryHandle, Job, JobQueue, QueuedJob};
+pub use quota::{Admission, QuotaGate, QuotaLimits, QuotaStore};
 pub use writer::{EventWriter, WriteError};

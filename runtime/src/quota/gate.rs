@@ -1,0 +1,461 @@
+//! [`QuotaGate`]: the gateway's one call per submit. It holds every tenant's limits (tenants
+//! without limits never reach the store, so they cost no round trip), turns an execution's
+//! deadline into its slot's hold, and, when a tenant is at its active cap, reconciles the
+//! tenant's slots with the event store before answering (see the parent module for why).
+//!
+//! Reconciliation reads the log head of up to [`GateSettings::reconcile_batch`] slot holders
+//! (those expiring first), releases the terminal ones and, if any were released, admits once
+//! more. It runs at most once per [`GateSettings::reconcile_interval`] per tenant in this
+//! process; a submit arriving meanwhile gets the store's first answer. A holder without a log is
+//! kept: its submit may still be creating it, and if that submit died the slot expires.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use parking_lot::Mutex;
+use protocol::{ExecutionId, Timestamp};
+use tokio::time::Instant;
+
+use super::{Admission, QuotaLimits, QuotaStore};
+use crate::error::StoreError;
+use crate::event_store::EventStore;
+
+/// Timing and bounds of a [`QuotaGate`].
+#[derive(Debug, Clone)]
+pub struct GateSettings {
+    /// Added to an execution's remaining deadline to get its slot's hold. A sweeper closes an
+    /// execution no worker ran at most 2 s after its deadline (contract section 8); the rest
+    /// absorbs clock differences between gateways and the store.
+    pub grace: Duration,
+    /// Least time between two reconciliations of one tenant by this gate.
+    pub reconcile_interval: Duration,
+    /// Most slot holders whose log head one reconciliation reads.
+    pub reconcile_batch: usize,
+    /// Log heads read concurrently during a reconciliation.
+    pub reconcile_concurrency: usize,
+}
+
+impl Default for GateSettings {
+    fn default() -> Self {
+        Self {
+            grace: Duration::from_secs(5),
+            reconcile_interval: Duration::from_millis(250),
+            reconcile_batch: 512,
+            reconcile_concurrency: 16,
+        }
+    }
+}
+
+/// See the module docs.
+pub struct QuotaGate {
+    store: Arc<dyn QuotaStore>,
+    events: Arc<dyn EventStore>,
+    /// Tenants with at least one limit.
+    tenants: HashMap<String, QuotaLimits>,
+    settings: GateSettings,
+    /// When each tenant was last reconciled by this gate.
+    reconciled: Mutex<HashMap<String, Instant>>,
+}
+
+impl std::fmt::Debug for QuotaGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuotaGate")
+            .field("tenants", &self.tenants)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl QuotaGate {
+    /// A gate over `store` for `tenants`' limits; `events` is read to reconcile.
+    pub fn new(
+        store: Arc<dyn QuotaStore>,
+        events: Arc<dyn EventStore>,
+        tenants: impl IntoIterator<Item = (String, QuotaLimits)>,
+        settings: GateSettings,
+    ) -> Self {
+        Self {
+            store,
+            events,
+            tenants: tenants
+                .into_iter()
+                .filter(|(_, limits)| !limits.is_unlimited())
+                .collect(),
+            settings,
+            reconciled: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The tenant's limits, `None` when it has none.
+    pub fn limits(&self, tenant: &str) -> Option<&QuotaLimits> {
+        self.tenants.get(tenant)
+    }
+
+    /// Admits a new execution of `tenant` whose deadline is `deadline_at` (see
+    /// [`QuotaStore::admit`]). On `Err` the outcome is unknown; a slot possibly taken is
+    /// released in the background.
+    pub async fn admit(
+        &self,
+        tenant: &str,
+        execution: ExecutionId,
+        deadline_at: Timestamp,
+    ) -> Result<Admission, StoreError> {
+        let Some(limits) = self.tenants.get(tenant) else {
+            return Ok(Admission::Admitted);
+        };
+        let remaining = deadline_at
+            .unix_millis()
+            .saturating_sub(Timestamp::now().unix_millis());
+        let hold = Duration::from_millis(u64::try_from(remaining).unwrap_or(0))
+            .saturating_add(self.settings.grace);
+        let mut answer = self.store.admit(tenant, limits, execution, hold).await;
+        if let Ok(Admission::ActiveLimit { .. }) = answer
+            && self.reconcile(tenant).await > 0
+        {
+            answer = self.store.admit(tenant, limits, execution, hold).await;
+        }
+        if answer.is_err() && limits.max_active.is_some() {
+            let store = Arc::clone(&self.store);
+            let tenant = tenant.to_owned();
+            tokio::spawn(async move {
+                if let Err(e) = store.release(&tenant, &[execution]).await {
+                    tracing::debug!(error = %e, "could not release a slot after a failed admit; it expires");
+                }
+            });
+        }
+        answer
+    }
+
+    /// Frees `execution`'s slot now that it ended or was never created. Failures are logged:
+    /// the slot then ends by reconciliation or expiry.
+    pub async fn release(&self, tenant: &str, execution: ExecutionId) {
+        if self
+            .tenants
+            .get(tenant)
+            .is_none_or(|limits| limits.max_active.is_none())
+        {
+            return;
+        }
+        if let Err(e) = self.store.release(tenant, &[execution]).await {
+            tracing::warn!(%execution, error = %e, "could not release a quota slot; it ends by reconciliation or expiry");
+        }
+    }
+
+    /// Whether this gate may reconcile `tenant` now; if so, marks it reconciled.
+    fn may_reconcile(&self, tenant: &str) -> bool {
+        let now = Instant::now();
+        let mut reconciled = self.reconciled.lock();
+        match reconciled.get_mut(tenant) {
+            Some(last) if now.duration_since(*last) < self.settings.reconcile_interval => false,
+            Some(last) => {
+                *last = now;
+                true
+            }
+            None => {
+                reconciled.insert(tenant.to_owned(), now);
+                true
+            }
+        }
+    }
+
+    /// Releases the slots of `tenant`'s executions whose log is terminal; returns how many.
+    async fn reconcile(&self, tenant: &str) -> usize {
+        if !self.may_reconcile(tenant) {
+            return 0;
+        }
+        let holders = match self
+            .store
+            .holders(tenant, self.settings.reconcile_batch)
+            .await
+        {
+            Ok(holders) => holders,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not list quota slot holders");
+                return 0;
+            }
+        };
+        let events = &self.events;
+        let ended: Vec<ExecutionId> = futures_util::stream::iter(holders)
+            .map(|id| async move { (id, events.head(id).await) })
+            .buffer_unordered(self.settings.reconcile_concurrency.max(1))
+            .filter_map(|(id, head)| async move {
+                match head {
+                    Ok(Some(head)) if head.terminal => Some(id),
+                    Ok(_) => None,
+                    Err(e) => {
+                        tracing::debug!(execution = %id, error = %e, "log head unreadable; slot kept");
+                        None
+                    }
+                }
+            })
+            .collect()
+            .await;
+        if ended.is_empty() {
+            return 0;
+        }
+        match self.store.release(tenant, &ended).await {
+            Ok(()) => {
+                tracing::debug!(released = ended.len(), "reconciled quota slots");
+                ended.len()
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not release reconciled quota slots");
+                0
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use async_trait::async_trait;
+    use protocol::event::EventBody;
+    use protocol::{RuntimeError, RuntimeEvent, Sequence};
+
+    use super::*;
+    use crate::memory::{MemoryEventStore, MemoryLimits};
+    use crate::quota::MemoryQuotaStore;
+
+    /// A memory quota store that counts admits and can fail them after taking the slot (a
+    /// lost answer).
+    #[derive(Default)]
+    struct Probe {
+        inner: MemoryQuotaStore,
+        admits: AtomicUsize,
+        lose_answers: bool,
+    }
+
+    #[async_trait]
+    impl QuotaStore for Probe {
+        async fn admit(
+            &self,
+            tenant: &str,
+            limits: &QuotaLimits,
+            execution: ExecutionId,
+            hold: Duration,
+        ) -> Result<Admission, StoreError> {
+            self.admits.fetch_add(1, Ordering::SeqCst);
+            let answer = self.inner.admit(tenant, limits, execution, hold).await;
+            if self.lose_answers {
+                return Err(StoreError::Unavailable("answer lost".into()));
+            }
+            answer
+        }
+
+        async fn release(
+            &self,
+            tenant: &str,
+            executions: &[ExecutionId],
+        ) -> Result<(), StoreError> {
+            self.inner.release(tenant, executions).await
+        }
+
+        async fn holders(
+            &self,
+            tenant: &str,
+            limit: usize,
+        ) -> Result<Vec<ExecutionId>, StoreError> {
+            self.inner.holders(tenant, limit).await
+        }
+    }
+
+    fn gate(store: Arc<Probe>, events: Arc<MemoryEventStore>, settings: GateSettings) -> QuotaGate {
+        QuotaGate::new(
+            store,
+            events,
+            [
+                (
+                    "capped".to_owned(),
+                    QuotaLimits::new(Some(1), None, None).unwrap(),
+                ),
+                ("free".to_owned(), QuotaLimits::default()),
+            ],
+            settings,
+        )
+    }
+
+    fn later() -> Timestamp {
+        Timestamp::from_unix_millis(Timestamp::now().unix_millis() + 600_000)
+    }
+
+    async fn open_log(events: &MemoryEventStore) -> ExecutionId {
+        let id = ExecutionId::new_random();
+        events
+            .create(RuntimeEvent::new(
+                id,
+                Sequence(1),
+                Timestamp::now(),
+                EventBody::Accepted,
+            ))
+            .await
+            .unwrap();
+        id
+    }
+
+    async fn close_log(events: &MemoryEventStore, id: ExecutionId) {
+        let body = EventBody::Failed {
+            error: RuntimeError::cancelled(),
+        };
+        events
+            .append(RuntimeEvent::new(id, Sequence(2), Timestamp::now(), body))
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn tenants_without_limits_never_reach_the_store() {
+        let store = Arc::new(Probe::default());
+        let events = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
+        let gate = gate(store.clone(), events, GateSettings::default());
+        for tenant in ["free", "unknown"] {
+            let a = gate.admit(tenant, ExecutionId::new_random(), later()).await;
+            assert_eq!(a.unwrap(), Admission::Admitted);
+            gate.release(tenant, ExecutionId::new_random()).await;
+        }
+        assert_eq!(store.admits.load(Ordering::SeqCst), 0);
+        assert!(gate.limits("free").is_none());
+        assert!(gate.limits("capped").is_some());
+    }
+
+    #[tokio::test]
+    async fn at_the_cap_terminal_holders_are_reconciled_and_live_ones_kept() {
+        let store = Arc::new(Probe::default());
+        let events = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
+        let settings = GateSettings {
+            reconcile_interval: Duration::ZERO,
+            ..GateSettings::default()
+        };
+        let gate = gate(store.clone(), events.clone(), settings);
+        // A holder without a log (its submit may still be creating it) is kept.
+        let unlogged = ExecutionId::new_random();
+        assert!(
+            gate.admit("capped", unlogged, later())
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+        let b = open_log(&events).await;
+        let refused = gate.admit("capped", b, later()).await.unwrap();
+        assert!(
+            matches!(refused, Admission::ActiveLimit { .. }),
+            "{refused:?}"
+        );
+        gate.release("capped", unlogged).await;
+        // A holder whose log is open is kept.
+        assert!(
+            gate.admit("capped", b, later())
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+        let c = open_log(&events).await;
+        assert!(
+            !gate
+                .admit("capped", c, later())
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+        // Once its log is terminal, the next admit at the cap frees its slot and succeeds.
+        close_log(&events, b).await;
+        assert!(
+            gate.admit("capped", c, later())
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+        assert_eq!(store.holders("capped", 10).await.unwrap(), vec![c]);
+    }
+
+    #[tokio::test]
+    async fn reconciliation_is_throttled_per_tenant() {
+        let store = Arc::new(Probe::default());
+        let events = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
+        let settings = GateSettings {
+            reconcile_interval: Duration::from_secs(3600),
+            ..GateSettings::default()
+        };
+        let gate = gate(store.clone(), events.clone(), settings);
+        let a = open_log(&events).await;
+        assert!(
+            gate.admit("capped", a, later())
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+        let b = ExecutionId::new_random();
+        // Reconciles (nothing to free), then the interval has not passed.
+        assert!(
+            !gate
+                .admit("capped", b, later())
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+        close_log(&events, a).await;
+        assert!(
+            !gate
+                .admit("capped", b, later())
+                .await
+                .unwrap()
+                .is_admitted(),
+            "no second reconciliation within the interval"
+        );
+        assert_eq!(store.holders("capped", 10).await.unwrap(), vec![a]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_admit_gives_back_the_slot_it_may_have_taken() {
+        let store = Arc::new(Probe {
+            lose_answers: true,
+            ..Probe::default()
+        });
+        let events = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
+        let gate = gate(store.clone(), events, GateSettings::default());
+        let id = ExecutionId::new_random();
+        assert!(gate.admit("capped", id, later()).await.is_err());
+        let started = std::time::Instant::now();
+        while !store.holders("capped", 10).await.unwrap().is_empty() {
+            assert!(started.elapsed() < Duration::from_secs(20), "slot kept");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_slot_is_held_until_the_deadline_plus_the_grace() {
+        let store = Arc::new(Probe::default());
+        let events = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
+        let settings = GateSettings {
+            grace: Duration::from_millis(200),
+            ..GateSettings::default()
+        };
+        let gate = gate(store.clone(), events, settings);
+        // Deadline already passed: the slot lives for the grace only.
+        let past = Timestamp::from_unix_millis(Timestamp::now().unix_millis() - 1000);
+        assert!(
+            gate.admit("capped", ExecutionId::new_random(), past)
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+        let b = ExecutionId::new_random();
+        let started = std::time::Instant::now();
+        while !gate
+            .admit("capped", b, later())
+            .await
+            .unwrap()
+            .is_admitted()
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "slot never expired"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
