@@ -6,21 +6,25 @@
 //! Reconciliation reads the log head of up to [`GateSettings::reconcile_batch`] slot holders
 //! (those expiring first), releases the terminal ones and, if any were released, admits once
 //! more. It runs at most once per [`GateSettings::reconcile_interval`] per tenant in this
-//! process; a submit arriving meanwhile gets the store's first answer. A holder without a log is
-//! kept: its submit may still be creating it, and if that submit died the slot expires.
+//! process. Admits refused at the cap while a reconciliation runs wait for it, and retry once if
+//! it (or any since they first asked) released slots: otherwise a burst of submits arriving at
+//! a cap full of ended executions would all be refused but the one that reconciled. A holder
+//! without a log is kept: its submit may still be creating it, and if that submit died the slot
+//! expires.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use parking_lot::Mutex;
 use protocol::{ExecutionId, Timestamp};
 use tokio::time::Instant;
 
-use super::{Admission, QuotaLimits, QuotaStore};
+use super::{Admission, MemoryQuotaStore, QuotaLimits, QuotaStore};
 use crate::error::StoreError;
 use crate::event_store::EventStore;
+use crate::memory::{MemoryEventStore, MemoryLimits};
 
 /// Timing and bounds of a [`QuotaGate`].
 #[derive(Debug, Clone)]
@@ -55,8 +59,19 @@ pub struct QuotaGate {
     /// Tenants with at least one limit.
     tenants: HashMap<String, QuotaLimits>,
     settings: GateSettings,
-    /// When each tenant was last reconciled by this gate.
-    reconciled: Mutex<HashMap<String, Instant>>,
+    /// One per tenant with a cap.
+    reconcilers: HashMap<String, Reconciler>,
+}
+
+/// Reconciliation state of one tenant in this gate.
+#[derive(Debug, Default)]
+struct Reconciler {
+    /// Counts reconciliations that released slots, so an admit can tell whether any did since
+    /// it asked the store.
+    released: AtomicU64,
+    /// When this gate last reconciled the tenant. Held during a reconciliation, so admits
+    /// refused meanwhile wait for its outcome.
+    last: tokio::sync::Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for QuotaGate {
@@ -76,16 +91,37 @@ impl QuotaGate {
         tenants: impl IntoIterator<Item = (String, QuotaLimits)>,
         settings: GateSettings,
     ) -> Self {
+        let tenants: HashMap<String, QuotaLimits> = tenants
+            .into_iter()
+            .filter(|(_, limits)| !limits.is_unlimited())
+            .collect();
+        let reconcilers = tenants
+            .iter()
+            .filter(|(_, limits)| limits.max_active.is_some())
+            .map(|(tenant, _)| (tenant.clone(), Reconciler::default()))
+            .collect();
         Self {
             store,
             events,
-            tenants: tenants
-                .into_iter()
-                .filter(|(_, limits)| !limits.is_unlimited())
-                .collect(),
+            tenants,
             settings,
-            reconciled: Mutex::new(HashMap::new()),
+            reconcilers,
         }
+    }
+
+    /// A gate for a deployment where no tenant has limits: it never reaches a store.
+    pub fn unlimited() -> Self {
+        Self::new(
+            Arc::new(MemoryQuotaStore::new()),
+            Arc::new(MemoryEventStore::new(MemoryLimits::default())),
+            [],
+            GateSettings::default(),
+        )
+    }
+
+    /// Whether any tenant has a limit.
+    pub fn is_unlimited(&self) -> bool {
+        self.tenants.is_empty()
     }
 
     /// The tenant's limits, `None` when it has none.
@@ -110,9 +146,12 @@ impl QuotaGate {
             .saturating_sub(Timestamp::now().unix_millis());
         let hold = Duration::from_millis(u64::try_from(remaining).unwrap_or(0))
             .saturating_add(self.settings.grace);
+        let reconciler = self.reconcilers.get(tenant);
+        let seen = reconciler.map(|r| r.released.load(Ordering::SeqCst));
         let mut answer = self.store.admit(tenant, limits, execution, hold).await;
-        if let Ok(Admission::ActiveLimit { .. }) = answer
-            && self.reconcile(tenant).await > 0
+        if let (Ok(Admission::ActiveLimit { .. }), Some(reconciler), Some(seen)) =
+            (&answer, reconciler, seen)
+            && self.reconcile(tenant, reconciler, seen).await
         {
             answer = self.store.admit(tenant, limits, execution, hold).await;
         }
@@ -143,28 +182,26 @@ impl QuotaGate {
         }
     }
 
-    /// Whether this gate may reconcile `tenant` now; if so, marks it reconciled.
-    fn may_reconcile(&self, tenant: &str) -> bool {
-        let now = Instant::now();
-        let mut reconciled = self.reconciled.lock();
-        match reconciled.get_mut(tenant) {
-            Some(last) if now.duration_since(*last) < self.settings.reconcile_interval => false,
-            Some(last) => {
-                *last = now;
-                true
-            }
-            None => {
-                reconciled.insert(tenant.to_owned(), now);
-                true
-            }
+    /// Whether slots were released since the admit that read `seen` asked the store: by a
+    /// reconciliation that ran meanwhile, or by one run now if the interval allows.
+    async fn reconcile(&self, tenant: &str, reconciler: &Reconciler, seen: u64) -> bool {
+        let mut last = reconciler.last.lock().await;
+        if reconciler.released.load(Ordering::SeqCst) != seen {
+            return true;
         }
+        if last.is_some_and(|at| at.elapsed() < self.settings.reconcile_interval) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        if self.release_ended(tenant).await == 0 {
+            return false;
+        }
+        reconciler.released.fetch_add(1, Ordering::SeqCst);
+        true
     }
 
     /// Releases the slots of `tenant`'s executions whose log is terminal; returns how many.
-    async fn reconcile(&self, tenant: &str) -> usize {
-        if !self.may_reconcile(tenant) {
-            return 0;
-        }
+    async fn release_ended(&self, tenant: &str) -> usize {
         let holders = match self
             .store
             .holders(tenant, self.settings.reconcile_batch)
@@ -218,8 +255,6 @@ mod tests {
     use protocol::{RuntimeError, RuntimeEvent, Sequence};
 
     use super::*;
-    use crate::memory::{MemoryEventStore, MemoryLimits};
-    use crate::quota::MemoryQuotaStore;
 
     /// A memory quota store that counts admits and can fail them after taking the slot (a
     /// lost answer).
@@ -370,6 +405,47 @@ mod tests {
                 .is_admitted()
         );
         assert_eq!(store.holders("capped", 10).await.unwrap(), vec![c]);
+    }
+
+    /// Ten admits at once at a cap held by ended executions: one reconciles, the others wait
+    /// for it and retry, so exactly the cap is admitted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_admits_at_a_stale_cap_share_one_reconciliation() {
+        let store = Arc::new(Probe::default());
+        let events = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
+        let settings = GateSettings {
+            reconcile_interval: Duration::from_secs(3600),
+            ..GateSettings::default()
+        };
+        let limits = QuotaLimits::new(Some(3), None, None).unwrap();
+        let gate = Arc::new(QuotaGate::new(
+            store.clone(),
+            events.clone(),
+            [("t".to_owned(), limits)],
+            settings,
+        ));
+        for _ in 0..3 {
+            let id = open_log(&events).await;
+            assert!(gate.admit("t", id, later()).await.unwrap().is_admitted());
+            close_log(&events, id).await;
+        }
+        let tasks: Vec<_> = (0..10)
+            .map(|_| {
+                let gate = Arc::clone(&gate);
+                tokio::spawn(async move {
+                    gate.admit("t", ExecutionId::new_random(), later())
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut admitted = 0;
+        for task in tasks {
+            if task.await.unwrap().is_admitted() {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 3);
     }
 
     #[tokio::test]
