@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::auth::AuthConfig;
 use crate::error::ConfigError;
 use crate::event_store::EventStoreConfig;
 use crate::field::{Fields, MAX_SAFE_INTEGER, duration_ms};
@@ -31,6 +32,7 @@ const ROOT_FIELDS: &[&str] = &[
     "event_store",
     "limits",
     "retention_ms",
+    "auth",
 ];
 
 /// Everything the deployment file configures. `P` is a parsed provider section, as the
@@ -47,6 +49,8 @@ pub struct DeploymentConfig<P> {
     /// `event_store.retention_ms`; default 24 h.
     pub retention: Duration,
     pub event_store: EventStoreConfig,
+    /// API keys and tenants; `None`: every request is anonymous (tenant `default`).
+    pub auth: Option<AuthConfig>,
 }
 
 impl<P> DeploymentConfig<P> {
@@ -58,6 +62,7 @@ impl<P> DeploymentConfig<P> {
             limits: Limits::default(),
             retention: DEFAULT_RETENTION,
             event_store: EventStoreConfig::default(),
+            auth: None,
         }
     }
 }
@@ -129,11 +134,13 @@ fn from_value<C: ProviderCatalog>(
         None => (EventStoreConfig::default(), None),
         Some(value) => EventStoreConfig::parse(value)?,
     };
+    let auth = root.get("auth").map(AuthConfig::parse).transpose()?;
     Ok(DeploymentConfig {
         providers,
         max_active_executions,
         limits,
         retention: Duration::from_millis(store_retention_ms.unwrap_or(root_retention_ms)),
         event_store,
+        auth,
     })
 }

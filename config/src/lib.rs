@@ -10,12 +10,14 @@
 //! - [`event_store`]: bounds of the in-memory event store.
 //! - [`provider`]: the `providers` array: flow limits, unique ids, and the
 //!   [`ProviderCatalog`] through which the worker's adapters parse their own sections.
+//! - [`auth`]: the `auth` section: tenants, their quotas, and API key hashes.
 //! - [`base_url`]: provider base URLs, restricted to safe origins.
 //! - [`field`]: the strict JSON walker every section is parsed with.
 //! - [`error`]: [`ConfigError`], which names paths and never values.
 //!
 //! Parsing is strict and errors never echo a value from the file: see [`field`].
 
+pub mod auth;
 pub mod base_url;
 pub mod deployment;
 pub mod error;
@@ -25,6 +27,7 @@ pub mod limits;
 pub mod process;
 pub mod provider;
 
+pub use auth::{ApiKeyEntry, AuthConfig, Scope, Scopes, TenantQuota};
 pub use base_url::{BaseUrl, UnsafeBaseUrl};
 pub use deployment::DeploymentConfig;
 pub use error::ConfigError;

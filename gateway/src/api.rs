@@ -8,11 +8,13 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use config::Scope;
 use protocol::manifest::ProviderList;
 use protocol::snapshot::{CancelResponse, CancelStatus, RuntimeInfo, RuntimeState};
 use protocol::{ExecutionId, Sequence};
 use tracing::Instrument;
 
+use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::events::{empty_sse_response, sse_response};
 use crate::response::{json_response, security_headers};
@@ -34,6 +36,10 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .fallback(route_not_found)
         .method_not_allowed_fallback(route_not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::authenticate,
+        ))
         .layer(axum::middleware::from_fn(head_not_found))
         .layer(axum::middleware::map_response(security_headers))
         .layer(axum::middleware::from_fn(crate::instrument::record))
@@ -209,9 +215,11 @@ async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
 
 async fn submit_execution(
     State(state): State<AppState>,
+    principal: Principal,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    principal.require(Scope::Submit)?;
     // Checked before the body is read: a stopping gateway answers 503 at once. The flow itself
     // does not check again.
     if state.is_stopping() {
@@ -278,7 +286,7 @@ async fn submit_execution(
             telemetry::propagation::set_parent(&span, parent);
         }
         let traceparent = telemetry::propagation::traceparent_of(&span).or(traceparent);
-        let submission = submit::submit(&state, request, key, traceparent)
+        let submission = submit::submit(&state, &principal.tenant, request, key, traceparent)
             .instrument(span.clone())
             .await?;
         span.record(
@@ -287,7 +295,7 @@ async fn submit_execution(
         );
         submission
     } else {
-        submit::submit(&state, request, key, traceparent).await?
+        submit::submit(&state, &principal.tenant, request, key, traceparent).await?
     };
     if let Some(permit) = stream_permit {
         return events_response(&state, submission.execution_id, Sequence::ZERO, permit).await;
@@ -317,18 +325,22 @@ async fn load_execution(
 
 async fn get_execution(
     State(state): State<AppState>,
+    principal: Principal,
     uri: Uri,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    principal.require(Scope::Read)?;
     let execution = load_execution(&state, path, &uri).await?;
     Ok(json_response(StatusCode::OK, &execution.snapshot()))
 }
 
 async fn get_result(
     State(state): State<AppState>,
+    principal: Principal,
     uri: Uri,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    principal.require(Scope::Read)?;
     let execution = load_execution(&state, path, &uri).await?;
     Ok(match execution.result_response() {
         Ok(result) => json_response(StatusCode::OK, &result),
@@ -338,9 +350,11 @@ async fn get_result(
 
 async fn cancel_execution(
     State(state): State<AppState>,
+    principal: Principal,
     uri: Uri,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    principal.require(Scope::Cancel)?;
     let cancelled = match execution_id(path, &uri)? {
         Some(id) => submit::cancel(&state, id).await?,
         None => false,
@@ -425,11 +439,13 @@ fn percent_decode(raw: &str) -> Option<String> {
 
 async fn get_events(
     State(state): State<AppState>,
+    principal: Principal,
     uri: Uri,
     path: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    principal.require(Scope::Read)?;
     let id = execution_id(path, &uri)?.ok_or(EXECUTION_NOT_FOUND)?;
     // Existence is checked before the cursor [R 52]; the end of the log is all we need.
     let head = state

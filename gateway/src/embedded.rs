@@ -12,6 +12,7 @@ use runtime::memory::{
 use worker::runner::{Runner, RunnerSettings};
 use worker::{PoolConfig, ProviderRegistry, WorkerPool};
 
+use crate::auth::Authenticator;
 use crate::state::{ApiLimits, AppState, Backend};
 use crate::submit;
 
@@ -76,7 +77,8 @@ impl Embedded {
                 ..PoolConfig::default()
             },
         );
-        let state = AppState::new(backend, registry, api_limits(config));
+        let auth = Authenticator::from_config(config.auth.as_ref());
+        let state = AppState::with_auth(backend, registry, api_limits(config), auth);
         Self {
             state,
             pool,

@@ -31,6 +31,10 @@ pub enum ApiError {
     QueueFull(&'static str),
     /// 503 `unavailable` with a fixed message and `Retry-After`.
     Unavailable(&'static str),
+    /// 401 `unauthenticated` with `WWW-Authenticate: Bearer`: no API key, or an unknown one.
+    Unauthenticated,
+    /// 403 `permission_denied`: a valid API key without the scope the route needs.
+    PermissionDenied,
     /// 500 `internal_error`; the detail is logged, never sent.
     Internal(String),
 }
@@ -92,6 +96,16 @@ impl ApiError {
             ApiError::Unavailable(m) => {
                 (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, m)
             }
+            ApiError::Unauthenticated => (
+                StatusCode::UNAUTHORIZED,
+                ErrorCode::Unauthenticated,
+                "A valid API key is required",
+            ),
+            ApiError::PermissionDenied => (
+                StatusCode::FORBIDDEN,
+                ErrorCode::PermissionDenied,
+                "The API key does not allow this operation",
+            ),
             ApiError::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 ErrorCode::InternalError,
@@ -126,6 +140,11 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if matches!(self, ApiError::Unauthenticated) {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }

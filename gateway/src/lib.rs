@@ -2,6 +2,7 @@
 //!
 //! Module map:
 //! - [`api`]: the axum router and handlers (contract.md section 2).
+//! - [`auth`]: API keys: the authentication middleware and the caller's `Principal`.
 //! - [`submit`]: the submission and cancellation flows (idempotency, capability check, log
 //!   creation, job publish), independent of HTTP; events are written through
 //!   `runtime::EventWriter`, never built here.
@@ -22,6 +23,7 @@
 //! backends, so any gateway can serve any execution.
 
 pub mod api;
+pub mod auth;
 pub mod connections;
 pub mod distributed;
 pub mod embedded;

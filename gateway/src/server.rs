@@ -84,7 +84,8 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
                     limits.max_body_bytes,
                     nats.client.server_info().max_payload,
                 );
-                Runtime::Distributed(AppState::new(backend, registry, limits))
+                let auth = crate::auth::Authenticator::from_config(deployment.auth.as_ref());
+                Runtime::Distributed(AppState::with_auth(backend, registry, limits, auth))
             }
             // A setting JetStream refuses to change names the stream and the setting (never a
             // credential or an address): say it, since retrying or another URL will not help.
@@ -110,6 +111,13 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
         Err(e) => return startup_error(&format!("cannot read the listen address: {}", e.kind())),
     };
     println!("listening on http://{local}");
+    if deployment.auth.is_none() && !local.ip().is_loopback() {
+        tracing::warn!(
+            %local,
+            "no auth section in the deployment file: anyone who can reach this address may \
+             submit, read and cancel executions"
+        );
+    }
     tracing::info!(
         %local,
         backend = ?args.common.backend,

@@ -9,6 +9,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use worker::ProviderRegistry;
 
+use crate::auth::Authenticator;
 use crate::metrics::Metrics;
 
 /// The storage and messaging implementations behind the API.
@@ -67,6 +68,7 @@ impl Default for ApiLimits {
 
 pub(crate) struct Inner {
     pub backend: Backend,
+    pub auth: Authenticator,
     pub registry: Arc<ProviderRegistry>,
     pub limits: ApiLimits,
     pub metrics: Metrics,
@@ -92,11 +94,23 @@ impl std::fmt::Debug for AppState {
 }
 
 impl AppState {
+    /// Anonymous: every request is tenant `default` (see [`AppState::with_auth`]).
     pub fn new(backend: Backend, registry: Arc<ProviderRegistry>, limits: ApiLimits) -> Self {
+        Self::with_auth(backend, registry, limits, Authenticator::anonymous())
+    }
+
+    /// With the API keys of the deployment's `auth` section.
+    pub fn with_auth(
+        backend: Backend,
+        registry: Arc<ProviderRegistry>,
+        limits: ApiLimits,
+        auth: Authenticator,
+    ) -> Self {
         let streams = Arc::new(Semaphore::new(limits.max_sse_streams.max(1)));
         Self {
             inner: Arc::new(Inner {
                 backend,
+                auth,
                 registry,
                 limits,
                 metrics: Metrics::default(),
@@ -120,6 +134,11 @@ impl AppState {
     /// Ends open SSE streams at the next frame boundary.
     pub fn close_streams(&self) {
         self.inner.close_streams.cancel();
+    }
+
+    /// Whether requests need no API key.
+    pub fn is_anonymous(&self) -> bool {
+        self.inner.auth.is_anonymous()
     }
 
     pub fn backend(&self) -> &Backend {

@@ -17,7 +17,8 @@ use protocol::event::EventBody;
 use protocol::fingerprint::{request_fingerprint, sha256_hex};
 use protocol::snapshot::ExecutionSubmission;
 use protocol::{
-    ErrorCode, ExecutionId, ExecutionRequest, ExecutionStatus, RuntimeError, Sequence, Timestamp,
+    ErrorCode, ExecutionId, ExecutionRequest, ExecutionStatus, RuntimeError, Sequence, Tenant,
+    Timestamp,
 };
 use runtime::{EventWriter, IdempotencyRecord, Job, StoreError};
 
@@ -28,12 +29,13 @@ use crate::state::AppState;
 /// Runs the flow for a parsed request.
 pub async fn submit(
     state: &AppState,
+    tenant: &Tenant,
     request: ExecutionRequest,
     idempotency_key: Option<&str>,
     traceparent: Option<String>,
 ) -> Result<ExecutionSubmission, ApiError> {
     let inner = &state.inner;
-    let result = submit_inner(state, request, idempotency_key, traceparent).await;
+    let result = submit_inner(state, tenant, request, idempotency_key, traceparent).await;
     match &result {
         Ok(s) if s.idempotent_replay => Metrics::inc(&inner.metrics.submissions_replayed),
         Ok(_) => Metrics::inc(&inner.metrics.submissions_accepted),
@@ -44,6 +46,7 @@ pub async fn submit(
 
 async fn submit_inner(
     state: &AppState,
+    tenant: &Tenant,
     request: ExecutionRequest,
     idempotency_key: Option<&str>,
     traceparent: Option<String>,
@@ -77,7 +80,7 @@ async fn submit_inner(
         create_fresh(state, &job).await?;
         return Ok(accepted(id, created_at));
     };
-    let key_hash = sha256_hex(format!("\u{0}{key}").as_bytes());
+    let key_hash = idempotency_key_hash(tenant, key);
     let record = IdempotencyRecord {
         fingerprint: request_fingerprint(&job.request),
         execution_id: id,
@@ -98,6 +101,19 @@ async fn submit_inner(
             Err(ApiError::IdempotencyConflict)
         }
         Some(existing) => replay(state, existing, job).await,
+    }
+}
+
+/// The stored name of an idempotency key: scoped by tenant, so the same key from two tenants
+/// names two executions. The default tenant keeps the hash keys had before tenants existed
+/// (`sha256("\0" + key)`), so an upgrade keeps anonymous deployments' keys; other tenants hash
+/// `tenant + "\0" + key`. Tenant names and keys never contain NUL and tenant names are never
+/// empty, so no two (tenant, key) pairs share an input.
+pub fn idempotency_key_hash(tenant: &Tenant, key: &str) -> String {
+    if tenant.is_default() {
+        sha256_hex(format!("\u{0}{key}").as_bytes())
+    } else {
+        sha256_hex(format!("{tenant}\u{0}{key}").as_bytes())
     }
 }
 

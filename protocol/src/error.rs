@@ -8,8 +8,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// The portable error codes of Model Runtime API 0.1.0, plus `not_found`, `idempotency_conflict`
-/// and `unavailable`, which this runtime uses on its synchronous HTTP endpoints.
+/// The portable error codes of Model Runtime API 0.1.0, plus `not_found`, `idempotency_conflict`,
+/// `unavailable`, `unauthenticated` and `permission_denied`, which this runtime uses on its
+/// synchronous HTTP endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
@@ -26,6 +27,8 @@ pub enum ErrorCode {
     NotFound,
     IdempotencyConflict,
     Unavailable,
+    Unauthenticated,
+    PermissionDenied,
 }
 
 impl ErrorCode {
@@ -44,6 +47,8 @@ impl ErrorCode {
             ErrorCode::NotFound => "not_found",
             ErrorCode::IdempotencyConflict => "idempotency_conflict",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::Unauthenticated => "unauthenticated",
+            ErrorCode::PermissionDenied => "permission_denied",
         }
     }
 }

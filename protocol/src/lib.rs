@@ -15,6 +15,7 @@
 //! - [`manifest`]: provider manifests and model capabilities.
 //! - [`materialize`]: ordered events → snapshot and result, enforcing the log rules.
 //! - [`sse`]: SSE frame encoding and a WHATWG-conformant incremental parser.
+//! - [`tenant`]: `Tenant`, the owner of executions and idempotency keys.
 //! - `schema` (feature `schema`): the spec generator, JSON Schema and OpenAPI documents
 //!   generated from these types (`spec/`); off in the binaries, on for the spec drift test.
 //!
@@ -34,6 +35,7 @@ pub mod request;
 pub mod schema;
 pub mod snapshot;
 pub mod sse;
+pub mod tenant;
 pub mod time;
 pub mod usage;
 pub mod validate;
@@ -47,5 +49,6 @@ pub use id::{ExecutionId, Sequence};
 pub use number::MAX_SAFE_INTEGER;
 pub use request::ExecutionRequest;
 pub use snapshot::ExecutionSnapshot;
+pub use tenant::Tenant;
 pub use time::Timestamp;
 pub use usage::{UsageFact, UsageSource, UsageUnit};
