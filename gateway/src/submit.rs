@@ -1,5 +1,6 @@
 //! The submission flow, independent of HTTP: validate limits and capabilities, bind the
-//! idempotency key, create the log with `execution.accepted`, publish the job.
+//! idempotency key, admit the execution within its tenant's quotas ([`crate::quota`]), create
+//! the log with `execution.accepted`, publish the job.
 //!
 //! Order matters for the invariants: nothing is published for a request that is rejected, the
 //! execution id is minted before the key is bound (so a retry after a crash between the steps
@@ -24,6 +25,7 @@ use runtime::{EventWriter, IdempotencyRecord, Job, StoreError};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::quota;
 use crate::state::AppState;
 
 /// Runs the flow for a parsed request.
@@ -77,7 +79,7 @@ async fn submit_inner(
         traceparent,
     };
     let Some(key) = idempotency_key else {
-        create_fresh(state, &job).await?;
+        create_fresh(state, tenant, &job).await?;
         return Ok(accepted(id, created_at));
     };
     let key_hash = idempotency_key_hash(tenant, key);
@@ -89,7 +91,7 @@ async fn submit_inner(
     let claimed = inner.backend.idempotency.claim(&key_hash, &record).await?;
     match claimed {
         None => {
-            if let Err(e) = create_fresh(state, &job).await {
+            if let Err(e) = create_fresh(state, tenant, &job).await {
                 if let Err(release) = inner.backend.idempotency.release(&key_hash, id).await {
                     tracing::warn!(error = %release, "could not release idempotency key after a failed submit");
                 }
@@ -100,7 +102,7 @@ async fn submit_inner(
         Some(existing) if existing.fingerprint != record.fingerprint => {
             Err(ApiError::IdempotencyConflict)
         }
-        Some(existing) => replay(state, existing, job).await,
+        Some(existing) => replay(state, tenant, existing, job).await,
     }
 }
 
@@ -135,15 +137,19 @@ enum Creation {
     AlreadyExists,
 }
 
-/// Creates the log of an execution whose id was just minted: an existing log is a failure.
-async fn create_fresh(state: &AppState, job: &Job) -> Result<(), ApiError> {
-    match create_and_publish(state, job).await? {
-        Creation::Created => Ok(()),
-        Creation::AlreadyExists => Err(ApiError::Internal(format!(
-            "freshly minted execution id {} already has a log",
-            job.execution_id
-        ))),
-    }
+/// Creates the log of an execution whose id was just minted, within the tenant's quotas: an
+/// existing log is a failure.
+async fn create_fresh(state: &AppState, tenant: &Tenant, job: &Job) -> Result<(), ApiError> {
+    quota::within(state, tenant, job, async {
+        match create_and_publish(state, job).await? {
+            Creation::Created => Ok(()),
+            Creation::AlreadyExists => Err(ApiError::Internal(format!(
+                "freshly minted execution id {} already has a log",
+                job.execution_id
+            ))),
+        }
+    })
+    .await
 }
 
 /// Creates the log and publishes the job. If publishing fails, the log is closed with a
@@ -209,6 +215,7 @@ fn close_unqueued_later(state: &AppState, job: &Job) {
 /// The key is bound to an execution with the same request: answer with its current status.
 async fn replay(
     state: &AppState,
+    tenant: &Tenant,
     existing: IdempotencyRecord,
     job: Job,
 ) -> Result<ExecutionSubmission, ApiError> {
@@ -243,7 +250,8 @@ async fn replay(
                 // create it now, under the recorded id and time.
                 // `AlreadyExists`: a concurrent retry healed it first. Any other store error
                 // (a `Conflict` or `Violation` included) is a failure, never a replay.
-                match create_and_publish(state, &job).await? {
+                let heal = async { Ok(create_and_publish(state, &job).await?) };
+                match quota::within(state, tenant, &job, heal).await? {
                     Creation::Created | Creation::AlreadyExists => {
                         return Ok(replayed(ExecutionStatus::Accepted));
                     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::event::EventBody;
-use protocol::{ExecutionId, RuntimeError, RuntimeEvent, Sequence, Timestamp};
+use protocol::{ExecutionId, RuntimeError, RuntimeEvent, Sequence, Tenant, Timestamp};
 use runtime::nats::{NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings};
 use runtime::quota::RedisQuotaStore;
 use runtime::redis_idempotency::RedisIdempotencyStore;
@@ -101,13 +101,15 @@ async fn redis_quotas_hold_across_connections_and_stay_in_their_namespace() {
         Arc::new(redis_quota_store(&server, &namespace).await),
     ];
     let limits = QuotaLimits::new(Some(5), None, None).unwrap();
+    let acme: Tenant = "acme".parse().unwrap();
     let hold = Duration::from_secs(600);
     let tasks: Vec<_> = (0..30)
         .map(|i| {
             let store = Arc::clone(&stores[i % 2]);
+            let acme = acme.clone();
             tokio::spawn(async move {
                 let id = ExecutionId::new_random();
-                (id, store.admit("acme", &limits, id, hold).await.unwrap())
+                (id, store.admit(&acme, &limits, id, hold).await.unwrap())
             })
         })
         .collect();
@@ -120,22 +122,22 @@ async fn redis_quotas_hold_across_connections_and_stay_in_their_namespace() {
     }
     assert_eq!(admitted.len(), 5);
     // A slot taken through one connection is released through the other.
-    stores[1].release("acme", &admitted[..1]).await.unwrap();
+    stores[1].release(&acme, &admitted[..1]).await.unwrap();
     let id = ExecutionId::new_random();
     assert_eq!(
-        stores[0].admit("acme", &limits, id, hold).await.unwrap(),
+        stores[0].admit(&acme, &limits, id, hold).await.unwrap(),
         Admission::Admitted
     );
     let elsewhere = redis_quota_store(&server, &unique_namespace("t")).await;
     assert_eq!(
         elsewhere
-            .admit("acme", &limits, ExecutionId::new_random(), hold)
+            .admit(&acme, &limits, ExecutionId::new_random(), hold)
             .await
             .unwrap(),
         Admission::Admitted,
         "another namespace is another deployment"
     );
-    assert!(elsewhere.holders("acme", 10).await.unwrap().len() == 1);
+    assert!(elsewhere.holders(&acme, 10).await.unwrap().len() == 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use protocol::ExecutionId;
+use protocol::{ExecutionId, Tenant};
 
 use super::{Admission, QuotaLimits, QuotaStore};
 
@@ -15,8 +15,10 @@ const PROMPT: Duration = Duration::from_secs(20);
 /// A hold no check outlives.
 const LONG: Duration = Duration::from_secs(600);
 
-fn tenant() -> String {
+fn tenant() -> Tenant {
     format!("tenant-{}", ExecutionId::new_random())
+        .parse()
+        .unwrap()
 }
 
 fn limits(max_active: Option<u64>, rate: Option<f64>, burst: Option<u64>) -> QuotaLimits {
@@ -39,7 +41,7 @@ pub async fn quota_suite(store: Arc<dyn QuotaStore>) {
 
 async fn admit(
     store: &dyn QuotaStore,
-    tenant: &str,
+    tenant: &Tenant,
     limits: &QuotaLimits,
     hold: Duration,
 ) -> (ExecutionId, Admission) {

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use protocol::{ExecutionId, Timestamp};
+use protocol::{ExecutionId, Tenant, Timestamp};
 use tokio::time::Instant;
 
 use super::{Admission, MemoryQuotaStore, QuotaLimits, QuotaStore};
@@ -57,10 +57,10 @@ pub struct QuotaGate {
     store: Arc<dyn QuotaStore>,
     events: Arc<dyn EventStore>,
     /// Tenants with at least one limit.
-    tenants: HashMap<String, QuotaLimits>,
+    tenants: HashMap<Tenant, QuotaLimits>,
     settings: GateSettings,
     /// One per tenant with a cap.
-    reconcilers: HashMap<String, Reconciler>,
+    reconcilers: HashMap<Tenant, Reconciler>,
 }
 
 /// Reconciliation state of one tenant in this gate.
@@ -88,10 +88,10 @@ impl QuotaGate {
     pub fn new(
         store: Arc<dyn QuotaStore>,
         events: Arc<dyn EventStore>,
-        tenants: impl IntoIterator<Item = (String, QuotaLimits)>,
+        tenants: impl IntoIterator<Item = (Tenant, QuotaLimits)>,
         settings: GateSettings,
     ) -> Self {
-        let tenants: HashMap<String, QuotaLimits> = tenants
+        let tenants: HashMap<Tenant, QuotaLimits> = tenants
             .into_iter()
             .filter(|(_, limits)| !limits.is_unlimited())
             .collect();
@@ -125,7 +125,7 @@ impl QuotaGate {
     }
 
     /// The tenant's limits, `None` when it has none.
-    pub fn limits(&self, tenant: &str) -> Option<&QuotaLimits> {
+    pub fn limits(&self, tenant: &Tenant) -> Option<&QuotaLimits> {
         self.tenants.get(tenant)
     }
 
@@ -134,7 +134,7 @@ impl QuotaGate {
     /// released in the background.
     pub async fn admit(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         execution: ExecutionId,
         deadline_at: Timestamp,
     ) -> Result<Admission, StoreError> {
@@ -157,7 +157,7 @@ impl QuotaGate {
         }
         if answer.is_err() && limits.max_active.is_some() {
             let store = Arc::clone(&self.store);
-            let tenant = tenant.to_owned();
+            let tenant = tenant.clone();
             tokio::spawn(async move {
                 if let Err(e) = store.release(&tenant, &[execution]).await {
                     tracing::debug!(error = %e, "could not release a slot after a failed admit; it expires");
@@ -169,7 +169,7 @@ impl QuotaGate {
 
     /// Frees `execution`'s slot now that it ended or was never created. Failures are logged:
     /// the slot then ends by reconciliation or expiry.
-    pub async fn release(&self, tenant: &str, execution: ExecutionId) {
+    pub async fn release(&self, tenant: &Tenant, execution: ExecutionId) {
         if self
             .tenants
             .get(tenant)
@@ -184,7 +184,7 @@ impl QuotaGate {
 
     /// Whether slots were released since the admit that read `seen` asked the store: by a
     /// reconciliation that ran meanwhile, or by one run now if the interval allows.
-    async fn reconcile(&self, tenant: &str, reconciler: &Reconciler, seen: u64) -> bool {
+    async fn reconcile(&self, tenant: &Tenant, reconciler: &Reconciler, seen: u64) -> bool {
         let mut last = reconciler.last.lock().await;
         if reconciler.released.load(Ordering::SeqCst) != seen {
             return true;
@@ -201,7 +201,7 @@ impl QuotaGate {
     }
 
     /// Releases the slots of `tenant`'s executions whose log is terminal; returns how many.
-    async fn release_ended(&self, tenant: &str) -> usize {
+    async fn release_ended(&self, tenant: &Tenant) -> usize {
         let holders = match self
             .store
             .holders(tenant, self.settings.reconcile_batch)
@@ -269,7 +269,7 @@ mod tests {
     impl QuotaStore for Probe {
         async fn admit(
             &self,
-            tenant: &str,
+            tenant: &Tenant,
             limits: &QuotaLimits,
             execution: ExecutionId,
             hold: Duration,
@@ -284,7 +284,7 @@ mod tests {
 
         async fn release(
             &self,
-            tenant: &str,
+            tenant: &Tenant,
             executions: &[ExecutionId],
         ) -> Result<(), StoreError> {
             self.inner.release(tenant, executions).await
@@ -292,7 +292,7 @@ mod tests {
 
         async fn holders(
             &self,
-            tenant: &str,
+            tenant: &Tenant,
             limit: usize,
         ) -> Result<Vec<ExecutionId>, StoreError> {
             self.inner.holders(tenant, limit).await
@@ -304,14 +304,15 @@ mod tests {
             store,
             events,
             [
-                (
-                    "capped".to_owned(),
-                    QuotaLimits::new(Some(1), None, None).unwrap(),
-                ),
-                ("free".to_owned(), QuotaLimits::default()),
+                (t("capped"), QuotaLimits::new(Some(1), None, None).unwrap()),
+                (t("free"), QuotaLimits::default()),
             ],
             settings,
         )
+    }
+
+    fn t(name: &str) -> Tenant {
+        name.parse().unwrap()
     }
 
     fn later() -> Timestamp {
@@ -348,13 +349,15 @@ mod tests {
         let events = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
         let gate = gate(store.clone(), events, GateSettings::default());
         for tenant in ["free", "unknown"] {
-            let a = gate.admit(tenant, ExecutionId::new_random(), later()).await;
+            let a = gate
+                .admit(&t(tenant), ExecutionId::new_random(), later())
+                .await;
             assert_eq!(a.unwrap(), Admission::Admitted);
-            gate.release(tenant, ExecutionId::new_random()).await;
+            gate.release(&t(tenant), ExecutionId::new_random()).await;
         }
         assert_eq!(store.admits.load(Ordering::SeqCst), 0);
-        assert!(gate.limits("free").is_none());
-        assert!(gate.limits("capped").is_some());
+        assert!(gate.limits(&t("free")).is_none());
+        assert!(gate.limits(&t("capped")).is_some());
     }
 
     #[tokio::test]
@@ -369,21 +372,21 @@ mod tests {
         // A holder without a log (its submit may still be creating it) is kept.
         let unlogged = ExecutionId::new_random();
         assert!(
-            gate.admit("capped", unlogged, later())
+            gate.admit(&t("capped"), unlogged, later())
                 .await
                 .unwrap()
                 .is_admitted()
         );
         let b = open_log(&events).await;
-        let refused = gate.admit("capped", b, later()).await.unwrap();
+        let refused = gate.admit(&t("capped"), b, later()).await.unwrap();
         assert!(
             matches!(refused, Admission::ActiveLimit { .. }),
             "{refused:?}"
         );
-        gate.release("capped", unlogged).await;
+        gate.release(&t("capped"), unlogged).await;
         // A holder whose log is open is kept.
         assert!(
-            gate.admit("capped", b, later())
+            gate.admit(&t("capped"), b, later())
                 .await
                 .unwrap()
                 .is_admitted()
@@ -391,7 +394,7 @@ mod tests {
         let c = open_log(&events).await;
         assert!(
             !gate
-                .admit("capped", c, later())
+                .admit(&t("capped"), c, later())
                 .await
                 .unwrap()
                 .is_admitted()
@@ -399,12 +402,12 @@ mod tests {
         // Once its log is terminal, the next admit at the cap frees its slot and succeeds.
         close_log(&events, b).await;
         assert!(
-            gate.admit("capped", c, later())
+            gate.admit(&t("capped"), c, later())
                 .await
                 .unwrap()
                 .is_admitted()
         );
-        assert_eq!(store.holders("capped", 10).await.unwrap(), vec![c]);
+        assert_eq!(store.holders(&t("capped"), 10).await.unwrap(), vec![c]);
     }
 
     /// Ten admits at once at a cap held by ended executions: one reconciles, the others wait
@@ -421,19 +424,24 @@ mod tests {
         let gate = Arc::new(QuotaGate::new(
             store.clone(),
             events.clone(),
-            [("t".to_owned(), limits)],
+            [(t("t"), limits)],
             settings,
         ));
         for _ in 0..3 {
             let id = open_log(&events).await;
-            assert!(gate.admit("t", id, later()).await.unwrap().is_admitted());
+            assert!(
+                gate.admit(&t("t"), id, later())
+                    .await
+                    .unwrap()
+                    .is_admitted()
+            );
             close_log(&events, id).await;
         }
         let tasks: Vec<_> = (0..10)
             .map(|_| {
                 let gate = Arc::clone(&gate);
                 tokio::spawn(async move {
-                    gate.admit("t", ExecutionId::new_random(), later())
+                    gate.admit(&t("t"), ExecutionId::new_random(), later())
                         .await
                         .unwrap()
                 })
@@ -459,7 +467,7 @@ mod tests {
         let gate = gate(store.clone(), events.clone(), settings);
         let a = open_log(&events).await;
         assert!(
-            gate.admit("capped", a, later())
+            gate.admit(&t("capped"), a, later())
                 .await
                 .unwrap()
                 .is_admitted()
@@ -468,7 +476,7 @@ mod tests {
         // Reconciles (nothing to free), then the interval has not passed.
         assert!(
             !gate
-                .admit("capped", b, later())
+                .admit(&t("capped"), b, later())
                 .await
                 .unwrap()
                 .is_admitted()
@@ -476,13 +484,13 @@ mod tests {
         close_log(&events, a).await;
         assert!(
             !gate
-                .admit("capped", b, later())
+                .admit(&t("capped"), b, later())
                 .await
                 .unwrap()
                 .is_admitted(),
             "no second reconciliation within the interval"
         );
-        assert_eq!(store.holders("capped", 10).await.unwrap(), vec![a]);
+        assert_eq!(store.holders(&t("capped"), 10).await.unwrap(), vec![a]);
     }
 
     #[tokio::test]
@@ -494,9 +502,9 @@ mod tests {
         let events = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
         let gate = gate(store.clone(), events, GateSettings::default());
         let id = ExecutionId::new_random();
-        assert!(gate.admit("capped", id, later()).await.is_err());
+        assert!(gate.admit(&t("capped"), id, later()).await.is_err());
         let started = std::time::Instant::now();
-        while !store.holders("capped", 10).await.unwrap().is_empty() {
+        while !store.holders(&t("capped"), 10).await.unwrap().is_empty() {
             assert!(started.elapsed() < Duration::from_secs(20), "slot kept");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -514,7 +522,7 @@ mod tests {
         // Deadline already passed: the slot lives for the grace only.
         let past = Timestamp::from_unix_millis(Timestamp::now().unix_millis() - 1000);
         assert!(
-            gate.admit("capped", ExecutionId::new_random(), past)
+            gate.admit(&t("capped"), ExecutionId::new_random(), past)
                 .await
                 .unwrap()
                 .is_admitted()
@@ -522,7 +530,7 @@ mod tests {
         let b = ExecutionId::new_random();
         let started = std::time::Instant::now();
         while !gate
-            .admit("capped", b, later())
+            .admit(&t("capped"), b, later())
             .await
             .unwrap()
             .is_admitted()

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use protocol::ExecutionId;
+use protocol::{ExecutionId, Tenant};
 
 use super::{ACTIVE_RETRY_AFTER, Admission, QuotaLimits, QuotaStore, RateLimit};
 use crate::error::StoreError;
@@ -33,7 +33,7 @@ impl Bucket {
 }
 
 #[derive(Debug, Default)]
-struct Tenant {
+struct Account {
     bucket: Option<Bucket>,
     /// Slot holders and their expiry.
     slots: HashMap<ExecutionId, Instant>,
@@ -43,9 +43,9 @@ struct Tenant {
 
 #[derive(Debug, Default)]
 struct State {
-    tenants: HashMap<String, Tenant>,
+    tenants: HashMap<Tenant, Account>,
     /// The tenant of every slot holder, for [`MemoryQuotaStore::release_execution`].
-    owners: HashMap<ExecutionId, String>,
+    owners: HashMap<ExecutionId, Tenant>,
 }
 
 /// See the module docs.
@@ -80,14 +80,14 @@ impl MemoryQuotaStore {
 
 fn admit_locked(
     state: &mut State,
-    tenant: &str,
+    tenant: &Tenant,
     limits: &QuotaLimits,
     execution: ExecutionId,
     hold: Duration,
     now: Instant,
 ) -> Admission {
     let State { tenants, owners } = state;
-    let t = tenants.entry(tenant.to_owned()).or_default();
+    let t = tenants.entry(tenant.clone()).or_default();
     if t.slots.contains_key(&execution) {
         return Admission::Admitted;
     }
@@ -124,7 +124,7 @@ fn admit_locked(
             .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
         t.slots.insert(execution, expires);
         t.expiry.insert((expires, execution));
-        owners.insert(execution, tenant.to_owned());
+        owners.insert(execution, tenant.clone());
     }
     if let Some(tokens) = tokens {
         t.bucket = Some(Bucket { tokens, at: now });
@@ -136,7 +136,7 @@ fn admit_locked(
 impl QuotaStore for MemoryQuotaStore {
     async fn admit(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         limits: &QuotaLimits,
         execution: ExecutionId,
         hold: Duration,
@@ -152,7 +152,7 @@ impl QuotaStore for MemoryQuotaStore {
         ))
     }
 
-    async fn release(&self, tenant: &str, executions: &[ExecutionId]) -> Result<(), StoreError> {
+    async fn release(&self, tenant: &Tenant, executions: &[ExecutionId]) -> Result<(), StoreError> {
         let mut state = self.state.lock();
         let State { tenants, owners } = &mut *state;
         let Some(t) = tenants.get_mut(tenant) else {
@@ -167,7 +167,7 @@ impl QuotaStore for MemoryQuotaStore {
         Ok(())
     }
 
-    async fn holders(&self, tenant: &str, limit: usize) -> Result<Vec<ExecutionId>, StoreError> {
+    async fn holders(&self, tenant: &Tenant, limit: usize) -> Result<Vec<ExecutionId>, StoreError> {
         let state = self.state.lock();
         Ok(state.tenants.get(tenant).map_or_else(Vec::new, |t| {
             t.expiry.iter().take(limit).map(|&(_, id)| id).collect()
@@ -205,11 +205,12 @@ mod tests {
         let hook = Arc::clone(&quotas);
         events.on_terminal(Arc::new(move |id| hook.release_execution(id)));
         let limits = QuotaLimits::new(Some(1), None, None).unwrap();
+        let tenant: Tenant = "t".parse().unwrap();
         let id = ExecutionId::new_random();
         let hold = Duration::from_secs(600);
         assert!(
             quotas
-                .admit("t", &limits, id, hold)
+                .admit(&tenant, &limits, id, hold)
                 .await
                 .unwrap()
                 .is_admitted()
@@ -222,7 +223,7 @@ mod tests {
         let other = ExecutionId::new_random();
         assert!(
             !quotas
-                .admit("t", &limits, other, hold)
+                .admit(&tenant, &limits, other, hold)
                 .await
                 .unwrap()
                 .is_admitted()
@@ -238,7 +239,7 @@ mod tests {
         assert_eq!(quotas.held(), 0);
         assert!(
             quotas
-                .admit("t", &limits, other, hold)
+                .admit(&tenant, &limits, other, hold)
                 .await
                 .unwrap()
                 .is_admitted()

@@ -37,7 +37,7 @@ pub mod contract;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use protocol::ExecutionId;
+use protocol::{ExecutionId, Tenant};
 
 use crate::error::StoreError;
 
@@ -168,15 +168,15 @@ pub const ACTIVE_RETRY_AFTER: Duration = Duration::from_secs(1);
 pub trait QuotaStore: Send + Sync + 'static {
     async fn admit(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         limits: &QuotaLimits,
         execution: ExecutionId,
         hold: Duration,
     ) -> Result<Admission, StoreError>;
 
-    async fn release(&self, tenant: &str, executions: &[ExecutionId]) -> Result<(), StoreError>;
+    async fn release(&self, tenant: &Tenant, executions: &[ExecutionId]) -> Result<(), StoreError>;
 
-    async fn holders(&self, tenant: &str, limit: usize) -> Result<Vec<ExecutionId>, StoreError>;
+    async fn holders(&self, tenant: &Tenant, limit: usize) -> Result<Vec<ExecutionId>, StoreError>;
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use protocol::ExecutionId;
+use protocol::{ExecutionId, Tenant};
 use redis::Script;
 use redis::aio::ConnectionManager;
 
@@ -111,11 +111,11 @@ impl RedisQuotaStore {
         })
     }
 
-    fn active_key(&self, tenant: &str) -> String {
+    fn active_key(&self, tenant: &Tenant) -> String {
         format!("{}{tenant}:active", self.prefix)
     }
 
-    fn bucket_key(&self, tenant: &str) -> String {
+    fn bucket_key(&self, tenant: &Tenant) -> String {
         format!("{}{tenant}:bucket", self.prefix)
     }
 }
@@ -124,7 +124,7 @@ impl RedisQuotaStore {
 impl QuotaStore for RedisQuotaStore {
     async fn admit(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         limits: &QuotaLimits,
         execution: ExecutionId,
         hold: Duration,
@@ -159,7 +159,7 @@ impl QuotaStore for RedisQuotaStore {
         }
     }
 
-    async fn release(&self, tenant: &str, executions: &[ExecutionId]) -> Result<(), StoreError> {
+    async fn release(&self, tenant: &Tenant, executions: &[ExecutionId]) -> Result<(), StoreError> {
         if executions.is_empty() {
             return Ok(());
         }
@@ -173,7 +173,7 @@ impl QuotaStore for RedisQuotaStore {
         Ok(())
     }
 
-    async fn holders(&self, tenant: &str, limit: usize) -> Result<Vec<ExecutionId>, StoreError> {
+    async fn holders(&self, tenant: &Tenant, limit: usize) -> Result<Vec<ExecutionId>, StoreError> {
         if limit == 0 {
             return Ok(Vec::new());
         }
