@@ -16,7 +16,7 @@ use protocol::snapshot::{
     ExecutionResultResponse, ExecutionSubmission, ResultNotReady, RuntimeInfo,
 };
 use protocol::{ExecutionId, ExecutionRequest, ExecutionSnapshot, Sequence};
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, RETRY_AFTER};
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 
@@ -64,9 +64,45 @@ pub struct ClientBuilder {
     max_body_bytes: usize,
     max_frame_bytes: usize,
     http: Option<reqwest::Client>,
+    api_key: Option<ApiKey>,
+}
+
+/// Longest API key accepted.
+const MAX_API_KEY_BYTES: usize = 4096;
+
+/// An API key, sent as `Authorization: Bearer <key>` (marked sensitive, so HTTP-level logging
+/// redacts it). `Debug` never shows it.
+#[derive(Clone)]
+struct ApiKey(String);
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+impl ApiKey {
+    fn header(&self) -> Result<HeaderValue, ClientError> {
+        let key = self.0.as_bytes();
+        if key.is_empty() || key.len() > MAX_API_KEY_BYTES || !key.iter().all(u8::is_ascii_graphic)
+        {
+            return Err(ClientError::InvalidApiKey);
+        }
+        let mut value = HeaderValue::from_str(&format!("Bearer {}", self.0))
+            .map_err(|_| ClientError::InvalidApiKey)?;
+        value.set_sensitive(true);
+        Ok(value)
+    }
 }
 
 impl ClientBuilder {
+    /// Sends `key` as `Authorization: Bearer <key>` on every call (gateways with an `auth`
+    /// section require it). Checked by [`ClientBuilder::build`]; never shown in errors.
+    pub fn api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_key = Some(ApiKey(key.into()));
+        self
+    }
+
     /// Retries of idempotent calls and of event-stream resumption.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
@@ -115,6 +151,7 @@ impl ClientBuilder {
     /// Builds the client.
     pub fn build(self) -> Result<Client, ClientError> {
         let base = self.base.map_err(ClientError::InvalidBaseUrl)?;
+        let authorization = self.api_key.as_ref().map(ApiKey::header).transpose()?;
         let http = match self.http {
             Some(http) => http,
             None => {
@@ -137,6 +174,7 @@ impl ClientBuilder {
                 idle_timeout: self.idle_timeout,
                 max_body_bytes: self.max_body_bytes,
                 max_frame_bytes: self.max_frame_bytes,
+                authorization,
             }),
         })
     }
@@ -157,6 +195,18 @@ pub(crate) struct Inner {
     pub(crate) idle_timeout: Duration,
     pub(crate) max_body_bytes: usize,
     pub(crate) max_frame_bytes: usize,
+    /// `Bearer <key>`, marked sensitive.
+    pub(crate) authorization: Option<HeaderValue>,
+}
+
+impl Inner {
+    /// Adds the `Authorization` header when the client has an API key.
+    pub(crate) fn authorize(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.authorization {
+            Some(value) => request.header(AUTHORIZATION, value.clone()),
+            None => request,
+        }
+    }
 }
 
 impl Client {
@@ -179,6 +229,7 @@ impl Client {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_frame_bytes: protocol::sse::DEFAULT_MAX_FRAME_BYTES,
             http: None,
+            api_key: None,
         }
     }
 
@@ -357,7 +408,8 @@ impl Client {
         &self,
         request: reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, ClientError> {
-        request
+        self.inner
+            .authorize(request)
             .timeout(self.inner.request_timeout)
             .send()
             .await
@@ -427,8 +479,10 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 
 /// `GET` with `Accept: text/event-stream`.
 pub(crate) fn events_request(inner: &Inner, url: url::Url) -> reqwest::RequestBuilder {
-    inner
-        .http
-        .request(Method::GET, url)
-        .header(ACCEPT, "text/event-stream")
+    inner.authorize(
+        inner
+            .http
+            .request(Method::GET, url)
+            .header(ACCEPT, "text/event-stream"),
+    )
 }

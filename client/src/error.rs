@@ -78,6 +78,10 @@ pub enum ClientError {
         protocol::idempotency::MAX_KEY_LEN
     )]
     InvalidIdempotencyKey,
+    /// An API key that cannot be sent as a bearer token (empty, or not visible ASCII). The key
+    /// itself is never shown.
+    #[error("API key must be 1 to 4096 visible ASCII characters")]
+    InvalidApiKey,
     /// The request could not be serialized as JSON (non-finite numbers).
     #[error("request must be bounded JSON data")]
     InvalidRequest,
@@ -132,6 +136,7 @@ impl ClientError {
             ClientError::InvalidBaseUrl(_)
             | ClientError::InvalidCursor
             | ClientError::InvalidIdempotencyKey
+            | ClientError::InvalidApiKey
             | ClientError::InvalidRequest => Some(ErrorCode::InvalidRequest),
             ClientError::Api(e) => Some(e.code),
             ClientError::NotReady(r) => match (&r.error, r.status) {
@@ -158,6 +163,7 @@ impl ClientError {
             ClientError::InvalidBaseUrl(_)
             | ClientError::InvalidCursor
             | ClientError::InvalidIdempotencyKey
+            | ClientError::InvalidApiKey
             | ClientError::InvalidRequest
             | ClientError::Protocol(_) => false,
         }

@@ -10,6 +10,7 @@
 //! - [`error`]: [`ClientError`] with the portable code and the retryable flag.
 //! - [`base_url`]: base-URL and cursor checks (no credentials, query or fragment) [R 89].
 //! - [`idempotency`]: [`IdempotencyKey`], checked or generated.
+//! - [`keygen`]: new API keys and their deployment-file entries (`mrt keygen`).
 //! - [`retry`]: [`RetryPolicy`], bounded exponential backoff with jitter.
 //! - `cli` (feature `cli`, on by default): the `mrt` command; the binary only calls it.
 //!
@@ -18,7 +19,9 @@
 //! use model_runtime_client::{Client, SubmitOptions, text_request};
 //! use protocol::{EventBody, Sequence};
 //!
-//! let client = Client::new("http://127.0.0.1:4320")?;
+//! let client = Client::builder("http://127.0.0.1:4320")
+//!     .api_key(std::env::var("MODEL_RUNTIME_API_KEY").unwrap_or_default())
+//!     .build()?;
 //! let submission = client
 //!     .submit(&text_request("text-generation", "hello"), &SubmitOptions::idempotent())
 //!     .await?;
@@ -37,6 +40,7 @@ pub mod client;
 pub mod error;
 pub mod events;
 pub mod idempotency;
+pub mod keygen;
 pub mod retry;
 pub mod transcript;
 

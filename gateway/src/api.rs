@@ -308,19 +308,29 @@ async fn submit_execution(
     Ok(json_response(status, &submission))
 }
 
-/// The materialized execution named by the path, or the matching API error.
+/// The materialized execution named by the path, or the matching API error. Another tenant's
+/// execution is not found, exactly like an unknown one.
 async fn load_execution(
     state: &AppState,
+    principal: &Principal,
     path: Result<Path<String>, PathRejection>,
     uri: &Uri,
 ) -> Result<protocol::materialize::Materializer, ApiError> {
     let id = execution_id(path, uri)?.ok_or(EXECUTION_NOT_FOUND)?;
-    state
-        .backend()
-        .store
-        .state(id)
-        .await?
-        .ok_or(EXECUTION_NOT_FOUND)
+    match state.backend().store.owned_state(id).await? {
+        Some((execution, owner)) if owner == principal.tenant => Ok(execution),
+        _ => Err(EXECUTION_NOT_FOUND),
+    }
+}
+
+/// Whether the execution exists and belongs to the caller's tenant (one read of the log's
+/// first message).
+async fn owned_by(
+    state: &AppState,
+    principal: &Principal,
+    id: ExecutionId,
+) -> Result<bool, ApiError> {
+    Ok(state.backend().store.owner(id).await? == Some(principal.tenant.clone()))
 }
 
 async fn get_execution(
@@ -330,7 +340,7 @@ async fn get_execution(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     principal.require(Scope::Read)?;
-    let execution = load_execution(&state, path, &uri).await?;
+    let execution = load_execution(&state, &principal, path, &uri).await?;
     Ok(json_response(StatusCode::OK, &execution.snapshot()))
 }
 
@@ -341,7 +351,7 @@ async fn get_result(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     principal.require(Scope::Read)?;
-    let execution = load_execution(&state, path, &uri).await?;
+    let execution = load_execution(&state, &principal, path, &uri).await?;
     Ok(match execution.result_response() {
         Ok(result) => json_response(StatusCode::OK, &result),
         Err(not_ready) => json_response(StatusCode::CONFLICT, &not_ready),
@@ -356,8 +366,9 @@ async fn cancel_execution(
 ) -> Result<Response, ApiError> {
     principal.require(Scope::Cancel)?;
     let cancelled = match execution_id(path, &uri)? {
-        Some(id) => submit::cancel(&state, id).await?,
-        None => false,
+        // Another tenant's execution is answered like an unknown one.
+        Some(id) if owned_by(&state, &principal, id).await? => submit::cancel(&state, id).await?,
+        _ => false,
     };
     Ok(if cancelled {
         json_response(
@@ -447,13 +458,15 @@ async fn get_events(
 ) -> Result<Response, ApiError> {
     principal.require(Scope::Read)?;
     let id = execution_id(path, &uri)?.ok_or(EXECUTION_NOT_FOUND)?;
-    // Existence is checked before the cursor [R 52]; the end of the log is all we need.
-    let head = state
-        .backend()
-        .store
-        .head(id)
-        .await?
-        .ok_or(EXECUTION_NOT_FOUND)?;
+    // Existence (and ownership) is checked before the cursor [R 52]; the owner and the end of
+    // the log are all we need.
+    let store = &state.backend().store;
+    // Both reads at once: ownership costs a request, not a round trip.
+    let (owner, head) = tokio::join!(store.owner(id), store.head(id));
+    if owner? != Some(principal.tenant.clone()) {
+        return Err(EXECUTION_NOT_FOUND);
+    }
+    let head = head?.ok_or(EXECUTION_NOT_FOUND)?;
     let after = cursor(query.as_deref(), &headers)?;
     if head.terminal && after >= head.last_sequence {
         return Ok(empty_sse_response());

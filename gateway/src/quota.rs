@@ -16,7 +16,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use config::DeploymentConfig;
-use protocol::Tenant;
+use protocol::{ExecutionId, Tenant};
 use runtime::memory::MemoryEventStore;
 use runtime::quota::{GateSettings, InvalidQuota, MemoryQuotaStore, RedisQuotaStore};
 use runtime::redis_idempotency::RedisIdempotencyStore;
@@ -86,6 +86,22 @@ pub(crate) async fn within<T>(
         quotas.release(tenant, job.execution_id).await;
     }
     created
+}
+
+/// Frees the slot of execution `id`, which this gateway just ended itself (cancel of a queued
+/// execution). The owner is read from the log, and only when some tenant has a cap.
+pub(crate) async fn release_ended(state: &AppState, id: ExecutionId) {
+    let backend = &state.inner.backend;
+    if !backend.quotas.has_caps() {
+        return;
+    }
+    match backend.store.owner(id).await {
+        Ok(Some(owner)) => backend.quotas.release(&owner, id).await,
+        Ok(None) => {}
+        Err(e) => {
+            tracing::debug!(execution = %id, error = %e, "owner unreadable; the slot ends by reconciliation or expiry");
+        }
+    }
 }
 
 /// [`tenant_limits`] where startup already checked them ([`crate::server::run`] refuses a

@@ -141,7 +141,7 @@ enum Creation {
 /// existing log is a failure.
 async fn create_fresh(state: &AppState, tenant: &Tenant, job: &Job) -> Result<(), ApiError> {
     quota::within(state, tenant, job, async {
-        match create_and_publish(state, job).await? {
+        match create_and_publish(state, tenant, job).await? {
             Creation::Created => Ok(()),
             Creation::AlreadyExists => Err(ApiError::Internal(format!(
                 "freshly minted execution id {} already has a log",
@@ -152,12 +152,21 @@ async fn create_fresh(state: &AppState, tenant: &Tenant, job: &Job) -> Result<()
     .await
 }
 
-/// Creates the log and publishes the job. If publishing fails, the log is closed with a
+/// Creates the log, owned by `tenant`, and publishes the job. If publishing fails, the log is closed with a
 /// failure so nothing is left waiting for a job that will never come.
-async fn create_and_publish(state: &AppState, job: &Job) -> Result<Creation, StoreError> {
+async fn create_and_publish(
+    state: &AppState,
+    tenant: &Tenant,
+    job: &Job,
+) -> Result<Creation, StoreError> {
     let backend = &state.inner.backend;
-    let created =
-        EventWriter::create(backend.store.clone(), job.execution_id, job.accepted_at).await;
+    let created = EventWriter::create(
+        backend.store.clone(),
+        job.execution_id,
+        job.accepted_at,
+        tenant,
+    )
+    .await;
     let mut writer = match created {
         Ok(writer) => writer,
         Err(StoreError::AlreadyExists) => return Ok(Creation::AlreadyExists),
@@ -250,7 +259,7 @@ async fn replay(
                 // create it now, under the recorded id and time.
                 // `AlreadyExists`: a concurrent retry healed it first. Any other store error
                 // (a `Conflict` or `Violation` included) is a failure, never a replay.
-                let heal = async { Ok(create_and_publish(state, &job).await?) };
+                let heal = async { Ok(create_and_publish(state, tenant, &job).await?) };
                 match quota::within(state, tenant, &job, heal).await? {
                     Creation::Created | Creation::AlreadyExists => {
                         return Ok(replayed(ExecutionStatus::Accepted));
@@ -296,6 +305,7 @@ pub async fn cancel(state: &AppState, id: ExecutionId) -> Result<bool, ApiError>
         match writer.append_once(cancelled).await {
             Ok(()) => {
                 Metrics::inc(&state.inner.metrics.cancellations);
+                quota::release_ended(state, id).await;
                 return Ok(true);
             }
             Err(StoreError::Conflict { terminal: true, .. }) => return Ok(false),

@@ -184,3 +184,55 @@ async fn a_refused_submit_leaves_its_idempotency_key_free() {
     assert_eq!(retried.0, StatusCode::ACCEPTED, "{}", retried.2);
     assert_eq!(retried.2["idempotent_replay"], false);
 }
+
+/// The gateway frees the slot of a queued execution it cancels itself, without waiting for a
+/// reconciliation: here the quota store has no terminal hook and reconciliation, having just
+/// run, is throttled for an hour, so only the eager release can admit the next submit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_queued_execution_frees_its_slot_at_once() {
+    use std::sync::Arc;
+
+    use runtime::memory::{
+        MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
+    };
+    use runtime::quota::{GateSettings, MemoryQuotaStore};
+    use runtime::{QuotaGate, QuotaLimits};
+
+    let config = worker::deployment::standalone();
+    let registry = Arc::new(worker::deployment::build_registry(&config).expect("registry"));
+    let store = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
+    let quotas = QuotaGate::new(
+        Arc::new(MemoryQuotaStore::new()),
+        store.clone(),
+        [(
+            protocol::Tenant::default(),
+            QuotaLimits::new(Some(1), None, None).unwrap(),
+        )],
+        GateSettings {
+            reconcile_interval: Duration::from_secs(3600),
+            ..GateSettings::default()
+        },
+    );
+    // No workers: executions stay queued.
+    let backend = gateway::Backend {
+        store,
+        queue: Arc::new(MemoryJobQueue::new()),
+        idempotency: Arc::new(MemoryIdempotencyStore::new(Duration::from_secs(60))),
+        cancel: Arc::new(MemoryCancelBus::new()),
+        quotas: Arc::new(quotas),
+        heal_missing: false,
+    };
+    let gw = Gateway::from_state(gateway::AppState::new(
+        backend,
+        registry,
+        gateway::ApiLimits::default(),
+    ))
+    .await;
+    let queued = gw.submit_ok(&text_request("hi")).await;
+    // At the cap: refused, and the one reconciliation of the hour has run.
+    let refused = gw.submit(&text_request("hi")).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let (status, _, body) = gw.cancel(&queued).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    gw.submit_ok(&text_request("hi")).await;
+}

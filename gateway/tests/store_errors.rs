@@ -33,8 +33,15 @@ struct RefusingStore {
 
 #[async_trait]
 impl EventStore for RefusingStore {
-    async fn create(&self, _accepted: RuntimeEvent) -> Result<(), StoreError> {
+    async fn create_owned(
+        &self,
+        _accepted: RuntimeEvent,
+        _owner: &protocol::Tenant,
+    ) -> Result<(), StoreError> {
         Err(self.create_error.clone())
+    }
+    async fn owner(&self, id: ExecutionId) -> Result<Option<protocol::Tenant>, StoreError> {
+        self.inner.owner(id).await
     }
     async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError> {
         self.inner.append_as(event, writer).await

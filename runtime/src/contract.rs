@@ -12,7 +12,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use protocol::event::{EventBody, Target};
 use protocol::{
-    ExecutionId, ExecutionRequest, ExecutionStatus, RuntimeError, RuntimeEvent, Sequence, Timestamp,
+    ExecutionId, ExecutionRequest, ExecutionStatus, RuntimeError, RuntimeEvent, Sequence, Tenant,
+    Timestamp,
 };
 
 use crate::cancel::CancelBus;
@@ -88,6 +89,46 @@ pub async fn event_store_suite(store: Arc<dyn EventStore>) {
     cursors_at_or_past_terminal_are_empty(&*store).await;
     unknown_executions_are_none(&*store).await;
     rule_violations_change_nothing(&*store).await;
+    executions_belong_to_their_creator(&*store).await;
+}
+
+async fn executions_belong_to_their_creator(store: &dyn EventStore) {
+    let acme: Tenant = "acme".parse().unwrap();
+    let other: Tenant = "other".parse().unwrap();
+    let id = ExecutionId::new_random();
+    store
+        .create_owned(event(id, 1, EventBody::Accepted), &acme)
+        .await
+        .unwrap();
+    assert_eq!(store.owner(id).await.unwrap(), Some(acme.clone()));
+    // A second creator, of any tenant, changes nothing.
+    assert!(matches!(
+        store
+            .create_owned(event(id, 1, EventBody::Accepted), &other)
+            .await,
+        Err(StoreError::AlreadyExists)
+    ));
+    store.append(event(id, 2, route_selected())).await.unwrap();
+    let (state, owner) = store.owned_state(id).await.unwrap().unwrap();
+    assert_eq!((state.last_sequence(), owner), (Sequence(2), acme.clone()));
+    assert_eq!(store.owner(id).await.unwrap(), Some(acme.clone()));
+    // Past the length where backends switch read strategies, the owner is still known.
+    for seq in 3..=70 {
+        store.append(event(id, seq, delta("x"))).await.unwrap();
+    }
+    let (state, owner) = store.owned_state(id).await.unwrap().unwrap();
+    assert_eq!((state.last_sequence(), owner), (Sequence(70), acme));
+    // `create` is the default tenant's.
+    let anonymous = accepted(store).await;
+    assert_eq!(
+        store.owner(anonymous).await.unwrap(),
+        Some(Tenant::default())
+    );
+    let (_, owner) = store.owned_state(anonymous).await.unwrap().unwrap();
+    assert!(owner.is_default());
+    let unknown = ExecutionId::new_random();
+    assert_eq!(store.owner(unknown).await.unwrap(), None);
+    assert!(store.owned_state(unknown).await.unwrap().is_none());
 }
 
 async fn create_and_append_in_order(store: &dyn EventStore) {

@@ -269,9 +269,14 @@ mod tests {
     ) -> (ExecutionId, EventWriter) {
         let id = ExecutionId::new_random();
         let accepted_at = Timestamp::now();
-        let writer = EventWriter::create(Arc::clone(store), id, accepted_at)
-            .await
-            .unwrap();
+        let writer = EventWriter::create(
+            Arc::clone(store),
+            id,
+            accepted_at,
+            &protocol::Tenant::default(),
+        )
+        .await
+        .unwrap();
         let job = Job {
             execution_id: id,
             request: request(),

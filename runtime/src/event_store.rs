@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::stream::BoxStream;
 use protocol::materialize::Materializer;
-use protocol::{ExecutionId, RuntimeEvent, Sequence};
+use protocol::{ExecutionId, RuntimeEvent, Sequence, Tenant};
 
 use crate::error::StoreError;
 
@@ -70,8 +70,9 @@ pub type EventStream = BoxStream<'static, Result<Arc<EventRecord>, StoreError>>;
 /// Append-only per-execution logs.
 ///
 /// Contract (checked by `contract::event_store_suite`):
-/// - `create` stores `execution.accepted` (sequence 1) as the first event of a new log; it fails
-///   with `AlreadyExists` if the log exists. Admission and capacity limits apply here only:
+/// - `create_owned` stores `execution.accepted` (sequence 1) as the first event of a new log,
+///   owned by a tenant; it fails with `AlreadyExists` if the log exists (and never changes the
+///   existing log's owner). `create` is `create_owned` for the default tenant. Admission and capacity limits apply here only:
 ///   `AdmissionFull` when too many executions are active, `CapacityExhausted` when nothing can
 ///   be evicted.
 /// - `append` is compare-and-set: it succeeds only if `event.sequence` is exactly the log's last
@@ -85,13 +86,37 @@ pub type EventStream = BoxStream<'static, Result<Arc<EventRecord>, StoreError>>;
 ///   follows live appends, and ends after the terminal event. A cursor at or past the terminal
 ///   event yields an empty stream. A consumer that stops polling never makes the store buffer
 ///   more on its behalf (readers pull from the log).
-/// - `state`/`read`/`subscribe` return `Ok(None)` for an unknown execution.
+/// - `owner` returns the tenant the log was created for; a log stored without an owner (before
+///   executions had owners) belongs to the default tenant. `owned_state` is `state` together
+///   with `owner`, in one read where the backend can.
+/// - `state`/`read`/`subscribe`/`owner`/`owned_state` return `Ok(None)` for an unknown
+///   execution.
 /// - Retention: a terminal execution may be dropped after the retention period or evicted
 ///   (oldest terminal first) when capacity is needed; active executions are never evicted.
 #[async_trait]
 pub trait EventStore: Send + Sync + 'static {
-    /// Creates the log with its `execution.accepted` event.
-    async fn create(&self, accepted: RuntimeEvent) -> Result<(), StoreError>;
+    /// Creates the log with its `execution.accepted` event, owned by the default tenant.
+    async fn create(&self, accepted: RuntimeEvent) -> Result<(), StoreError> {
+        self.create_owned(accepted, &Tenant::default()).await
+    }
+
+    /// Creates the log with its `execution.accepted` event, owned by `owner`.
+    async fn create_owned(&self, accepted: RuntimeEvent, owner: &Tenant) -> Result<(), StoreError>;
+
+    /// The tenant that owns the execution, or `None` for an unknown execution.
+    async fn owner(&self, id: ExecutionId) -> Result<Option<Tenant>, StoreError>;
+
+    /// [`EventStore::state`] and [`EventStore::owner`] together. The default makes two reads;
+    /// implementations that see the owner while reading the log override it.
+    async fn owned_state(
+        &self,
+        id: ExecutionId,
+    ) -> Result<Option<(Materializer, Tenant)>, StoreError> {
+        let Some(state) = self.state(id).await? else {
+            return Ok(None);
+        };
+        Ok(self.owner(id).await?.map(|owner| (state, owner)))
+    }
 
     /// Appends the next event, fenced on its sequence, as a one-off writer.
     async fn append(&self, event: RuntimeEvent) -> Result<(), StoreError> {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::event::EventBody;
-use protocol::{ExecutionId, RuntimeEvent, Sequence, Timestamp};
+use protocol::{ExecutionId, RuntimeEvent, Sequence, Tenant, Timestamp};
 
 use crate::error::StoreError;
 use crate::event_store::{EventStore, WriterId};
@@ -73,17 +73,18 @@ impl std::fmt::Debug for EventWriter {
 }
 
 impl EventWriter {
-    /// Creates the log of a new execution with `execution.accepted` (sequence 1) at
-    /// `accepted_at`, and returns the writer that continues it. Store errors are returned as
+    /// Creates the log of a new execution, owned by `owner`, with `execution.accepted`
+    /// (sequence 1) at `accepted_at`, and returns the writer that continues it. Store errors are returned as
     /// they are (`AlreadyExists` when the log exists): creation is never retried here, the
     /// submitter decides.
     pub async fn create(
         store: Arc<dyn EventStore>,
         id: ExecutionId,
         accepted_at: Timestamp,
+        owner: &Tenant,
     ) -> Result<Self, StoreError> {
         let accepted = RuntimeEvent::new(id, Sequence(1), accepted_at, EventBody::Accepted);
-        store.create(accepted).await?;
+        store.create_owned(accepted, owner).await?;
         Ok(Self::resume(store, id, Sequence(1), accepted_at))
     }
 
@@ -189,14 +190,14 @@ mod tests {
         let store = store();
         let id = ExecutionId::new_random();
         let accepted_at = Timestamp::from_unix_millis(1_767_225_600_000);
-        let writer = EventWriter::create(Arc::clone(&store), id, accepted_at)
+        let writer = EventWriter::create(Arc::clone(&store), id, accepted_at, &Tenant::default())
             .await
             .unwrap();
         assert_eq!(writer.last_sequence(), Sequence(1));
         let head = store.head(id).await.unwrap().unwrap();
         assert_eq!(head.last_sequence, Sequence(1));
         assert_eq!(head.last_time, accepted_at);
-        let again = EventWriter::create(store, id, accepted_at).await;
+        let again = EventWriter::create(store, id, accepted_at, &Tenant::default()).await;
         assert!(matches!(again, Err(StoreError::AlreadyExists)), "{again:?}");
     }
 
@@ -206,7 +207,7 @@ mod tests {
         let id = ExecutionId::new_random();
         // An acceptance time in the future: later events must not be earlier than it.
         let future = Timestamp::from_unix_millis(Timestamp::now().unix_millis() + 3_600_000);
-        let mut writer = EventWriter::create(Arc::clone(&store), id, future)
+        let mut writer = EventWriter::create(Arc::clone(&store), id, future, &Tenant::default())
             .await
             .unwrap();
         writer.append(progress()).await.unwrap();
@@ -223,9 +224,10 @@ mod tests {
         let store = store();
         let id = ExecutionId::new_random();
         let accepted_at = Timestamp::now();
-        let mut first = EventWriter::create(Arc::clone(&store), id, accepted_at)
-            .await
-            .unwrap();
+        let mut first =
+            EventWriter::create(Arc::clone(&store), id, accepted_at, &Tenant::default())
+                .await
+                .unwrap();
         let mut second = EventWriter::resume(Arc::clone(&store), id, Sequence(1), accepted_at);
         first.append(progress()).await.unwrap();
         let once = second.append_once(progress()).await;

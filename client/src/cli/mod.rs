@@ -57,6 +57,16 @@ pub struct Cli {
         default_value = "http://127.0.0.1:4320"
     )]
     pub url: String,
+    /// API key, sent as `Authorization: Bearer` (required by gateways with an `auth` section).
+    /// Prefer the environment variable: a flag shows in the process list.
+    #[arg(
+        long,
+        global = true,
+        env = "MODEL_RUNTIME_API_KEY",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    pub api_key: Option<SecretArg>,
     /// Machine output: one JSON document per line (one event per line for run and watch).
     #[arg(long, global = true)]
     pub json: bool,
@@ -102,6 +112,42 @@ pub enum Command {
     Providers,
     /// Print the runtime information; exit 3 unless the runtime is ready.
     Runtime,
+    /// Generate an API key: prints the key (once) and the `auth.keys` entry, with the key's
+    /// SHA-256, for the deployment file. Contacts no gateway.
+    Keygen {
+        /// Tenant the key acts for (must be listed in `auth.tenants`).
+        #[arg(long)]
+        tenant: String,
+        /// Key id, unique in the file; may appear in logs.
+        #[arg(long)]
+        id: String,
+        /// Comma-separated scopes among submit, read, cancel (default: all three).
+        #[arg(long, value_name = "LIST")]
+        scopes: Option<String>,
+    },
+}
+
+/// A command-line value that must never be printed (`Debug` hides it).
+#[derive(Clone)]
+pub struct SecretArg(String);
+
+impl SecretArg {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for SecretArg {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for SecretArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 /// Where the request comes from, and how it is submitted.
@@ -202,6 +248,7 @@ fn report(term: &mut Terminal<'_>, e: &ClientError) -> Exit {
         ClientError::InvalidBaseUrl(_)
         | ClientError::InvalidCursor
         | ClientError::InvalidIdempotencyKey
+        | ClientError::InvalidApiKey
         | ClientError::InvalidRequest => {
             term.note(&format!("mrt: {code}: {e}"));
             Exit::Usage
@@ -230,12 +277,18 @@ fn report(term: &mut Terminal<'_>, e: &ClientError) -> Exit {
 }
 
 async fn dispatch(cli: Cli, term: &mut Terminal<'_>) -> Result<Exit, Failure> {
-    let client = Client::builder(&cli.url)
-        .retry(RetryPolicy {
-            max_retries: cli.retries,
-            ..RetryPolicy::default()
-        })
-        .build()?;
+    // Needs no gateway: runs before the URL and key are checked.
+    if let Command::Keygen { tenant, id, scopes } = &cli.command {
+        return keygen(term, tenant, id, scopes.as_deref());
+    }
+    let mut builder = Client::builder(&cli.url).retry(RetryPolicy {
+        max_retries: cli.retries,
+        ..RetryPolicy::default()
+    });
+    if let Some(key) = &cli.api_key {
+        builder = builder.api_key(key.expose());
+    }
+    let client = builder.build()?;
     match cli.command {
         Command::Run(args) => {
             let submission = submit(&client, &args, term).await?;
@@ -300,6 +353,7 @@ async fn dispatch(cli: Cli, term: &mut Terminal<'_>) -> Result<Exit, Failure> {
             }
             Ok(Exit::Success)
         }
+        Command::Keygen { tenant, id, scopes } => keygen(term, &tenant, &id, scopes.as_deref()),
         Command::Runtime => {
             let info = client.runtime_info().await?;
             term.json_document(&info)?;
@@ -318,6 +372,27 @@ async fn dispatch(cli: Cli, term: &mut Terminal<'_>) -> Result<Exit, Failure> {
 }
 
 /// Reads the request and submits it; a generated key and a replay are noted on stderr.
+/// `mrt keygen`: the key on stdout (once), then the entry; `--json`: one document with both.
+fn keygen(
+    term: &mut Terminal<'_>,
+    tenant: &str,
+    id: &str,
+    scopes: Option<&str>,
+) -> Result<Exit, Failure> {
+    let generated =
+        crate::keygen::generate(tenant, id, scopes).map_err(|e| Failure::Usage(e.to_string()))?;
+    if term.json() {
+        term.json_document(&generated)?;
+    } else {
+        term.note("mrt: the key is shown once; give it to the client (MODEL_RUNTIME_API_KEY)");
+        term.line(&generated.key)?;
+        term.note("mrt: add this entry to auth.keys in the deployment file:");
+        let entry = serde_json::to_string(&generated.entry).map_err(|_| Failure::Output)?;
+        term.line(&entry)?;
+    }
+    Ok(Exit::Success)
+}
+
 async fn submit(
     client: &Client,
     args: &RequestArgs,

@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use parking_lot::{Mutex, RwLock};
 use protocol::materialize::Materializer;
-use protocol::{ExecutionId, RuntimeEvent, Sequence};
+use protocol::{ExecutionId, RuntimeEvent, Sequence, Tenant};
 use tokio::sync::Notify;
 
 use crate::error::StoreError;
@@ -61,6 +61,7 @@ struct EntryState {
 }
 
 struct Entry {
+    owner: Tenant,
     state: Mutex<EntryState>,
     notify: Notify,
 }
@@ -186,7 +187,7 @@ async fn next_record(entry: &Entry, index: usize) -> Option<Arc<EventRecord>> {
 
 #[async_trait]
 impl EventStore for MemoryEventStore {
-    async fn create(&self, accepted: RuntimeEvent) -> Result<(), StoreError> {
+    async fn create_owned(&self, accepted: RuntimeEvent, owner: &Tenant) -> Result<(), StoreError> {
         let materializer = Materializer::start(&accepted)?;
         let id = accepted.execution_id;
         let record = Arc::new(EventRecord::new(accepted));
@@ -200,6 +201,7 @@ impl EventStore for MemoryEventStore {
         }
         self.make_room(&mut registry, bytes)?;
         let entry = Arc::new(Entry {
+            owner: owner.clone(),
             state: Mutex::new(EntryState {
                 records: vec![record],
                 materializer,
@@ -258,6 +260,19 @@ impl EventStore for MemoryEventStore {
 
     async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, StoreError> {
         Ok(self.entry(id).map(|e| e.state.lock().materializer.clone()))
+    }
+
+    async fn owner(&self, id: ExecutionId) -> Result<Option<Tenant>, StoreError> {
+        Ok(self.entry(id).map(|e| e.owner.clone()))
+    }
+
+    async fn owned_state(
+        &self,
+        id: ExecutionId,
+    ) -> Result<Option<(Materializer, Tenant)>, StoreError> {
+        Ok(self
+            .entry(id)
+            .map(|e| (e.state.lock().materializer.clone(), e.owner.clone())))
     }
 
     async fn head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {

@@ -13,6 +13,12 @@
 //! which batches deliveries. (An ordered consumer for every reader cost the server most of a
 //! core at ~800 executions/s; see BENCHMARKS.md.)
 //!
+//! The owner of an execution travels in the [`OWNER_HEADER`] header of its first message
+//! (`execution.accepted`); a first message without it (stored before executions had owners)
+//! belongs to the default tenant. Reading a whole short log reads that message anyway, so
+//! `owned_state` costs nothing extra; `owner` alone is one direct get of the subject's first
+//! message.
+//!
 //! Readers never follow the write subject `{ns}.events.{id}`: core NATS delivers every publish
 //! there, including appends the stream refuses (a fenced writer's failed compare-and-set) or
 //! never stores (its leader was lost), so a reader would show events the log does not hold.
@@ -31,7 +37,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use parking_lot::Mutex;
 use protocol::materialize::{Materializer, check_event};
-use protocol::{ExecutionId, RuntimeEvent, Sequence};
+use protocol::{ExecutionId, RuntimeEvent, Sequence, Tenant};
 
 use super::{NatsBackend, unavailable};
 use crate::error::StoreError;
@@ -140,6 +146,12 @@ impl LiveMerge {
     }
 }
 
+/// The materialized state of a whole log.
+fn materialize(records: &[Arc<EventRecord>]) -> Result<Option<Materializer>, StoreError> {
+    Materializer::from_events(records.iter().map(|r| &r.event))
+        .map_err(|e| StoreError::Unavailable(format!("event log violates its rules: {e}")))
+}
+
 /// The stream sequence the server stamped on a republished (stored) message.
 fn stored_sequence(message: &async_nats::Message) -> Option<u64> {
     message
@@ -149,6 +161,19 @@ fn stored_sequence(message: &async_nats::Message) -> Option<u64> {
         .as_str()
         .parse()
         .ok()
+}
+
+/// The header of an execution's first message naming its owner.
+pub const OWNER_HEADER: &str = "Mrt-Tenant";
+
+/// The owner named by the headers of an execution's first message.
+fn owner_of(headers: &async_nats::HeaderMap) -> Result<Tenant, StoreError> {
+    match headers.get(OWNER_HEADER) {
+        None => Ok(Tenant::default()),
+        Some(value) => value.as_str().parse().map_err(|_| {
+            StoreError::Unavailable("invalid owner header in the events stream".into())
+        }),
+    }
 }
 
 /// Most heads cached; beyond this the cache is cleared (it only saves a round trip).
@@ -247,13 +272,17 @@ impl NatsEventStore {
         record: &EventRecord,
         expected: u64,
         writer: WriterId,
+        owner: Option<&Tenant>,
     ) -> Result<Result<u64, PublishErrorKind>, StoreError> {
         self.backend.check_connected()?;
         let event = &record.event;
-        let message = PublishMessage::build()
+        let mut message = PublishMessage::build()
             .payload(record.json.clone())
             .message_id(msg_id(event.execution_id, event.sequence, writer))
             .expected_last_subject_sequence(expected);
+        if let Some(owner) = owner {
+            message = message.header(OWNER_HEADER, owner.as_str());
+        }
         let ack = match self
             .backend
             .jetstream
@@ -273,32 +302,35 @@ impl NatsEventStore {
         }
     }
 
-    /// Reads every event of the execution after `after`, in order (`None`: unknown execution).
+    /// Reads every event of the execution after `after`, in order (`None`: unknown execution),
+    /// and its owner when the first message was read on the way (short logs).
     async fn read_all(
         &self,
         id: ExecutionId,
         after: Sequence,
         limit: usize,
-    ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError> {
+    ) -> Result<Option<(Vec<Arc<EventRecord>>, Option<Tenant>)>, StoreError> {
         let Some(Fetched { head, .. }) = self.fetch_head(id).await? else {
             return Ok(None);
         };
         if head.sequence <= after || limit == 0 {
-            return Ok(Some(Vec::new()));
+            return Ok(Some((Vec::new(), None)));
         }
         let wanted_last = head
             .sequence
             .min(Sequence(after.get().saturating_add(limit as u64)));
         if head.sequence.get() <= DIRECT_READ_MAX {
-            let records = self.history_from(id, 1, Some(wanted_last)).await?;
-            return Ok(Some(
-                records
-                    .into_iter()
-                    .map(|(_, r)| r)
-                    .filter(|r| r.sequence() > after && r.sequence() <= wanted_last)
-                    .map(Arc::new)
-                    .collect(),
-            ));
+            let mut owner = None;
+            let records = self
+                .history_from_owned(id, 1, Some(wanted_last), Some(&mut owner))
+                .await?;
+            let records = records
+                .into_iter()
+                .map(|(_, r)| r)
+                .filter(|r| r.sequence() > after && r.sequence() <= wanted_last)
+                .map(Arc::new)
+                .collect();
+            return Ok(Some((records, owner)));
         }
         let mut stream = self.ordered(id).await?;
         let mut out = Vec::new();
@@ -312,7 +344,7 @@ impl NatsEventStore {
                 }
             }
         }
-        Ok(Some(out))
+        Ok(Some((out, None)))
     }
 
     /// Records of the execution's subject from stream sequence `from` on, by direct get (one
@@ -320,8 +352,20 @@ impl NatsEventStore {
     async fn history_from(
         &self,
         id: ExecutionId,
+        from: u64,
+        stop_after: Option<Sequence>,
+    ) -> Result<Vec<(u64, EventRecord)>, StoreError> {
+        self.history_from_owned(id, from, stop_after, None).await
+    }
+
+    /// [`Self::history_from`], also setting `owner` from the first message's headers if it is
+    /// among those read.
+    async fn history_from_owned(
+        &self,
+        id: ExecutionId,
         mut from: u64,
         stop_after: Option<Sequence>,
+        mut owner: Option<&mut Option<Tenant>>,
     ) -> Result<Vec<(u64, EventRecord)>, StoreError> {
         self.backend.check_connected()?;
         let subject = self.subject(id);
@@ -336,6 +380,11 @@ impl NatsEventStore {
                     let stream_sequence = message.sequence;
                     let record = EventRecord::decode(message.payload)
                         .ok_or_else(|| StoreError::Unavailable("undecodable event".into()))?;
+                    if let Some(owner) = owner.as_deref_mut()
+                        && record.sequence() == Sequence(1)
+                    {
+                        *owner = Some(owner_of(&message.headers)?);
+                    }
                     let done = stop_after.is_some_and(|s| record.sequence() >= s);
                     from = stream_sequence + 1;
                     out.push((stream_sequence, record));
@@ -441,12 +490,15 @@ impl NatsEventStore {
 
 #[async_trait]
 impl EventStore for NatsEventStore {
-    async fn create(&self, accepted: RuntimeEvent) -> Result<(), StoreError> {
+    async fn create_owned(&self, accepted: RuntimeEvent, owner: &Tenant) -> Result<(), StoreError> {
         check_event(&accepted)?;
         let id = accepted.execution_id;
         let time = accepted.time;
         let record = EventRecord::new(accepted);
-        match self.publish(&record, 0, WriterId::random()).await? {
+        match self
+            .publish(&record, 0, WriterId::random(), Some(owner))
+            .await?
+        {
             Ok(stream_sequence) => {
                 self.remember(
                     id,
@@ -489,7 +541,10 @@ impl EventStore for NatsEventStore {
         let time = event.time;
         let sequence = event.sequence;
         let record = EventRecord::new(event);
-        match self.publish(&record, head.stream_sequence, writer).await? {
+        match self
+            .publish(&record, head.stream_sequence, writer, None)
+            .await?
+        {
             Ok(stream_sequence) => {
                 self.remember(
                     id,
@@ -534,12 +589,44 @@ impl EventStore for NatsEventStore {
     }
 
     async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, StoreError> {
-        let Some(records) = self.read_all(id, Sequence::ZERO, usize::MAX).await? else {
+        let Some((records, _)) = self.read_all(id, Sequence::ZERO, usize::MAX).await? else {
             return Ok(None);
         };
-        let materializer = Materializer::from_events(records.iter().map(|r| &r.event))
-            .map_err(|e| StoreError::Unavailable(format!("event log violates its rules: {e}")))?;
-        Ok(materializer)
+        materialize(&records)
+    }
+
+    async fn owner(&self, id: ExecutionId) -> Result<Option<Tenant>, StoreError> {
+        self.backend.check_connected()?;
+        match self
+            .stream
+            .direct_get_next_for_subject(self.subject(id), Some(1))
+            .await
+        {
+            Ok(message) => owner_of(&message.headers).map(Some),
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
+            Err(e) => Err(unavailable("direct get", e)),
+        }
+    }
+
+    async fn owned_state(
+        &self,
+        id: ExecutionId,
+    ) -> Result<Option<(Materializer, Tenant)>, StoreError> {
+        let Some((records, owner)) = self.read_all(id, Sequence::ZERO, usize::MAX).await? else {
+            return Ok(None);
+        };
+        let Some(materializer) = materialize(&records)? else {
+            return Ok(None);
+        };
+        // Long logs are read by an ordered consumer, which does not keep headers here.
+        let owner = match owner {
+            Some(owner) => owner,
+            None => match self.owner(id).await? {
+                Some(owner) => owner,
+                None => return Ok(None),
+            },
+        };
+        Ok(Some((materializer, owner)))
     }
 
     async fn read(
@@ -548,7 +635,10 @@ impl EventStore for NatsEventStore {
         after: Sequence,
         limit: usize,
     ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError> {
-        self.read_all(id, after, limit).await
+        Ok(self
+            .read_all(id, after, limit)
+            .await?
+            .map(|(records, _)| records))
     }
 
     async fn subscribe(

@@ -124,6 +124,11 @@ impl QuotaGate {
         self.tenants.is_empty()
     }
 
+    /// Whether any tenant has an active-execution cap (so slots may need releasing).
+    pub fn has_caps(&self) -> bool {
+        !self.reconcilers.is_empty()
+    }
+
     /// The tenant's limits, `None` when it has none.
     pub fn limits(&self, tenant: &Tenant) -> Option<&QuotaLimits> {
         self.tenants.get(tenant)

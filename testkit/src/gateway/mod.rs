@@ -7,6 +7,7 @@
 //! Nothing here sleeps for a fixed time to wait for a condition: waits poll with a generous
 //! deadline ([`WAIT`]) so the tests pass on a busy two-core machine.
 
+pub mod auth_matrix;
 #[cfg(feature = "embedded")]
 mod embedded;
 #[cfg(feature = "process")]

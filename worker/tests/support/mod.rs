@@ -728,8 +728,19 @@ impl InterposedStore {
 
 #[async_trait]
 impl EventStore for InterposedStore {
-    async fn create(&self, accepted: RuntimeEvent) -> Result<(), runtime::StoreError> {
-        self.inner.create(accepted).await
+    async fn create_owned(
+        &self,
+        accepted: RuntimeEvent,
+        owner: &protocol::Tenant,
+    ) -> Result<(), runtime::StoreError> {
+        self.inner.create_owned(accepted, owner).await
+    }
+
+    async fn owner(
+        &self,
+        id: ExecutionId,
+    ) -> Result<Option<protocol::Tenant>, runtime::StoreError> {
+        self.inner.owner(id).await
     }
 
     async fn append_as(
