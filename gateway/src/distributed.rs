@@ -1,13 +1,13 @@
 //! Distributed mode wiring: JetStream for jobs, events and cancellation, Redis for idempotency
-//! keys. The gateway holds no execution state, so any number of gateways serve any execution.
+//! keys and tenant quotas. The gateway holds no execution state, so any number of gateways serve any execution.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use config::{CommonArgs, DeploymentConfig};
-use runtime::StoreError;
 use runtime::nats::{NatsBackend, NatsConnectSettings, NatsServices, NatsSettings};
 use runtime::redis_idempotency::RedisIdempotencyStore;
+use runtime::{EventStore, StoreError};
 
 use crate::state::Backend;
 
@@ -71,11 +71,16 @@ pub async fn connect<P>(
         CONNECT_TIMEOUT,
     )
     .await?;
+    let store: Arc<dyn EventStore> = Arc::new(nats.store);
+    let quotas =
+        crate::quota::distributed_gate(deployment, &idempotency, &args.namespace, store.clone())
+            .await?;
     let backend = Backend {
-        store: Arc::new(nats.store),
+        store,
         queue: Arc::new(nats.queue),
         idempotency: Arc::new(idempotency),
         cancel: Arc::new(nats.cancel),
+        quotas: Arc::new(quotas),
         heal_missing: true,
     };
     Ok((backend, nats.connection))

@@ -61,6 +61,7 @@ impl Embedded {
             queue: queue.clone(),
             idempotency: Arc::new(MemoryIdempotencyStore::new(config.retention)),
             cancel: cancel.clone(),
+            quotas: Arc::new(crate::quota::embedded_gate(config, &store)),
             heal_missing: false,
         };
         let runner = Arc::new(Runner::new(

@@ -4,6 +4,8 @@
 //! messages) go to logs only. Status codes are contract.md section 2's, deliberately finer than
 //! the reference's "400 or 500".
 
+use std::time::Duration;
+
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use protocol::error::ErrorResponse;
@@ -29,6 +31,12 @@ pub enum ApiError {
     NotFound(&'static str),
     /// 429 `queue_full` with a fixed message and `Retry-After`.
     QueueFull(&'static str),
+    /// 429 `queue_full`: the tenant holds its `max_active_executions`; `Retry-After` from the
+    /// hint.
+    TenantActiveLimit { retry_after: Duration },
+    /// 429 `rate_limited`: the tenant's submit bucket is empty; `Retry-After` when a token is
+    /// back.
+    RateLimited { retry_after: Duration },
     /// 503 `unavailable` with a fixed message and `Retry-After`.
     Unavailable(&'static str),
     /// 401 `unauthenticated` with `WWW-Authenticate: Bearer`: no API key, or an unknown one.
@@ -93,6 +101,16 @@ impl ApiError {
             ),
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, ErrorCode::NotFound, m),
             ApiError::QueueFull(m) => (StatusCode::TOO_MANY_REQUESTS, ErrorCode::QueueFull, m),
+            ApiError::TenantActiveLimit { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorCode::QueueFull,
+                "Tenant active execution limit reached",
+            ),
+            ApiError::RateLimited { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorCode::RateLimited,
+                "Tenant submit rate limit reached",
+            ),
             ApiError::Unavailable(m) => {
                 (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, m)
             }
@@ -117,12 +135,30 @@ impl ApiError {
     /// The portable error object.
     pub fn to_runtime_error(&self) -> RuntimeError {
         let (_, code, message) = self.parts();
-        let retryable = matches!(code, ErrorCode::QueueFull | ErrorCode::Unavailable);
+        let retryable = matches!(
+            code,
+            ErrorCode::QueueFull | ErrorCode::RateLimited | ErrorCode::Unavailable
+        );
         RuntimeError::new(code, message, retryable)
     }
 
     pub fn status(&self) -> StatusCode {
         self.parts().0
+    }
+
+    /// Whole seconds for the `Retry-After` header, at least 1, or `None` when the error is not
+    /// worth retrying.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            ApiError::QueueFull(_) | ApiError::Unavailable(_) => Some(1),
+            ApiError::TenantActiveLimit { retry_after } | ApiError::RateLimited { retry_after } => {
+                let secs = retry_after
+                    .as_secs()
+                    .saturating_add(u64::from(retry_after.subsec_nanos() > 0));
+                Some(secs.max(1))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -136,10 +172,10 @@ impl IntoResponse for ApiError {
             error: self.to_runtime_error(),
         };
         let mut response = json_response(status, &body);
-        if matches!(self, ApiError::QueueFull(_) | ApiError::Unavailable(_)) {
+        if let Some(secs) = self.retry_after_secs() {
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         if matches!(self, ApiError::Unauthenticated) {
             response
@@ -147,5 +183,35 @@ impl IntoResponse for ApiError {
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quota_rejections_are_429_with_whole_second_retry_after() {
+        let limited = ApiError::RateLimited {
+            retry_after: Duration::from_millis(1200),
+        };
+        assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+        let e = limited.to_runtime_error();
+        assert_eq!((e.code, e.retryable), (ErrorCode::RateLimited, true));
+        assert_eq!(limited.retry_after_secs(), Some(2), "rounded up");
+        let response = limited.into_response();
+        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+        let short = ApiError::RateLimited {
+            retry_after: Duration::from_millis(30),
+        };
+        assert_eq!(short.retry_after_secs(), Some(1), "at least 1");
+        let full = ApiError::TenantActiveLimit {
+            retry_after: Duration::from_secs(3),
+        };
+        assert_eq!(full.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(full.to_runtime_error().code, ErrorCode::QueueFull);
+        assert_eq!(full.retry_after_secs(), Some(3));
+        assert_eq!(ApiError::IdempotencyConflict.retry_after_secs(), None);
     }
 }

@@ -9,6 +9,8 @@
 //! - [`events`]: the SSE projection with backpressure, batching and keep-alives.
 //! - [`error`]: `ApiError`, the only place errors become status codes and fixed messages;
 //!   `From<StoreError>` gives each store error kind its one HTTP meaning, so handlers use `?`.
+//! - [`quota`]: per-tenant quotas in the submission flow (`runtime::QuotaGate` built from the
+//!   deployment's tenants), checked around the creation of an execution.
 //! - [`response`]: JSON responses and the headers every response carries.
 //! - [`state`]: backends, limits, lifecycle and metrics shared by handlers.
 //! - [`metrics`]: Prometheus counters.
@@ -31,6 +33,7 @@ pub mod error;
 pub mod events;
 pub mod instrument;
 pub mod metrics;
+pub mod quota;
 pub mod response;
 pub mod server;
 pub mod state;

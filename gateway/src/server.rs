@@ -55,6 +55,9 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
         Ok((deployment, registry)) => (deployment, Arc::new(registry)),
         Err(e) => return startup_error(&e.to_string()),
     };
+    if let Err(e) = crate::quota::tenant_limits(&deployment) {
+        return startup_error(&e.to_string());
+    }
     let grace = args.common.shutdown_grace();
     let limits = ConnectionLimits::new(&deployment.limits, open_files);
     let runtime = match args.common.backend {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use runtime::{CancelBus, EventStore, IdempotencyStore, JobQueue};
+use runtime::{CancelBus, EventStore, IdempotencyStore, JobQueue, QuotaGate};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use worker::ProviderRegistry;
@@ -19,6 +19,8 @@ pub struct Backend {
     pub queue: Arc<dyn JobQueue>,
     pub idempotency: Arc<dyn IdempotencyStore>,
     pub cancel: Arc<dyn CancelBus>,
+    /// Per-tenant quotas (`QuotaGate::unlimited()` when no tenant has limits).
+    pub quotas: Arc<QuotaGate>,
     /// Whether an idempotency record without a log is a crash window to heal (distributed
     /// mode: the key is written before the log) rather than an evicted execution (memory).
     pub heal_missing: bool,

@@ -1,5 +1,6 @@
 //! The submission flow, independent of HTTP: validate limits and capabilities, bind the
-//! idempotency key, create the log with `execution.accepted` and publish the job.
+//! idempotency key, admit the execution within its tenant's quotas ([`crate::quota`]), create
+//! the log with `execution.accepted`, publish the job.
 //!
 //! Order matters for the invariants: nothing is published for a request that is rejected, the
 //! execution id is minted before the key is bound (so a retry after a crash between the steps
@@ -59,6 +60,7 @@ use runtime::{EventWriter, IdempotencyRecord, Job, StoreError};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::quota;
 use crate::state::AppState;
 
 /// Runs the flow for a parsed request.
@@ -133,7 +135,7 @@ async fn submit_inner(
                 {
                     tracing::warn!(error = %release, "could not release idempotency key after a failed submit");
                 }
-                return Err(failed.error.into());
+                return Err(failed.error);
             }
             Ok(accepted(id, created_at))
         }
@@ -179,7 +181,7 @@ enum Creation {
 /// A submission that did not create its execution.
 #[derive(Debug)]
 struct Failed {
-    error: StoreError,
+    error: ApiError,
     /// `true`: nothing of the execution will ever run (its job is not queued and its log, if
     /// any, is closed or will be), so the idempotency key may be released. `false`: the outcome
     /// could not be learnt within [`SETTLE_BOUND`]; a background task keeps settling it, and
@@ -189,9 +191,9 @@ struct Failed {
 }
 
 impl Failed {
-    fn settled(error: StoreError) -> Self {
+    fn settled(error: impl Into<ApiError>) -> Self {
         Self {
-            error,
+            error: error.into(),
             settled: true,
         }
     }
@@ -208,8 +210,28 @@ const SETTLE_BOUND: Duration = Duration::from_millis(1750);
 /// on, is two minutes).
 const BACKGROUND_SETTLE: Duration = Duration::from_secs(60);
 
-/// Creates the log of an execution whose id was just minted: an existing log is a failure.
+/// Creates the log of an execution whose id was just minted, within its tenant's quotas
+/// ([`crate::quota`]): an existing log is a failure.
 async fn create_fresh(
+    state: &AppState,
+    tenant: &Tenant,
+    job: &Job,
+    started: Instant,
+) -> Result<(), Failed> {
+    quota::admit(state, tenant, job)
+        .await
+        .map_err(Failed::settled)?;
+    let created = create_unique(state, tenant, job, started).await;
+    if let Err(failed) = &created
+        && failed.settled
+    {
+        quota::release(state, tenant, job.execution_id).await;
+    }
+    created
+}
+
+/// [`create_fresh`] once admitted.
+async fn create_unique(
     state: &AppState,
     tenant: &Tenant,
     job: &Job,
@@ -425,7 +447,7 @@ async fn settle(
     tracing::warn!(execution_id = %job.execution_id, "submission outcome unknown; answered 503, settling in the background");
     spawn_settle(state, job, attempt);
     Err(Failed {
-        error,
+        error: error.into(),
         settled: false,
     })
 }
@@ -507,10 +529,14 @@ async fn replay(
                 // create it now, under the recorded id and time.
                 // `AlreadyExists`: a concurrent retry healed it first. Any other store error
                 // (a `Conflict` or `Violation` included) is a failure, never a replay.
-                match create_and_publish(state, tenant, &job, Instant::now())
-                    .await
-                    .map_err(|f| f.error)?
+                quota::admit(state, tenant, &job).await?;
+                let healed = create_and_publish(state, tenant, &job, Instant::now()).await;
+                if let Err(failed) = &healed
+                    && failed.settled
                 {
+                    quota::release(state, tenant, job.execution_id).await;
+                }
+                match healed.map_err(|f| f.error)? {
                     Creation::Created | Creation::AlreadyExists => {
                         return Ok(replayed(ExecutionStatus::Accepted));
                     }
@@ -555,6 +581,7 @@ pub async fn cancel(state: &AppState, id: ExecutionId) -> Result<bool, ApiError>
         match writer.append_once(cancelled).await {
             Ok(()) => {
                 Metrics::inc(&state.inner.metrics.cancellations);
+                quota::release_ended(state, id).await;
                 return Ok(true);
             }
             Err(StoreError::Conflict { terminal: true, .. }) => return Ok(false),

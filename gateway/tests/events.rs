@@ -410,6 +410,7 @@ async fn an_idle_stream_receives_keep_alive_comments() {
         queue: Arc::new(MemoryJobQueue::new()),
         idempotency: Arc::new(MemoryIdempotencyStore::new(Duration::from_secs(60))),
         cancel: Arc::new(MemoryCancelBus::new()),
+        quotas: Arc::new(runtime::QuotaGate::unlimited()),
         heal_missing: false,
     };
     let limits = gateway::ApiLimits {

@@ -109,6 +109,7 @@ fn harness(create_error: StoreError) -> Harness {
             Duration::from_secs(60),
         ))),
         cancel: Arc::new(MemoryCancelBus::new()),
+        quotas: Arc::new(runtime::QuotaGate::unlimited()),
         // Distributed semantics: a bound key without a log is a crash window to heal.
         heal_missing: true,
     };

@@ -253,6 +253,7 @@ async fn harness(create_fault: (Fault, usize), publish_fault: (Fault, usize)) ->
         idempotency: Arc::new(MemoryIdempotencyStore::new(Duration::from_secs(60))),
         cancel: cancel.clone(),
         heal_missing: true,
+        quotas: Arc::new(runtime::QuotaGate::unlimited()),
     };
     let runner = Arc::new(Runner::new(
         Arc::clone(&registry),

@@ -22,6 +22,9 @@ use crate::event_store::EventStore;
 use crate::idempotency::{IdempotencyRecord, IdempotencyStore};
 use crate::job::{Job, JobQueue};
 
+/// The quota store suite lives beside the quota module; re-exported so every suite is here.
+pub use crate::quota::contract::quota_suite;
+
 /// Generous bound for anything that should happen "promptly" on a busy 2-core machine.
 const PROMPT: Duration = Duration::from_secs(20);
 

@@ -19,6 +19,8 @@
 //!   credentials and TLS of `nats::NatsAccess`.
 //! - [`nats_url`]: credentials split out of `NATS_URL`, so no address the client logs holds one.
 //! - [`redis_idempotency`]: the Redis idempotency store (distributed mode).
+//! - [`quota`]: per-tenant quotas (active executions, submit rate): the `QuotaStore` trait, its
+//!   memory and Redis implementations, and `QuotaGate`, which the gateway calls per submit.
 //! - [`tls`]: the rustls provider, certificate file checks and TLS failures, shared by the
 //!   NATS and Redis connections.
 //! - `contract` (feature `contract-tests`): the test suite every implementation must pass, so
@@ -40,6 +42,7 @@ pub mod job;
 pub mod memory;
 pub mod nats;
 pub mod nats_url;
+pub mod quota;
 pub mod redis_idempotency;
 pub mod tls;
 pub mod writer;
@@ -50,4 +53,5 @@ pub use error::StoreError;
 pub use event_store::{EventRecord, EventStore, EventStream, LogHead, RunError, WriterId};
 pub use idempotency::{IdempotencyRecord, IdempotencyStore};
 pub use job::{Delivery, DeliveryHandle, Job, JobQueue, QueuedJob};
+pub use quota::{Admission, QuotaGate, QuotaLimits, QuotaStore};
 pub use writer::{EventWriter, WriteError, WriteFailure};

@@ -45,7 +45,8 @@ fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("redis: {e}"))
 }
 
-async fn bounded<T>(
+/// Runs one Redis call within [`CALL_TIMEOUT`]; failures and timeouts are `Unavailable`.
+pub(crate) async fn bounded<T>(
     f: impl std::future::Future<Output = redis::RedisResult<T>>,
 ) -> Result<T, StoreError> {
     match tokio::time::timeout(CALL_TIMEOUT, f).await {
@@ -157,6 +158,13 @@ fn fatal(e: &redis::RedisError) -> Option<String> {
         );
     }
     crate::tls::tls_failure(e).map(|tls| format!("TLS with Redis failed ({tls}); check REDIS_CA"))
+}
+
+impl RedisIdempotencyStore {
+    /// The store's connection, for other Redis-backed stores of the same deployment (quotas).
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
 }
 
 #[async_trait]

@@ -6,9 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::event::EventBody;
-use protocol::{ExecutionId, RuntimeError, RuntimeEvent, Sequence, Timestamp};
+use protocol::{ExecutionId, RuntimeError, RuntimeEvent, Sequence, Tenant, Timestamp};
 use runtime::nats::{NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings};
+use runtime::quota::RedisQuotaStore;
 use runtime::redis_idempotency::RedisIdempotencyStore;
+use runtime::{Admission, QuotaLimits, QuotaStore};
 use runtime::{CancelBus, EventStore, JobQueue, StoreError, contract};
 use testkit::{NatsServer, RedisServer, unique_namespace};
 
@@ -74,6 +76,77 @@ async fn redis_idempotency_passes_the_contract() {
     .await
     .unwrap();
     contract::idempotency_suite(Arc::new(store)).await;
+}
+
+async fn redis_quota_store(server: &RedisServer, namespace: &str) -> RedisQuotaStore {
+    let idempotency = RedisIdempotencyStore::connect(
+        &server.url(),
+        namespace,
+        Duration::from_secs(60),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    RedisQuotaStore::new(idempotency.connection(), namespace)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_quota_store_passes_the_contract() {
+    let server = RedisServer::start();
+    let store = redis_quota_store(&server, &unique_namespace("t")).await;
+    contract::quota_suite(Arc::new(store)).await;
+}
+
+/// Two gateways' stores (separate connections, one namespace) share the tenant's cap; another
+/// namespace shares nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_quotas_hold_across_connections_and_stay_in_their_namespace() {
+    let server = RedisServer::start();
+    let namespace = unique_namespace("t");
+    let stores = [
+        Arc::new(redis_quota_store(&server, &namespace).await),
+        Arc::new(redis_quota_store(&server, &namespace).await),
+    ];
+    let limits = QuotaLimits::new(Some(5), None, None).unwrap();
+    let acme: Tenant = "acme".parse().unwrap();
+    let hold = Duration::from_secs(600);
+    let tasks: Vec<_> = (0..30)
+        .map(|i| {
+            let store = Arc::clone(&stores[i % 2]);
+            let acme = acme.clone();
+            tokio::spawn(async move {
+                let id = ExecutionId::new_random();
+                (id, store.admit(&acme, &limits, id, hold).await.unwrap())
+            })
+        })
+        .collect();
+    let mut admitted = Vec::new();
+    for task in tasks {
+        let (id, answer) = task.await.unwrap();
+        if answer == Admission::Admitted {
+            admitted.push(id);
+        }
+    }
+    assert_eq!(admitted.len(), 5);
+    // A slot taken through one connection is released through the other.
+    stores[1].release(&acme, &admitted[..1]).await.unwrap();
+    let id = ExecutionId::new_random();
+    assert_eq!(
+        stores[0].admit(&acme, &limits, id, hold).await.unwrap(),
+        Admission::Admitted
+    );
+    let elsewhere = redis_quota_store(&server, &unique_namespace("t")).await;
+    assert_eq!(
+        elsewhere
+            .admit(&acme, &limits, ExecutionId::new_random(), hold)
+            .await
+            .unwrap(),
+        Admission::Admitted,
+        "another namespace is another deployment"
+    );
+    assert!(elsewhere.holders(&acme, 10).await.unwrap().len() == 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

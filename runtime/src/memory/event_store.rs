@@ -3,6 +3,10 @@
 //! Readers keep an index into the vector and pull, so a slow reader never makes the store buffer
 //! anything for it, and no event is ever dropped for a reader. An evicted execution's readers
 //! keep their `Arc` and finish normally.
+//!
+//! A [`TerminalHook`] learns of every terminal event right after it is stored (embedded mode
+//! releases the execution's quota slot with it); it runs outside the store's locks and cannot
+//! change what was stored.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -69,8 +73,12 @@ struct Registry {
     active: usize,
 }
 
+/// Called with an execution's id once its terminal event is stored; must not block.
+pub type TerminalHook = Arc<dyn Fn(ExecutionId) + Send + Sync>;
+
 struct Inner {
     limits: MemoryLimits,
+    on_terminal: RwLock<Option<TerminalHook>>,
     executions: RwLock<HashMap<ExecutionId, Arc<Entry>>>,
     registry: Mutex<Registry>,
     total_bytes: AtomicUsize,
@@ -95,11 +103,17 @@ impl MemoryEventStore {
         Self {
             inner: Arc::new(Inner {
                 limits,
+                on_terminal: RwLock::new(None),
                 executions: RwLock::new(HashMap::new()),
                 registry: Mutex::new(Registry::default()),
                 total_bytes: AtomicUsize::new(0),
             }),
         }
+    }
+
+    /// Sets the hook told of every terminal event stored from now on (replacing any earlier).
+    pub fn on_terminal(&self, hook: TerminalHook) {
+        *self.inner.on_terminal.write() = Some(hook);
     }
 
     /// Retained executions (for metrics and tests).
@@ -235,6 +249,11 @@ impl EventStore for MemoryEventStore {
             let mut registry = self.inner.registry.lock();
             registry.active = registry.active.saturating_sub(1);
             registry.terminal.push_back((id, Instant::now()));
+            drop(registry);
+            let hook = self.inner.on_terminal.read().clone();
+            if let Some(hook) = hook {
+                hook(id);
+            }
         }
         Ok(())
     }
