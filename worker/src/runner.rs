@@ -14,7 +14,7 @@
 //!   heartbeating, or an event store that was unreachable;
 //! - a job whose log does not exist yet: the gateway creates the log and publishes the job
 //!   concurrently, so a job can arrive first. The runner waits for the log (polling its head with
-//!   backoff from 5 ms to 500 ms, heartbeating the delivery meanwhile) for at most
+//!   backoff from 1 ms to 500 ms, heartbeating the delivery meanwhile) for at most
 //!   [`RunnerSettings::log_wait`], then drops the job: a log that has not appeared by then was
 //!   never created (the gateway answered 503 and withdrew the job). When the log does appear
 //!   after a wait, the runner first asks the queue whether the job was withdrawn (the gateway
@@ -304,7 +304,7 @@ impl Runner {
         held: Option<&dyn DeliveryHandle>,
     ) -> Result<LogHead, RunOutcome> {
         let started = Instant::now();
-        let mut delay = Duration::from_millis(5);
+        let mut delay = Duration::from_millis(1);
         let mut waited = false;
         loop {
             match self.store.head(id).await {

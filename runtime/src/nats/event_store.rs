@@ -46,6 +46,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{self, DeliverPolicy};
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
 use async_trait::async_trait;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -342,12 +343,19 @@ impl NatsEventStore {
     /// Reads the last message of the execution's subject from the server.
     async fn fetch_head(&self, id: ExecutionId) -> Result<Option<Fetched>, StoreError> {
         self.backend.check_connected()?;
-        match self
+        let found = match self
             .stream
             .direct_get_last_for_subject(self.subject(id))
             .await
         {
-            Ok(message) => {
+            Ok(message) => Some(message),
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => {
+                self.confirm_missing(id, Edge::Last).await?
+            }
+            Err(e) => return Err(unavailable("direct get", e)),
+        };
+        match found {
+            Some(message) => {
                 let msg_id = message
                     .headers
                     .get("Nats-Msg-Id")
@@ -364,8 +372,36 @@ impl NatsEventStore {
                 };
                 Ok(Some(Fetched { head, msg_id }))
             }
-            Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
-            Err(e) => Err(unavailable("direct get", e)),
+            None => Ok(None),
+        }
+    }
+
+    /// A direct get found no message for the execution. With replicas, any of them may answer a
+    /// direct get, and a follower may not have applied a message the leader has acknowledged
+    /// (a log created a moment ago would read as unknown: a 404 right after its 202). So a miss
+    /// is confirmed by the leader (the stream's message-get API) before it counts: one more
+    /// round trip, only for a miss and only with replicas.
+    async fn confirm_missing(
+        &self,
+        id: ExecutionId,
+        edge: Edge,
+    ) -> Result<Option<async_nats::jetstream::message::StreamMessage>, StoreError> {
+        if self.backend.settings.replicas <= 1 {
+            return Ok(None);
+        }
+        let subject = self.subject(id);
+        let got = match edge {
+            Edge::First => {
+                self.stream
+                    .get_first_raw_message_by_subject(&subject, 1)
+                    .await
+            }
+            Edge::Last => self.stream.get_last_raw_message_by_subject(&subject).await,
+        };
+        match got {
+            Ok(message) => Ok(Some(message)),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(unavailable("message get", e)),
         }
     }
 
@@ -694,6 +730,13 @@ impl Ordered {
     }
 }
 
+/// Which message of an execution's subject a leader read confirms.
+#[derive(Debug, Clone, Copy)]
+enum Edge {
+    First,
+    Last,
+}
+
 #[async_trait]
 impl EventStore for NatsEventStore {
     async fn create_owned(&self, accepted: RuntimeEvent, owner: &Tenant) -> Result<(), StoreError> {
@@ -785,15 +828,18 @@ impl EventStore for NatsEventStore {
 
     async fn owner(&self, id: ExecutionId) -> Result<Option<Tenant>, StoreError> {
         self.backend.check_connected()?;
-        match self
+        let first = match self
             .stream
             .direct_get_next_for_subject(self.subject(id), Some(1))
             .await
         {
-            Ok(message) => owner_of(&message.headers).map(Some),
-            Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
-            Err(e) => Err(unavailable("direct get", e)),
-        }
+            Ok(message) => Some(message),
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => {
+                self.confirm_missing(id, Edge::First).await?
+            }
+            Err(e) => return Err(unavailable("direct get", e)),
+        };
+        first.map(|message| owner_of(&message.headers)).transpose()
     }
 
     async fn owned_state(
