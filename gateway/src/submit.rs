@@ -47,6 +47,7 @@
 //! every other store error is a failure and converts to its one [`ApiError`]. Events are written
 //! through [`runtime::EventWriter`], which assigns their sequences and times.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use protocol::event::EventBody;
@@ -218,10 +219,28 @@ async fn create_fresh(
     job: &Job,
     started: Instant,
 ) -> Result<(), Failed> {
+    within_quota(
+        state,
+        tenant,
+        job,
+        create_unique(state, tenant, job, started),
+    )
+    .await
+}
+
+/// Runs `create` (the creation of `job`'s execution) once `tenant`'s quotas admit it, and gives
+/// the slot back when the creation failed with nothing of it left to run; a creation whose
+/// outcome is unknown keeps its slot (the execution may still run).
+async fn within_quota<T>(
+    state: &AppState,
+    tenant: &Tenant,
+    job: &Job,
+    create: impl Future<Output = Result<T, Failed>>,
+) -> Result<T, Failed> {
     quota::admit(state, tenant, job)
         .await
         .map_err(Failed::settled)?;
-    let created = create_unique(state, tenant, job, started).await;
+    let created = create.await;
     if let Err(failed) = &created
         && failed.settled
     {
@@ -529,14 +548,11 @@ async fn replay(
                 // create it now, under the recorded id and time.
                 // `AlreadyExists`: a concurrent retry healed it first. Any other store error
                 // (a `Conflict` or `Violation` included) is a failure, never a replay.
-                quota::admit(state, tenant, &job).await?;
-                let healed = create_and_publish(state, tenant, &job, Instant::now()).await;
-                if let Err(failed) = &healed
-                    && failed.settled
+                let heal = create_and_publish(state, tenant, &job, Instant::now());
+                match within_quota(state, tenant, &job, heal)
+                    .await
+                    .map_err(|f| f.error)?
                 {
-                    quota::release(state, tenant, job.execution_id).await;
-                }
-                match healed.map_err(|f| f.error)? {
                     Creation::Created | Creation::AlreadyExists => {
                         return Ok(replayed(ExecutionStatus::Accepted));
                     }
