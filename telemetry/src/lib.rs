@@ -8,6 +8,8 @@
 //!   and the `/metrics` text, with the standard `process_*` metrics refreshed per scrape.
 //! - [`trace`]: log and span setup: `RUST_LOG` filter, text or JSON lines on stderr, and OTLP/HTTP
 //!   span export configured only by the standard `OTEL_*` environment variables.
+//! - [`collector`]: the OTLP exporter's health: after a failed batch, span building pauses with a
+//!   backoff, so a collector that is down costs the request paths nothing.
 //! - [`propagation`]: W3C `traceparent` in and out of spans, so one trace follows an execution
 //!   from the caller through the gateway, the job's NATS headers and the worker.
 //!
@@ -15,6 +17,7 @@
 //! in [`metric`], never an exporter; the exporter is installed once per process by the binary (or
 //! by a test harness), and without it every macro is a no-op, so libraries stay cheap to test.
 
+pub mod collector;
 pub mod exporter;
 pub mod metric;
 pub mod propagation;

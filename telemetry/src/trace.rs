@@ -6,7 +6,9 @@
 //! other setting comes from the standard variables the OpenTelemetry SDK reads itself
 //! (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`,
 //! `OTEL_EXPORTER_OTLP_HEADERS`, `..._TIMEOUT`). Export is batched on the SDK's own thread with a
-//! bounded queue: a collector that is down or slow drops spans, it never blocks a request.
+//! bounded queue: a collector that is down or slow drops spans, it never blocks a request, and
+//! after a failed batch the request paths stop building spans for a backoff
+//! ([`crate::collector`]).
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
@@ -54,9 +56,10 @@ impl Drop for TracingGuard {
 /// Set once spans are exported: request paths skip building spans nobody receives.
 static EXPORTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Whether this process exports spans over OTLP (cheap: one atomic load).
+/// Whether this process exports spans over OTLP and the collector is taking them (cheap: two
+/// atomic loads; see [`crate::collector`] for the pause after a failed export).
 pub fn exporting() -> bool {
-    EXPORTING.load(std::sync::atomic::Ordering::Relaxed)
+    EXPORTING.load(std::sync::atomic::Ordering::Relaxed) && crate::collector::accepting()
 }
 
 /// Whether the environment asks for OTLP span export.
@@ -82,7 +85,13 @@ pub fn init(service: &'static str, format: LogFormat) -> TracingGuard {
     let (otel, provider) = match otlp_provider(service) {
         Ok(Some(provider)) => {
             let tracer = provider.tracer(service);
-            let layer = tracing_opentelemetry::layer().with_tracer(tracer);
+            // While the collector is down ([`crate::collector`]) the layer sees no span, so
+            // none is built only to be dropped.
+            let layer = tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_filter(tracing_subscriber::filter::filter_fn(|_| {
+                    crate::collector::accepting()
+                }));
             (Some(layer), Some(provider))
         }
         Ok(None) => (None, None),
@@ -121,7 +130,7 @@ fn otlp_provider(service: &'static str) -> Result<Option<SdkTracerProvider>, Str
     }
     let provider = SdkTracerProvider::builder()
         .with_resource(resource.build())
-        .with_batch_exporter(exporter)
+        .with_batch_exporter(crate::collector::Watched::new(exporter))
         .build();
     Ok(Some(provider))
 }

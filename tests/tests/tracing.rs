@@ -2,7 +2,8 @@
 //! this test collects the spans a gateway and a worker in `nats` mode export for an execution
 //! submitted with a caller's `traceparent`, and checks the parent chain caller → gateway request
 //! span → worker execution span → provider attempt span, the GenAI attributes, and that no span
-//! holds the prompt or the output text.
+//! holds the prompt or the output text. A collector that is down pauses span building and
+//! export resumes by itself when it is back.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::{Arc, Mutex};
@@ -27,6 +28,12 @@ type Received = Arc<Mutex<Vec<(String, Span)>>>;
 
 /// An OTLP/HTTP (protobuf) trace receiver on a free port; returns its base URL.
 async fn receiver(received: Received) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    receiver_on(listener, received)
+}
+
+/// An OTLP/HTTP (protobuf) trace receiver on `listener`; returns its base URL.
+fn receiver_on(listener: tokio::net::TcpListener, received: Received) -> String {
     async fn traces(State(received): State<Received>, body: Bytes) -> &'static str {
         let request = ExportTraceServiceRequest::decode(body).unwrap();
         let mut out = received.lock().unwrap();
@@ -52,7 +59,6 @@ async fn receiver(received: Received) -> String {
     let app = axum::Router::new()
         .route("/v1/traces", post(traces))
         .with_state(received);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
     format!("http://{addr}")
@@ -179,5 +185,123 @@ async fn one_trace_follows_an_execution_from_the_caller_through_gateway_and_work
             "{service} span {} holds content",
             span.name
         );
+    }
+}
+
+/// Submits `PROMPT` with the caller's trace `trace` and waits for its success.
+async fn submit_traced(gateway: &str, trace: &str) -> String {
+    let response = client()
+        .post(format!("{gateway}/v1/executions"))
+        .header("traceparent", format!("00-{trace}-{CALLER_SPAN}-01"))
+        .json(&text_request(PROMPT))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 202);
+    let body: serde_json::Value = response.json().await.unwrap();
+    let id = body["execution_id"].as_str().unwrap().to_owned();
+    let snapshot = wait_terminal(gateway, &id).await;
+    assert_eq!(snapshot["status"], "succeeded", "{snapshot}");
+    id
+}
+
+#[tokio::test]
+async fn span_export_pauses_while_the_collector_is_down_and_resumes_when_it_is_back() {
+    const PAUSED: &str = "span building paused";
+    const RESUMED: &str = "OTLP span export resumed";
+    // Nothing listens on the collector's port yet.
+    let port = testkit::free_port();
+    let config = json!({
+        "providers": [{"type": "mock", "id": "provider-mock", "model": "model-alpha",
+                       "abilities": ["text-generation"], "chunks": [OUTPUT], "delay_ms": 0}]
+    });
+    let mut cluster = Cluster::start(&config);
+    cluster.extra_env.extend([
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+            format!("http://127.0.0.1:{port}"),
+        ),
+        ("OTEL_BSP_SCHEDULE_DELAY".to_owned(), "100".to_owned()),
+    ]);
+    let gateway = cluster.gateway();
+    let worker = cluster.worker();
+    let logs = || (gateway.process.log_text(), worker.log_text());
+
+    // Down: executions succeed, and each process warns once that span building paused.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut round = 0u64;
+    loop {
+        round += 1;
+        submit_traced(&gateway.url, &format!("{round:032x}")).await;
+        let (gateway_log, worker_log) = logs();
+        if gateway_log.contains(PAUSED) && worker_log.contains(PAUSED) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no pause warning after {round} executions\ngateway:\n{gateway_log}\nworker:\n{worker_log}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Back: a receiver on the same port gets a whole trace of a later execution (the pause is
+    // at most 10 s), with the chain caller → gateway → worker intact.
+    let received: Received = Arc::default();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    receiver_on(listener, Arc::clone(&received));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut traces = Vec::new();
+    let complete = |trace: &str| {
+        let spans = received.lock().unwrap();
+        let find = |name: &str| {
+            spans
+                .iter()
+                .find(|(_, s)| s.name == name && hex(&s.trace_id) == trace)
+                .map(|(_, s)| s.clone())
+        };
+        match (
+            find("POST /v1/executions"),
+            find("execution"),
+            find("chat model-alpha"),
+        ) {
+            (Some(request), Some(execution), Some(attempt)) => {
+                hex(&request.parent_span_id) == CALLER_SPAN
+                    && execution.parent_span_id == request.span_id
+                    && attempt.parent_span_id == execution.span_id
+            }
+            _ => false,
+        }
+    };
+    loop {
+        round += 1;
+        let trace = format!("{round:032x}");
+        submit_traced(&gateway.url, &trace).await;
+        traces.push(trace);
+        if traces.iter().any(|t| complete(t)) {
+            break;
+        }
+        let (gateway_log, worker_log) = logs();
+        assert!(
+            Instant::now() < deadline,
+            "no whole trace after the collector came back\ngateway:\n{gateway_log}\nworker:\n{worker_log}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Each process said once that export paused, and says that it resumed.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (gateway_log, worker_log) = logs();
+        if gateway_log.contains(RESUMED) && worker_log.contains(RESUMED) {
+            assert_eq!(gateway_log.matches(PAUSED).count(), 1, "{gateway_log}");
+            assert_eq!(worker_log.matches(PAUSED).count(), 1, "{worker_log}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no resume line\ngateway:\n{gateway_log}\nworker:\n{worker_log}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
