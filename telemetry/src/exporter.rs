@@ -4,7 +4,8 @@
 //! installs it the first time and hands out the same handle afterwards, so a test that starts
 //! several gateways in one process gets one shared registry instead of a failure. Rendering also
 //! refreshes `process_cpu_seconds_total` and `process_resident_memory_bytes` (read from `/proc`
-//! by `metrics-process`), so they cost nothing between scrapes.
+//! by `metrics-process`), so they cost nothing between scrapes. Histogram samples are folded
+//! into their buckets every 5 s on a thread of its own, so memory stays flat without scrapes.
 
 use std::sync::{Arc, OnceLock};
 
@@ -60,6 +61,7 @@ fn build() -> MetricsExporter {
         });
     let recorder = builder.build_recorder();
     let handle = recorder.handle();
+    spawn_upkeep(handle.clone());
     if metrics::set_global_recorder(recorder).is_err() {
         tracing::warn!("a metrics recorder was already installed; /metrics will be incomplete");
     }
@@ -68,6 +70,26 @@ fn build() -> MetricsExporter {
     metric::register();
     MetricsExporter {
         inner: Arc::new(Inner { handle, process }),
+    }
+}
+
+/// How often histogram samples are folded into their buckets between scrapes.
+const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Folds recorded histogram samples into their buckets every [`UPKEEP_INTERVAL`] on a thread of
+/// its own. The recorder keeps each sample until upkeep runs: without this, a process nobody
+/// scrapes would hold every sample it ever recorded.
+fn spawn_upkeep(handle: PrometheusHandle) {
+    let spawned = std::thread::Builder::new()
+        .name("metrics-upkeep".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(UPKEEP_INTERVAL);
+                handle.run_upkeep();
+            }
+        });
+    if let Err(err) = spawned {
+        tracing::warn!(error = %err, "no metrics upkeep thread; histograms fold only on scrape");
     }
 }
 
