@@ -161,16 +161,9 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    let stopping = if state.is_stopping() { 1.0 } else { 0.0 };
-    // The process-wide registry (HTTP, executions in embedded mode, process) and this
-    // gateway's own counters.
-    let mut text = state.exporter().render();
-    text.push_str(&state.metrics().render(&[(
-        "mrt_stopping",
-        "1 while the process is shutting down.",
-        stopping,
-    )]));
-    let mut response = Response::new(Body::from(text));
+    // The process-wide registry: HTTP, submissions and streams, executions in embedded mode,
+    // process CPU and memory.
+    let mut response = Response::new(Body::from(state.exporter().render()));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

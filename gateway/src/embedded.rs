@@ -108,13 +108,7 @@ impl Embedded {
         }
         // Let streams deliver the terminal events just written, then end the rest.
         let drained = async {
-            while self
-                .state
-                .metrics()
-                .sse_streams_active
-                .load(std::sync::atomic::Ordering::Relaxed)
-                > 0
-            {
+            while self.state.metrics().active_streams() > 0 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         };

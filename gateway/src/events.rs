@@ -8,7 +8,6 @@
 //! frame or a JSON error) and resumes from its last sequence. Closing the connection drops the
 //! subscription and never touches the execution.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -44,10 +43,7 @@ struct Projection {
 
 impl Drop for Projection {
     fn drop(&mut self) {
-        self.state
-            .metrics()
-            .sse_streams_active
-            .fetch_sub(1, Ordering::Relaxed);
+        self.state.metrics().stream_closed();
     }
 }
 
@@ -57,9 +53,7 @@ pub fn sse_response(
     records: EventStream,
     permit: OwnedSemaphorePermit,
 ) -> Response {
-    let metrics = state.metrics();
-    metrics.sse_streams_opened.fetch_add(1, Ordering::Relaxed);
-    metrics.sse_streams_active.fetch_add(1, Ordering::Relaxed);
+    state.metrics().stream_opened();
     let projection = Projection {
         records: records.fuse(),
         keep_alive: state.inner.limits.keep_alive,
@@ -136,9 +130,6 @@ async fn next_chunk(p: &mut Projection) -> Option<Result<Bytes, StreamAborted>> 
         // Coalesce events that are already available, without waiting.
         item = p.records.next().now_or_never().flatten();
     }
-    p.state
-        .metrics()
-        .sse_events_sent
-        .fetch_add(sent, Ordering::Relaxed);
+    p.state.metrics().events_sent(sent);
     Some(Ok(Bytes::from(out)))
 }

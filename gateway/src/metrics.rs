@@ -1,85 +1,140 @@
-//! Prometheus metrics: plain atomic counters and gauges rendered in the text exposition format.
-//! No prompt or output content ever becomes a label.
+//! The gateway's own counters: submissions by outcome, cancellations, SSE streams and events.
+//!
+//! Each one is exported through the process's `metrics` registry (rendered by
+//! [`telemetry::MetricsExporter`], registered at 0 when the state is built) and also kept on this
+//! gateway instance as a plain atomic, which the shutdown drain and the tests read. The handles
+//! are resolved once here, so the hot path does no registry lookup. No prompt or output content
+//! ever becomes a label.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
+use metrics::{Counter, Gauge, counter, describe_counter, describe_gauge, gauge};
+
+const SUBMISSIONS_TOTAL: &str = "mrt_submissions_total";
+const CANCELLATIONS_TOTAL: &str = "mrt_cancellations_total";
+const SSE_STREAMS_OPENED_TOTAL: &str = "mrt_sse_streams_opened_total";
+const SSE_EVENTS_SENT_TOTAL: &str = "mrt_sse_events_sent_total";
+const STOPPING: &str = "mrt_stopping";
+
+/// How a submission ended, for `mrt_submissions_total{outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Submission {
+    Accepted,
+    Replayed,
+    Rejected,
+}
+
 /// Counters of the HTTP layer.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
-    pub submissions_accepted: AtomicU64,
-    pub submissions_replayed: AtomicU64,
-    pub submissions_rejected: AtomicU64,
-    pub cancellations: AtomicU64,
-    pub sse_streams_opened: AtomicU64,
-    pub sse_streams_active: AtomicI64,
-    pub sse_events_sent: AtomicU64,
+    submissions_accepted: AtomicU64,
+    sse_streams_active: AtomicI64,
+    exported: Exported,
+}
+
+/// The registry handles, one per series.
+#[derive(Debug)]
+struct Exported {
+    accepted: Counter,
+    replayed: Counter,
+    rejected: Counter,
+    cancellations: Counter,
+    streams_opened: Counter,
+    streams_active: Gauge,
+    events_sent: Counter,
+    stopping: Gauge,
 }
 
 impl Metrics {
-    pub fn inc(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
+    /// Registers the gateway's series in the process registry `_exporter` installed (the handles
+    /// would be no-ops without it) and starts every count at 0.
+    pub fn new(_exporter: &telemetry::MetricsExporter) -> Self {
+        describe_counter!(SUBMISSIONS_TOTAL, "Execution submissions by outcome.");
+        describe_counter!(CANCELLATIONS_TOTAL, "Cancel requests accepted.");
+        describe_counter!(SSE_STREAMS_OPENED_TOTAL, "SSE streams opened.");
+        describe_gauge!(
+            telemetry::metric::SSE_STREAMS_ACTIVE,
+            "SSE streams open now."
+        );
+        describe_counter!(SSE_EVENTS_SENT_TOTAL, "Events written to SSE streams.");
+        describe_gauge!(STOPPING, "1 while the process is shutting down.");
+        let exported = Exported {
+            accepted: counter!(SUBMISSIONS_TOTAL, "outcome" => "accepted"),
+            replayed: counter!(SUBMISSIONS_TOTAL, "outcome" => "replayed"),
+            rejected: counter!(SUBMISSIONS_TOTAL, "outcome" => "rejected"),
+            cancellations: counter!(CANCELLATIONS_TOTAL),
+            streams_opened: counter!(SSE_STREAMS_OPENED_TOTAL),
+            streams_active: gauge!(telemetry::metric::SSE_STREAMS_ACTIVE),
+            events_sent: counter!(SSE_EVENTS_SENT_TOTAL),
+            stopping: gauge!(STOPPING),
+        };
+        // Every series is exported from startup, at 0.
+        for c in [
+            &exported.accepted,
+            &exported.replayed,
+            &exported.rejected,
+            &exported.cancellations,
+            &exported.streams_opened,
+            &exported.events_sent,
+        ] {
+            c.increment(0);
+        }
+        exported.streams_active.increment(0.0);
+        exported.stopping.set(0.0);
+        Self {
+            submissions_accepted: AtomicU64::new(0),
+            sse_streams_active: AtomicI64::new(0),
+            exported,
+        }
     }
 
-    /// The exposition text, plus extra gauges supplied by the caller.
-    pub fn render(&self, extra: &[(&str, &str, f64)]) -> String {
-        let mut out = String::new();
-        let counters = [
-            (
-                "mrt_submissions_total{outcome=\"accepted\"}",
-                &self.submissions_accepted,
-            ),
-            (
-                "mrt_submissions_total{outcome=\"replayed\"}",
-                &self.submissions_replayed,
-            ),
-            (
-                "mrt_submissions_total{outcome=\"rejected\"}",
-                &self.submissions_rejected,
-            ),
-        ];
-        out.push_str("# HELP mrt_submissions_total Execution submissions by outcome.\n# TYPE mrt_submissions_total counter\n");
-        for (name, c) in counters {
-            let _ = writeln!(out, "{name} {}", c.load(Ordering::Relaxed));
+    /// Counts one submission by how it ended.
+    pub fn submission(&self, outcome: Submission) {
+        match outcome {
+            Submission::Accepted => {
+                self.submissions_accepted.fetch_add(1, Ordering::Relaxed);
+                self.exported.accepted.increment(1);
+            }
+            Submission::Replayed => self.exported.replayed.increment(1),
+            Submission::Rejected => self.exported.rejected.increment(1),
         }
-        let simple = [
-            (
-                "mrt_cancellations_total",
-                "Cancel requests accepted.",
-                "counter",
-                self.cancellations.load(Ordering::Relaxed) as f64,
-            ),
-            (
-                "mrt_sse_streams_opened_total",
-                "SSE streams opened.",
-                "counter",
-                self.sse_streams_opened.load(Ordering::Relaxed) as f64,
-            ),
-            (
-                "mrt_sse_streams_active",
-                "SSE streams open now.",
-                "gauge",
-                self.sse_streams_active.load(Ordering::Relaxed) as f64,
-            ),
-            (
-                "mrt_sse_events_sent_total",
-                "Events written to SSE streams.",
-                "counter",
-                self.sse_events_sent.load(Ordering::Relaxed) as f64,
-            ),
-        ];
-        for (name, help, kind, value) in simple {
-            let _ = write!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
-            );
-        }
-        for (name, help, value) in extra {
-            let _ = write!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"
-            );
-        }
-        out
+    }
+
+    /// Counts one accepted cancel request.
+    pub fn cancellation(&self) {
+        self.exported.cancellations.increment(1);
+    }
+
+    /// Counts an SSE stream that opened (and is now active).
+    pub fn stream_opened(&self) {
+        self.sse_streams_active.fetch_add(1, Ordering::SeqCst);
+        self.exported.streams_opened.increment(1);
+        self.exported.streams_active.increment(1.0);
+    }
+
+    /// Counts an SSE stream that closed.
+    pub fn stream_closed(&self) {
+        self.sse_streams_active.fetch_sub(1, Ordering::SeqCst);
+        self.exported.streams_active.decrement(1.0);
+    }
+
+    /// Counts `n` events written to an SSE stream.
+    pub fn events_sent(&self, n: u64) {
+        self.exported.events_sent.increment(n);
+    }
+
+    /// Sets the `mrt_stopping` gauge.
+    pub fn set_stopping(&self, stopping: bool) {
+        self.exported.stopping.set(if stopping { 1.0 } else { 0.0 });
+    }
+
+    /// Submissions this gateway accepted.
+    pub fn accepted(&self) -> u64 {
+        self.submissions_accepted.load(Ordering::Relaxed)
+    }
+
+    /// SSE streams this gateway has open now.
+    pub fn active_streams(&self) -> i64 {
+        self.sse_streams_active.load(Ordering::SeqCst)
     }
 }

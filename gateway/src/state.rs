@@ -109,14 +109,15 @@ impl AppState {
         auth: Authenticator,
     ) -> Self {
         let streams = Arc::new(Semaphore::new(limits.max_sse_streams.max(1)));
+        let exporter = telemetry::MetricsExporter::install();
         Self {
             inner: Arc::new(Inner {
                 backend,
                 auth,
                 registry,
                 limits,
-                metrics: Metrics::default(),
-                exporter: telemetry::MetricsExporter::install(),
+                metrics: Metrics::new(&exporter),
+                exporter,
                 streams,
                 stopping: AtomicBool::new(false),
                 close_streams: CancellationToken::new(),
@@ -127,6 +128,7 @@ impl AppState {
     /// New submits get 503 and `/v1/runtime` reports `stopping` from now on.
     pub fn begin_shutdown(&self) {
         self.inner.stopping.store(true, Ordering::SeqCst);
+        self.inner.metrics.set_stopping(true);
     }
 
     pub fn is_stopping(&self) -> bool {

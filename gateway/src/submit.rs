@@ -60,7 +60,7 @@ use protocol::{
 use runtime::{EventWriter, IdempotencyRecord, Job, StoreError};
 
 use crate::error::ApiError;
-use crate::metrics::Metrics;
+use crate::metrics::Submission;
 use crate::quota;
 use crate::state::AppState;
 
@@ -75,9 +75,9 @@ pub async fn submit(
     let inner = &state.inner;
     let result = submit_inner(state, tenant, request, idempotency_key, traceparent).await;
     match &result {
-        Ok(s) if s.idempotent_replay => Metrics::inc(&inner.metrics.submissions_replayed),
-        Ok(_) => Metrics::inc(&inner.metrics.submissions_accepted),
-        Err(_) => Metrics::inc(&inner.metrics.submissions_rejected),
+        Ok(s) if s.idempotent_replay => inner.metrics.submission(Submission::Replayed),
+        Ok(_) => inner.metrics.submission(Submission::Accepted),
+        Err(_) => inner.metrics.submission(Submission::Rejected),
     }
     result
 }
@@ -596,7 +596,7 @@ pub async fn cancel(state: &AppState, id: ExecutionId) -> Result<bool, ApiError>
         };
         match writer.append_once(cancelled).await {
             Ok(()) => {
-                Metrics::inc(&state.inner.metrics.cancellations);
+                state.inner.metrics.cancellation();
                 quota::release_ended(state, id).await;
                 return Ok(true);
             }
@@ -606,6 +606,6 @@ pub async fn cancel(state: &AppState, id: ExecutionId) -> Result<bool, ApiError>
         }
     }
     backend.cancel.request(id).await?;
-    Metrics::inc(&state.inner.metrics.cancellations);
+    state.inner.metrics.cancellation();
     Ok(true)
 }

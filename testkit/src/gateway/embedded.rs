@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -138,17 +137,11 @@ impl Embedded {
 
     /// Accepted submissions, read from the state (works after the server stopped).
     pub fn accepted_count_offline(&self) -> u64 {
-        self.state
-            .metrics()
-            .submissions_accepted
-            .load(Ordering::Relaxed)
+        self.state.metrics().accepted()
     }
 
     /// Event streams open right now.
     pub fn open_streams(&self) -> i64 {
-        self.state
-            .metrics()
-            .sse_streams_active
-            .load(Ordering::SeqCst)
+        self.state.metrics().active_streams()
     }
 }
