@@ -53,6 +53,23 @@ pub trait Section: fmt::Debug + Clone + Send + Sync + 'static {
     fn flow(&self) -> FlowLimits;
 }
 
+/// Implements [`Section`] for section structs whose provider id is their `id` field and whose
+/// concurrency gate is their `flow` field.
+macro_rules! section_from_fields {
+    ($($section:ty),+ $(,)?) => {$(
+        impl $crate::provider::catalog::Section for $section {
+            fn id(&self) -> &str {
+                &self.id
+            }
+
+            fn flow(&self) -> ::config::FlowLimits {
+                self.flow
+            }
+        }
+    )+};
+}
+pub(crate) use section_from_fields;
+
 /// One row of [`PROVIDER_TYPES`].
 #[derive(Debug, Clone, Copy)]
 pub struct TypeEntry {
