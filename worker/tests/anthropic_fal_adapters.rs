@@ -324,16 +324,17 @@ async fn fal_with_fallback(
     .await
 }
 
-/// [`claude_with_fallback`], checking that its one attempt failed the execution with `error`
-/// after the `middle` events.
-async fn claude_fails(
-    server: &FakeProvider,
-    deadline: Duration,
+/// Awaits `run` (a run with the mock behind the adapter and fallback allowed:
+/// [`claude_with_fallback`], [`fal_with_fallback`]) and checks that its one attempt, at
+/// `target`, failed the execution with `error` after the `middle` events.
+async fn fails_at(
+    run: impl std::future::Future<Output = (Harness, protocol::ExecutionId)>,
+    target: Target,
     middle: &[EventBody],
     error: RuntimeError,
 ) -> (Harness, protocol::ExecutionId) {
-    let (h, id) = claude_with_fallback(server, deadline).await;
-    assert_claude_failed(&h, id, middle, error).await;
+    let (h, id) = run.await;
+    h.assert_log(id, &failed_after(target, middle, error)).await;
     (h, id)
 }
 
@@ -347,20 +348,6 @@ async fn assert_claude_failed(
 ) {
     h.assert_log(id, &failed_after(claude(), middle, error))
         .await;
-}
-
-/// [`fal_with_fallback`], checking that its one attempt failed the execution with `error`
-/// after the `middle` events.
-async fn fal_fails(
-    server: &FakeProvider,
-    options: FalOptions,
-    middle: &[EventBody],
-    error: RuntimeError,
-) -> (Harness, protocol::ExecutionId) {
-    let (h, id) = fal_with_fallback(server, options).await;
-    h.assert_log(id, &failed_after(fal_target(), middle, error))
-        .await;
-    (h, id)
 }
 
 /// A non-retryable error with `code` and `message` that keeps the provider's own code.
@@ -776,9 +763,9 @@ async fn anthropic_error_event_is_unavailable_and_never_falls_back() {
         ),
     ];
     let server = FakeProvider::start(transcript_server(transcript, Tail::Stall)).await;
-    let (h, id) = claude_fails(
-        &server,
-        LONG,
+    let (h, id) = fails_at(
+        claude_with_fallback(&server, LONG),
+        claude(),
         &[],
         coded(
             ErrorCode::ProviderUnavailable,
@@ -798,9 +785,9 @@ async fn anthropic_stream_cut_mid_frame_is_a_protocol_error_after_output() {
     let next = text_block_delta(0, "lo there");
     transcript.push(next[..next.len() / 2].to_owned());
     let server = FakeProvider::start(transcript_server(transcript, Tail::End)).await;
-    let (h, id) = claude_fails(
-        &server,
-        LONG,
+    let (h, id) = fails_at(
+        claude_with_fallback(&server, LONG),
+        claude(),
         &[text_delta(0, "Hel")],
         RuntimeError::stream_ended_early(),
     )
@@ -847,9 +834,9 @@ async fn anthropic_malformed_json_is_a_protocol_error() {
             .to_owned(),
     ];
     let server = FakeProvider::start(transcript_server(transcript, Tail::End)).await;
-    let _ = claude_fails(
-        &server,
-        LONG,
+    let _ = fails_at(
+        claude_with_fallback(&server, LONG),
+        claude(),
         &[],
         not_retryable(
             ErrorCode::ProviderProtocolError,
@@ -884,7 +871,13 @@ async fn anthropic_tool_arguments_without_a_tool_block_are_a_protocol_error() {
 async fn anthropic_eof_before_message_stop_is_a_protocol_error() {
     let transcript = vec![message_start(25), ping()];
     let server = FakeProvider::start(transcript_server(transcript, Tail::End)).await;
-    let _ = claude_fails(&server, LONG, &[], RuntimeError::stream_ended_early()).await;
+    let _ = fails_at(
+        claude_with_fallback(&server, LONG),
+        claude(),
+        &[],
+        RuntimeError::stream_ended_early(),
+    )
+    .await;
 }
 
 // =============================================================================================
@@ -1255,9 +1248,9 @@ async fn fal_completed_with_error_is_unavailable_with_the_error_type() {
         }
     })
     .await;
-    let _ = fal_fails(
-        &server,
-        fast(),
+    let _ = fails_at(
+        fal_with_fallback(&server, fast()),
+        fal_target(),
         &[],
         coded(
             ErrorCode::ProviderUnavailable,
@@ -1340,9 +1333,9 @@ async fn fal_poll_exhaustion_is_a_terminal_deadline_with_one_cancel() {
         max_polls: 3,
         ..fast()
     };
-    let _ = fal_fails(
-        &server,
-        options,
+    let _ = fails_at(
+        fal_with_fallback(&server, options),
+        fal_target(),
         &[queued(), processing()],
         not_retryable(ErrorCode::DeadlineExceeded, "fal polling limit was reached"),
     )
@@ -1431,9 +1424,9 @@ async fn fal_result_failure_after_completed_is_never_cancelled() {
         text_response(StatusCode::INTERNAL_SERVER_ERROR, "upstream failure")
     }))
     .await;
-    let _ = fal_fails(
-        &server,
-        fast(),
+    let _ = fails_at(
+        fal_with_fallback(&server, fast()),
+        fal_target(),
         &[processing()],
         status_error(StatusCode::INTERNAL_SERVER_ERROR),
     )
@@ -1452,9 +1445,9 @@ async fn fal_status_poll_errors_are_not_retryable_and_cancel() {
         }
     })
     .await;
-    let (h, id) = fal_fails(
-        &server,
-        fast(),
+    let (h, id) = fails_at(
+        fal_with_fallback(&server, fast()),
+        fal_target(),
         &[],
         status_error(StatusCode::SERVICE_UNAVAILABLE),
     )

@@ -45,9 +45,18 @@ fn only_section<T: Clone + 'static>(provider: &str, type_name: &str) -> T {
     settings_of(&only_provider(provider), type_name)
 }
 
-/// Checks the URL `section` sends requests for `path` to.
-fn assert_endpoint(section: &TextProviderConfig, path: &str, expected: &str) {
-    assert_eq!(section.base_url.endpoint(path).unwrap().as_str(), expected);
+/// Checks the id of `section`, its base URL (as written and as shown, which are the same
+/// text), and the URL it sends requests for `path` to.
+fn assert_addressed(
+    section: &TextProviderConfig,
+    id: &str,
+    base_url: &str,
+    (path, endpoint): (&str, &str),
+) {
+    assert_eq!(section.id, id);
+    assert_eq!(section.base_url.as_str(), base_url);
+    assert_eq!(section.base_url.to_string(), base_url);
+    assert_eq!(section.base_url.endpoint(path).unwrap().as_str(), endpoint);
 }
 
 const OPENAI: &str = r#"{"type":"openai-responses","model":"m","api_key_env":"OPENAI_API_KEY""#;
@@ -206,12 +215,11 @@ fn text_provider_defaults() {
         r#"{"type":"anthropic-messages","model":"claude","api_key_env":"ANTHROPIC_API_KEY"}"#,
         "anthropic-messages",
     );
-    assert_eq!(anthropic.id, "anthropic");
-    assert_eq!(anthropic.base_url.to_string(), "https://api.anthropic.com");
-    assert_endpoint(
+    assert_addressed(
         &anthropic,
-        "v1/messages",
-        "https://api.anthropic.com/v1/messages",
+        "anthropic",
+        "https://api.anthropic.com",
+        ("v1/messages", "https://api.anthropic.com/v1/messages"),
     );
     let fal: FalConfig = only_section(
         r#"{"type":"fal-queue","model":"x/y","ability":"i","api_key_env":"FAL_KEY"}"#,
@@ -231,12 +239,14 @@ fn openai_chat_on_loopback() {
             "max_concurrency":1,"max_queue_depth":0}"#,
         "openai-chat",
     );
-    assert_eq!(chat.id, "openai-chat");
-    assert_eq!(chat.base_url.as_str(), "http://127.0.0.1:8080/v1");
-    assert_endpoint(
+    assert_addressed(
         &chat,
-        "chat/completions",
-        "http://127.0.0.1:8080/v1/chat/completions",
+        "openai-chat",
+        "http://127.0.0.1:8080/v1",
+        (
+            "chat/completions",
+            "http://127.0.0.1:8080/v1/chat/completions",
+        ),
     );
     assert_eq!(chat.input_modalities, [Modality::Text, Modality::Image]);
     assert!(chat.tools);
