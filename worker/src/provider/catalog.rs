@@ -4,7 +4,8 @@
 //! The one decision a reader must know: **each adapter owns its section** (its `config.rs`
 //! implements [`ProviderType`]), as mini-redis commands own their frame parsing; the catalog
 //! only dispatches. Adding a provider is one adapter folder and one row here; the error for an
-//! unknown `type` lists the rows' names.
+//! unknown `type` lists the rows' names. A section whose id and gate are plain fields gets its
+//! [`Section`] impl from `section_from_fields!`.
 
 use std::any::Any;
 use std::fmt;
