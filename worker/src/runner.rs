@@ -313,12 +313,9 @@ impl Runner {
                         && !head.terminal
                         && let Some(held) = held
                     {
-                        match held.withdrawn().await {
+                        match withdrawn(id, held).await {
                             Ok(false) => {}
-                            Ok(true) => {
-                                tracing::info!(execution_id = %id, "job withdrawn by its submitter; dropped");
-                                return Err(RunOutcome::Dropped);
-                            }
+                            Ok(true) => return Err(RunOutcome::Dropped),
                             Err(e) => {
                                 tracing::warn!(execution_id = %id, error = %e, "cannot tell whether the job was withdrawn");
                                 return Err(RunOutcome::Abandoned);
@@ -330,9 +327,8 @@ impl Runner {
                 Ok(None) if started.elapsed() < self.settings.log_wait => {
                     // A withdrawn job's log may never come: stop waiting at once.
                     if let Some(held) = held
-                        && let Ok(true) = held.withdrawn().await
+                        && let Ok(true) = withdrawn(id, held).await
                     {
-                        tracing::info!(execution_id = %id, "job withdrawn by its submitter; dropped");
                         return Err(RunOutcome::Dropped);
                     }
                     waited = true;
@@ -524,6 +520,18 @@ enum Ending {
     Interrupted(RuntimeError),
     /// The writer's pipeline failed while the attempt ran.
     WriteFailed(WriteError),
+}
+
+/// Whether the submitter of the job `held` delivers withdrew it (logged as a drop when it did).
+async fn withdrawn(
+    id: protocol::ExecutionId,
+    held: &dyn DeliveryHandle,
+) -> Result<bool, runtime::StoreError> {
+    let withdrawn = held.withdrawn().await?;
+    if withdrawn {
+        tracing::info!(execution_id = %id, "job withdrawn by its submitter; dropped");
+    }
+    Ok(withdrawn)
 }
 
 /// The terminal event that closes a log whose write failed with `error`; `None` when the

@@ -117,6 +117,12 @@ fn rejected(status: StatusCode, code: ErrorCode, retryable: bool) -> RuntimeErro
     .with_provider_code(status.as_u16().to_string())
 }
 
+/// The error of a request the provider answered with `status` once it may no longer be
+/// retried (after a fal submit was accepted).
+fn status_error(status: StatusCode) -> RuntimeError {
+    rejected(status, ErrorCode::ProviderUnavailable, false)
+}
+
 fn base_url(server: &FakeProvider) -> BaseUrl {
     BaseUrl::parse(server.origin()).unwrap()
 }
@@ -318,6 +324,51 @@ async fn fal_with_fallback(
     .await
 }
 
+/// Awaits `run` (a run with the mock behind the adapter and fallback allowed:
+/// [`claude_with_fallback`], [`fal_with_fallback`]) and checks that its one attempt, at
+/// `target`, failed the execution with `error` after the `middle` events.
+async fn fails_at(
+    run: impl std::future::Future<Output = (Harness, protocol::ExecutionId)>,
+    target: Target,
+    middle: &[EventBody],
+    error: RuntimeError,
+) -> (Harness, protocol::ExecutionId) {
+    let (h, id) = run.await;
+    h.assert_log(id, &failed_after(target, middle, error)).await;
+    (h, id)
+}
+
+/// Checks that the log of `id` is one attempt at anthropic that failed the execution with
+/// `error` after the `middle` events.
+async fn assert_claude_failed(
+    h: &Harness,
+    id: protocol::ExecutionId,
+    middle: &[EventBody],
+    error: RuntimeError,
+) {
+    h.assert_log(id, &failed_after(claude(), middle, error))
+        .await;
+}
+
+/// A non-retryable error with `code` and `message` that keeps the provider's own code.
+fn coded(code: ErrorCode, message: &str, provider_code: &str) -> RuntimeError {
+    not_retryable(code, message).with_provider_code(provider_code)
+}
+
+/// Runs `request` on `provider` alone and checks that it failed with `expected` (`what`
+/// names the case); returns the harness and the execution.
+async fn fails_alone(
+    provider: Arc<dyn Provider>,
+    request: &str,
+    expected: RuntimeError,
+    what: &str,
+) -> (Harness, protocol::ExecutionId) {
+    let h = harness(vec![provider]);
+    let id = run(&h, request, LONG).await;
+    assert_eq!(error_of(&h, id).await, expected, "{what}");
+    (h, id)
+}
+
 async fn error_of(h: &Harness, id: protocol::ExecutionId) -> RuntimeError {
     h.snapshot(id).await.error.expect("the execution failed")
 }
@@ -454,6 +505,17 @@ fn tool_events() -> Vec<EventBody> {
         },
         EventBody::Completed { target: claude() },
     ]
+}
+
+/// An anthropic server whose stream starts a text block with `text`, then ends as `tail`
+/// says.
+async fn partial_text_server(text: &str, tail: Tail) -> FakeProvider {
+    let transcript = vec![
+        message_start(25),
+        text_block_start(0),
+        text_block_delta(0, text),
+    ];
+    FakeProvider::start(transcript_server(transcript, tail)).await
 }
 
 fn transcript_server(
@@ -701,17 +763,14 @@ async fn anthropic_error_event_is_unavailable_and_never_falls_back() {
         ),
     ];
     let server = FakeProvider::start(transcript_server(transcript, Tail::Stall)).await;
-    let (h, id) = claude_with_fallback(&server, LONG).await;
-    h.assert_log(
-        id,
-        &failed_after(
-            claude(),
-            &[],
-            not_retryable(
-                ErrorCode::ProviderUnavailable,
-                "Provider reported a stream error",
-            )
-            .with_provider_code("overloaded_error"),
+    let (h, id) = fails_at(
+        claude_with_fallback(&server, LONG),
+        claude(),
+        &[],
+        coded(
+            ErrorCode::ProviderUnavailable,
+            "Provider reported a stream error",
+            "overloaded_error",
         ),
     )
     .await;
@@ -726,14 +785,11 @@ async fn anthropic_stream_cut_mid_frame_is_a_protocol_error_after_output() {
     let next = text_block_delta(0, "lo there");
     transcript.push(next[..next.len() / 2].to_owned());
     let server = FakeProvider::start(transcript_server(transcript, Tail::End)).await;
-    let (h, id) = claude_with_fallback(&server, LONG).await;
-    h.assert_log(
-        id,
-        &failed_after(
-            claude(),
-            &[text_delta(0, "Hel")],
-            RuntimeError::stream_ended_early(),
-        ),
+    let (h, id) = fails_at(
+        claude_with_fallback(&server, LONG),
+        claude(),
+        &[text_delta(0, "Hel")],
+        RuntimeError::stream_ended_early(),
     )
     .await;
     let error = error_of(&h, id).await;
@@ -746,12 +802,7 @@ async fn anthropic_stream_cut_mid_frame_is_a_protocol_error_after_output() {
 
 #[tokio::test]
 async fn anthropic_connection_reset_after_output_does_not_fall_back() {
-    let transcript = vec![
-        message_start(25),
-        text_block_start(0),
-        text_block_delta(0, "partial"),
-    ];
-    let server = FakeProvider::start(transcript_server(transcript, Tail::Abort)).await;
+    let server = partial_text_server("partial", Tail::Abort).await;
     let (h, id) = claude_with_fallback(&server, LONG).await;
     let events = h.events(id).await;
     assert_eq!(type_names(&events), FAILED_AFTER_ONE_DELTA);
@@ -762,31 +813,15 @@ async fn anthropic_connection_reset_after_output_does_not_fall_back() {
 
 #[tokio::test]
 async fn anthropic_stalled_stream_hits_the_deadline() {
-    let transcript = vec![
-        message_start(25),
-        text_block_start(0),
-        text_block_delta(0, "Thinking"),
-    ];
-    let server = FakeProvider::start(transcript_server(transcript, Tail::Stall)).await;
-    let h = harness(vec![
-        anthropic(&server, false),
-        fallback_mock("text-generation"),
-    ]);
+    let server = partial_text_server("Thinking", Tail::Stall).await;
     let started = tokio::time::Instant::now();
-    let id = run(
-        &h,
-        &chat(json!({"routing": {"allow_fallback": true}})),
-        Duration::from_millis(400),
-    )
-    .await;
+    let (h, id) = claude_with_fallback(&server, Duration::from_millis(400)).await;
     assert!(started.elapsed() < Duration::from_secs(5), "ended promptly");
-    h.assert_log(
+    assert_claude_failed(
+        &h,
         id,
-        &failed_after(
-            claude(),
-            &[text_delta(0, "Thinking")],
-            RuntimeError::deadline_exceeded(),
-        ),
+        &[text_delta(0, "Thinking")],
+        RuntimeError::deadline_exceeded(),
     )
     .await;
 }
@@ -799,16 +834,13 @@ async fn anthropic_malformed_json_is_a_protocol_error() {
             .to_owned(),
     ];
     let server = FakeProvider::start(transcript_server(transcript, Tail::End)).await;
-    let (h, id) = claude_with_fallback(&server, LONG).await;
-    h.assert_log(
-        id,
-        &failed_after(
-            claude(),
-            &[],
-            not_retryable(
-                ErrorCode::ProviderProtocolError,
-                "Provider returned malformed JSON",
-            ),
+    let _ = fails_at(
+        claude_with_fallback(&server, LONG),
+        claude(),
+        &[],
+        not_retryable(
+            ErrorCode::ProviderProtocolError,
+            "Provider returned malformed JSON",
         ),
     )
     .await;
@@ -839,10 +871,11 @@ async fn anthropic_tool_arguments_without_a_tool_block_are_a_protocol_error() {
 async fn anthropic_eof_before_message_stop_is_a_protocol_error() {
     let transcript = vec![message_start(25), ping()];
     let server = FakeProvider::start(transcript_server(transcript, Tail::End)).await;
-    let (h, id) = claude_with_fallback(&server, LONG).await;
-    h.assert_log(
-        id,
-        &failed_after(claude(), &[], RuntimeError::stream_ended_early()),
+    let _ = fails_at(
+        claude_with_fallback(&server, LONG),
+        claude(),
+        &[],
+        RuntimeError::stream_ended_early(),
     )
     .await;
 }
@@ -904,26 +937,22 @@ async fn anthropic_missing_credential_fails_without_a_request() {
         anthropic_config(base_url(&server), false, &[Modality::Text]),
         KeySource::Env("MRT_TEST_SURELY_UNSET_ANTHROPIC_KEY".into()),
     );
-    let h = harness(vec![provider]);
-    let id = run(&h, &chat(json!({})), LONG).await;
-    assert_eq!(
-        error_of(&h, id).await,
+    let _ = fails_alone(
+        provider,
+        &chat(json!({})),
         not_retryable(
             ErrorCode::ProviderUnavailable,
-            "Required provider credential is unavailable"
-        )
-    );
+            "Required provider credential is unavailable",
+        ),
+        "the credential is unset",
+    )
+    .await;
     assert!(server.received().is_empty());
 }
 
 #[tokio::test]
 async fn anthropic_cancel_mid_stream() {
-    let transcript = vec![
-        message_start(25),
-        text_block_start(0),
-        text_block_delta(0, "Once upon"),
-    ];
-    let server = FakeProvider::start(transcript_server(transcript, Tail::Stall)).await;
+    let server = partial_text_server("Once upon", Tail::Stall).await;
     let h = harness(vec![anthropic(&server, false)]);
     let job = h.submit(&chat(json!({})), LONG).await;
     let id = job.execution_id;
@@ -931,13 +960,11 @@ async fn anthropic_cancel_mid_stream() {
     wait_for_output(&h, id).await;
     h.bus.request(id).await.unwrap();
     finishes("cancel ends the run", running).await;
-    h.assert_log(
+    assert_claude_failed(
+        &h,
         id,
-        &failed_after(
-            claude(),
-            &[text_delta(0, "Once upon")],
-            RuntimeError::cancelled(),
-        ),
+        &[text_delta(0, "Once upon")],
+        RuntimeError::cancelled(),
     )
     .await;
 }
@@ -1056,6 +1083,19 @@ fn fal_queue(
             text_response(StatusCode::NOT_FOUND, "not found")
         }
     }
+}
+
+/// A fal server that accepts every submit (a POST) and answers every other request with
+/// `rest`.
+async fn fal_accepting(rest: impl Fn(&Received) -> Reply + Send + Sync + 'static) -> FakeProvider {
+    FakeProvider::start(move |r: &Received| {
+        if r.method == Method::POST {
+            json_response(StatusCode::OK, submitted(&r.origin))
+        } else {
+            rest(r)
+        }
+    })
+    .await
 }
 
 fn image_request(extra: Value) -> String {
@@ -1197,10 +1237,8 @@ async fn fal_several_images_are_sent_as_image_urls_and_the_model_slash_is_droppe
 
 #[tokio::test]
 async fn fal_completed_with_error_is_unavailable_with_the_error_type() {
-    let server = FakeProvider::start(|r: &Received| {
-        if r.method == Method::POST {
-            json_response(StatusCode::OK, submitted(&r.origin))
-        } else if r.path == status_path() {
+    let server = fal_accepting(|r: &Received| {
+        if r.path == status_path() {
             let mut doc = status_doc(&r.origin, "COMPLETED");
             doc["error"] = json!("Internal error while running the model");
             doc["error_type"] = json!("runner_disconnected");
@@ -1210,17 +1248,14 @@ async fn fal_completed_with_error_is_unavailable_with_the_error_type() {
         }
     })
     .await;
-    let (h, id) = fal_with_fallback(&server, fast()).await;
-    h.assert_log(
-        id,
-        &failed_after(
-            fal_target(),
-            &[],
-            not_retryable(
-                ErrorCode::ProviderUnavailable,
-                "Provider reported a failed request",
-            )
-            .with_provider_code("runner_disconnected"),
+    let _ = fails_at(
+        fal_with_fallback(&server, fast()),
+        fal_target(),
+        &[],
+        coded(
+            ErrorCode::ProviderUnavailable,
+            "Provider reported a failed request",
+            "runner_disconnected",
         ),
     )
     .await;
@@ -1230,26 +1265,23 @@ async fn fal_completed_with_error_is_unavailable_with_the_error_type() {
 
 #[tokio::test]
 async fn fal_error_type_echoing_the_credential_is_dropped() {
-    let server = FakeProvider::start(|r: &Received| {
-        if r.method == Method::POST {
-            json_response(StatusCode::OK, submitted(&r.origin))
-        } else {
-            let mut doc = status_doc(&r.origin, "COMPLETED");
-            doc["error"] = json!(format!("bad key {CANARY}"));
-            doc["error_type"] = json!(CANARY);
-            json_response(StatusCode::OK, doc)
-        }
+    let server = fal_accepting(|r: &Received| {
+        let mut doc = status_doc(&r.origin, "COMPLETED");
+        doc["error"] = json!(format!("bad key {CANARY}"));
+        doc["error_type"] = json!(CANARY);
+        json_response(StatusCode::OK, doc)
     })
     .await;
-    let h = harness(vec![fal(&server, fast())]);
-    let id = run(&h, &image_request(json!({})), LONG).await;
-    assert_eq!(
-        error_of(&h, id).await,
+    let (h, id) = fails_alone(
+        fal(&server, fast()),
+        &image_request(json!({})),
         not_retryable(
             ErrorCode::ProviderUnavailable,
-            "Provider reported a failed request"
-        )
-    );
+            "Provider reported a failed request",
+        ),
+        "the error type echoes the credential",
+    )
+    .await;
     assert_no_canary(&h, id, None).await;
 }
 
@@ -1301,14 +1333,11 @@ async fn fal_poll_exhaustion_is_a_terminal_deadline_with_one_cancel() {
         max_polls: 3,
         ..fast()
     };
-    let (h, id) = fal_with_fallback(&server, options).await;
-    h.assert_log(
-        id,
-        &failed_after(
-            fal_target(),
-            &[queued(), processing()],
-            not_retryable(ErrorCode::DeadlineExceeded, "fal polling limit was reached"),
-        ),
+    let _ = fails_at(
+        fal_with_fallback(&server, options),
+        fal_target(),
+        &[queued(), processing()],
+        not_retryable(ErrorCode::DeadlineExceeded, "fal polling limit was reached"),
     )
     .await;
     assert_eq!(server.count(Method::GET, &status_path()), 3);
@@ -1368,10 +1397,8 @@ async fn fal_deadline_mid_poll_cancels_the_request() {
 #[tokio::test]
 async fn fal_cancel_is_bounded_by_its_own_timeout_and_never_replaces_the_error() {
     // The cancel endpoint never answers: the attempt still ends, with its own error.
-    let server = FakeProvider::start(|r: &Received| {
-        if r.method == Method::POST {
-            json_response(StatusCode::OK, submitted(&r.origin))
-        } else if r.method == Method::PUT {
+    let server = fal_accepting(|r: &Received| {
+        if r.method == Method::PUT {
             event_stream(vec![], Tail::Stall)
         } else {
             json_response(StatusCode::OK, json!({"status": "EXPLODED"}))
@@ -1397,18 +1424,11 @@ async fn fal_result_failure_after_completed_is_never_cancelled() {
         text_response(StatusCode::INTERNAL_SERVER_ERROR, "upstream failure")
     }))
     .await;
-    let (h, id) = fal_with_fallback(&server, fast()).await;
-    h.assert_log(
-        id,
-        &failed_after(
-            fal_target(),
-            &[processing()],
-            not_retryable(
-                ErrorCode::ProviderUnavailable,
-                "Provider request failed with status 500",
-            )
-            .with_provider_code("500"),
-        ),
+    let _ = fails_at(
+        fal_with_fallback(&server, fast()),
+        fal_target(),
+        &[processing()],
+        status_error(StatusCode::INTERNAL_SERVER_ERROR),
     )
     .await;
     assert_eq!(server.count(Method::GET, &result_path()), 1);
@@ -1417,28 +1437,19 @@ async fn fal_result_failure_after_completed_is_never_cancelled() {
 
 #[tokio::test]
 async fn fal_status_poll_errors_are_not_retryable_and_cancel() {
-    let server = FakeProvider::start(|r: &Received| {
-        if r.method == Method::POST {
-            json_response(StatusCode::OK, submitted(&r.origin))
-        } else if r.method == Method::PUT {
+    let server = fal_accepting(|r: &Received| {
+        if r.method == Method::PUT {
             json_response(StatusCode::ACCEPTED, json!({}))
         } else {
             echoing_error(StatusCode::SERVICE_UNAVAILABLE, r)
         }
     })
     .await;
-    let (h, id) = fal_with_fallback(&server, fast()).await;
-    h.assert_log(
-        id,
-        &failed_after(
-            fal_target(),
-            &[],
-            not_retryable(
-                ErrorCode::ProviderUnavailable,
-                "Provider request failed with status 503",
-            )
-            .with_provider_code("503"),
-        ),
+    let (h, id) = fails_at(
+        fal_with_fallback(&server, fast()),
+        fal_target(),
+        &[],
+        status_error(StatusCode::SERVICE_UNAVAILABLE),
     )
     .await;
     assert_eq!(server.count(Method::PUT, &cancel_path()), 1);
@@ -1492,15 +1503,16 @@ async fn fal_submit_answer_without_urls_is_a_protocol_error() {
         }
     })
     .await;
-    let h = harness(vec![fal(&server, fast())]);
-    let id = run(&h, &image_request(json!({})), LONG).await;
-    assert_eq!(
-        error_of(&h, id).await,
+    let _ = fails_alone(
+        fal(&server, fast()),
+        &image_request(json!({})),
         not_retryable(
             ErrorCode::ProviderProtocolError,
-            "Provider response omitted a lifecycle URL"
-        )
-    );
+            "Provider response omitted a lifecycle URL",
+        ),
+        "the submit answer has no URLs",
+    )
+    .await;
     assert_eq!(server.received().len(), 1, "nothing else was requested");
 }
 
@@ -1579,16 +1591,16 @@ async fn fal_model_leaving_the_base_is_invalid_without_a_request() {
             KeySource::Env("MRT_TEST_SURELY_UNSET_FAL_KEY".into()),
             fast(),
         ));
-        let h = harness(vec![provider]);
-        let id = run(&h, &image_request(json!({})), LONG).await;
-        assert_eq!(
-            error_of(&h, id).await,
+        let _ = fails_alone(
+            provider,
+            &image_request(json!({})),
             not_retryable(
                 ErrorCode::InvalidRequest,
-                "fal model must remain on the configured origin"
+                "fal model must remain on the configured origin",
             ),
-            "{model}"
-        );
+            model,
+        )
+        .await;
     }
     assert!(server.received().is_empty());
 }

@@ -40,6 +40,25 @@ fn only_provider(provider: &str) -> ProviderConfig {
     config.providers.remove(0)
 }
 
+/// The settings of the one provider of a file holding only `provider`, checking its type.
+fn only_section<T: Clone + 'static>(provider: &str, type_name: &str) -> T {
+    settings_of(&only_provider(provider), type_name)
+}
+
+/// Checks the id of `section`, its base URL (as written and as shown, which are the same
+/// text), and the URL it sends requests for `path` to.
+fn assert_addressed(
+    section: &TextProviderConfig,
+    id: &str,
+    base_url: &str,
+    (path, endpoint): (&str, &str),
+) {
+    assert_eq!(section.id, id);
+    assert_eq!(section.base_url.as_str(), base_url);
+    assert_eq!(section.base_url.to_string(), base_url);
+    assert_eq!(section.base_url.endpoint(path).unwrap().as_str(), endpoint);
+}
+
 const OPENAI: &str = r#"{"type":"openai-responses","model":"m","api_key_env":"OPENAI_API_KEY""#;
 
 #[test]
@@ -187,28 +206,23 @@ fn reference_example_config_parses() {
 
 #[test]
 fn text_provider_defaults() {
-    let openai: TextProviderConfig =
-        settings_of(&only_provider(&format!("{OPENAI}}}")), "openai-responses");
+    let openai: TextProviderConfig = only_section(&format!("{OPENAI}}}"), "openai-responses");
     assert_eq!(openai.id, "openai");
     assert_eq!(openai.abilities, ["text-generation"]);
     assert_eq!(openai.input_modalities, [Modality::Text, Modality::Json]);
     assert!(!openai.tools);
-    let anthropic: TextProviderConfig = settings_of(
-        &only_provider(
-            r#"{"type":"anthropic-messages","model":"claude","api_key_env":"ANTHROPIC_API_KEY"}"#,
-        ),
+    let anthropic: TextProviderConfig = only_section(
+        r#"{"type":"anthropic-messages","model":"claude","api_key_env":"ANTHROPIC_API_KEY"}"#,
         "anthropic-messages",
     );
-    assert_eq!(anthropic.id, "anthropic");
-    assert_eq!(anthropic.base_url.to_string(), "https://api.anthropic.com");
-    assert_eq!(
-        anthropic.base_url.endpoint("v1/messages").unwrap().as_str(),
-        "https://api.anthropic.com/v1/messages"
+    assert_addressed(
+        &anthropic,
+        "anthropic",
+        "https://api.anthropic.com",
+        ("v1/messages", "https://api.anthropic.com/v1/messages"),
     );
-    let fal: FalConfig = settings_of(
-        &only_provider(
-            r#"{"type":"fal-queue","model":"x/y","ability":"i","api_key_env":"FAL_KEY"}"#,
-        ),
+    let fal: FalConfig = only_section(
+        r#"{"type":"fal-queue","model":"x/y","ability":"i","api_key_env":"FAL_KEY"}"#,
         "fal-queue",
     );
     assert_eq!(fal.id, "fal");
@@ -218,20 +232,21 @@ fn text_provider_defaults() {
 
 #[test]
 fn openai_chat_on_loopback() {
-    let chat: TextProviderConfig = settings_of(
-        &only_provider(
-            r#"{"type":"openai-chat","model":"llama","api_key_env":"LOCAL_KEY",
+    let chat: TextProviderConfig = only_section(
+        r#"{"type":"openai-chat","model":"llama","api_key_env":"LOCAL_KEY",
             "base_url":"http://127.0.0.1:8080/v1",
             "capabilities":{"input_modalities":["text","image"],"tools":true},
             "max_concurrency":1,"max_queue_depth":0}"#,
-        ),
         "openai-chat",
     );
-    assert_eq!(chat.id, "openai-chat");
-    assert_eq!(chat.base_url.as_str(), "http://127.0.0.1:8080/v1");
-    assert_eq!(
-        chat.base_url.endpoint("chat/completions").unwrap().as_str(),
-        "http://127.0.0.1:8080/v1/chat/completions"
+    assert_addressed(
+        &chat,
+        "openai-chat",
+        "http://127.0.0.1:8080/v1",
+        (
+            "chat/completions",
+            "http://127.0.0.1:8080/v1/chat/completions",
+        ),
     );
     assert_eq!(chat.input_modalities, [Modality::Text, Modality::Image]);
     assert!(chat.tools);
@@ -556,7 +571,7 @@ fn type_errors_name_the_path() {
 
 #[test]
 fn integral_floats_count_as_integers() {
-    let mock: MockConfig = settings_of(&only_provider(r#"{"type":"mock","delay_ms":5.0}"#), "mock");
+    let mock: MockConfig = only_section(r#"{"type":"mock","delay_ms":5.0}"#, "mock");
     assert_eq!(mock.delay, Duration::from_millis(5));
 }
 
@@ -609,8 +624,8 @@ fn duplicate_provider_ids_are_rejected() {
 #[test]
 fn names_are_1_to_256_characters() {
     let ok = "é".repeat(256);
-    let mock: MockConfig = settings_of(
-        &only_provider(&format!(r#"{{"type":"mock","id":"{ok}","model":"{ok}"}}"#)),
+    let mock: MockConfig = only_section(
+        &format!(r#"{{"type":"mock","id":"{ok}","model":"{ok}"}}"#),
         "mock",
     );
     assert_eq!(mock.id.chars().count(), 256);
@@ -685,10 +700,8 @@ fn api_key_env_must_be_an_uppercase_name() {
         "A_",
         &format!("A{}", "B".repeat(127)),
     ] {
-        let openai: TextProviderConfig = settings_of(
-            &only_provider(&format!(
-                r#"{{"type":"openai-responses","model":"m","api_key_env":"{good}"}}"#
-            )),
+        let openai: TextProviderConfig = only_section(
+            &format!(r#"{{"type":"openai-responses","model":"m","api_key_env":"{good}"}}"#),
             "openai-responses",
         );
         assert_eq!(openai.api_key_env, good);
@@ -783,11 +796,9 @@ fn base_url_rejects_remote_http_credentials_query_and_fragment() {
 
 #[test]
 fn modalities_are_checked() {
-    let fal: FalConfig = settings_of(
-        &only_provider(
-            r#"{"type":"fal-queue","model":"m","ability":"a","api_key_env":"AK",
+    let fal: FalConfig = only_section(
+        r#"{"type":"fal-queue","model":"m","ability":"a","api_key_env":"AK",
             "input_modalities":["image","text"],"output_modalities":["video","audio","file"]}"#,
-        ),
         "fal-queue",
     );
     assert_eq!(fal.input_modalities, [Modality::Image, Modality::Text]);
@@ -795,10 +806,10 @@ fn modalities_are_checked() {
         fal.output_modalities,
         [Modality::Video, Modality::Audio, Modality::File]
     );
-    let openai: TextProviderConfig = settings_of(
-        &only_provider(&format!(
+    let openai: TextProviderConfig = only_section(
+        &format!(
             r#"{OPENAI},"capabilities":{{"input_modalities":["file","image","json","text"]}}}}"#
-        )),
+        ),
         "openai-responses",
     );
     assert_eq!(openai.input_modalities.len(), 4);

@@ -17,28 +17,41 @@ fn sample(text: &str, series: &str) -> Option<f64> {
         .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
 }
 
+/// Runs one job, delivered as delivery `delivery`, on scripted provider `a` following
+/// `script`; returns the job and the metrics rendered afterwards.
+async fn run_and_render(script: Vec<Step>, delivery: u32) -> (runtime::Job, String) {
+    let exporter = MetricsExporter::install();
+    let a = ScriptedProvider::new("a", script);
+    let h = Harness::new(vec![(a as Arc<dyn Provider>, DEFAULT_LIMITS)]);
+    let job = h.submit(&text_request(""), Duration::from_secs(30)).await;
+    assert_eq!(h.runner.run(&job, delivery).await, RunOutcome::Finished);
+    (job, exporter.render())
+}
+
+/// Checks every `(series, value)` sample in the rendered `text`.
+fn assert_samples(text: &str, expected: &[(String, f64)]) {
+    for (series, value) in expected {
+        assert_eq!(sample(text, series), Some(*value), "{series} in:\n{text}");
+    }
+}
+
+/// The series of provider `a`'s attempts with `outcome`.
+fn attempts_of_a(outcome: &str) -> String {
+    let model = model_of("a");
+    format!("mrt_provider_attempts_total{{provider=\"a\",model=\"{model}\",outcome=\"{outcome}\"}}")
+}
+
 #[tokio::test]
 async fn a_successful_execution_is_counted_with_latencies_and_token_usage() {
-    let exporter = MetricsExporter::install();
-    let a = ScriptedProvider::new("a", success_script());
-    let h = Harness::new(vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)]);
-    let job = h.submit(&text_request(""), Duration::from_secs(30)).await;
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
-
-    let text = exporter.render();
+    let (job, text) = run_and_render(success_script(), 1).await;
     let model = model_of("a");
     let labels = format!("gen_ai_provider_name=\"a\",gen_ai_request_model=\"{model}\"");
-    for (series, expected) in [
+    let expected = [
         (
             "mrt_executions_total{outcome=\"succeeded\",code=\"none\"}".to_owned(),
             1.0,
         ),
-        (
-            format!(
-                "mrt_provider_attempts_total{{provider=\"a\",model=\"{model}\",outcome=\"succeeded\"}}"
-            ),
-            1.0,
-        ),
+        (attempts_of_a("succeeded"), 1.0),
         ("mrt_provider_inflight{provider=\"a\"}".to_owned(), 0.0),
         ("mrt_queue_wait_seconds_count".to_owned(), 1.0),
         (
@@ -64,13 +77,8 @@ async fn a_successful_execution_is_counted_with_latencies_and_token_usage() {
             1.0,
         ),
         ("mrt_job_redeliveries_total".to_owned(), 0.0),
-    ] {
-        assert_eq!(
-            sample(&text, &series),
-            Some(expected),
-            "{series} in:\n{text}"
-        );
-    }
+    ];
+    assert_samples(&text, &expected);
     assert!(
         !text.contains(&job.execution_id.to_string()),
         "an execution id became a label"
@@ -79,26 +87,15 @@ async fn a_successful_execution_is_counted_with_latencies_and_token_usage() {
 
 #[tokio::test]
 async fn a_failed_attempt_and_a_redelivery_are_counted_by_code() {
-    let exporter = MetricsExporter::install();
-    let a = ScriptedProvider::new("a", vec![Step::Fail(unavailable())]);
-    let h = Harness::new(vec![(a.clone() as Arc<dyn Provider>, DEFAULT_LIMITS)]);
-    let job = h.submit(&text_request(""), Duration::from_secs(30)).await;
     // A second delivery of a job whose log holds only `accepted`: nothing had started.
-    assert_eq!(h.runner.run(&job, 2).await, RunOutcome::Finished);
-
-    let text = exporter.render();
+    let (_, text) = run_and_render(vec![Step::Fail(unavailable())], 2).await;
     let model = model_of("a");
-    for (series, expected) in [
+    let expected = [
         (
             "mrt_executions_total{outcome=\"failed\",code=\"provider_unavailable\"}".to_owned(),
             1.0,
         ),
-        (
-            format!(
-                "mrt_provider_attempts_total{{provider=\"a\",model=\"{model}\",outcome=\"failed\"}}"
-            ),
-            1.0,
-        ),
+        (attempts_of_a("failed"), 1.0),
         (
             format!(
                 "gen_ai_client_operation_duration_seconds_count{{gen_ai_provider_name=\"a\",gen_ai_request_model=\"{model}\",error_type=\"provider_unavailable\"}}"
@@ -107,11 +104,6 @@ async fn a_failed_attempt_and_a_redelivery_are_counted_by_code() {
         ),
         ("mrt_job_redeliveries_total".to_owned(), 1.0),
         ("mrt_provider_inflight{provider=\"a\"}".to_owned(), 0.0),
-    ] {
-        assert_eq!(
-            sample(&text, &series),
-            Some(expected),
-            "{series} in:\n{text}"
-        );
-    }
+    ];
+    assert_samples(&text, &expected);
 }

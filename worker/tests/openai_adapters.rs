@@ -349,14 +349,10 @@ fn selected_of(target: Target, attempt: u32) -> EventBody {
     EventBody::RouteSelected { target, attempt }
 }
 
+/// The error an adapter reports for an HTTP `status`: the provider kit's mapping [R 61]
+/// (`worker::provider::http::status_error`, whose unit tests pin it).
 fn status_error(status: u16) -> RuntimeError {
-    let message = format!("Provider request failed with status {status}");
-    let error = match status {
-        429 => RuntimeError::new(ErrorCode::RateLimited, message, true),
-        408 | 500..=599 => RuntimeError::new(ErrorCode::ProviderUnavailable, message, true),
-        _ => RuntimeError::new(ErrorCode::ProviderUnavailable, message, false),
-    };
-    error.with_provider_code(status.to_string())
+    worker::provider::http::status_error(axum::http::StatusCode::from_u16(status).unwrap())
 }
 
 fn stream_failed() -> RuntimeError {
@@ -387,15 +383,18 @@ fn transport_failed() -> RuntimeError {
 
 /// Runs `request` against `flavor`'s text transcript, after which the server keeps the
 /// connection open: the adapter must complete at the completion frame without waiting for the
-/// end of the body [R 33]. Checks the log (the text deltas, `usage`, completed) and the result,
-/// and that one request was sent, a JSON POST with the bearer credential `key`; returns that
-/// request, the log and the snapshot for the flavor's own checks.
+/// end of the body [R 33]. Checks the log (the text deltas, the usage facts of `quantities`
+/// (see [`usage_of`]), completed) and the result, and that one request was sent, a JSON POST
+/// with the bearer canary credential named `key_name`; returns that request, the log and the
+/// snapshot for the flavor's own checks.
 async fn run_text(
     flavor: Flavor,
-    key: &str,
+    key_name: &str,
     request: &str,
-    usage: &[UsageFact],
+    quantities: [f64; 4],
 ) -> (Received, Vec<RuntimeEvent>, ExecutionSnapshot) {
+    let key = &canary(key_name);
+    let usage = usage_of(quantities);
     let mut pieces = chunked(flavor.text(), 61);
     pieces.push(Piece::Stall);
     let fake = Fake::start(vec![Reply::Stream(pieces)]).await;
@@ -404,7 +403,7 @@ async fn run_text(
     run(&h, &job).await;
 
     let deltas = TEXT_DELTAS.iter().map(|d| out(0, d));
-    let expected = completed_log(&flavor.target(), deltas, usage.to_vec());
+    let expected = completed_log(&flavor.target(), deltas, usage.clone());
     let events = h.assert_log(job.execution_id, &expected).await;
     let snapshot = h.snapshot(job.execution_id).await;
     assert_eq!(
@@ -425,11 +424,9 @@ async fn run_text(
 
 #[tokio::test]
 async fn responses_text_streams_through_the_runtime() {
-    let key = canary("responses-text");
-    let usage = usage_of([37.0, 11.0, 12.0, 0.0]);
     let (r, events, snapshot) = run_text(
         Flavor::Responses,
-        &key,
+        "responses-text",
         r#"{"ability":"text-generation","input":[
                 {"type":"text","text":"Say hello in French."},
                 {"type":"json","value":{"tone":"warm","max_words":5}},
@@ -437,7 +434,7 @@ async fn responses_text_streams_through_the_runtime() {
                 {"type":"file","uri":"https://files.example.com/brief.pdf"}],
               "extensions":{"openai":{"request":{"model":"gpt-evil","input":"ignored","stream":false,
                 "store":true,"temperature":0.3,"max_output_tokens":256,"metadata":{"team":"docs"}}}}}"#,
-        &usage,
+        [37.0, 11.0, 12.0, 0.0],
     )
     .await;
     assert!(events[events.len() - 2].to_json().contains(
@@ -469,11 +466,9 @@ async fn responses_text_streams_through_the_runtime() {
 
 #[tokio::test]
 async fn chat_text_streams_through_the_runtime() {
-    let key = canary("chat-text");
-    let usage = usage_of([19.0, 10.0, 4.0, 2.0]);
     let (r, _, _) = run_text(
         Flavor::Chat,
-        &key,
+        "chat-text",
         r#"{"ability":"text-generation","input":[
                 {"type":"text","text":"Say hello in French."},
                 {"type":"json","value":["warm",5]},
@@ -481,7 +476,7 @@ async fn chat_text_streams_through_the_runtime() {
               "extensions":{"openai-chat":{"request":{"model":"other","messages":[{"role":"system","content":"x"}],
                 "stream":false,"stream_options":{"include_usage":false},"temperature":0.3,"max_tokens":64}},
                 "openai":{"request":{"store":true}}}}"#,
-        &usage,
+        [19.0, 10.0, 4.0, 2.0],
     )
     .await;
 

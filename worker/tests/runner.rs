@@ -3,13 +3,18 @@
 //! (types, statuses, sequences 1..n, one terminal event last) and the materialized snapshot.
 //! References `[R n]` are to `docs/reference-behaviours.md`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::event::{EventBody, ExecutionStatus, ProgressPhase};
-use protocol::{ErrorCode, RuntimeError, Target, Timestamp, UsageFact, UsageSource, UsageUnit};
+use protocol::{
+    ErrorCode, ExecutionId, ExecutionSnapshot, RuntimeError, RuntimeEvent, Target, Timestamp,
+    UsageFact, UsageSource, UsageUnit,
+};
 use runtime::memory::{MemoryJobQueue, MemoryLimits};
 use runtime::{CancelBus, EventStore, JobQueue, StoreError};
 use support::*;
@@ -42,6 +47,234 @@ async fn run_to_end(h: &Harness, request: &str) -> runtime::Job {
     job
 }
 
+/// Submits `request` with a one-second deadline and runs it until the deadline ends it.
+async fn run_past_a_short_deadline(h: &Harness, request: &str, what: &str) -> runtime::Job {
+    let job = h.submit(request, Duration::from_secs(1)).await;
+    let outcome = within(what, PATIENCE, h.runner.run(&job, 1)).await;
+    assert_eq!(outcome, RunOutcome::Finished);
+    job
+}
+
+/// Checks that the log of `id` is one attempt at scripted provider `a`, with `middle`
+/// events, that failed the execution with `error`.
+async fn assert_a_failed(
+    h: &Harness,
+    id: ExecutionId,
+    middle: &[EventBody],
+    error: RuntimeError,
+) -> Vec<RuntimeEvent> {
+    h.assert_log(id, &failed_after(target("a"), middle, error))
+        .await
+}
+
+/// Checks that the log of `id` failed with `error` before any route was selected; returns
+/// its snapshot.
+async fn assert_failed_unrouted(
+    h: &Harness,
+    id: ExecutionId,
+    error: RuntimeError,
+) -> ExecutionSnapshot {
+    h.assert_log(id, &[EventBody::Accepted, failed(error)])
+        .await;
+    let snapshot = h.snapshot(id).await;
+    assert_eq!(snapshot.status, ExecutionStatus::Failed);
+    assert_eq!(snapshot.target, None);
+    snapshot
+}
+
+/// Checks the log of `id` against the log rules and its event types against `types`.
+async fn assert_types(h: &Harness, id: ExecutionId, types: &[&str]) {
+    let events = h.events(id).await;
+    assert_log_rules(id, &events);
+    assert_eq!(type_names(&events), types);
+}
+
+/// Checks an execution's error field by field.
+fn assert_error(error: Option<RuntimeError>, code: ErrorCode, message: &str, retryable: bool) {
+    let error = error.expect("the execution has an error");
+    assert_eq!(error.code, code);
+    assert_eq!(error.message, message);
+    assert_eq!(error.retryable, retryable);
+}
+
+/// Cancels `id`, awaits its `run`, and checks the log ends `cancelled` after the attempt at
+/// `a` with no output.
+async fn cancel_before_output(
+    h: &Harness,
+    id: ExecutionId,
+    what: &str,
+    run: tokio::task::JoinHandle<RunOutcome>,
+) {
+    h.bus.request(id).await.unwrap();
+    finishes(what, run).await;
+    assert_a_failed(h, id, &[], RuntimeError::cancelled()).await;
+}
+
+/// Runs `job` (delivery 1) on a log a gateway cancel closed before the runner's first event:
+/// the runner is fenced, `a` is never called, and the log is `accepted`, `failed(cancelled)`.
+async fn assert_fenced_by_a_cancel(
+    h: &Harness,
+    a: &ScriptedProvider,
+    job: &runtime::Job,
+) -> Vec<RuntimeEvent> {
+    assert_eq!(h.runner.run(job, 1).await, RunOutcome::Dropped);
+    let events = h
+        .assert_log(
+            job.execution_id,
+            &[EventBody::Accepted, failed(RuntimeError::cancelled())],
+        )
+        .await;
+    assert_eq!(a.calls(), 0);
+    assert_eq!(h.bus.watched(), 0);
+    events
+}
+
+/// Submits `request` (deadline [`LONG`]) and runs it (delivery 1) on a task.
+async fn submit_and_spawn(
+    h: &Harness,
+    request: &str,
+) -> (runtime::Job, tokio::task::JoinHandle<RunOutcome>) {
+    let job = h.submit(request, LONG).await;
+    let run = spawn_run(h, &job);
+    (job, run)
+}
+
+/// Scripted provider `a`, succeeding, alone in a harness with default limits.
+fn succeeding_a() -> (Arc<ScriptedProvider>, Harness) {
+    let a = ScriptedProvider::succeeding("a");
+    let h = Harness::scripted(&[&a]);
+    (a, h)
+}
+
+/// [`succeeding_a`] with a job for a plain text request whose log exists.
+async fn succeeding_a_with_job() -> (Arc<ScriptedProvider>, Harness, runtime::Job) {
+    let (a, h) = succeeding_a();
+    let job = h.submit(&text_request(""), LONG).await;
+    (a, h, job)
+}
+
+/// Succeeding `a` whose runner writes through an [`InterposedStore`] that interferes with
+/// the first `on_type` append (see [`Harness::interposed`]).
+fn interposed_a(
+    on_type: &'static str,
+    interference: Interference,
+    refuse_terminal: bool,
+) -> (Arc<ScriptedProvider>, Harness) {
+    let a = ScriptedProvider::succeeding("a");
+    let h = Harness::interposed(&[&a], on_type, interference, refuse_terminal);
+    (a, h)
+}
+
+/// Provider `a` that hangs for an hour, in a [`patient`] harness.
+fn hanging_a() -> (Arc<ScriptedProvider>, Harness) {
+    let a = ScriptedProvider::hanging("a");
+    let h = patient(&[(&a, DEFAULT_LIMITS)]);
+    (a, h)
+}
+
+/// Provider `a` that streams "partial" then goes quiet for an hour, in a [`patient`] harness.
+fn partial_then_hanging() -> (Arc<ScriptedProvider>, Harness) {
+    let a = ScriptedProvider::new(
+        "a",
+        vec![
+            emit_delta("partial"),
+            Step::Sleep(Duration::from_secs(3600)),
+        ],
+    );
+    let h = patient(&[(&a, DEFAULT_LIMITS)]);
+    (a, h)
+}
+
+/// Provider `a` that hangs for an hour and reports its interrupted call as a retryable
+/// outage, and a succeeding fallback `b`, in a [`patient`] harness.
+fn failing_when_interrupted_then_b() -> (Arc<ScriptedProvider>, Arc<ScriptedProvider>, Harness) {
+    let a = ScriptedProvider::new(
+        "a",
+        vec![Step::SleepOrFail(Duration::from_secs(3600), unavailable())],
+    );
+    let b = ScriptedProvider::succeeding("b");
+    let h = patient(&[(&a, DEFAULT_LIMITS), (&b, DEFAULT_LIMITS)]);
+    (a, b, h)
+}
+
+/// The target of the default mock provider.
+fn mock_target() -> Target {
+    Target {
+        provider: "provider-mock".into(),
+        model: "model-alpha".into(),
+    }
+}
+
+/// A harness over the default mock provider (limits 4/8).
+fn mock_harness() -> Harness {
+    let mock: Arc<dyn Provider> = Arc::new(MockProvider::new(MockConfig::default()));
+    Harness::new(vec![(mock, limits(4, 8))])
+}
+
+/// The log of the default mock provider's successful run.
+fn mock_reference_log() -> Vec<EventBody> {
+    vec![
+        EventBody::Accepted,
+        EventBody::RouteSelected {
+            target: mock_target(),
+            attempt: 1,
+        },
+        delta("hello"),
+        delta(" from"),
+        delta(" mock"),
+        usage(3),
+        EventBody::Completed {
+            target: mock_target(),
+        },
+    ]
+}
+
+/// A pool of `concurrency` job loops over a fresh memory queue, running `h`'s runner.
+fn spawn_pool(
+    h: &Harness,
+    concurrency: usize,
+    heartbeat: Duration,
+) -> (Arc<MemoryJobQueue>, WorkerPool) {
+    let queue = Arc::new(MemoryJobQueue::new());
+    let pool = WorkerPool::spawn(
+        Arc::clone(&queue) as Arc<dyn JobQueue>,
+        Arc::clone(&h.runner),
+        PoolConfig {
+            concurrency,
+            heartbeat,
+        },
+    );
+    (queue, pool)
+}
+
+/// Provider `a` streams 20 deltas (fallback `b` after it) into a store that holds 4 events
+/// per execution (`pipelined` or inline writes): the run stores what fits and the log is
+/// closed with the limit failure. Returns the harness, the job and the limit error.
+async fn run_into_the_event_limit(pipelined: bool) -> (Harness, runtime::Job, RuntimeError) {
+    let script = (0..20).map(|i| emit_delta(&format!("chunk{i}"))).collect();
+    let a = ScriptedProvider::new("a", script);
+    let b = ScriptedProvider::succeeding("b");
+    let mut h = Harness::event_limited(&[&a, &b], 4);
+    if pipelined {
+        h = h.pipelined();
+    }
+    let job = run_to_end(&h, &text_request(FALLBACK)).await;
+    let limit_error = not_retryable(
+        ErrorCode::QueueFull,
+        "Execution event log limit was reached",
+    );
+    assert_a_failed(
+        &h,
+        job.execution_id,
+        &[delta("chunk0"), delta("chunk1")],
+        limit_error.clone(),
+    )
+    .await;
+    assert_eq!(b.calls(), 0);
+    assert_eq!(h.store.active(), 0, "the log is closed");
+    (h, job, limit_error)
+}
+
 /// A provider that holds each attempt until the returned semaphore gives a permit, then
 /// succeeds.
 fn held_then_succeeding(id: &str) -> (Arc<ScriptedProvider>, Arc<Semaphore>) {
@@ -51,28 +284,49 @@ fn held_then_succeeding(id: &str) -> (Arc<ScriptedProvider>, Arc<Semaphore>) {
     (ScriptedProvider::new(id, script), release)
 }
 
-/// Runs `first` until it holds `a`'s only slot, then `second` until it waits in `a`'s queue.
-async fn hold_and_queue(
-    h: &Harness,
-    a: &ScriptedProvider,
-    first: &runtime::Job,
-    second: &runtime::Job,
-) -> (
-    tokio::task::JoinHandle<RunOutcome>,
-    tokio::task::JoinHandle<RunOutcome>,
-) {
-    let gate = &h.registry.candidates(&first.request)[0].entry.gate;
-    let first_run = spawn_run(h, first);
+/// Provider `a` with one slot and one queue place ([`held_then_succeeding`], [`patient`]),
+/// whose `first` job holds the slot and whose `second` waits in the queue.
+struct HeldAndQueued {
+    a: Arc<ScriptedProvider>,
+    release: Arc<Semaphore>,
+    h: Harness,
+    first: runtime::Job,
+    second: runtime::Job,
+    first_run: tokio::task::JoinHandle<RunOutcome>,
+    second_run: tokio::task::JoinHandle<RunOutcome>,
+    /// The registration of `a`, whose gate holds the slot and the queue.
+    entry: Arc<worker::registry::ProviderEntry>,
+}
+
+/// Runs a first job until it holds `a`'s only slot, then a second until it waits in `a`'s
+/// queue.
+async fn hold_and_queue() -> HeldAndQueued {
+    let (a, release) = held_then_succeeding("a");
+    let h = patient(&[(&a, limits(1, 1))]);
+    let first = h.submit(&text_request(""), LONG).await;
+    let second = h.submit(&text_request(""), LONG).await;
+    let entry = Arc::clone(&h.registry.candidates(&first.request)[0].entry);
+    let gate = &entry.gate;
+    let first_run = spawn_run(&h, &first);
     wait_until("the first holds the slot", PATIENCE, || async {
         a.calls() == 1
     })
     .await;
-    let second_run = spawn_run(h, second);
+    let second_run = spawn_run(&h, &second);
     wait_until("the second waits in the queue", PATIENCE, || async {
         gate.queued() == 1
     })
     .await;
-    (first_run, second_run)
+    HeldAndQueued {
+        a,
+        release,
+        h,
+        first,
+        second,
+        first_run,
+        second_run,
+        entry,
+    }
 }
 
 /// Scripted providers with their limits, and [`long_cleanup`].
@@ -92,33 +346,10 @@ fn patient(providers: &[(&Arc<ScriptedProvider>, Limits)]) -> Harness {
 
 #[tokio::test]
 async fn mock_success_writes_the_reference_sequence_and_snapshot() {
-    let mock: Arc<dyn Provider> = Arc::new(MockProvider::new(MockConfig::default()));
-    let h = Harness::new(vec![(mock, limits(4, 8))]);
+    let h = mock_harness();
     let job = run_to_end(&h, &text_request("")).await;
 
-    let mock_target = Target {
-        provider: "provider-mock".into(),
-        model: "model-alpha".into(),
-    };
-    let events = h
-        .assert_log(
-            job.execution_id,
-            &[
-                EventBody::Accepted,
-                EventBody::RouteSelected {
-                    target: mock_target.clone(),
-                    attempt: 1,
-                },
-                delta("hello"),
-                delta(" from"),
-                delta(" mock"),
-                usage(3),
-                EventBody::Completed {
-                    target: mock_target.clone(),
-                },
-            ],
-        )
-        .await;
+    let events = h.assert_log(job.execution_id, &mock_reference_log()).await;
     use ExecutionStatus::*;
     assert_eq!(
         statuses(&events),
@@ -138,7 +369,7 @@ async fn mock_success_writes_the_reference_sequence_and_snapshot() {
     let snapshot = h.snapshot(job.execution_id).await;
     assert_eq!(snapshot.status, Succeeded);
     assert_eq!(snapshot.last_sequence.get(), 7);
-    assert_eq!(snapshot.target, Some(mock_target));
+    assert_eq!(snapshot.target, Some(mock_target()));
     assert_eq!(snapshot.result, Some(hello_result()));
     assert_eq!(snapshot.usage, mock_usage_facts(3));
     assert_eq!(snapshot.error, None);
@@ -194,19 +425,9 @@ async fn without_allow_fallback_there_is_exactly_one_attempt() {
         let a = ScriptedProvider::failing("a");
         let b = ScriptedProvider::succeeding("b");
         let h = Harness::scripted(&[&a, &b]);
-        let job = h.submit(&text_request(routing), LONG).await;
+        let job = run_to_end(&h, &text_request(routing)).await;
 
-        assert_eq!(
-            h.runner.run(&job, 1).await,
-            RunOutcome::Finished,
-            "{routing}"
-        );
-
-        h.assert_log(
-            job.execution_id,
-            &failed_after(target("a"), &[], unavailable()),
-        )
-        .await;
+        assert_a_failed(&h, job.execution_id, &[], unavailable()).await;
         let snapshot = h.snapshot(job.execution_id).await;
         assert_eq!(snapshot.status, ExecutionStatus::Failed);
         assert_eq!(
@@ -227,35 +448,24 @@ async fn without_allow_fallback_there_is_exactly_one_attempt() {
 
 #[tokio::test]
 async fn max_attempts_bounds_the_attempts() {
-    let rate_limited = RuntimeError::new(
-        ErrorCode::RateLimited,
-        "Provider request failed with status 429",
-        true,
-    )
-    .with_provider_code("429");
+    let rate_limited = status_failure(ErrorCode::RateLimited, 429);
     let a = ScriptedProvider::failing("a");
     let b = ScriptedProvider::new("b", vec![Step::Fail(rate_limited.clone())]);
     let c = ScriptedProvider::succeeding("c");
     let h = Harness::scripted(&[&a, &b, &c]);
-    let job = h
-        .submit(
-            &text_request(r#"{"allow_fallback":true,"max_attempts":2}"#),
-            LONG,
-        )
-        .await;
+    let job = run_to_end(
+        &h,
+        &text_request(r#"{"allow_fallback":true,"max_attempts":2}"#),
+    )
+    .await;
 
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
-
-    let events = h
-        .assert_log(
-            job.execution_id,
-            &failed_after(
-                target("a"),
-                &[attempt_failed("a", 1, unavailable()), selected("b", 2)],
-                rate_limited.clone(),
-            ),
-        )
-        .await;
+    let events = assert_a_failed(
+        &h,
+        job.execution_id,
+        &[attempt_failed("a", 1, unavailable()), selected("b", 2)],
+        rate_limited.clone(),
+    )
+    .await;
     assert_eq!(
         type_names(&events)
             .iter()
@@ -275,12 +485,7 @@ async fn max_attempts_bounds_the_attempts() {
 
 #[tokio::test]
 async fn fallback_without_max_attempts_tries_every_candidate_once() {
-    let last = RuntimeError::new(
-        ErrorCode::ProviderUnavailable,
-        "Provider request failed with status 502",
-        true,
-    )
-    .with_provider_code("502");
+    let last = status_failure(ErrorCode::ProviderUnavailable, 502);
     let a = ScriptedProvider::failing("a");
     let b = ScriptedProvider::failing("b");
     let c = ScriptedProvider::new("c", vec![Step::Fail(last.clone())]);
@@ -288,18 +493,16 @@ async fn fallback_without_max_attempts_tries_every_candidate_once() {
     // max_attempts above the candidate count is capped by it [R 28].
     for routing in [FALLBACK, r#"{"allow_fallback":true,"max_attempts":32}"#] {
         let job = run_to_end(&h, &text_request(routing)).await;
-        h.assert_log(
+        assert_a_failed(
+            &h,
             job.execution_id,
-            &failed_after(
-                target("a"),
-                &[
-                    attempt_failed("a", 1, unavailable()),
-                    selected("b", 2),
-                    attempt_failed("b", 2, unavailable()),
-                    selected("c", 3),
-                ],
-                last.clone(),
-            ),
+            &[
+                attempt_failed("a", 1, unavailable()),
+                selected("b", 2),
+                attempt_failed("b", 2, unavailable()),
+                selected("c", 3),
+            ],
+            last.clone(),
         )
         .await;
         assert_eq!(h.snapshot(job.execution_id).await.target, Some(target("c")));
@@ -313,14 +516,13 @@ async fn provider_order_ranks_candidates_and_unlisted_go_last() {
     let b = ScriptedProvider::failing("b");
     let c = ScriptedProvider::succeeding("c");
     let h = Harness::scripted(&[&a, &b, &c]);
-    let job = h
-        .submit(
-            &text_request(r#"{"allow_fallback":true,"provider_order":["b","zzz"],"strategy":"first_available"}"#),
-            LONG,
-        )
-        .await;
-
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    let job = run_to_end(
+        &h,
+        &text_request(
+            r#"{"allow_fallback":true,"provider_order":["b","zzz"],"strategy":"first_available"}"#,
+        ),
+    )
+    .await;
 
     let mut expected = vec![
         EventBody::Accepted,
@@ -382,16 +584,13 @@ async fn no_fallback_once_output_was_exposed() {
         let job = run_to_end(&h, &text_request(FALLBACK)).await;
 
         let not_retryable = unavailable().not_retryable();
-        let events = h
-            .assert_log(
-                job.execution_id,
-                &failed_after(
-                    target("a"),
-                    std::slice::from_ref(&body),
-                    not_retryable.clone(),
-                ),
-            )
-            .await;
+        let events = assert_a_failed(
+            &h,
+            job.execution_id,
+            std::slice::from_ref(&body),
+            not_retryable.clone(),
+        )
+        .await;
         assert_eq!(events[3].status, ExecutionStatus::Failed);
         let snapshot = h.snapshot(job.execution_id).await;
         assert_eq!(snapshot.status, ExecutionStatus::Failed);
@@ -471,11 +670,7 @@ async fn a_non_retryable_error_ends_routing() {
     let h = Harness::scripted(&[&a, &b]);
     let job = run_to_end(&h, &text_request(FALLBACK)).await;
 
-    h.assert_log(
-        job.execution_id,
-        &failed_after(target("a"), &[], bad_request.clone()),
-    )
-    .await;
+    assert_a_failed(&h, job.execution_id, &[], bad_request.clone()).await;
     let snapshot = h.snapshot(job.execution_id).await;
     assert_eq!(snapshot.error, Some(bad_request));
     assert_eq!(snapshot.target, Some(target("a")));
@@ -495,33 +690,24 @@ async fn a_spent_retry_budget_stops_fallback_and_keeps_the_last_error() {
     );
     let b = ScriptedProvider::succeeding("b");
     let h = Harness::scripted(&[&a, &b]);
-    let job = h
-        .submit(
-            &text_request(r#"{"allow_fallback":true,"retry_budget_ms":50}"#),
-            LONG,
-        )
-        .await;
-
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
-
-    h.assert_log(
-        job.execution_id,
-        &failed_after(target("a"), &[], unavailable()),
+    let job = run_to_end(
+        &h,
+        &text_request(r#"{"allow_fallback":true,"retry_budget_ms":50}"#),
     )
     .await;
+
+    assert_a_failed(&h, job.execution_id, &[], unavailable()).await;
     let snapshot = h.snapshot(job.execution_id).await;
     assert_eq!(snapshot.status, ExecutionStatus::Failed);
     assert!(snapshot.error.unwrap().retryable);
     assert_eq!((a.calls(), b.calls()), (1, 0));
 
     // Control: with budget left, the same failure falls back.
-    let job = h
-        .submit(
-            &text_request(r#"{"allow_fallback":true,"retry_budget_ms":600000}"#),
-            LONG,
-        )
-        .await;
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    let job = run_to_end(
+        &h,
+        &text_request(r#"{"allow_fallback":true,"retry_budget_ms":600000}"#),
+    )
+    .await;
     assert_eq!(h.snapshot(job.execution_id).await.target, Some(target("b")));
     assert_eq!((a.calls(), b.calls()), (2, 1));
 }
@@ -537,24 +723,15 @@ async fn no_candidates_fails_with_capability_unavailable_without_routing() {
         r#"{"ability":"text-generation","input":[{"type":"text","text":"x"}],"requirements":{"tools":true}}"#,
     ] {
         let job = run_to_end(&h, request).await;
-        h.assert_log(
-            job.execution_id,
-            &[
-                EventBody::Accepted,
-                failed(RuntimeError::capability_unavailable()),
-            ],
-        )
-        .await;
-        let snapshot = h.snapshot(job.execution_id).await;
-        assert_eq!(snapshot.status, ExecutionStatus::Failed);
-        assert_eq!(snapshot.target, None);
-        let error = snapshot.error.unwrap();
-        assert_eq!(error.code, ErrorCode::CapabilityUnavailable);
-        assert_eq!(
-            error.message,
-            "No provider satisfies the requested ability and capabilities"
+        let snapshot =
+            assert_failed_unrouted(&h, job.execution_id, RuntimeError::capability_unavailable())
+                .await;
+        assert_error(
+            snapshot.error,
+            ErrorCode::CapabilityUnavailable,
+            "No provider satisfies the requested ability and capabilities",
+            false,
         );
-        assert!(!error.retryable);
     }
     assert_eq!(a.calls(), 0);
 }
@@ -576,9 +753,7 @@ async fn invalid_usage_from_a_provider_is_a_protocol_error() {
         let h = Harness::scripted(&[&a, &b]);
         let job = run_to_end(&h, &text_request(FALLBACK)).await;
 
-        let events = h.events(job.execution_id).await;
-        assert_log_rules(job.execution_id, &events);
-        assert_eq!(type_names(&events), FAILED_AFTER_ONE_DELTA);
+        assert_types(&h, job.execution_id, &FAILED_AFTER_ONE_DELTA).await;
         let error = h.snapshot(job.execution_id).await.error.unwrap();
         assert_eq!(error.code, ErrorCode::ProviderProtocolError, "{quantity}");
         assert!(!error.retryable);
@@ -596,12 +771,7 @@ async fn invalid_usage_from_a_provider_is_a_protocol_error() {
     let b = ScriptedProvider::succeeding("b");
     let h = Harness::scripted(&[&a, &b]);
     let job = run_to_end(&h, &text_request(FALLBACK)).await;
-    let events = h.events(job.execution_id).await;
-    assert_log_rules(job.execution_id, &events);
-    assert_eq!(
-        type_names(&events),
-        ["execution.accepted", "route.selected", "execution.failed"]
-    );
+    assert_types(&h, job.execution_id, &FAILED_AT_ROUTING).await;
     let snapshot = h.snapshot(job.execution_id).await;
     assert_eq!(
         snapshot.error.unwrap().code,
@@ -636,54 +806,35 @@ async fn empty_usage_reports_are_not_logged() {
 
 #[tokio::test]
 async fn the_deadline_fails_a_running_attempt() {
-    let a = ScriptedProvider::hanging("a");
-    let h = patient(&[(&a, DEFAULT_LIMITS)]);
-    let job = h.submit(&text_request(""), Duration::from_secs(1)).await;
+    let (a, h) = hanging_a();
+    let job = run_past_a_short_deadline(&h, &text_request(""), "the deadline ends the run").await;
 
-    let outcome = within("the deadline ends the run", PATIENCE, h.runner.run(&job, 1)).await;
-    assert_eq!(outcome, RunOutcome::Finished);
-
-    let events = h
-        .assert_log(
-            job.execution_id,
-            &failed_after(target("a"), &[], RuntimeError::deadline_exceeded()),
-        )
-        .await;
+    let events =
+        assert_a_failed(&h, job.execution_id, &[], RuntimeError::deadline_exceeded()).await;
     assert_eq!(events[2].status, ExecutionStatus::Failed);
     let snapshot = h.snapshot(job.execution_id).await;
     assert_eq!(snapshot.status, ExecutionStatus::Failed);
-    let error = snapshot.error.unwrap();
-    assert_eq!(error.code, ErrorCode::DeadlineExceeded);
-    assert_eq!(error.message, "Execution deadline was exceeded");
-    assert!(!error.retryable);
+    assert_error(
+        snapshot.error,
+        ErrorCode::DeadlineExceeded,
+        "Execution deadline was exceeded",
+        false,
+    );
     assert_eq!(a.finished(), 1, "the attempt was cancelled and returned");
     assert_eq!(h.bus.watched(), 0);
 }
 
 #[tokio::test]
 async fn the_deadline_applies_even_after_output_was_exposed() {
-    let a = ScriptedProvider::new(
-        "a",
-        vec![
-            emit_delta("partial"),
-            Step::Sleep(Duration::from_secs(3600)),
-        ],
-    );
-    let h = patient(&[(&a, DEFAULT_LIMITS)]);
-    let job = h
-        .submit(&text_request(FALLBACK), Duration::from_secs(1))
-        .await;
+    let (_a, h) = partial_then_hanging();
+    let job =
+        run_past_a_short_deadline(&h, &text_request(FALLBACK), "the deadline ends the run").await;
 
-    let outcome = within("the deadline ends the run", PATIENCE, h.runner.run(&job, 1)).await;
-    assert_eq!(outcome, RunOutcome::Finished);
-
-    h.assert_log(
+    assert_a_failed(
+        &h,
         job.execution_id,
-        &failed_after(
-            target("a"),
-            &[delta("partial")],
-            RuntimeError::deadline_exceeded(),
-        ),
+        &[delta("partial")],
+        RuntimeError::deadline_exceeded(),
     )
     .await;
     let snapshot = h.snapshot(job.execution_id).await;
@@ -701,31 +852,17 @@ async fn the_deadline_applies_even_after_output_was_exposed() {
 async fn the_deadline_is_never_followed_by_fallback() {
     // An adapter that reports its interrupted call as a retryable transport error must not make
     // the runner try the next candidate after the deadline [R 40; invariant 4].
-    let a = ScriptedProvider::new(
-        "a",
-        vec![Step::SleepOrFail(Duration::from_secs(3600), unavailable())],
-    );
-    let b = ScriptedProvider::succeeding("b");
-    let h = patient(&[(&a, DEFAULT_LIMITS), (&b, DEFAULT_LIMITS)]);
-    let job = h
-        .submit(&text_request(FALLBACK), Duration::from_secs(1))
-        .await;
+    let (a, b, h) = failing_when_interrupted_then_b();
+    let job =
+        run_past_a_short_deadline(&h, &text_request(FALLBACK), "the deadline ends the run").await;
 
-    let outcome = within("the deadline ends the run", PATIENCE, h.runner.run(&job, 1)).await;
-    assert_eq!(outcome, RunOutcome::Finished);
-
-    h.assert_log(
-        job.execution_id,
-        &failed_after(target("a"), &[], RuntimeError::deadline_exceeded()),
-    )
-    .await;
+    assert_a_failed(&h, job.execution_id, &[], RuntimeError::deadline_exceeded()).await;
     assert_eq!((a.calls(), b.calls()), (1, 0));
 }
 
 #[tokio::test]
 async fn a_job_past_its_deadline_at_pickup_never_reaches_a_provider() {
-    let a = ScriptedProvider::succeeding("a");
-    let h = Harness::scripted(&[&a]);
+    let (a, h) = succeeding_a();
     for late_by_ms in [0, 1, 60_000] {
         let mut job = job(&text_request(""), LONG);
         job.deadline_at = Timestamp::from_unix_millis(Timestamp::now().unix_millis() - late_by_ms);
@@ -733,17 +870,7 @@ async fn a_job_past_its_deadline_at_pickup_never_reaches_a_provider() {
 
         assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
 
-        h.assert_log(
-            job.execution_id,
-            &[
-                EventBody::Accepted,
-                failed(RuntimeError::deadline_exceeded()),
-            ],
-        )
-        .await;
-        let snapshot = h.snapshot(job.execution_id).await;
-        assert_eq!(snapshot.status, ExecutionStatus::Failed);
-        assert_eq!(snapshot.target, None);
+        assert_failed_unrouted(&h, job.execution_id, RuntimeError::deadline_exceeded()).await;
     }
     assert_eq!(a.calls(), 0);
 }
@@ -753,17 +880,9 @@ async fn a_job_past_its_deadline_at_pickup_never_reaches_a_provider() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_running_execution() {
-    let a = ScriptedProvider::new(
-        "a",
-        vec![
-            emit_delta("partial"),
-            Step::Sleep(Duration::from_secs(3600)),
-        ],
-    );
-    let h = patient(&[(&a, DEFAULT_LIMITS)]);
-    let job = h.submit(&text_request(""), LONG).await;
+    let (a, h) = partial_then_hanging();
+    let (job, run) = submit_and_spawn(&h, &text_request("")).await;
     let id = job.execution_id;
-    let run = spawn_run(&h, &job);
 
     wait_for_output(&h, id).await;
     assert_eq!(h.bus.watched(), 1);
@@ -771,19 +890,16 @@ async fn cancelling_a_running_execution() {
 
     let outcome = within("cancel ends the run", PATIENCE, run).await.unwrap();
     assert_eq!(outcome, RunOutcome::Finished);
-    let events = h
-        .assert_log(
-            id,
-            &failed_after(target("a"), &[delta("partial")], RuntimeError::cancelled()),
-        )
-        .await;
+    let events = assert_a_failed(&h, id, &[delta("partial")], RuntimeError::cancelled()).await;
     assert_eq!(events[3].status, ExecutionStatus::Cancelled);
     let snapshot = h.snapshot(id).await;
     assert_eq!(snapshot.status, ExecutionStatus::Cancelled);
-    let error = snapshot.error.unwrap();
-    assert_eq!(error.code, ErrorCode::Cancelled);
-    assert_eq!(error.message, "Execution was cancelled");
-    assert!(!error.retryable);
+    assert_error(
+        snapshot.error,
+        ErrorCode::Cancelled,
+        "Execution was cancelled",
+        false,
+    );
     assert_eq!(a.finished(), 1, "the adapter saw the cancel and returned");
     assert_eq!(
         h.bus.watched(),
@@ -794,59 +910,34 @@ async fn cancelling_a_running_execution() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_right_after_routing() {
-    let a = ScriptedProvider::hanging("a");
-    let h = patient(&[(&a, DEFAULT_LIMITS)]);
-    let job = h.submit(&text_request(""), LONG).await;
+    let (_a, h) = hanging_a();
+    let (job, run) = submit_and_spawn(&h, &text_request("")).await;
     let id = job.execution_id;
-    let run = spawn_run(&h, &job);
 
     wait_until("route.selected is logged", PATIENCE, || {
         h.has_event(id, "route.selected")
     })
     .await;
-    h.bus.request(id).await.unwrap();
-
-    finishes("cancel", run).await;
-    h.assert_log(
-        id,
-        &failed_after(target("a"), &[], RuntimeError::cancelled()),
-    )
-    .await;
+    cancel_before_output(&h, id, "cancel", run).await;
     assert_eq!(h.snapshot(id).await.status, ExecutionStatus::Cancelled);
     assert_eq!(h.bus.watched(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_execution_is_never_routed_to_a_fallback() {
-    let a = ScriptedProvider::new(
-        "a",
-        vec![Step::SleepOrFail(Duration::from_secs(3600), unavailable())],
-    );
-    let b = ScriptedProvider::succeeding("b");
-    let h = patient(&[(&a, DEFAULT_LIMITS), (&b, DEFAULT_LIMITS)]);
-    let job = h.submit(&text_request(FALLBACK), LONG).await;
-    let id = job.execution_id;
-    let run = spawn_run(&h, &job);
+    let (a, b, h) = failing_when_interrupted_then_b();
+    let (job, run) = submit_and_spawn(&h, &text_request(FALLBACK)).await;
 
     wait_until("the attempt runs", PATIENCE, || async { a.calls() == 1 }).await;
-    h.bus.request(id).await.unwrap();
-
-    finishes("cancel", run).await;
-    h.assert_log(
-        id,
-        &failed_after(target("a"), &[], RuntimeError::cancelled()),
-    )
-    .await;
+    cancel_before_output(&h, job.execution_id, "cancel", run).await;
     assert_eq!(b.calls(), 0, "no provider call after the cancel");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_delivery_does_not_break_cancelling_the_live_attempt() {
-    let a = ScriptedProvider::hanging("a");
-    let h = patient(&[(&a, DEFAULT_LIMITS)]);
-    let job = h.submit(&text_request(""), LONG).await;
+    let (a, h) = hanging_a();
+    let (job, live) = submit_and_spawn(&h, &text_request("")).await;
     let id = job.execution_id;
-    let live = spawn_run(&h, &job);
     wait_until("the live attempt runs", PATIENCE, || async {
         a.calls() == 1
     })
@@ -858,13 +949,7 @@ async fn a_duplicate_delivery_does_not_break_cancelling_the_live_attempt() {
     assert_eq!(a.calls(), 1);
 
     // ...and a cancel still reaches the live attempt.
-    h.bus.request(id).await.unwrap();
-    finishes("cancel reaches the live attempt", live).await;
-    h.assert_log(
-        id,
-        &failed_after(target("a"), &[], RuntimeError::cancelled()),
-    )
-    .await;
+    cancel_before_output(&h, id, "cancel reaches the live attempt", live).await;
     assert_eq!(h.bus.watched(), 0);
 }
 
@@ -876,8 +961,7 @@ async fn a_full_provider_queue_fails_the_attempt_retryably() {
     let a = ScriptedProvider::hanging("a");
     let b = ScriptedProvider::succeeding("b");
     let h = patient(&[(&a, limits(1, 0)), (&b, DEFAULT_LIMITS)]);
-    let holder = h.submit(&text_request(""), LONG).await;
-    let holding = spawn_run(&h, &holder);
+    let (holder, holding) = submit_and_spawn(&h, &text_request("")).await;
     wait_until(
         "the first execution holds a's only slot",
         PATIENCE,
@@ -899,15 +983,19 @@ async fn a_full_provider_queue_fails_the_attempt_retryably() {
 
     // Without fallback: the execution fails with queue_full, still retryable.
     let job = run_to_end(&h, &text_request("")).await;
-    h.assert_log(
+    assert_a_failed(
+        &h,
         job.execution_id,
-        &failed_after(target("a"), &[], RuntimeError::provider_queue_full()),
+        &[],
+        RuntimeError::provider_queue_full(),
     )
     .await;
-    let error = h.snapshot(job.execution_id).await.error.unwrap();
-    assert_eq!(error.code, ErrorCode::QueueFull);
-    assert_eq!(error.message, "Provider execution queue is full");
-    assert!(error.retryable);
+    assert_error(
+        h.snapshot(job.execution_id).await.error,
+        ErrorCode::QueueFull,
+        "Provider execution queue is full",
+        true,
+    );
     assert_eq!(a.calls(), 1, "refused attempts never reach the provider");
 
     h.bus.request(holder.execution_id).await.unwrap();
@@ -920,57 +1008,51 @@ async fn a_full_provider_queue_fails_the_attempt_retryably() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_attempts_are_routing_and_run_when_a_slot_frees() {
-    let (a, release) = held_then_succeeding("a");
-    let h = patient(&[(&a, limits(1, 1))]);
-    let first = h.submit(&text_request(""), LONG).await;
-    let second = h.submit(&text_request(""), LONG).await;
-    let gate = &h.registry.candidates(&first.request)[0].entry.gate;
-
-    let (first_run, second_run) = hold_and_queue(&h, &a, &first, &second).await;
+    let q = hold_and_queue().await;
+    let h = &q.h;
     // The gate is taken after route.selected: a queued attempt is already routing [R 35].
     h.assert_log_prefix(
-        second.execution_id,
+        q.second.execution_id,
         &[EventBody::Accepted, selected("a", 1)],
     )
     .await;
     assert_eq!(
-        h.snapshot(second.execution_id).await.status,
+        h.snapshot(q.second.execution_id).await.status,
         ExecutionStatus::Routing
     );
 
-    release.add_permits(2);
-    finishes("first", first_run).await;
-    finishes("second", second_run).await;
-    h.assert_log(first.execution_id, &success_log("a")).await;
-    h.assert_log(second.execution_id, &success_log("a")).await;
-    assert_eq!(a.max_in_flight(), 1);
-    assert_eq!(gate.queued(), 0);
+    q.release.add_permits(2);
+    finishes("first", q.first_run).await;
+    finishes("second", q.second_run).await;
+    h.assert_log(q.first.execution_id, &success_log("a")).await;
+    h.assert_log(q.second.execution_id, &success_log("a")).await;
+    assert_eq!(q.a.max_in_flight(), 1);
+    assert_eq!(q.entry.gate.queued(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_queued_attempt_leaves_the_queue_promptly() {
-    let (a, release) = held_then_succeeding("a");
-    let h = patient(&[(&a, limits(1, 1))]);
-    let first = h.submit(&text_request(""), LONG).await;
-    let queued = h.submit(&text_request(""), LONG).await;
-    let gate = &h.registry.candidates(&first.request)[0].entry.gate;
+    let q = hold_and_queue().await;
+    let h = &q.h;
 
-    let (first_run, queued_run) = hold_and_queue(&h, &a, &first, &queued).await;
-
-    h.bus.request(queued.execution_id).await.unwrap();
     // The cleanup grace is 120 s: only a waiter that leaves the queue on cancel ends in time.
-    finishes("the queued attempt is cancelled", queued_run).await;
-    h.assert_log(
-        queued.execution_id,
-        &failed_after(target("a"), &[], RuntimeError::cancelled()),
+    cancel_before_output(
+        h,
+        q.second.execution_id,
+        "the queued attempt is cancelled",
+        q.second_run,
     )
     .await;
-    assert_eq!(gate.queued(), 0, "the cancelled waiter left the queue");
-    assert_eq!(a.calls(), 1);
+    assert_eq!(
+        q.entry.gate.queued(),
+        0,
+        "the cancelled waiter left the queue"
+    );
+    assert_eq!(q.a.calls(), 1);
 
-    release.add_permits(1);
-    finishes("first", first_run).await;
-    h.assert_log(first.execution_id, &success_log("a")).await;
+    q.release.add_permits(1);
+    finishes("first", q.first_run).await;
+    h.assert_log(q.first.execution_id, &success_log("a")).await;
     assert_eq!(h.bus.watched(), 0);
 }
 
@@ -978,23 +1060,12 @@ async fn cancelling_a_queued_attempt_leaves_the_queue_promptly() {
 async fn the_deadline_covers_time_spent_queued() {
     let a = ScriptedProvider::hanging("a");
     let h = patient(&[(&a, limits(1, 4))]);
-    let holder = h.submit(&text_request(""), LONG).await;
-    let holding = spawn_run(&h, &holder);
+    let (holder, holding) = submit_and_spawn(&h, &text_request("")).await;
     wait_until("the slot is held", PATIENCE, || async { a.calls() == 1 }).await;
 
-    let job = h.submit(&text_request(""), Duration::from_secs(1)).await;
-    let outcome = within(
-        "the deadline ends the queued run",
-        PATIENCE,
-        h.runner.run(&job, 1),
-    )
-    .await;
-    assert_eq!(outcome, RunOutcome::Finished);
-    h.assert_log(
-        job.execution_id,
-        &failed_after(target("a"), &[], RuntimeError::deadline_exceeded()),
-    )
-    .await;
+    let job =
+        run_past_a_short_deadline(&h, &text_request(""), "the deadline ends the queued run").await;
+    assert_a_failed(&h, job.execution_id, &[], RuntimeError::deadline_exceeded()).await;
     assert_eq!(a.calls(), 1);
 
     h.bus.request(holder.execution_id).await.unwrap();
@@ -1006,8 +1077,7 @@ async fn the_deadline_covers_time_spent_queued() {
 
 #[tokio::test]
 async fn a_redelivered_job_with_a_started_attempt_fails_as_interrupted() {
-    let a = ScriptedProvider::succeeding("a");
-    let h = Harness::scripted(&[&a]);
+    let (a, h) = succeeding_a();
     for partial in [
         vec![selected("a", 1), delta("hel")],
         vec![selected("a", 1)],
@@ -1044,8 +1114,7 @@ async fn a_redelivered_job_with_a_started_attempt_fails_as_interrupted() {
 #[tokio::test]
 async fn a_redelivered_job_past_its_deadline_fails_with_deadline_exceeded() {
     // Contract §8: the deadline, not the lost worker, ended an execution nobody ran in time.
-    let a = ScriptedProvider::succeeding("a");
-    let h = Harness::scripted(&[&a]);
+    let (a, h) = succeeding_a();
     let mut job = h.submit(&text_request(FALLBACK), LONG).await;
     job.deadline_at = Timestamp::from_unix_millis(Timestamp::now().unix_millis() - 10);
     h.append_foreign(job.execution_id, selected("a", 1)).await;
@@ -1067,9 +1136,7 @@ async fn a_redelivered_job_past_its_deadline_fails_with_deadline_exceeded() {
 
 #[tokio::test]
 async fn a_first_delivery_of_a_claimed_log_is_dropped() {
-    let a = ScriptedProvider::succeeding("a");
-    let h = Harness::scripted(&[&a]);
-    let job = h.submit(&text_request(""), LONG).await;
+    let (a, h, job) = succeeding_a_with_job().await;
     let id = job.execution_id;
     h.append_foreign(id, selected("a", 1)).await;
     h.append_foreign(id, delta("hel")).await;
@@ -1085,9 +1152,7 @@ async fn a_first_delivery_of_a_claimed_log_is_dropped() {
 
 #[tokio::test]
 async fn a_redelivered_job_that_never_started_runs_normally() {
-    let a = ScriptedProvider::succeeding("a");
-    let h = Harness::scripted(&[&a]);
-    let job = h.submit(&text_request(""), LONG).await;
+    let (a, h, job) = succeeding_a_with_job().await;
 
     assert_eq!(h.runner.run(&job, 3).await, RunOutcome::Finished);
 
@@ -1097,8 +1162,7 @@ async fn a_redelivered_job_that_never_started_runs_normally() {
 
 #[tokio::test]
 async fn a_terminal_log_is_dropped_whatever_the_delivery() {
-    let a = ScriptedProvider::succeeding("a");
-    let h = Harness::scripted(&[&a]);
+    let (a, h) = succeeding_a();
     let job = run_to_end(&h, &text_request("")).await;
     let done = h.events(job.execution_id).await;
 
@@ -1113,8 +1177,7 @@ async fn a_terminal_log_is_dropped_whatever_the_delivery() {
 // Paused time: the runner waits `log_wait` (10 s) for the log before dropping the job.
 #[tokio::test(start_paused = true)]
 async fn a_job_whose_log_never_appears_is_dropped_after_the_log_wait() {
-    let a = ScriptedProvider::succeeding("a");
-    let h = Harness::scripted(&[&a]);
+    let (a, h) = succeeding_a();
     let job = job(&text_request(""), LONG);
     let waited = tokio::time::Instant::now();
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
@@ -1139,13 +1202,14 @@ impl runtime::DeliveryHandle for Withdrawable {
     }
 }
 
-/// Starts a delivery of a job whose log does not exist, lets the runner find it missing (paused
-/// time: the runner's sleeps run only when every task is idle), then, as a submitter settling
-/// a failed create does, withdraws the job (if `withdraw`) and creates the log.
+/// Starts a delivery (to [`succeeding_a`]) of a job whose log does not exist, lets the runner
+/// find it missing (paused time: the runner's sleeps run only when every task is idle), then,
+/// as a submitter settling a failed create does, withdraws the job (if `withdraw`) and creates
+/// the log. Returns the provider, the harness, the job and the run's outcome.
 async fn run_before_the_log(
-    h: &Harness,
     withdraw: bool,
-) -> (runtime::Job, tokio::task::JoinHandle<RunOutcome>) {
+) -> (Arc<ScriptedProvider>, Harness, runtime::Job, RunOutcome) {
+    let (a, h) = succeeding_a();
     let job = job(&text_request(""), LONG);
     let runner = Arc::clone(&h.runner);
     let delivered = job.clone();
@@ -1156,15 +1220,14 @@ async fn run_before_the_log(
     assert!(!run.is_finished(), "the runner waits for the log");
     withdrawn.store(withdraw, std::sync::atomic::Ordering::SeqCst);
     h.create_log(job.execution_id).await;
-    (job, run)
+    let outcome = run.await.unwrap();
+    (a, h, job, outcome)
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_job_that_arrives_before_its_log_waits_for_it_and_runs() {
-    let a = ScriptedProvider::succeeding("a");
-    let h = Harness::scripted(&[&a]);
-    let (job, run) = run_before_the_log(&h, false).await;
-    assert_eq!(run.await.unwrap(), RunOutcome::Finished);
+    let (a, h, job, outcome) = run_before_the_log(false).await;
+    assert_eq!(outcome, RunOutcome::Finished);
     assert_eq!(a.calls(), 1);
     let events = h.events(job.execution_id).await;
     assert_eq!(events.last().unwrap().type_name(), "execution.completed");
@@ -1172,10 +1235,8 @@ async fn a_job_that_arrives_before_its_log_waits_for_it_and_runs() {
 
 #[tokio::test(start_paused = true)]
 async fn a_withdrawn_job_is_never_claimed_when_its_log_appears_late() {
-    let a = ScriptedProvider::succeeding("a");
-    let h = Harness::scripted(&[&a]);
-    let (job, run) = run_before_the_log(&h, true).await;
-    assert_eq!(run.await.unwrap(), RunOutcome::Dropped);
+    let (a, h, job, outcome) = run_before_the_log(true).await;
+    assert_eq!(outcome, RunOutcome::Dropped);
     assert_eq!(a.calls(), 0);
     // Left for the submitter to close: the worker wrote nothing.
     assert_eq!(
@@ -1186,48 +1247,26 @@ async fn a_withdrawn_job_is_never_claimed_when_its_log_appears_late() {
 
 #[tokio::test]
 async fn a_gateway_cancel_of_a_queued_execution_fences_the_runner() {
-    let a = ScriptedProvider::succeeding("a");
-    let h = Harness::scripted(&[&a]);
-    let job = h.submit(&text_request(""), LONG).await;
-    let id = job.execution_id;
-    h.append_foreign(id, failed(RuntimeError::cancelled()))
+    let (a, h, job) = succeeding_a_with_job().await;
+    h.append_foreign(job.execution_id, failed(RuntimeError::cancelled()))
         .await;
 
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
-
-    let events = h
-        .assert_log(
-            id,
-            &[EventBody::Accepted, failed(RuntimeError::cancelled())],
-        )
-        .await;
+    let events = assert_fenced_by_a_cancel(&h, &a, &job).await;
     assert_eq!(events[1].status, ExecutionStatus::Cancelled);
-    assert_eq!(a.calls(), 0);
-    assert_eq!(h.bus.watched(), 0);
 }
 
 #[tokio::test]
 async fn a_gateway_cancel_that_wins_the_race_for_sequence_two_fences_the_runner() {
     // The runner has read the log (only `accepted`) but the gateway's cancel appends sequence 2
     // first: the runner's route.selected loses the compare-and-set.
-    let a = ScriptedProvider::succeeding("a");
-    let h = Harness::interposed(
-        &[&a],
+    let (a, h) = interposed_a(
         "route.selected",
         Interference::Foreign(failed(RuntimeError::cancelled())),
         false,
     );
     let job = h.submit(&text_request(""), LONG).await;
 
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
-
-    h.assert_log(
-        job.execution_id,
-        &[EventBody::Accepted, failed(RuntimeError::cancelled())],
-    )
-    .await;
-    assert_eq!(a.calls(), 0);
-    assert_eq!(h.bus.watched(), 0);
+    assert_fenced_by_a_cancel(&h, &a, &job).await;
 }
 
 #[tokio::test]
@@ -1246,11 +1285,7 @@ async fn a_writer_fenced_mid_attempt_stops_writing() {
 
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
 
-    h.assert_log(
-        job.execution_id,
-        &failed_after(target("a"), &[], interrupted_error()),
-    )
-    .await;
+    assert_a_failed(&h, job.execution_id, &[], interrupted_error()).await;
     assert_eq!((a.calls(), a.finished(), b.calls()), (1, 1, 0));
 }
 
@@ -1259,30 +1294,10 @@ async fn a_writer_fenced_mid_attempt_stops_writing() {
 
 #[tokio::test]
 async fn the_per_execution_event_limit_ends_the_execution() {
-    let script = (0..20).map(|i| emit_delta(&format!("chunk{i}"))).collect();
-    let a = ScriptedProvider::new("a", script);
-    let b = ScriptedProvider::succeeding("b");
-    let h = Harness::event_limited(&[&a, &b], 4);
-    let job = run_to_end(&h, &text_request(FALLBACK)).await;
-
-    let limit_error = not_retryable(
-        ErrorCode::QueueFull,
-        "Execution event log limit was reached",
-    );
-    h.assert_log(
-        job.execution_id,
-        &failed_after(
-            target("a"),
-            &[delta("chunk0"), delta("chunk1")],
-            limit_error.clone(),
-        ),
-    )
-    .await;
+    let (h, job, limit_error) = run_into_the_event_limit(false).await;
     let snapshot = h.snapshot(job.execution_id).await;
     assert_eq!(snapshot.status, ExecutionStatus::Failed);
     assert_eq!(snapshot.error, Some(limit_error));
-    assert_eq!(b.calls(), 0);
-    assert_eq!(h.store.active(), 0, "the log is closed");
 }
 
 #[tokio::test]
@@ -1292,12 +1307,7 @@ async fn the_event_limit_during_routing_ends_the_execution() {
     let b = ScriptedProvider::succeeding("b");
     let h = Harness::event_limited(&[&a, &b], 2);
     let job = run_to_end(&h, &text_request(FALLBACK)).await;
-    let events = h.events(job.execution_id).await;
-    assert_log_rules(job.execution_id, &events);
-    assert_eq!(
-        type_names(&events),
-        ["execution.accepted", "route.selected", "execution.failed"]
-    );
+    assert_types(&h, job.execution_id, &FAILED_AT_ROUTING).await;
     let error = h.snapshot(job.execution_id).await.error.unwrap();
     assert_eq!((error.code, error.retryable), (ErrorCode::QueueFull, false));
     assert_eq!(b.calls(), 0);
@@ -1305,10 +1315,8 @@ async fn the_event_limit_during_routing_ends_the_execution() {
 
 #[tokio::test]
 async fn a_store_failure_during_the_attempt_fails_the_execution() {
-    let a = ScriptedProvider::succeeding("a");
     // Unavailable is retried by the writer, so the append lands on the second try.
-    let h = Harness::interposed(
-        &[&a],
+    let (_, h) = interposed_a(
         "output.delta",
         Interference::Fail(StoreError::Unavailable("disk on fire".into())),
         false,
@@ -1317,21 +1325,17 @@ async fn a_store_failure_during_the_attempt_fails_the_execution() {
     h.assert_log(job.execution_id, &success_log("a")).await;
 
     // A refusal that is not transient ends the execution with internal_error.
-    let a = ScriptedProvider::succeeding("a");
-    let h = Harness::interposed(
-        &[&a],
+    let (a, h) = interposed_a(
         "output.delta",
         Interference::Fail(StoreError::NotFound),
         false,
     );
     let job = run_to_end(&h, &text_request("")).await;
-    h.assert_log(
+    assert_a_failed(
+        &h,
         job.execution_id,
-        &failed_after(
-            target("a"),
-            &[],
-            not_retryable(ErrorCode::InternalError, "Execution event storage failed"),
-        ),
+        &[],
+        not_retryable(ErrorCode::InternalError, "Execution event storage failed"),
     )
     .await;
     assert_eq!(a.finished(), 1);
@@ -1339,13 +1343,7 @@ async fn a_store_failure_during_the_attempt_fails_the_execution() {
 
 #[tokio::test]
 async fn a_terminal_the_store_refuses_abandons_the_delivery_for_redelivery() {
-    let a = ScriptedProvider::succeeding("a");
-    let h = Harness::interposed(
-        &[&a],
-        "never",
-        Interference::Fail(StoreError::NotFound),
-        true,
-    );
+    let (a, h) = interposed_a("never", Interference::Fail(StoreError::NotFound), true);
     let job = h.submit(&text_request(""), LONG).await;
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Abandoned);
     let events = h.events(job.execution_id).await;
@@ -1376,15 +1374,7 @@ async fn the_pool_runs_every_published_job() {
     script.extend(success_script());
     let a = ScriptedProvider::new("a", script);
     let h = Harness::scripted(&[&a]);
-    let queue = Arc::new(MemoryJobQueue::new());
-    let pool = WorkerPool::spawn(
-        Arc::clone(&queue) as Arc<dyn JobQueue>,
-        Arc::clone(&h.runner),
-        PoolConfig {
-            concurrency: 4,
-            heartbeat: Duration::from_millis(50),
-        },
-    );
+    let (queue, pool) = spawn_pool(&h, 4, Duration::from_millis(50));
 
     let mut ids = Vec::new();
     for _ in 0..50 {
@@ -1424,17 +1414,8 @@ async fn the_pool_runs_every_published_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pool_drops_jobs_whose_log_is_already_terminal() {
-    let a = ScriptedProvider::succeeding("a");
-    let h = Harness::scripted(&[&a]);
-    let queue = Arc::new(MemoryJobQueue::new());
-    let pool = WorkerPool::spawn(
-        Arc::clone(&queue) as Arc<dyn JobQueue>,
-        Arc::clone(&h.runner),
-        PoolConfig {
-            concurrency: 2,
-            heartbeat: Duration::from_secs(10),
-        },
-    );
+    let (a, h) = succeeding_a();
+    let (queue, pool) = spawn_pool(&h, 2, Duration::from_secs(10));
     let cancelled = h.submit(&text_request(""), LONG).await;
     h.append_foreign(cancelled.execution_id, failed(RuntimeError::cancelled()))
         .await;
@@ -1462,15 +1443,7 @@ async fn shutdown_cancels_what_outlives_the_grace_period() {
     // both end `cancelled`, and shutdown reports that not everything finished.
     let a = ScriptedProvider::hanging("a");
     let h = patient(&[(&a, limits(1, 8))]);
-    let queue = Arc::new(MemoryJobQueue::new());
-    let pool = WorkerPool::spawn(
-        Arc::clone(&queue) as Arc<dyn JobQueue>,
-        Arc::clone(&h.runner),
-        PoolConfig {
-            concurrency: 2,
-            heartbeat: Duration::from_millis(20),
-        },
-    );
+    let (queue, pool) = spawn_pool(&h, 2, Duration::from_millis(20));
     let running = h.submit(&text_request(""), LONG).await;
     let queued = h.submit(&text_request(""), LONG).await;
     let gate = &h.registry.candidates(&running.request)[0].entry.gate;
@@ -1495,11 +1468,7 @@ async fn shutdown_cancels_what_outlives_the_grace_period() {
     assert!(!finished_in_time);
 
     for id in [running.execution_id, queued.execution_id] {
-        h.assert_log(
-            id,
-            &failed_after(target("a"), &[], RuntimeError::cancelled()),
-        )
-        .await;
+        assert_a_failed(&h, id, &[], RuntimeError::cancelled()).await;
         assert_eq!(h.snapshot(id).await.status, ExecutionStatus::Cancelled);
     }
     assert_eq!(a.calls(), 1);
@@ -1510,15 +1479,7 @@ async fn shutdown_cancels_what_outlives_the_grace_period() {
 async fn shutdown_lets_running_executions_finish_within_the_grace_period() {
     let (a, release) = held_then_succeeding("a");
     let h = Harness::scripted(&[&a]);
-    let queue = Arc::new(MemoryJobQueue::new());
-    let pool = WorkerPool::spawn(
-        Arc::clone(&queue) as Arc<dyn JobQueue>,
-        Arc::clone(&h.runner),
-        PoolConfig {
-            concurrency: 1,
-            heartbeat: Duration::from_millis(20),
-        },
-    );
+    let (queue, pool) = spawn_pool(&h, 1, Duration::from_millis(20));
     let first = h.submit(&text_request(""), LONG).await;
     queue.publish(&first).await.unwrap();
     wait_until("the execution runs", PATIENCE, || async { a.calls() == 1 }).await;
@@ -1543,59 +1504,18 @@ async fn shutdown_lets_running_executions_finish_within_the_grace_period() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_writes_produce_the_reference_log() {
-    let mock: Arc<dyn Provider> = Arc::new(MockProvider::new(MockConfig::default()));
-    let h = Harness::new(vec![(mock, limits(4, 8))]).pipelined();
+    let h = mock_harness().pipelined();
     let job = run_to_end(&h, &text_request("")).await;
     // The terminal event is acknowledged before the run returns (the job is acked after it).
     assert!(h.is_terminal(job.execution_id).await);
-    let mock_target = Target {
-        provider: "provider-mock".into(),
-        model: "model-alpha".into(),
-    };
-    h.assert_log(
-        job.execution_id,
-        &[
-            EventBody::Accepted,
-            EventBody::RouteSelected {
-                target: mock_target.clone(),
-                attempt: 1,
-            },
-            delta("hello"),
-            delta(" from"),
-            delta(" mock"),
-            usage(3),
-            EventBody::Completed {
-                target: mock_target,
-            },
-        ],
-    )
-    .await;
+    h.assert_log(job.execution_id, &mock_reference_log()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_writes_end_at_the_event_limit_like_inline_writes() {
     // The deltas are queued faster than they are stored; the run that crosses the limit stores
     // what fits, and the log is closed right after it with the limit failure.
-    let script = (0..20).map(|i| emit_delta(&format!("chunk{i}"))).collect();
-    let a = ScriptedProvider::new("a", script);
-    let b = ScriptedProvider::succeeding("b");
-    let h = Harness::event_limited(&[&a, &b], 4).pipelined();
-    let job = run_to_end(&h, &text_request(FALLBACK)).await;
-    let limit_error = not_retryable(
-        ErrorCode::QueueFull,
-        "Execution event log limit was reached",
-    );
-    h.assert_log(
-        job.execution_id,
-        &failed_after(
-            target("a"),
-            &[delta("chunk0"), delta("chunk1")],
-            limit_error,
-        ),
-    )
-    .await;
-    assert_eq!(b.calls(), 0);
-    assert_eq!(h.store.active(), 0, "the log is closed");
+    run_into_the_event_limit(true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1619,11 +1539,7 @@ async fn a_pipelined_writer_fenced_while_the_provider_is_quiet_stops_the_attempt
         .await
         .expect("the fenced runner stops without waiting for the provider");
     assert_eq!(outcome, RunOutcome::Dropped);
-    h.assert_log(
-        job.execution_id,
-        &failed_after(target("a"), &[], interrupted_error()),
-    )
-    .await;
+    assert_a_failed(&h, job.execution_id, &[], interrupted_error()).await;
     assert_eq!((a.calls(), a.finished()), (1, 1));
 }
 
@@ -1642,13 +1558,11 @@ async fn a_pipelined_execution_past_its_deadline_is_closed_after_its_output() {
         .submit(&text_request(""), Duration::from_millis(500))
         .await;
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
-    h.assert_log(
+    assert_a_failed(
+        &h,
         job.execution_id,
-        &failed_after(
-            target("a"),
-            &[delta("one"), delta("two")],
-            RuntimeError::deadline_exceeded(),
-        ),
+        &[delta("one"), delta("two")],
+        RuntimeError::deadline_exceeded(),
     )
     .await;
 }

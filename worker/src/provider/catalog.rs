@@ -4,7 +4,8 @@
 //! The one decision a reader must know: **each adapter owns its section** (its `config.rs`
 //! implements [`ProviderType`]), as mini-redis commands own their frame parsing; the catalog
 //! only dispatches. Adding a provider is one adapter folder and one row here; the error for an
-//! unknown `type` lists the rows' names.
+//! unknown `type` lists the rows' names. A section whose id and gate are plain fields gets its
+//! [`Section`] impl from `section_from_fields!`.
 
 use std::any::Any;
 use std::fmt;
@@ -52,6 +53,23 @@ pub trait Section: fmt::Debug + Clone + Send + Sync + 'static {
     /// The provider's concurrency gate.
     fn flow(&self) -> FlowLimits;
 }
+
+/// Implements [`Section`] for section structs whose provider id is their `id` field and whose
+/// concurrency gate is their `flow` field.
+macro_rules! section_from_fields {
+    ($($section:ty),+ $(,)?) => {$(
+        impl $crate::provider::catalog::Section for $section {
+            fn id(&self) -> &str {
+                &self.id
+            }
+
+            fn flow(&self) -> ::config::FlowLimits {
+                self.flow
+            }
+        }
+    )+};
+}
+pub(crate) use section_from_fields;
 
 /// One row of [`PROVIDER_TYPES`].
 #[derive(Debug, Clone, Copy)]

@@ -17,7 +17,7 @@
 //! - [`manifest`]: the single-model manifest built from the deployment's declaration.
 //! - [`text`]: the text adapters' section, manifest and target.
 //! - [`openai_compat`]: the OpenAI-compatible adapter, generic over its dialect (Responses,
-//!   Chat Completions).
+//!   Chat Completions), including the body both dialects send (one user message).
 //! - [`usage`]: usage facts from a table of counter paths.
 
 pub mod anthropic_messages;

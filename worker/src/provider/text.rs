@@ -13,7 +13,7 @@ use protocol::request::Modality;
 use protocol::{ExecutionRequest, RuntimeError};
 use serde_json::Value;
 
-use super::catalog::{ProviderType, Section};
+use super::catalog::{ProviderType, section_from_fields};
 use super::credential::{self, KeySource};
 use super::frame_loop::{self, FrameMapper};
 use super::{Provider, ProviderCall, ProviderSink, extension, http, manifest};
@@ -141,15 +141,7 @@ pub fn json_text(value: &RawJson) -> Result<String, RuntimeError> {
     Ok(value.compact())
 }
 
-impl Section for TextProviderConfig {
-    fn id(&self) -> &str {
-        &self.id
-    }
-
-    fn flow(&self) -> FlowLimits {
-        self.flow
-    }
-}
+section_from_fields!(TextProviderConfig);
 
 /// What a text adapter keeps from its section: where to send, with which credential, whether
 /// tools are enabled, and the manifest; and the attempt of the OpenAI-compatible ones.

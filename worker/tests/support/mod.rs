@@ -212,14 +212,19 @@ pub fn not_retryable(code: ErrorCode, message: &str) -> RuntimeError {
     RuntimeError::new(code, message, false)
 }
 
-/// Retryable `provider_unavailable`, as an adapter reports an outage before any output.
-pub fn unavailable() -> RuntimeError {
+/// A retryable error with `code`, as an adapter reports an HTTP `status` before any output.
+pub fn status_failure(code: ErrorCode, status: u16) -> RuntimeError {
     RuntimeError::new(
-        ErrorCode::ProviderUnavailable,
-        "Provider request failed with status 503",
+        code,
+        format!("Provider request failed with status {status}"),
         true,
     )
-    .with_provider_code("503")
+    .with_provider_code(status.to_string())
+}
+
+/// Retryable `provider_unavailable`, as an adapter reports an outage before any output.
+pub fn unavailable() -> RuntimeError {
+    status_failure(ErrorCode::ProviderUnavailable, 503)
 }
 
 pub fn progress() -> ProviderEvent {
@@ -612,6 +617,10 @@ pub const FAILED_AFTER_ONE_DELTA: [&str; 4] = [
     "output.delta",
     "execution.failed",
 ];
+
+/// The event types of an execution that failed while routing, before any output.
+pub const FAILED_AT_ROUTING: [&str; 3] =
+    ["execution.accepted", "route.selected", "execution.failed"];
 
 /// Polls until the log of `id` has an output delta.
 pub async fn wait_for_output(h: &Harness, id: ExecutionId) {

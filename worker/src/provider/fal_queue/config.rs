@@ -5,7 +5,7 @@ use protocol::request::Modality;
 use serde_json::Value;
 
 use super::FalQueueProvider;
-use crate::provider::catalog::{ProviderType, Section};
+use crate::provider::catalog::{ProviderType, section_from_fields};
 
 const FAL_FIELDS: &[&str] = &[
     "type",
@@ -72,15 +72,7 @@ impl FalConfig {
     }
 }
 
-impl Section for FalConfig {
-    fn id(&self) -> &str {
-        &self.id
-    }
-
-    fn flow(&self) -> FlowLimits {
-        self.flow
-    }
-}
+section_from_fields!(FalConfig);
 
 impl ProviderType for FalQueueProvider {
     const NAME: &'static str = "fal-queue";

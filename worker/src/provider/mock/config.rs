@@ -8,7 +8,7 @@ use config::{ConfigError, Fields, FlowLimits};
 use serde_json::Value;
 
 use super::MockProvider;
-use crate::provider::catalog::{ProviderConfig, Section};
+use crate::provider::catalog::{ProviderConfig, section_from_fields};
 
 /// Largest mock `delay_ms` (one hour).
 pub const MAX_MOCK_DELAY_MS: u64 = 3_600_000;
@@ -74,15 +74,7 @@ impl MockConfig {
     }
 }
 
-impl Section for MockConfig {
-    fn id(&self) -> &str {
-        &self.id
-    }
-
-    fn flow(&self) -> FlowLimits {
-        self.flow
-    }
-}
+section_from_fields!(MockConfig);
 
 impl From<MockConfig> for ProviderConfig {
     fn from(config: MockConfig) -> Self {

@@ -25,7 +25,6 @@ use protocol::request::InputPart;
 use self::stream::ChatStream;
 use super::openai_compat::{OpenAiCompatible, OpenAiDialect};
 use super::text::json_text;
-use super::{ProviderCall, extension};
 
 /// The `extensions` key this adapter reads: `extensions["openai-chat"].request`.
 pub const EXTENSION_KEY: &str = "openai-chat";
@@ -45,75 +44,48 @@ impl OpenAiDialect for ChatCompletions {
     const EXTENSION_KEY: &'static str = EXTENSION_KEY;
     const TOOL_FIELDS: &'static [&'static str] = TOOL_FIELDS;
     const PATH: &'static str = "chat/completions";
+    const MESSAGES_FIELD: &'static str = "messages";
+    const OWNED_FIELD: (&'static str, &'static str) =
+        ("stream_options", r#"{"include_usage":true}"#);
     type Mapper = ChatStream;
+    type Part<'a> = wire::ContentPart<'a>;
 
-    /// The request body: the extension's object, then the runtime-owned fields over it.
-    fn body(call: &ProviderCall<'_>) -> Result<String, RuntimeError> {
-        let content = call
-            .request
-            .input
-            .iter()
-            .map(content_part)
-            .collect::<Result<Vec<_>, _>>()?;
-        let messages = vec![wire::Message {
-            role: "user",
-            content,
-        }];
-        extension::body_over(
-            call.request,
-            EXTENSION_KEY,
-            "request",
-            &[],
-            &[
-                ("model", &extension::to_json(call.model)?),
-                ("messages", &extension::to_json(&messages)?),
-                ("stream", "true"),
-                ("stream_options", r#"{"include_usage":true}"#),
-            ],
-        )
+    /// The deployment file allows text, json and image here.
+    fn part(part: &InputPart) -> Result<wire::ContentPart<'_>, RuntimeError> {
+        Ok(match part {
+            InputPart::Text { text } => wire::ContentPart::Text {
+                text: Cow::Borrowed(text.as_str()),
+            },
+            InputPart::Json { value } => wire::ContentPart::Text {
+                text: Cow::Owned(json_text(value)?),
+            },
+            InputPart::Image { uri, .. } => wire::ContentPart::ImageUrl {
+                image_url: wire::ImageUrl { url: uri },
+            },
+            InputPart::File { .. } | InputPart::Audio { .. } | InputPart::Video { .. } => {
+                return Err(RuntimeError::capability_unavailable());
+            }
+        })
     }
-}
-
-/// Maps one input part. Routing admits only the declared modalities (the deployment file allows
-/// text, json and image here), so the error arm is a guard.
-fn content_part(part: &InputPart) -> Result<wire::ContentPart<'_>, RuntimeError> {
-    Ok(match part {
-        InputPart::Text { text } => wire::ContentPart::Text {
-            text: Cow::Borrowed(text.as_str()),
-        },
-        InputPart::Json { value } => wire::ContentPart::Text {
-            text: Cow::Owned(json_text(value)?),
-        },
-        InputPart::Image { uri, .. } => wire::ContentPart::ImageUrl {
-            image_url: wire::ImageUrl { url: uri },
-        },
-        InputPart::File { .. } | InputPart::Audio { .. } | InputPart::Video { .. } => {
-            return Err(RuntimeError::capability_unavailable());
-        }
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::provider::Provider;
+    use crate::provider::openai_compat::test_kit::{body_json, text_config};
     use crate::provider::text::TextProviderConfig;
-    use ::config::{BaseUrl, FlowLimits};
     use protocol::ExecutionRequest;
     use protocol::request::Modality;
-    use tokio_util::sync::CancellationToken;
 
     fn config(tools: bool) -> TextProviderConfig {
-        TextProviderConfig {
-            id: "openai-chat".into(),
-            model: "llama-3.1-8b".into(),
-            abilities: vec!["text-generation".into()],
-            api_key_env: "MRT_TEST_UNSET_CHAT_KEY".into(),
-            base_url: BaseUrl::parse("http://127.0.0.1:8000/v1").unwrap(),
-            input_modalities: vec![Modality::Text, Modality::Json, Modality::Image],
+        text_config(
+            "openai-chat",
+            "llama-3.1-8b",
+            "http://127.0.0.1:8000/v1",
+            &[Modality::Text, Modality::Json, Modality::Image],
             tools,
-            flow: FlowLimits::CONFIG_DEFAULT,
-        }
+        )
     }
 
     fn request(json: &str) -> ExecutionRequest {
@@ -144,17 +116,13 @@ mod tests {
     #[test]
     fn runtime_fields_override_the_extension() {
         let p = OpenAiChatProvider::from_config(&config(false));
-        let req = request(
-            r#"{"ability":"text-generation","input":[{"type":"text","text":"hi"},{"type":"json","value":[true]},{"type":"image","uri":"data:image/png;base64,AAAA"}],
-                "extensions":{"openai-chat":{"request":{"model":"x","messages":[],"stream":false,"stream_options":{"include_usage":false,"continuous_usage_stats":true},"max_tokens":64}}}}"#,
-        );
-        let call = ProviderCall {
-            request: &req,
-            model: "llama-3.1-8b",
-            cancel: CancellationToken::new(),
-        };
         assert_eq!(
-            serde_json::from_str::<serde_json::Value>(&p.body(&call).unwrap()).unwrap(),
+            body_json(
+                &p,
+                r#"{"ability":"text-generation","input":[{"type":"text","text":"hi"},{"type":"json","value":[true]},{"type":"image","uri":"data:image/png;base64,AAAA"}],
+                "extensions":{"openai-chat":{"request":{"model":"x","messages":[],"stream":false,"stream_options":{"include_usage":false,"continuous_usage_stats":true},"max_tokens":64}}}}"#,
+                "llama-3.1-8b",
+            ),
             serde_json::json!({
                 "model": "llama-3.1-8b",
                 "max_tokens": 64,

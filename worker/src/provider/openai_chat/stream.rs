@@ -177,6 +177,11 @@ mod tests {
         ))
     }
 
+    /// The events `s` maps from a chunk with these `choices`.
+    fn chunk_events(s: &mut ChatStream, choices: &str) -> Vec<ProviderEvent> {
+        s.on_frame(&chunk(choices)).unwrap().events
+    }
+
     fn out(i: u32, d: &str) -> ProviderEvent {
         ProviderEvent::OutputDelta {
             output_index: i,
@@ -207,12 +212,13 @@ mod tests {
             ))
             .unwrap();
         assert_eq!(first, FrameOutcome::default());
-        let two = s
-            .on_frame(&chunk(
-                r#"[{"index":1,"delta":{"content":"B"},"finish_reason":null},{"index":0,"delta":{"content":"A"},"finish_reason":"length"}]"#,
-            ))
-            .unwrap();
-        assert_eq!(two.events, [out(1, "B"), out(0, "A")]);
+        assert_eq!(
+            chunk_events(
+                &mut s,
+                r#"[{"index":1,"delta":{"content":"B"},"finish_reason":null},{"index":0,"delta":{"content":"A"},"finish_reason":"length"}]"#
+            ),
+            [out(1, "B"), out(0, "A")]
+        );
         // No index: position in `choices`.
         let positional = s
             .on_frame(&data(
@@ -225,37 +231,28 @@ mod tests {
     #[test]
     fn tool_call_fragments_are_keyed_by_index() {
         let mut s = ChatStream::new();
-        let a = s
-            .on_frame(&chunk(
+        // Frames of one stream, in order, and the events each maps to.
+        for (choices, expected) in [
+            (
                 r#"[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_A","type":"function","function":{"name":"get_weather","arguments":""}}]},"finish_reason":null}]"#,
-            ))
-            .unwrap();
-        assert_eq!(a.events, [started("call_A", "get_weather")]);
-        let b = s
-            .on_frame(&chunk(
+                vec![started("call_A", "get_weather")],
+            ),
+            (
                 r#"[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_B","type":"function","function":{"name":"get_time","arguments":"{\"tz\""}}]},"finish_reason":null}]"#,
-            ))
-            .unwrap();
-        assert_eq!(
-            b.events,
-            [started("call_B", "get_time"), args("call_B", "{\"tz\"")]
-        );
-        let more = s
-            .on_frame(&chunk(
+                vec![started("call_B", "get_time"), args("call_B", "{\"tz\"")],
+            ),
+            (
                 r#"[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}},{"index":1,"function":{"arguments":":\"UTC\"}"}}]},"finish_reason":null}]"#,
-            ))
-            .unwrap();
-        assert_eq!(
-            more.events,
-            [args("call_A", "{\"city\":"), args("call_B", ":\"UTC\"}")]
-        );
-        // A resent identical id continues the call.
-        let again = s
-            .on_frame(&chunk(
+                vec![args("call_A", "{\"city\":"), args("call_B", ":\"UTC\"}")],
+            ),
+            // A resent identical id continues the call.
+            (
                 r#"[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_A","function":{"arguments":"\"Paris\"}"}}]},"finish_reason":"tool_calls"}]"#,
-            ))
-            .unwrap();
-        assert_eq!(again.events, [args("call_A", "\"Paris\"}")]);
+                vec![args("call_A", "\"Paris\"}")],
+            ),
+        ] {
+            assert_eq!(chunk_events(&mut s, choices), expected, "{choices}");
+        }
         // Whole calls without an index: a new id at a known position is a new call.
         let mut whole = ChatStream::new();
         for (id, name) in [("c1", "f"), ("c2", "g")] {

@@ -1,9 +1,11 @@
 //! Wire shapes of the OpenAI Chat Completions API (as spoken by OpenAI, vLLM, Ollama,
-//! llama.cpp and most hosted gateways) that this adapter writes and reads: the user message of
-//! `POST /chat/completions`, and the `chat.completion.chunk` objects of its stream.
+//! llama.cpp and most hosted gateways) that this adapter writes and reads: the content parts of
+//! the user message of `POST /chat/completions` (the message itself is the provider kit's
+//! `openai_compat::UserMessage`), and the `chat.completion.chunk` objects of its stream.
 //!
 //! Only the fields mapped are declared; everything else in a chunk is ignored. Nullable fields
-//! are `Option` because servers differ on whether they send `null` or omit a field.
+//! are `Option` because servers differ on whether they send `null` or omit a field; every
+//! chunk struct is `#[serde(default)]`, so an omitted field is `None`.
 
 use std::borrow::Cow;
 
@@ -25,61 +27,47 @@ pub struct ImageUrl<'a> {
     pub url: &'a str,
 }
 
-/// `messages: [{role: "user", content: [...]}]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Message<'a> {
-    pub role: &'static str,
-    pub content: Vec<ContentPart<'a>>,
-}
-
 /// One `chat.completion.chunk`.
 #[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
 pub struct Chunk {
-    #[serde(default)]
     pub choices: Option<Vec<Choice>>,
     /// Present (non-null) on the usage chunk requested with `stream_options.include_usage`;
     /// kept as JSON so that missing or non-numeric counters are skipped, not errors.
-    #[serde(default)]
     pub usage: Option<Value>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
 pub struct Choice {
     /// The choice's index (`n > 1` gives several); its position in `choices` when absent.
-    #[serde(default)]
     pub index: Option<u32>,
-    #[serde(default)]
     pub delta: Option<Delta>,
-    #[serde(default)]
     pub finish_reason: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
 pub struct Delta {
-    #[serde(default)]
     pub content: Option<String>,
-    #[serde(default)]
     pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// A fragment of one tool call. The first fragment of a call carries `id` and `function.name`;
 /// later ones only `index` and an `arguments` fragment.
 #[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
 pub struct ToolCallDelta {
     /// The call's position among the choice's tool calls; its position in `tool_calls` when
     /// absent (some servers omit it and send each call whole).
-    #[serde(default)]
     pub index: Option<u32>,
-    #[serde(default)]
     pub id: Option<String>,
-    #[serde(default)]
     pub function: Option<FunctionDelta>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
 pub struct FunctionDelta {
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
     pub arguments: Option<String>,
 }

@@ -28,7 +28,6 @@ use protocol::request::InputPart;
 use self::stream::ResponsesStream;
 use super::openai_compat::{OpenAiCompatible, OpenAiDialect};
 use super::text::json_text;
-use super::{ProviderCall, extension};
 
 /// The `extensions` key this adapter reads: `extensions.openai.request` [R 63].
 pub const EXTENSION_KEY: &str = "openai";
@@ -48,51 +47,27 @@ impl OpenAiDialect for Responses {
     const EXTENSION_KEY: &'static str = EXTENSION_KEY;
     const TOOL_FIELDS: &'static [&'static str] = TOOL_FIELDS;
     const PATH: &'static str = "responses";
+    const MESSAGES_FIELD: &'static str = "input";
+    const OWNED_FIELD: (&'static str, &'static str) = ("store", "false");
     type Mapper = ResponsesStream;
+    type Part<'a> = wire::InputContent<'a>;
 
-    /// The request body: the extension's object, then the runtime-owned fields over it.
-    fn body(call: &ProviderCall<'_>) -> Result<String, RuntimeError> {
-        let content = call
-            .request
-            .input
-            .iter()
-            .map(input_content)
-            .collect::<Result<Vec<_>, _>>()?;
-        let input = vec![wire::InputMessage {
-            role: "user",
-            content,
-        }];
-        extension::body_over(
-            call.request,
-            EXTENSION_KEY,
-            "request",
-            &[],
-            &[
-                ("model", &extension::to_json(call.model)?),
-                ("input", &extension::to_json(&input)?),
-                ("stream", "true"),
-                ("store", "false"),
-            ],
-        )
+    /// [R 63].
+    fn part(part: &InputPart) -> Result<wire::InputContent<'_>, RuntimeError> {
+        Ok(match part {
+            InputPart::Text { text } => wire::InputContent::InputText {
+                text: Cow::Borrowed(text.as_str()),
+            },
+            InputPart::Json { value } => wire::InputContent::InputText {
+                text: Cow::Owned(json_text(value)?),
+            },
+            InputPart::Image { uri, .. } => wire::InputContent::InputImage { image_url: uri },
+            InputPart::File { uri, .. } => wire::InputContent::InputFile { file_url: uri },
+            InputPart::Audio { .. } | InputPart::Video { .. } => {
+                return Err(RuntimeError::capability_unavailable());
+            }
+        })
     }
-}
-
-/// Maps one input part [R 63]. Routing admits only the declared modalities, so the error arm
-/// is a guard, not a path callers reach.
-fn input_content(part: &InputPart) -> Result<wire::InputContent<'_>, RuntimeError> {
-    Ok(match part {
-        InputPart::Text { text } => wire::InputContent::InputText {
-            text: Cow::Borrowed(text.as_str()),
-        },
-        InputPart::Json { value } => wire::InputContent::InputText {
-            text: Cow::Owned(json_text(value)?),
-        },
-        InputPart::Image { uri, .. } => wire::InputContent::InputImage { image_url: uri },
-        InputPart::File { uri, .. } => wire::InputContent::InputFile { file_url: uri },
-        InputPart::Audio { .. } | InputPart::Video { .. } => {
-            return Err(RuntimeError::capability_unavailable());
-        }
-    })
 }
 
 #[cfg(test)]
@@ -100,24 +75,20 @@ mod tests {
     use super::*;
     use crate::provider::Provider;
     use crate::provider::credential::{KeySource, Secret};
+    use crate::provider::openai_compat::test_kit::{body_json, text_config};
     use crate::provider::text::TextProviderConfig;
-    use ::config::{BaseUrl, FlowLimits};
     use protocol::ErrorCode;
     use protocol::ExecutionRequest;
     use protocol::request::Modality;
-    use tokio_util::sync::CancellationToken;
 
     fn config(tools: bool) -> TextProviderConfig {
-        TextProviderConfig {
-            id: "openai".into(),
-            model: "gpt-test".into(),
-            abilities: vec!["text-generation".into()],
-            api_key_env: "MRT_TEST_UNSET_OPENAI_KEY".into(),
-            base_url: BaseUrl::parse("https://api.openai.com/v1").unwrap(),
-            input_modalities: vec![Modality::Text, Modality::Json],
+        text_config(
+            "openai",
+            "gpt-test",
+            "https://api.openai.com/v1",
+            &[Modality::Text, Modality::Json],
             tools,
-            flow: FlowLimits::CONFIG_DEFAULT,
-        }
+        )
     }
 
     fn request(extensions: &str) -> ExecutionRequest {
@@ -174,17 +145,12 @@ mod tests {
     #[test]
     fn runtime_fields_override_the_extension() {
         let p = OpenAiResponsesProvider::from_config(&config(false));
-        let req = protocol::validate::parse_request(
-            br#"{"ability":"text-generation","input":[{"type":"text","text":"hi"},{"type":"json","value":{"a":[1,null]}},{"type":"image","uri":"https://x.test/a.png"},{"type":"file","uri":"https://x.test/a.pdf","media_type":"application/pdf"}],
+        let body = body_json(
+            &p,
+            r#"{"ability":"text-generation","input":[{"type":"text","text":"hi"},{"type":"json","value":{"a":[1,null]}},{"type":"image","uri":"https://x.test/a.png"},{"type":"file","uri":"https://x.test/a.pdf","media_type":"application/pdf"}],
                 "extensions":{"openai":{"request":{"model":"other","input":"x","stream":false,"store":true,"temperature":0.5}}}}"#,
-        )
-        .unwrap();
-        let call = ProviderCall {
-            request: &req,
-            model: "gpt-test",
-            cancel: CancellationToken::new(),
-        };
-        let body: serde_json::Value = serde_json::from_str(&p.body(&call).unwrap()).unwrap();
+            "gpt-test",
+        );
         assert_eq!(
             body,
             serde_json::json!({

@@ -1,5 +1,6 @@
-//! Wire shapes of the OpenAI Responses API that this adapter writes and reads: the input
-//! message of `POST /responses`, and the few streamed events it maps. Every other event and
+//! Wire shapes of the OpenAI Responses API that this adapter writes and reads: the content
+//! parts of the input message of `POST /responses` (the message itself is the provider kit's
+//! `openai_compat::UserMessage`), and the few streamed events it maps. Every other event and
 //! field is ignored, so a new event type from the provider never breaks a stream.
 //!
 //! Events are first parsed as plain JSON and their `type` read from there; a typed struct is
@@ -21,13 +22,6 @@ pub enum InputContent<'a> {
     InputImage { image_url: &'a str },
     /// A file by URL, passed through unchanged.
     InputFile { file_url: &'a str },
-}
-
-/// `input: [{role: "user", content: [...]}]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct InputMessage<'a> {
-    pub role: &'static str,
-    pub content: Vec<InputContent<'a>>,
 }
 
 /// `response.output_text.delta`.
