@@ -25,6 +25,25 @@
 //! This crate has no async runtime and no I/O: the gateway, the worker and the client all build
 //! on it, and every public function returns a typed error instead of panicking on bad input.
 
+/// Declares `$err`, the unit error of a text that is not a `$ty` (its message is fixed and never
+/// echoes the input), and `FromStr for $ty` by `$parse`.
+macro_rules! parse_error {
+    ($(#[$doc:meta])* $err:ident = $msg:tt; $ty:ty => $parse:path) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+        #[error($msg)]
+        pub struct $err;
+
+        impl std::str::FromStr for $ty {
+            type Err = $err;
+
+            fn from_str(s: &str) -> Result<Self, $err> {
+                $parse(s)
+            }
+        }
+    };
+}
+
 pub mod error;
 pub mod event;
 pub mod fingerprint;
