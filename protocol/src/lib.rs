@@ -44,6 +44,27 @@ macro_rules! parse_error {
     };
 }
 
+/// `as_str`, the wire name of each variant of a fieldless enum (as serde writes it), and
+/// `Display` by it.
+macro_rules! wire_names {
+    ($ty:ident { $($variant:ident => $name:literal,)* }) => {
+        impl $ty {
+            /// The value as it appears on the wire.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name,)*
+                }
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
 pub mod error;
 pub mod event;
 pub mod fingerprint;
