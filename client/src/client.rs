@@ -95,6 +95,19 @@ impl ApiKey {
     }
 }
 
+/// Builder methods that set the field of their name to the value given.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty,)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $field(mut self, $field: $ty) -> Self {
+                self.$field = $field;
+                self
+            }
+        )*
+    };
+}
+
 impl ClientBuilder {
     /// Sends `key` as `Authorization: Bearer <key>` on every call (gateways with an `auth`
     /// section require it). Checked by [`ClientBuilder::build`]; never shown in errors.
@@ -103,42 +116,21 @@ impl ClientBuilder {
         self
     }
 
-    /// Retries of idempotent calls and of event-stream resumption.
-    pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry = policy;
-        self
-    }
-
-    /// Time allowed to open a connection (default 10 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Time allowed for a whole JSON call, and for an event stream's response headers
-    /// (default 60 s).
-    pub fn request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = timeout;
-        self
-    }
-
-    /// Longest silence tolerated on an open event stream before it is treated as lost and
-    /// resumed (default 60 s; the gateway sends a keep-alive every 15 s while idle).
-    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
-        self.idle_timeout = timeout;
-        self
-    }
-
-    /// Largest JSON response body read (default 16 MiB).
-    pub fn max_body_bytes(mut self, bytes: usize) -> Self {
-        self.max_body_bytes = bytes;
-        self
-    }
-
-    /// Largest SSE frame accepted (default 1 MiB, the protocol's limit).
-    pub fn max_frame_bytes(mut self, bytes: usize) -> Self {
-        self.max_frame_bytes = bytes;
-        self
+    setters! {
+        /// Retries of idempotent calls and of event-stream resumption.
+        retry: RetryPolicy,
+        /// Time allowed to open a connection (default 10 s).
+        connect_timeout: Duration,
+        /// Time allowed for a whole JSON call, and for an event stream's response headers
+        /// (default 60 s).
+        request_timeout: Duration,
+        /// Longest silence tolerated on an open event stream before it is treated as lost and
+        /// resumed (default 60 s; the gateway sends a keep-alive every 15 s while idle).
+        idle_timeout: Duration,
+        /// Largest JSON response body read (default 16 MiB).
+        max_body_bytes: usize,
+        /// Largest SSE frame accepted (default 1 MiB, the protocol's limit).
+        max_frame_bytes: usize,
     }
 
     /// Uses a preconfigured HTTP client (proxies, TLS roots, ...). `connect_timeout` is then
