@@ -68,16 +68,13 @@ impl Metrics {
                 self.sse_events_sent.load(Ordering::Relaxed) as f64,
             ),
         ];
-        for (name, help, kind, value) in simple {
+        let extra = extra
+            .iter()
+            .map(|&(name, help, value)| (name, help, "gauge", value));
+        for (name, help, kind, value) in simple.into_iter().chain(extra) {
             let _ = write!(
                 out,
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
-            );
-        }
-        for (name, help, value) in extra {
-            let _ = write!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"
             );
         }
         out
