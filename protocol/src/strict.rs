@@ -140,11 +140,12 @@ impl<'de, A: SeqAccess<'de>> SeqAccess<'de> for ErrorAs<A> {
     }
 }
 
+/// Methods that hand the value to `serde_json` as is, with their arguments before the visitor.
 macro_rules! forward {
-    ($($method:ident)*) => {
+    ($($method:ident($($arg:ident: $ty:ty),*))*) => {
         $(
-            fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Error> {
-                self.0.$method(visitor)
+            fn $method<V: Visitor<'de>>(self, $($arg: $ty,)* visitor: V) -> Result<V::Value, Error> {
+                self.0.$method($($arg,)* visitor)
             }
         )*
     };
@@ -154,28 +155,14 @@ impl<'de> Deserializer<'de> for Strict<'de> {
     type Error = Error;
 
     forward! {
-        deserialize_any deserialize_bool deserialize_i8 deserialize_i16 deserialize_i32
-        deserialize_i64 deserialize_i128 deserialize_u8 deserialize_u16 deserialize_u32
-        deserialize_u64 deserialize_u128 deserialize_f32 deserialize_f64 deserialize_char
-        deserialize_str deserialize_string deserialize_bytes deserialize_byte_buf
-        deserialize_option deserialize_unit deserialize_identifier deserialize_ignored_any
-    }
-
-    fn deserialize_unit_struct<V: Visitor<'de>>(
-        self,
-        name: &'static str,
-        visitor: V,
-    ) -> Result<V::Value, Error> {
-        self.0.deserialize_unit_struct(name, visitor)
-    }
-
-    fn deserialize_newtype_struct<V: Visitor<'de>>(
-        self,
-        name: &'static str,
-        visitor: V,
-    ) -> Result<V::Value, Error> {
+        deserialize_any() deserialize_bool() deserialize_i8() deserialize_i16() deserialize_i32()
+        deserialize_i64() deserialize_i128() deserialize_u8() deserialize_u16() deserialize_u32()
+        deserialize_u64() deserialize_u128() deserialize_f32() deserialize_f64() deserialize_char()
+        deserialize_str() deserialize_string() deserialize_bytes() deserialize_byte_buf()
+        deserialize_option() deserialize_unit() deserialize_identifier() deserialize_ignored_any()
+        deserialize_unit_struct(name: &'static str)
         // Opaque values (`RawJson`) take the text as is.
-        self.0.deserialize_newtype_struct(name, visitor)
+        deserialize_newtype_struct(name: &'static str)
     }
 
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Error> {
