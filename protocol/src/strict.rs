@@ -151,6 +151,17 @@ macro_rules! forward {
     };
 }
 
+/// Methods that ignore their arguments before the visitor and read the value as `$as` does.
+macro_rules! read_as {
+    ($($method:ident($($arg:ty),*) => $as:ident)*) => {
+        $(
+            fn $method<V: Visitor<'de>>(self, $(_: $arg,)* visitor: V) -> Result<V::Value, Error> {
+                self.$as(visitor)
+            }
+        )*
+    };
+}
+
 impl<'de> Deserializer<'de> for Strict<'de> {
     type Error = Error;
 
@@ -165,22 +176,15 @@ impl<'de> Deserializer<'de> for Strict<'de> {
         deserialize_newtype_struct(name: &'static str)
     }
 
+    read_as! {
+        deserialize_tuple(usize) => deserialize_seq
+        deserialize_tuple_struct(&'static str, usize) => deserialize_seq
+        deserialize_struct(&'static str, &'static [&'static str]) => deserialize_map
+    }
+
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Error> {
         self.expect(b'[', "an array")?;
         serde_json::Deserializer::from_str(self.0.get()).deserialize_seq(ArrayOf(visitor))
-    }
-
-    fn deserialize_tuple<V: Visitor<'de>>(self, _: usize, visitor: V) -> Result<V::Value, Error> {
-        self.deserialize_seq(visitor)
-    }
-
-    fn deserialize_tuple_struct<V: Visitor<'de>>(
-        self,
-        _: &'static str,
-        _: usize,
-        visitor: V,
-    ) -> Result<V::Value, Error> {
-        self.deserialize_seq(visitor)
     }
 
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Error> {
@@ -189,15 +193,6 @@ impl<'de> Deserializer<'de> for Strict<'de> {
         let value = visitor.visit_map(&mut map)?;
         map.end()?;
         Ok(value)
-    }
-
-    fn deserialize_struct<V: Visitor<'de>>(
-        self,
-        _: &'static str,
-        _: &'static [&'static str],
-        visitor: V,
-    ) -> Result<V::Value, Error> {
-        self.deserialize_map(visitor)
     }
 
     fn deserialize_enum<V: Visitor<'de>>(
