@@ -57,12 +57,7 @@ impl SubmitOptions {
 #[derive(Debug, Clone)]
 pub struct ClientBuilder {
     base: Result<BaseUrl, &'static str>,
-    retry: RetryPolicy,
-    connect_timeout: Duration,
-    request_timeout: Duration,
-    idle_timeout: Duration,
-    max_body_bytes: usize,
-    max_frame_bytes: usize,
+    settings: Settings,
     http: Option<reqwest::Client>,
     api_key: Option<ApiKey>,
 }
@@ -95,49 +90,58 @@ impl ApiKey {
     }
 }
 
+/// Declares [`Settings`], its defaults, and the [`ClientBuilder`] method of each setting, named
+/// as it, that replaces it.
+macro_rules! settings {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty = $default:expr,)*) => {
+        /// What a [`ClientBuilder`] sets and its [`Client`] keeps.
+        #[derive(Debug, Clone)]
+        pub(crate) struct Settings {
+            $($(#[$doc])* pub(crate) $field: $ty,)*
+        }
+
+        impl Default for Settings {
+            fn default() -> Self {
+                Self {
+                    $($field: $default,)*
+                }
+            }
+        }
+
+        impl ClientBuilder {
+            $(
+                $(#[$doc])*
+                pub fn $field(mut self, $field: $ty) -> Self {
+                    self.settings.$field = $field;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+settings! {
+    /// Retries of idempotent calls and of event-stream resumption.
+    retry: RetryPolicy = RetryPolicy::default(),
+    /// Time allowed to open a connection (default 10 s).
+    connect_timeout: Duration = Duration::from_secs(10),
+    /// Time allowed for a whole JSON call, and for an event stream's response headers
+    /// (default 60 s).
+    request_timeout: Duration = Duration::from_secs(60),
+    /// Longest silence tolerated on an open event stream before it is treated as lost and
+    /// resumed (default 60 s; the gateway sends a keep-alive every 15 s while idle).
+    idle_timeout: Duration = Duration::from_secs(60),
+    /// Largest JSON response body read (default 16 MiB).
+    max_body_bytes: usize = DEFAULT_MAX_BODY_BYTES,
+    /// Largest SSE frame accepted (default 1 MiB, the protocol's limit).
+    max_frame_bytes: usize = protocol::sse::DEFAULT_MAX_FRAME_BYTES,
+}
+
 impl ClientBuilder {
     /// Sends `key` as `Authorization: Bearer <key>` on every call (gateways with an `auth`
     /// section require it). Checked by [`ClientBuilder::build`]; never shown in errors.
     pub fn api_key(mut self, key: impl Into<String>) -> Self {
         self.api_key = Some(ApiKey(key.into()));
-        self
-    }
-
-    /// Retries of idempotent calls and of event-stream resumption.
-    pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry = policy;
-        self
-    }
-
-    /// Time allowed to open a connection (default 10 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Time allowed for a whole JSON call, and for an event stream's response headers
-    /// (default 60 s).
-    pub fn request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = timeout;
-        self
-    }
-
-    /// Longest silence tolerated on an open event stream before it is treated as lost and
-    /// resumed (default 60 s; the gateway sends a keep-alive every 15 s while idle).
-    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
-        self.idle_timeout = timeout;
-        self
-    }
-
-    /// Largest JSON response body read (default 16 MiB).
-    pub fn max_body_bytes(mut self, bytes: usize) -> Self {
-        self.max_body_bytes = bytes;
-        self
-    }
-
-    /// Largest SSE frame accepted (default 1 MiB, the protocol's limit).
-    pub fn max_frame_bytes(mut self, bytes: usize) -> Self {
-        self.max_frame_bytes = bytes;
         self
     }
 
@@ -159,7 +163,7 @@ impl ClientBuilder {
                 let _ = rustls::crypto::ring::default_provider().install_default();
                 reqwest::Client::builder()
                     .redirect(reqwest::redirect::Policy::none())
-                    .connect_timeout(self.connect_timeout)
+                    .connect_timeout(self.settings.connect_timeout)
                     .user_agent(concat!("mrt-client/", env!("CARGO_PKG_VERSION")))
                     .build()
                     .map_err(ClientError::transport)?
@@ -169,11 +173,7 @@ impl ClientBuilder {
             inner: Arc::new(Inner {
                 http,
                 base,
-                retry: self.retry,
-                request_timeout: self.request_timeout,
-                idle_timeout: self.idle_timeout,
-                max_body_bytes: self.max_body_bytes,
-                max_frame_bytes: self.max_frame_bytes,
+                settings: self.settings,
                 authorization,
             }),
         })
@@ -190,11 +190,7 @@ pub struct Client {
 pub(crate) struct Inner {
     pub(crate) http: reqwest::Client,
     pub(crate) base: BaseUrl,
-    pub(crate) retry: RetryPolicy,
-    pub(crate) request_timeout: Duration,
-    pub(crate) idle_timeout: Duration,
-    pub(crate) max_body_bytes: usize,
-    pub(crate) max_frame_bytes: usize,
+    pub(crate) settings: Settings,
     /// `Bearer <key>`, marked sensitive.
     pub(crate) authorization: Option<HeaderValue>,
 }
@@ -222,12 +218,7 @@ impl Client {
                 ClientError::InvalidBaseUrl(m) => m,
                 _ => "invalid",
             }),
-            retry: RetryPolicy::default(),
-            connect_timeout: Duration::from_secs(10),
-            request_timeout: Duration::from_secs(60),
-            idle_timeout: Duration::from_secs(60),
-            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            max_frame_bytes: protocol::sse::DEFAULT_MAX_FRAME_BYTES,
+            settings: Settings::default(),
             http: None,
             api_key: None,
         }
@@ -339,7 +330,7 @@ impl Client {
                     let status = response.status().as_u16();
                     let retry_after = retry_after(response.headers());
                     let bytes = self
-                        .read_limited(response, self.inner.max_body_bytes)
+                        .read_limited(response, self.inner.settings.max_body_bytes)
                         .await?;
                     match serde_json::from_slice(&bytes) {
                         Ok(info) => Ok(info),
@@ -394,9 +385,14 @@ impl Client {
         let mut failures = 0u32;
         loop {
             match call().await {
-                Err(e) if retry && e.is_transient() && failures < self.inner.retry.max_retries => {
+                Err(e)
+                    if retry
+                        && e.is_transient()
+                        && failures < self.inner.settings.retry.max_retries =>
+                {
                     failures += 1;
-                    tokio::time::sleep(self.inner.retry.delay(failures, e.retry_after())).await;
+                    tokio::time::sleep(self.inner.settings.retry.delay(failures, e.retry_after()))
+                        .await;
                 }
                 other => return other,
             }
@@ -410,7 +406,7 @@ impl Client {
     ) -> Result<reqwest::Response, ClientError> {
         self.inner
             .authorize(request)
-            .timeout(self.inner.request_timeout)
+            .timeout(self.inner.settings.request_timeout)
             .send()
             .await
             .map_err(ClientError::transport)
@@ -421,7 +417,7 @@ impl Client {
         response: reqwest::Response,
     ) -> Result<T, ClientError> {
         let bytes = self
-            .read_limited(response, self.inner.max_body_bytes)
+            .read_limited(response, self.inner.settings.max_body_bytes)
             .await?;
         serde_json::from_slice(&bytes)
             .map_err(|_| ClientError::Protocol("response body is not the expected JSON"))

@@ -143,7 +143,7 @@ impl EventStream {
                 }
                 continue;
             };
-            let idle = self.inner.idle_timeout;
+            let idle = self.inner.settings.idle_timeout;
             let read = tokio::time::timeout(idle, connection.response.chunk()).await;
             match read {
                 Ok(Ok(Some(bytes))) => {
@@ -184,7 +184,7 @@ impl EventStream {
         self.connections = self.connections.saturating_add(1);
         let url = self.inner.base.events(self.execution_id, self.committed);
         let send = events_request(&self.inner, url).send();
-        let response = match tokio::time::timeout(self.inner.request_timeout, send).await {
+        let response = match tokio::time::timeout(self.inner.settings.request_timeout, send).await {
             Ok(Ok(response)) => response,
             Ok(Err(e)) => return Err(ClientError::transport(e)),
             Err(_) => return Err(ClientError::timeout()),
@@ -208,7 +208,7 @@ impl EventStream {
         }
         Ok(Connection {
             response,
-            parser: SseParser::with_max_frame_bytes(self.inner.max_frame_bytes),
+            parser: SseParser::with_max_frame_bytes(self.inner.settings.max_frame_bytes),
         })
     }
 
@@ -259,11 +259,15 @@ impl EventStream {
     /// Counts a failure and waits before the next connection, or gives up with `error` when
     /// the budget of consecutive failures is spent.
     async fn back_off(&mut self, error: ClientError) -> Result<(), ClientError> {
-        if self.failures >= self.inner.retry.max_retries {
+        if self.failures >= self.inner.settings.retry.max_retries {
             return Err(error);
         }
         self.failures += 1;
-        let delay = self.inner.retry.delay(self.failures, error.retry_after());
+        let delay = self
+            .inner
+            .settings
+            .retry
+            .delay(self.failures, error.retry_after());
         tokio::time::sleep(delay).await;
         Ok(())
     }

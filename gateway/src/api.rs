@@ -4,7 +4,8 @@
 use axum::Router;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{FromRequestParts, Path, RawQuery, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -329,29 +330,32 @@ async fn owned_by(
     Ok(state.backend().store.owner(id).await? == Some(principal.tenant.clone()))
 }
 
-async fn get_execution(
-    State(state): State<AppState>,
-    principal: Principal,
-    uri: Uri,
-    path: Result<Path<String>, PathRejection>,
-) -> Result<Response, ApiError> {
-    principal.require(Scope::Read)?;
-    let execution = load_execution(&state, &principal, path, &uri).await?;
-    Ok(json_response(StatusCode::OK, &execution.snapshot()))
+/// The execution named by the path, loaded for a caller allowed to read it ([`load_execution`]):
+/// what `GET` of a snapshot or of a result answers from.
+struct ReadableExecution(protocol::materialize::Materializer);
+
+impl FromRequestParts<AppState> for ReadableExecution {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let principal = Principal::from_request_parts(parts, state).await?;
+        principal.require(Scope::Read)?;
+        let path = Path::<String>::from_request_parts(parts, state).await;
+        load_execution(state, &principal, path, &parts.uri)
+            .await
+            .map(Self)
+    }
 }
 
-async fn get_result(
-    State(state): State<AppState>,
-    principal: Principal,
-    uri: Uri,
-    path: Result<Path<String>, PathRejection>,
-) -> Result<Response, ApiError> {
-    principal.require(Scope::Read)?;
-    let execution = load_execution(&state, &principal, path, &uri).await?;
-    Ok(match execution.result_response() {
+async fn get_execution(ReadableExecution(execution): ReadableExecution) -> Response {
+    json_response(StatusCode::OK, &execution.snapshot())
+}
+
+async fn get_result(ReadableExecution(execution): ReadableExecution) -> Response {
+    match execution.result_response() {
         Ok(result) => json_response(StatusCode::OK, &result),
         Err(not_ready) => json_response(StatusCode::CONFLICT, &not_ready),
-    })
+    }
 }
 
 async fn cancel_execution(

@@ -216,24 +216,12 @@ async fn serve_connection(
             } else {
                 watch.set_phase(Phase::Body(Instant::now()));
             }
-            let request = request.map(|body| {
-                Body::new(RequestBody {
-                    inner: body,
-                    watch: watch.clone(),
-                    done: false,
-                })
-            });
+            let request = request.map(|body| Body::new(WatchedBody::request(body, watch.clone())));
             let response = match app.oneshot(request).await {
                 Ok(response) => response,
                 Err(never) => match never {},
             };
-            Ok::<_, Infallible>(response.map(|body| {
-                Body::new(ResponseBody {
-                    inner: body,
-                    watch,
-                    done: false,
-                })
-            }))
+            Ok::<_, Infallible>(response.map(|body| Body::new(WatchedBody::response(body, watch))))
         }
     });
     // No hyper timer: the watchdog below owns every timeout.
@@ -435,34 +423,60 @@ impl AsyncWrite for WatchedIo {
     }
 }
 
-/// The request body; its end (or drop) ends the body phase.
-struct RequestBody {
-    inner: Incoming,
+/// A request or response body that tells the connection's watch, once, when it ends or is
+/// dropped.
+struct WatchedBody<B> {
+    inner: B,
     watch: Arc<Watch>,
-    done: bool,
+    /// What the end means to the watch; `None` once told.
+    on_end: Option<fn(&Watch)>,
+    /// Whether a frame that leaves `inner` at its end already ends the body (rather than the
+    /// poll that reads its end).
+    end_with_last_frame: bool,
 }
 
-impl RequestBody {
+impl<B> WatchedBody<B> {
+    /// The request body; its end (or drop) ends the body phase.
+    fn request(inner: B, watch: Arc<Watch>) -> Self {
+        Self {
+            inner,
+            watch,
+            on_end: Some(Watch::body_done),
+            end_with_last_frame: true,
+        }
+    }
+
+    /// The response body; its end (or drop) starts the idle time before the next request.
+    fn response(inner: B, watch: Arc<Watch>) -> Self {
+        Self {
+            inner,
+            watch,
+            on_end: Some(|watch| watch.set_phase(Phase::Idle(Instant::now()))),
+            end_with_last_frame: false,
+        }
+    }
+
     fn finish(&mut self) {
-        if !self.done {
-            self.done = true;
-            self.watch.body_done();
+        if let Some(on_end) = self.on_end.take() {
+            on_end(&self.watch);
         }
     }
 }
 
-impl HttpBody for RequestBody {
+impl<B: HttpBody<Data = Bytes> + Unpin> HttpBody for WatchedBody<B> {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let result = Pin::new(&mut self.inner).poll_frame(cx);
         match &result {
             Poll::Ready(None | Some(Err(_))) => self.finish(),
-            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.finish(),
+            Poll::Ready(Some(Ok(_))) if self.end_with_last_frame && self.inner.is_end_stream() => {
+                self.finish()
+            }
             _ => {}
         }
         result
@@ -477,53 +491,7 @@ impl HttpBody for RequestBody {
     }
 }
 
-impl Drop for RequestBody {
-    fn drop(&mut self) {
-        self.finish();
-    }
-}
-
-/// The response body; its end (or drop) starts the idle time before the next request.
-struct ResponseBody {
-    inner: Body,
-    watch: Arc<Watch>,
-    done: bool,
-}
-
-impl ResponseBody {
-    fn finish(&mut self) {
-        if !self.done {
-            self.done = true;
-            self.watch.set_phase(Phase::Idle(Instant::now()));
-        }
-    }
-}
-
-impl HttpBody for ResponseBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        let result = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(result, Poll::Ready(None | Some(Err(_)))) {
-            self.finish();
-        }
-        result
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for ResponseBody {
+impl<B> Drop for WatchedBody<B> {
     fn drop(&mut self) {
         self.finish();
     }

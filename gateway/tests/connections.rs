@@ -83,6 +83,17 @@ async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
     }
 }
 
+/// [`read_until_closed`], checking that the close came no sooner than `at_least` after the call
+/// (and within 8 s); `why` opens the failure message.
+async fn read_until_closed_after(stream: &mut TcpStream, at_least: Duration, why: &str) -> Vec<u8> {
+    let start = Instant::now();
+    let rest = read_until_closed(stream).await;
+    let elapsed = start.elapsed();
+    assert!(elapsed >= at_least, "{why}closed after {elapsed:?}");
+    assert!(elapsed < Duration::from_secs(8), "closed after {elapsed:?}");
+    rest
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slowloris_connections_are_closed_within_the_header_timeout() {
     let header = Duration::from_secs(2);
@@ -140,14 +151,7 @@ async fn a_stalled_body_is_closed_after_the_body_timeout() {
         )
         .await
         .expect("write");
-    let start = Instant::now();
-    read_until_closed(&mut stream).await;
-    let elapsed = start.elapsed();
-    assert!(
-        elapsed >= Duration::from_millis(900),
-        "closed after {elapsed:?}"
-    );
-    assert!(elapsed < Duration::from_secs(8), "closed after {elapsed:?}");
+    read_until_closed_after(&mut stream, Duration::from_millis(900), "").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,15 +174,13 @@ async fn keep_alive_waits_the_idle_timeout_not_the_header_timeout() {
             String::from_utf8_lossy(&buf[..n])
         );
     }
-    let idle_since = Instant::now();
-    let rest = read_until_closed(&mut stream).await;
-    let elapsed = idle_since.elapsed();
+    let rest = read_until_closed_after(
+        &mut stream,
+        Duration::from_millis(1300),
+        "an idle keep-alive connection lives the idle timeout (1.5 s), not the header timeout: ",
+    )
+    .await;
     assert!(rest.is_empty());
-    assert!(
-        elapsed >= Duration::from_millis(1300),
-        "an idle keep-alive connection lives the idle timeout (1.5 s), not the header timeout: closed after {elapsed:?}"
-    );
-    assert!(elapsed < Duration::from_secs(8), "closed after {elapsed:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

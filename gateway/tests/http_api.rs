@@ -582,6 +582,14 @@ async fn the_result_is_409_with_the_status_while_running_and_after_cancel() {
 // ---------------------------------------------------------------------------------------------
 // Cancellation [R 21, 41]
 
+/// The last of `events` is `execution.failed` with this status and error.
+fn assert_failed_last(events: &[Value], status: &str, error: Value) {
+    let last = events.last().expect("terminal event");
+    assert_eq!(last["type"], "execution.failed");
+    assert_eq!(last["status"], status);
+    assert_eq!(last["error"], error);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_running_execution_ends_it_cancelled() {
     let gw = Gateway::start(deployment(
@@ -606,12 +614,10 @@ async fn cancelling_a_running_execution_ends_it_cancelled() {
     assert_json_headers(&headers);
     assert_eq!(body, json!({ "status": "cancellation_requested" }));
     let rest = sse.rest().await;
-    let last = rest.last().expect("terminal event");
-    assert_eq!(last["type"], "execution.failed");
-    assert_eq!(last["status"], "cancelled");
-    assert_eq!(
-        last["error"],
-        json!({ "code": "cancelled", "message": "Execution was cancelled", "retryable": false })
+    assert_failed_last(
+        &rest,
+        "cancelled",
+        json!({ "code": "cancelled", "message": "Execution was cancelled", "retryable": false }),
     );
     let snapshot = gw.snapshot(&id).await;
     assert_eq!(snapshot["status"], "cancelled");
@@ -773,12 +779,10 @@ async fn an_expired_deadline_fails_the_execution_with_deadline_exceeded() {
         .await;
     let events = gw.stream(&id).await.rest().await;
     assert_log(&events, &id, 1);
-    let last = events.last().expect("terminal");
-    assert_eq!(last["type"], "execution.failed");
-    assert_eq!(last["status"], "failed");
-    assert_eq!(
-        last["error"],
-        json!({ "code": "deadline_exceeded", "message": "Execution deadline was exceeded", "retryable": false })
+    assert_failed_last(
+        &events,
+        "failed",
+        json!({ "code": "deadline_exceeded", "message": "Execution deadline was exceeded", "retryable": false }),
     );
     assert!(
         !types(&events).contains(&"output.delta"),

@@ -31,33 +31,22 @@ pub enum ErrorCode {
     PermissionDenied,
 }
 
-impl ErrorCode {
-    /// The code as it appears on the wire.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorCode::InvalidRequest => "invalid_request",
-            ErrorCode::CapabilityUnavailable => "capability_unavailable",
-            ErrorCode::QueueFull => "queue_full",
-            ErrorCode::RateLimited => "rate_limited",
-            ErrorCode::DeadlineExceeded => "deadline_exceeded",
-            ErrorCode::Cancelled => "cancelled",
-            ErrorCode::ProviderUnavailable => "provider_unavailable",
-            ErrorCode::ProviderProtocolError => "provider_protocol_error",
-            ErrorCode::InternalError => "internal_error",
-            ErrorCode::NotFound => "not_found",
-            ErrorCode::IdempotencyConflict => "idempotency_conflict",
-            ErrorCode::Unavailable => "unavailable",
-            ErrorCode::Unauthenticated => "unauthenticated",
-            ErrorCode::PermissionDenied => "permission_denied",
-        }
-    }
-}
-
-impl fmt::Display for ErrorCode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+wire_names!(ErrorCode {
+    InvalidRequest => "invalid_request",
+    CapabilityUnavailable => "capability_unavailable",
+    QueueFull => "queue_full",
+    RateLimited => "rate_limited",
+    DeadlineExceeded => "deadline_exceeded",
+    Cancelled => "cancelled",
+    ProviderUnavailable => "provider_unavailable",
+    ProviderProtocolError => "provider_protocol_error",
+    InternalError => "internal_error",
+    NotFound => "not_found",
+    IdempotencyConflict => "idempotency_conflict",
+    Unavailable => "unavailable",
+    Unauthenticated => "unauthenticated",
+    PermissionDenied => "permission_denied",
+});
 
 /// The error object of `execution.failed`, `route.attempt_failed` and error responses.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

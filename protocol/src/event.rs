@@ -4,8 +4,6 @@
 //! providers produce bodies. On the wire the body's fields come first, then the envelope:
 //! `{"type":"output.delta","output_index":0,"delta":"hi","status":"running","execution_id":…,"sequence":3,"time":…}`.
 
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -35,25 +33,16 @@ impl ExecutionStatus {
     pub fn is_terminal(self) -> bool {
         matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
     }
-
-    /// The status as it appears on the wire.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Accepted => "accepted",
-            Self::Routing => "routing",
-            Self::Running => "running",
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-            Self::Cancelled => "cancelled",
-        }
-    }
 }
 
-impl fmt::Display for ExecutionStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+wire_names!(ExecutionStatus {
+    Accepted => "accepted",
+    Routing => "routing",
+    Running => "running",
+    Succeeded => "succeeded",
+    Failed => "failed",
+    Cancelled => "cancelled",
+});
 
 /// One provider/model attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

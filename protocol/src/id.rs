@@ -2,7 +2,6 @@
 //! execution-scoped, start at 1 and have no gaps.
 
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -36,15 +35,15 @@ impl fmt::Display for ExecutionId {
     }
 }
 
-/// Error returned when a string is not a UUID; it never echoes the input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("execution id is not a UUID")]
-pub struct InvalidExecutionId;
+parse_error! {
+    /// Error returned when a string is not a UUID; it never echoes the input.
+    InvalidExecutionId = "execution id is not a UUID";
+    ExecutionId => ExecutionId::parse
+}
 
-impl FromStr for ExecutionId {
-    type Err = InvalidExecutionId;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
+impl ExecutionId {
+    /// Reads the canonical text form (also [`FromStr`](std::str::FromStr)).
+    fn parse(s: &str) -> Result<Self, InvalidExecutionId> {
         // Only the canonical lowercase hyphenated form is accepted: uppercase, braces, URNs and
         // simple forms would give one execution several URLs.
         if s.len() != 36 || s.bytes().any(|b| b.is_ascii_uppercase()) {

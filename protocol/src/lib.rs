@@ -25,6 +25,46 @@
 //! This crate has no async runtime and no I/O: the gateway, the worker and the client all build
 //! on it, and every public function returns a typed error instead of panicking on bad input.
 
+/// Declares `$err`, the unit error of a text that is not a `$ty` (its message is fixed and never
+/// echoes the input), and `FromStr for $ty` by `$parse`.
+macro_rules! parse_error {
+    ($(#[$doc:meta])* $err:ident = $msg:tt; $ty:ty => $parse:path) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+        #[error($msg)]
+        pub struct $err;
+
+        impl std::str::FromStr for $ty {
+            type Err = $err;
+
+            fn from_str(s: &str) -> Result<Self, $err> {
+                $parse(s)
+            }
+        }
+    };
+}
+
+/// `as_str`, the wire name of each variant of a fieldless enum (as serde writes it), and
+/// `Display` by it.
+macro_rules! wire_names {
+    ($ty:ident { $($variant:ident => $name:literal,)* }) => {
+        impl $ty {
+            /// The value as it appears on the wire.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name,)*
+                }
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
 pub mod error;
 pub mod event;
 pub mod fingerprint;

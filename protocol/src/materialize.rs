@@ -366,6 +366,12 @@ mod tests {
         )
     }
 
+    /// The state of a log of `bodies` (from sequence 1) of a fresh execution.
+    fn materialize(bodies: Vec<EventBody>) -> Materializer {
+        let events = log(ExecutionId::new_random(), bodies);
+        Materializer::from_events(&events).unwrap().unwrap()
+    }
+
     #[test]
     fn mock_sequence_materializes_like_the_reference() {
         let id = ExecutionId::new_random();
@@ -392,39 +398,34 @@ mod tests {
 
     #[test]
     fn outputs_sort_by_index_and_tool_arguments_concatenate() {
-        let id = ExecutionId::new_random();
-        let events = log(
-            id,
-            vec![
-                EventBody::Accepted,
-                selected("p", 1),
-                EventBody::OutputDelta {
-                    output_index: 2,
-                    delta: "b".into(),
-                },
-                EventBody::ToolCallStarted {
-                    call_id: "c1".into(),
-                    name: "lookup".into(),
-                },
-                EventBody::ToolCallArgumentsDelta {
-                    call_id: "c1".into(),
-                    delta: "{\"q\":".into(),
-                },
-                EventBody::ToolCallArgumentsDelta {
-                    call_id: "unknown".into(),
-                    delta: "zzz".into(),
-                },
-                EventBody::OutputDelta {
-                    output_index: 0,
-                    delta: "a".into(),
-                },
-                EventBody::ToolCallArgumentsDelta {
-                    call_id: "c1".into(),
-                    delta: "1}".into(),
-                },
-            ],
-        );
-        let m = Materializer::from_events(&events).unwrap().unwrap();
+        let m = materialize(vec![
+            EventBody::Accepted,
+            selected("p", 1),
+            EventBody::OutputDelta {
+                output_index: 2,
+                delta: "b".into(),
+            },
+            EventBody::ToolCallStarted {
+                call_id: "c1".into(),
+                name: "lookup".into(),
+            },
+            EventBody::ToolCallArgumentsDelta {
+                call_id: "c1".into(),
+                delta: "{\"q\":".into(),
+            },
+            EventBody::ToolCallArgumentsDelta {
+                call_id: "unknown".into(),
+                delta: "zzz".into(),
+            },
+            EventBody::OutputDelta {
+                output_index: 0,
+                delta: "a".into(),
+            },
+            EventBody::ToolCallArgumentsDelta {
+                call_id: "c1".into(),
+                delta: "1}".into(),
+            },
+        ]);
         assert_eq!(m.status(), ExecutionStatus::Running);
         let snap = serde_json::to_value(m.snapshot()).unwrap();
         assert_eq!(
@@ -443,38 +444,33 @@ mod tests {
 
     #[test]
     fn last_output_result_wins_and_suppresses_synthesis() {
-        let id = ExecutionId::new_random();
         let artifact = OutputArtifact {
             uri: "https://cdn/x.png".into(),
             media_type: Some("image/png".into()),
         };
-        let events = log(
-            id,
-            vec![
-                EventBody::Accepted,
-                selected("fal", 1),
-                EventBody::Progress {
-                    phase: ProgressPhase::Queued,
-                    progress: None,
-                },
-                EventBody::OutputDelta {
-                    output_index: 0,
-                    delta: "ignored".into(),
-                },
-                EventBody::OutputResult {
-                    result: json!({"first":true}),
-                    artifacts: None,
-                },
-                EventBody::OutputResult {
-                    result: json!({"images":[1]}),
-                    artifacts: Some(vec![artifact.clone()]),
-                },
-                EventBody::Completed {
-                    target: target("fal"),
-                },
-            ],
-        );
-        let m = Materializer::from_events(&events).unwrap().unwrap();
+        let m = materialize(vec![
+            EventBody::Accepted,
+            selected("fal", 1),
+            EventBody::Progress {
+                phase: ProgressPhase::Queued,
+                progress: None,
+            },
+            EventBody::OutputDelta {
+                output_index: 0,
+                delta: "ignored".into(),
+            },
+            EventBody::OutputResult {
+                result: json!({"first":true}),
+                artifacts: None,
+            },
+            EventBody::OutputResult {
+                result: json!({"images":[1]}),
+                artifacts: Some(vec![artifact.clone()]),
+            },
+            EventBody::Completed {
+                target: target("fal"),
+            },
+        ]);
         let r = m.result_response().unwrap();
         assert_eq!(r.result, Some(json!({"images":[1]})));
         assert_eq!(r.artifacts, vec![artifact]);
@@ -482,24 +478,19 @@ mod tests {
 
     #[test]
     fn failure_reports_attempted_target_and_error() {
-        let id = ExecutionId::new_random();
-        let events = log(
-            id,
-            vec![
-                EventBody::Accepted,
-                selected("a", 1),
-                EventBody::RouteAttemptFailed {
-                    target: target("a"),
-                    attempt: 1,
-                    error: RuntimeError::provider_queue_full(),
-                },
-                selected("b", 2),
-                EventBody::Failed {
-                    error: RuntimeError::cancelled(),
-                },
-            ],
-        );
-        let m = Materializer::from_events(&events).unwrap().unwrap();
+        let m = materialize(vec![
+            EventBody::Accepted,
+            selected("a", 1),
+            EventBody::RouteAttemptFailed {
+                target: target("a"),
+                attempt: 1,
+                error: RuntimeError::provider_queue_full(),
+            },
+            selected("b", 2),
+            EventBody::Failed {
+                error: RuntimeError::cancelled(),
+            },
+        ]);
         let snap = m.snapshot();
         assert_eq!(snap.status, ExecutionStatus::Cancelled);
         assert_eq!(snap.target, Some(target("b")));

@@ -12,6 +12,76 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::json::RawJson;
 
+/// Declares a request object whose `Option` fields may be absent but not `null` (as in the
+/// reference schema) and are left out when `None`: each gets `#[serde(default,
+/// skip_serializing_if = "Option::is_none")]` and is read by [`present`], or by the function named
+/// after it (`pub n: Option<u64> via "de_opt_integer",`). Other fields are declared as written.
+macro_rules! optional_fields {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident { $($fields:tt)* }
+    ) => {
+        optional_fields!(@fields [$(#[$meta])* pub struct $name] [] $($fields)*);
+    };
+    (@fields [$($head:tt)*] [$($done:tt)*]
+        $(#[$field_meta:meta])* pub $field:ident: Option<$ty:ty> via $with:tt, $($rest:tt)*
+    ) => {
+        optional_fields!(@fields [$($head)*] [
+            $($done)*
+            $(#[$field_meta])*
+            #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = $with)]
+            pub $field: Option<$ty>,
+        ] $($rest)*);
+    };
+    (@fields [$($head:tt)*] [$($done:tt)*]
+        $(#[$field_meta:meta])* pub $field:ident: Option<$ty:ty>, $($rest:tt)*
+    ) => {
+        optional_fields!(@fields [$($head)*] [$($done)*]
+            $(#[$field_meta])* pub $field: Option<$ty> via "present", $($rest)*);
+    };
+    (@fields [$($head:tt)*] [$($done:tt)*]
+        $(#[$field_meta:meta])* pub $field:ident: $ty:ty, $($rest:tt)*
+    ) => {
+        optional_fields!(@fields [$($head)*] [$($done)* $(#[$field_meta])* pub $field: $ty,] $($rest)*);
+    };
+    (@fields [$($head:tt)*] [$($done:tt)*]) => {
+        $($head)* { $($done)* }
+    };
+}
+
+/// Declares [`InputPart`]: a text part, a JSON part, and one part a media kind given, each a
+/// `uri` with an optional `media_type`.
+macro_rules! input_part {
+    ($($(#[$doc:meta])* $media:ident,)*) => {
+        /// One typed input part.
+        // Deserialized by hand (below): serde's internally tagged enums buffer every value into a
+        // tree first, which is what `RawJson` avoids.
+        #[derive(Debug, Clone, PartialEq, Serialize)]
+        #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+        #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+        pub enum InputPart {
+            /// Plain text (may be empty).
+            Text { text: String },
+            /// Any JSON value, including null.
+            Json { value: RawJson },
+            $(
+                $(#[$doc])*
+                $media {
+                    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 8192)))]
+                    uri: String,
+                    #[serde(
+                        default,
+                        skip_serializing_if = "Option::is_none",
+                        deserialize_with = "present"
+                    )]
+                    #[cfg_attr(feature = "schema", schemars(length(max = 256)))]
+                    media_type: Option<String>,
+                },
+            )*
+        }
+    };
+}
+
 /// Largest `deadline_ms` and `retry_budget_ms` (24 hours).
 pub const MAX_DURATION_MS: u64 = 86_400_000;
 /// Most input parts in one request.
@@ -27,122 +97,49 @@ pub const MAX_MEDIA_TYPE_CHARS: usize = 256;
 /// Most attempts a caller may ask for.
 pub const MAX_ATTEMPTS: u32 = 32;
 
-/// A request to run one ability over typed input.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-#[cfg_attr(feature = "schema", schemars(title = "ExecutionRequest"))]
-pub struct ExecutionRequest {
-    /// Stable caller intent, e.g. `text-generation`.
-    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 256)))]
-    pub ability: String,
-    /// One or more typed input parts.
-    #[serde(deserialize_with = "input_parts")]
-    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 1024)))]
-    pub input: Vec<InputPart>,
-    /// Capabilities that must be present before routing.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub requirements: Option<Requirements>,
-    /// Bounded execution-routing preferences.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub routing: Option<RoutingPreferences>,
-    /// Total execution-work deadline in milliseconds.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "de_opt_integer"
-    )]
-    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 86_400_000)))]
-    pub deadline_ms: Option<u64>,
-    /// Low-cardinality caller metadata without sensitive content.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    #[cfg_attr(feature = "schema", schemars(extend("maxProperties" = 64)))]
-    pub metadata: Option<BTreeMap<String, MetadataValue>>,
-    /// Explicitly provider-neutral extension data.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    #[cfg_attr(feature = "schema", schemars(extend("maxProperties" = 64)))]
-    pub extensions: Option<Extensions>,
+optional_fields! {
+    /// A request to run one ability over typed input.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+    #[serde(deny_unknown_fields)]
+    #[cfg_attr(feature = "schema", schemars(title = "ExecutionRequest"))]
+    pub struct ExecutionRequest {
+        /// Stable caller intent, e.g. `text-generation`.
+        #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 256)))]
+        pub ability: String,
+        /// One or more typed input parts.
+        #[serde(deserialize_with = "input_parts")]
+        #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 1024)))]
+        pub input: Vec<InputPart>,
+        /// Capabilities that must be present before routing.
+        pub requirements: Option<Requirements>,
+        /// Bounded execution-routing preferences.
+        pub routing: Option<RoutingPreferences>,
+        /// Total execution-work deadline in milliseconds.
+        #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 86_400_000)))]
+        pub deadline_ms: Option<u64> via "de_opt_integer",
+        /// Low-cardinality caller metadata without sensitive content.
+        #[cfg_attr(feature = "schema", schemars(extend("maxProperties" = 64)))]
+        pub metadata: Option<BTreeMap<String, MetadataValue>>,
+        /// Explicitly provider-neutral extension data.
+        #[cfg_attr(feature = "schema", schemars(extend("maxProperties" = 64)))]
+        pub extensions: Option<Extensions>,
+    }
 }
 
 /// `extensions`: caller-defined JSON by key, each value kept as its text until an adapter
 /// reads it.
 pub type Extensions = BTreeMap<String, RawJson>;
 
-/// One typed input part.
-// Deserialized by hand (below): serde's internally tagged enums buffer every value into a tree
-// first, which is what `RawJson` avoids.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
-pub enum InputPart {
-    /// Plain text (may be empty).
-    Text { text: String },
-    /// Any JSON value, including null.
-    Json { value: RawJson },
+input_part! {
     /// An image by reference.
-    Image {
-        #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 8192)))]
-        uri: String,
-        #[serde(
-            default,
-            skip_serializing_if = "Option::is_none",
-            deserialize_with = "present"
-        )]
-        #[cfg_attr(feature = "schema", schemars(length(max = 256)))]
-        media_type: Option<String>,
-    },
+    Image,
     /// Audio by reference.
-    Audio {
-        #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 8192)))]
-        uri: String,
-        #[serde(
-            default,
-            skip_serializing_if = "Option::is_none",
-            deserialize_with = "present"
-        )]
-        #[cfg_attr(feature = "schema", schemars(length(max = 256)))]
-        media_type: Option<String>,
-    },
+    Audio,
     /// Video by reference.
-    Video {
-        #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 8192)))]
-        uri: String,
-        #[serde(
-            default,
-            skip_serializing_if = "Option::is_none",
-            deserialize_with = "present"
-        )]
-        #[cfg_attr(feature = "schema", schemars(length(max = 256)))]
-        media_type: Option<String>,
-    },
+    Video,
     /// Any other file by reference.
-    File {
-        #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 8192)))]
-        uri: String,
-        #[serde(
-            default,
-            skip_serializing_if = "Option::is_none",
-            deserialize_with = "present"
-        )]
-        #[cfg_attr(feature = "schema", schemars(length(max = 256)))]
-        media_type: Option<String>,
-    },
+    File,
 }
 
 impl InputPart {
@@ -183,57 +180,24 @@ pub enum Modality {
     Json,
 }
 
-/// Capabilities that must be present before routing. Boolean requirements are checked only
-/// when `true`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct Requirements {
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    #[cfg_attr(feature = "schema", schemars(extend("uniqueItems" = true)))]
-    pub input_modalities: Option<Vec<Modality>>,
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    #[cfg_attr(feature = "schema", schemars(extend("uniqueItems" = true)))]
-    pub output_modalities: Option<Vec<Modality>>,
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub stream: Option<bool>,
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub tools: Option<bool>,
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub structured_output: Option<bool>,
-    #[serde(
-        default,
-        rename = "async",
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub r#async: Option<bool>,
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub cancel: Option<bool>,
+optional_fields! {
+    /// Capabilities that must be present before routing. Boolean requirements are checked only
+    /// when `true`.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+    #[serde(deny_unknown_fields)]
+    pub struct Requirements {
+        #[cfg_attr(feature = "schema", schemars(extend("uniqueItems" = true)))]
+        pub input_modalities: Option<Vec<Modality>>,
+        #[cfg_attr(feature = "schema", schemars(extend("uniqueItems" = true)))]
+        pub output_modalities: Option<Vec<Modality>>,
+        pub stream: Option<bool>,
+        pub tools: Option<bool>,
+        pub structured_output: Option<bool>,
+        #[serde(rename = "async")]
+        pub r#async: Option<bool>,
+        pub cancel: Option<bool>,
+    }
 }
 
 /// Routing strategy. Accepted for compatibility; both values route the same way [R 27].
@@ -245,46 +209,23 @@ pub enum RoutingStrategy {
     Ordered,
 }
 
-/// Bounded execution-routing preferences.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct RoutingPreferences {
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub strategy: Option<RoutingStrategy>,
-    /// Providers to try first, in this order; unlisted providers follow.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    #[cfg_attr(feature = "schema", schemars(extend("uniqueItems" = true), inner(length(min = 1))))]
-    pub provider_order: Option<NameList>,
-    /// Whether a retryable failure may move on to the next candidate (default false).
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub allow_fallback: Option<bool>,
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "de_opt_integer"
-    )]
-    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 32)))]
-    pub max_attempts: Option<u32>,
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "de_opt_integer"
-    )]
-    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 86_400_000)))]
-    pub retry_budget_ms: Option<u64>,
+optional_fields! {
+    /// Bounded execution-routing preferences.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+    #[serde(deny_unknown_fields)]
+    pub struct RoutingPreferences {
+        pub strategy: Option<RoutingStrategy>,
+        /// Providers to try first, in this order; unlisted providers follow.
+        #[cfg_attr(feature = "schema", schemars(extend("uniqueItems" = true), inner(length(min = 1))))]
+        pub provider_order: Option<NameList>,
+        /// Whether a retryable failure may move on to the next candidate (default false).
+        pub allow_fallback: Option<bool>,
+        #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 32)))]
+        pub max_attempts: Option<u32> via "de_opt_integer",
+        #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 86_400_000)))]
+        pub retry_budget_ms: Option<u64> via "de_opt_integer",
+    }
 }
 
 /// A metadata value: string, number or boolean.

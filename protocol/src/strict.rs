@@ -140,11 +140,23 @@ impl<'de, A: SeqAccess<'de>> SeqAccess<'de> for ErrorAs<A> {
     }
 }
 
+/// Methods that hand the value to `serde_json` as is, with their arguments before the visitor.
 macro_rules! forward {
-    ($($method:ident)*) => {
+    ($($method:ident($($arg:ident: $ty:ty),*))*) => {
         $(
-            fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Error> {
-                self.0.$method(visitor)
+            fn $method<V: Visitor<'de>>(self, $($arg: $ty,)* visitor: V) -> Result<V::Value, Error> {
+                self.0.$method($($arg,)* visitor)
+            }
+        )*
+    };
+}
+
+/// Methods that ignore their arguments before the visitor and read the value as `$as` does.
+macro_rules! read_as {
+    ($($method:ident($($arg:ty),*) => $as:ident)*) => {
+        $(
+            fn $method<V: Visitor<'de>>(self, $(_: $arg,)* visitor: V) -> Result<V::Value, Error> {
+                self.$as(visitor)
             }
         )*
     };
@@ -154,46 +166,25 @@ impl<'de> Deserializer<'de> for Strict<'de> {
     type Error = Error;
 
     forward! {
-        deserialize_any deserialize_bool deserialize_i8 deserialize_i16 deserialize_i32
-        deserialize_i64 deserialize_i128 deserialize_u8 deserialize_u16 deserialize_u32
-        deserialize_u64 deserialize_u128 deserialize_f32 deserialize_f64 deserialize_char
-        deserialize_str deserialize_string deserialize_bytes deserialize_byte_buf
-        deserialize_option deserialize_unit deserialize_identifier deserialize_ignored_any
-    }
-
-    fn deserialize_unit_struct<V: Visitor<'de>>(
-        self,
-        name: &'static str,
-        visitor: V,
-    ) -> Result<V::Value, Error> {
-        self.0.deserialize_unit_struct(name, visitor)
-    }
-
-    fn deserialize_newtype_struct<V: Visitor<'de>>(
-        self,
-        name: &'static str,
-        visitor: V,
-    ) -> Result<V::Value, Error> {
+        deserialize_any() deserialize_bool() deserialize_i8() deserialize_i16() deserialize_i32()
+        deserialize_i64() deserialize_i128() deserialize_u8() deserialize_u16() deserialize_u32()
+        deserialize_u64() deserialize_u128() deserialize_f32() deserialize_f64() deserialize_char()
+        deserialize_str() deserialize_string() deserialize_bytes() deserialize_byte_buf()
+        deserialize_option() deserialize_unit() deserialize_identifier() deserialize_ignored_any()
+        deserialize_unit_struct(name: &'static str)
         // Opaque values (`RawJson`) take the text as is.
-        self.0.deserialize_newtype_struct(name, visitor)
+        deserialize_newtype_struct(name: &'static str)
+    }
+
+    read_as! {
+        deserialize_tuple(usize) => deserialize_seq
+        deserialize_tuple_struct(&'static str, usize) => deserialize_seq
+        deserialize_struct(&'static str, &'static [&'static str]) => deserialize_map
     }
 
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Error> {
         self.expect(b'[', "an array")?;
         serde_json::Deserializer::from_str(self.0.get()).deserialize_seq(ArrayOf(visitor))
-    }
-
-    fn deserialize_tuple<V: Visitor<'de>>(self, _: usize, visitor: V) -> Result<V::Value, Error> {
-        self.deserialize_seq(visitor)
-    }
-
-    fn deserialize_tuple_struct<V: Visitor<'de>>(
-        self,
-        _: &'static str,
-        _: usize,
-        visitor: V,
-    ) -> Result<V::Value, Error> {
-        self.deserialize_seq(visitor)
     }
 
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Error> {
@@ -202,15 +193,6 @@ impl<'de> Deserializer<'de> for Strict<'de> {
         let value = visitor.visit_map(&mut map)?;
         map.end()?;
         Ok(value)
-    }
-
-    fn deserialize_struct<V: Visitor<'de>>(
-        self,
-        _: &'static str,
-        _: &'static [&'static str],
-        visitor: V,
-    ) -> Result<V::Value, Error> {
-        self.deserialize_map(visitor)
     }
 
     fn deserialize_enum<V: Visitor<'de>>(

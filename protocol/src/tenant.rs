@@ -6,7 +6,6 @@
 //! header and appear in logs without escaping.
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 
 /// Longest tenant name (and API key id), in characters.
@@ -51,15 +50,15 @@ pub fn is_valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
-/// A string that is not a valid tenant name; it never echoes the input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("a tenant name must be 1 to 64 ASCII letters, digits, '-', '_' or '.'")]
-pub struct InvalidTenant;
+parse_error! {
+    /// A string that is not a valid tenant name; it never echoes the input.
+    InvalidTenant = "a tenant name must be 1 to 64 ASCII letters, digits, '-', '_' or '.'";
+    Tenant => Tenant::parse
+}
 
-impl FromStr for Tenant {
-    type Err = InvalidTenant;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
+impl Tenant {
+    /// Validates a tenant name (also [`FromStr`](std::str::FromStr)).
+    fn parse(s: &str) -> Result<Self, InvalidTenant> {
         if is_valid_name(s) {
             Ok(Self(Arc::from(s)))
         } else {

@@ -3,7 +3,6 @@
 //! cheap; formatting is done by hand to keep this crate free of a calendar dependency.
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -70,16 +69,16 @@ impl fmt::Display for Timestamp {
     }
 }
 
-/// The text is not an ISO-8601 UTC timestamp of the protocol's form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("timestamp is not ISO-8601 UTC")]
-pub struct InvalidTimestamp;
+parse_error! {
+    /// The text is not an ISO-8601 UTC timestamp of the protocol's form.
+    InvalidTimestamp = "timestamp is not ISO-8601 UTC";
+    Timestamp => Timestamp::parse
+}
 
-impl FromStr for Timestamp {
-    type Err = InvalidTimestamp;
-
-    /// Accepts `YYYY-MM-DDTHH:MM:SS[.fraction]Z` (fraction of any length, truncated to ms).
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
+impl Timestamp {
+    /// Accepts `YYYY-MM-DDTHH:MM:SS[.fraction]Z` (fraction of any length, truncated to ms); also
+    /// [`FromStr`](std::str::FromStr).
+    fn parse(s: &str) -> Result<Self, InvalidTimestamp> {
         let b = s.as_bytes();
         if b.len() < 20 || b.last() != Some(&b'Z') {
             return Err(InvalidTimestamp);

@@ -36,25 +36,27 @@ pub struct UsageUnit(String);
 #[error("usage unit is neither a known unit nor a namespaced custom unit")]
 pub struct InvalidUnit;
 
+/// Constructors of known units, each named as its unit.
+macro_rules! known_units {
+    ($($unit:ident),* $(,)?) => {
+        $(
+            #[doc = concat!("The `", stringify!($unit), "` unit.")]
+            pub fn $unit() -> Self {
+                Self(stringify!($unit).into())
+            }
+        )*
+    };
+}
+
 impl UsageUnit {
-    pub fn input_token() -> Self {
-        Self("input_token".into())
-    }
-    pub fn output_token() -> Self {
-        Self("output_token".into())
-    }
-    pub fn cache_write_token() -> Self {
-        Self("cache_write_token".into())
-    }
-    pub fn cache_read_token() -> Self {
-        Self("cache_read_token".into())
-    }
-    pub fn reasoning_token() -> Self {
-        Self("reasoning_token".into())
-    }
-    pub fn request() -> Self {
-        Self("request".into())
-    }
+    known_units!(
+        input_token,
+        output_token,
+        cache_write_token,
+        cache_read_token,
+        reasoning_token,
+        request,
+    );
 
     /// Validates a unit name.
     pub fn parse(name: &str) -> Result<Self, InvalidUnit> {
