@@ -268,10 +268,10 @@ async fn submit_execution(
     } else {
         None
     };
-    let submission = if telemetry::trace::exporting() {
-        // The request span continues the caller's trace; the job carries this span's context
-        // to the worker. Without export the caller's own `traceparent` travels unchanged and
-        // no span is built on this hot path.
+    // The request span continues the caller's trace; the job carries this span's context to
+    // the worker. Without export the caller's own `traceparent` travels unchanged and no span
+    // is built on this hot path.
+    let (span, traceparent) = if telemetry::trace::exporting() {
         let span = tracing::info_span!(
             "POST /v1/executions",
             otel.kind = "server",
@@ -283,17 +283,19 @@ async fn submit_execution(
             telemetry::propagation::set_parent(&span, parent);
         }
         let traceparent = telemetry::propagation::traceparent_of(&span).or(traceparent);
-        let submission = submit::submit(&state, &principal.tenant, request, key, traceparent)
-            .instrument(span.clone())
-            .await?;
-        span.record(
-            "execution_id",
-            tracing::field::display(&submission.execution_id),
-        );
-        submission
+        (span, traceparent)
     } else {
-        submit::submit(&state, &principal.tenant, request, key, traceparent).await?
+        (tracing::Span::none(), traceparent)
     };
+    let submitted = submit::submit(&state, &principal.tenant, request, key, traceparent)
+        .instrument(span.clone())
+        .await;
+    state.metrics().count_submission(&submitted);
+    let submission = submitted?;
+    span.record(
+        "execution_id",
+        tracing::field::display(&submission.execution_id),
+    );
     if let Some(permit) = stream_permit {
         return events_response(&state, submission.execution_id, Sequence::ZERO, permit).await;
     }

@@ -9,20 +9,13 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use metrics::{Counter, Gauge, counter, describe_counter, describe_gauge, gauge};
+use protocol::snapshot::ExecutionSubmission;
 
 const SUBMISSIONS_TOTAL: &str = "mrt_submissions_total";
 const CANCELLATIONS_TOTAL: &str = "mrt_cancellations_total";
 const SSE_STREAMS_OPENED_TOTAL: &str = "mrt_sse_streams_opened_total";
 const SSE_EVENTS_SENT_TOTAL: &str = "mrt_sse_events_sent_total";
 const STOPPING: &str = "mrt_stopping";
-
-/// How a submission ended, for `mrt_submissions_total{outcome}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Submission {
-    Accepted,
-    Replayed,
-    Rejected,
-}
 
 /// Counters of the HTTP layer.
 #[derive(Debug)]
@@ -88,15 +81,15 @@ impl Metrics {
         }
     }
 
-    /// Counts one submission by how it ended.
-    pub fn submission(&self, outcome: Submission) {
-        match outcome {
-            Submission::Accepted => {
+    /// Counts one submission by how it ended: accepted, replayed (idempotent) or rejected.
+    pub fn count_submission<E>(&self, result: &Result<ExecutionSubmission, E>) {
+        match result {
+            Ok(s) if s.idempotent_replay => self.exported.replayed.increment(1),
+            Ok(_) => {
                 self.submissions_accepted.fetch_add(1, Ordering::Relaxed);
                 self.exported.accepted.increment(1);
             }
-            Submission::Replayed => self.exported.replayed.increment(1),
-            Submission::Rejected => self.exported.rejected.increment(1),
+            Err(_) => self.exported.rejected.increment(1),
         }
     }
 

@@ -60,29 +60,11 @@ use protocol::{
 use runtime::{EventWriter, IdempotencyRecord, Job, StoreError};
 
 use crate::error::ApiError;
-use crate::metrics::Submission;
 use crate::quota;
 use crate::state::AppState;
 
 /// Runs the flow for a parsed request.
 pub async fn submit(
-    state: &AppState,
-    tenant: &Tenant,
-    request: ExecutionRequest,
-    idempotency_key: Option<&str>,
-    traceparent: Option<String>,
-) -> Result<ExecutionSubmission, ApiError> {
-    let inner = &state.inner;
-    let result = submit_inner(state, tenant, request, idempotency_key, traceparent).await;
-    match &result {
-        Ok(s) if s.idempotent_replay => inner.metrics.submission(Submission::Replayed),
-        Ok(_) => inner.metrics.submission(Submission::Accepted),
-        Err(_) => inner.metrics.submission(Submission::Rejected),
-    }
-    result
-}
-
-async fn submit_inner(
     state: &AppState,
     tenant: &Tenant,
     request: ExecutionRequest,
