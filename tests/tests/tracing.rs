@@ -85,31 +85,8 @@ fn attribute(span: &Span, key: &str) -> Option<String> {
 async fn one_trace_follows_an_execution_from_the_caller_through_gateway_and_worker() {
     let received: Received = Arc::default();
     let endpoint = receiver(Arc::clone(&received)).await;
-    let config = json!({
-        "providers": [{"type": "mock", "id": "provider-mock", "model": "model-alpha",
-                       "abilities": ["text-generation"], "chunks": [OUTPUT], "delay_ms": 0}]
-    });
-    let mut cluster = Cluster::start(&config);
-    cluster.extra_env.extend([
-        ("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), endpoint),
-        // Export promptly: the batch processor's delay is the standard variable's.
-        ("OTEL_BSP_SCHEDULE_DELAY".to_owned(), "100".to_owned()),
-    ]);
-    let gateway = cluster.gateway();
-    let _worker = cluster.worker();
-
-    let response = client()
-        .post(format!("{}/v1/executions", gateway.url))
-        .header("traceparent", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
-        .json(&text_request(PROMPT))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 202);
-    let body: serde_json::Value = response.json().await.unwrap();
-    let id = body["execution_id"].as_str().unwrap().to_owned();
-    let snapshot = wait_terminal(&gateway.url, &id).await;
-    assert_eq!(snapshot["status"], "succeeded", "{snapshot}");
+    let (_cluster, gateway, _worker) = traced_cluster(endpoint);
+    let id = submit_traced(&gateway.url, CALLER_TRACE).await;
 
     // Wait for the three spans of this trace (export is batched).
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -188,6 +165,23 @@ async fn one_trace_follows_an_execution_from_the_caller_through_gateway_and_work
     }
 }
 
+/// NATS, Redis, a gateway and a worker exporting spans to `endpoint`; the mock answers `OUTPUT`.
+fn traced_cluster(endpoint: String) -> (Cluster, Gateway, Process) {
+    let config = json!({
+        "providers": [{"type": "mock", "id": "provider-mock", "model": "model-alpha",
+                       "abilities": ["text-generation"], "chunks": [OUTPUT], "delay_ms": 0}]
+    });
+    let mut cluster = Cluster::start(&config);
+    cluster.extra_env.extend([
+        ("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), endpoint),
+        // Export promptly: the batch processor's delay is the standard variable's.
+        ("OTEL_BSP_SCHEDULE_DELAY".to_owned(), "100".to_owned()),
+    ]);
+    let gateway = cluster.gateway();
+    let worker = cluster.worker();
+    (cluster, gateway, worker)
+}
+
 /// Submits `PROMPT` with the caller's trace `trace` and waits for its success.
 async fn submit_traced(gateway: &str, trace: &str) -> String {
     let response = client()
@@ -211,20 +205,7 @@ async fn span_export_pauses_while_the_collector_is_down_and_resumes_when_it_is_b
     const RESUMED: &str = "OTLP span export resumed";
     // Nothing listens on the collector's port yet.
     let port = testkit::free_port();
-    let config = json!({
-        "providers": [{"type": "mock", "id": "provider-mock", "model": "model-alpha",
-                       "abilities": ["text-generation"], "chunks": [OUTPUT], "delay_ms": 0}]
-    });
-    let mut cluster = Cluster::start(&config);
-    cluster.extra_env.extend([
-        (
-            "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
-            format!("http://127.0.0.1:{port}"),
-        ),
-        ("OTEL_BSP_SCHEDULE_DELAY".to_owned(), "100".to_owned()),
-    ]);
-    let gateway = cluster.gateway();
-    let worker = cluster.worker();
+    let (_cluster, gateway, worker) = traced_cluster(format!("http://127.0.0.1:{port}"));
     let logs = || (gateway.process.log_text(), worker.log_text());
 
     // Down: executions succeed, and each process warns once that span building paused.
