@@ -537,19 +537,9 @@ mod tests {
     }
 
     #[async_trait::async_trait]
-    impl EventStore for GatedStore {
-        async fn create_owned(
-            &self,
-            accepted: RuntimeEvent,
-            owner: &Tenant,
-        ) -> Result<(), StoreError> {
-            self.inner.create_owned(accepted, owner).await
-        }
-        async fn owner(&self, id: ExecutionId) -> Result<Option<Tenant>, StoreError> {
-            self.inner.owner(id).await
-        }
-        async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError> {
-            self.inner.append_as(event, writer).await
+    impl crate::intercept::Intercept for GatedStore {
+        fn inner(&self) -> &dyn EventStore {
+            &self.inner
         }
         async fn append_run_as(
             &self,
@@ -565,27 +555,6 @@ mod tests {
         }
         fn pipelines_appends(&self) -> bool {
             true
-        }
-        async fn state(
-            &self,
-            id: ExecutionId,
-        ) -> Result<Option<protocol::materialize::Materializer>, StoreError> {
-            self.inner.state(id).await
-        }
-        async fn read(
-            &self,
-            id: ExecutionId,
-            after: Sequence,
-            limit: usize,
-        ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError> {
-            self.inner.read(id, after, limit).await
-        }
-        async fn subscribe(
-            &self,
-            id: ExecutionId,
-            after: Sequence,
-        ) -> Result<Option<crate::EventStream>, StoreError> {
-            self.inner.subscribe(id, after).await
         }
         async fn ready(&self) -> Result<(), StoreError> {
             Ok(())
