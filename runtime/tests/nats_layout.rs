@@ -7,30 +7,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
-use futures_util::StreamExt;
 use protocol::event::EventBody;
 use protocol::{ExecutionId, Sequence};
-use runtime::contract::{completed, delta, event as ev, job, route_selected as route};
+use runtime::contract::{
+    accepted, completed, delta, drain, event as ev, job, race_to, route_selected as route, routed,
+};
 use runtime::nats::{NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings};
-use runtime::{EventRecord, EventStore, EventStream, JobQueue, StoreError, WriterId};
+use runtime::{Delivery, EventRecord, EventStore, JobQueue, StoreError, WriterId};
 use testkit::{NatsServer, unique_namespace};
 
 const PROMPT: Duration = Duration::from_secs(20);
 
-async fn connect(server: &NatsServer, settings: NatsSettings) -> NatsBackend {
-    NatsBackend::connect(&server.url(), settings, Duration::from_secs(30))
-        .await
-        .unwrap()
-}
-
-/// Everything a subscription yields until it ends.
-async fn drain(mut stream: EventStream) -> Vec<Arc<EventRecord>> {
-    let mut out = Vec::new();
-    while let Some(item) = tokio::time::timeout(PROMPT, stream.next()).await.unwrap() {
-        out.push(item.unwrap());
-    }
-    out
-}
+mod support;
+use support::{MAX_EVENTS, connect, event_store, store_on};
 
 fn json_of(records: &[Arc<EventRecord>]) -> Vec<String> {
     records
@@ -58,14 +47,10 @@ async fn readers_never_see_appends_the_stream_refused_or_never_stored() {
         ..NatsSettings::new(unique_namespace("t"))
     };
     let backend = connect(&server, settings.clone()).await;
-    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
-    let id = ExecutionId::new_random();
-    store.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
-    store.append(ev(id, 2, route())).await.unwrap();
+    let store = store_on(&backend, MAX_EVENTS).await;
+    let id = routed(&store).await;
     // Readers on their own connection (another gateway), subscribed before the ghosts.
-    let reader_side = NatsEventStore::new(connect(&server, settings.clone()).await, 4096)
-        .await
-        .unwrap();
+    let reader_side = event_store(&server, settings.clone()).await;
     let from_start = reader_side
         .subscribe(id, Sequence(0))
         .await
@@ -141,22 +126,11 @@ async fn readers_see_exactly_the_log_while_writers_on_other_connections_race() {
     let settings = NatsSettings::new(unique_namespace("t"));
     let mut writers = Vec::new();
     for _ in 0..4 {
-        writers.push(Arc::new(
-            NatsEventStore::new(connect(&server, settings.clone()).await, 4096)
-                .await
-                .unwrap(),
-        ));
+        writers.push(Arc::new(event_store(&server, settings.clone()).await));
     }
-    let readers = NatsEventStore::new(connect(&server, settings.clone()).await, 4096)
-        .await
-        .unwrap();
+    let readers = event_store(&server, settings.clone()).await;
     for _round in 0..10 {
-        let id = ExecutionId::new_random();
-        writers[0]
-            .create(ev(id, 1, EventBody::Accepted))
-            .await
-            .unwrap();
-        writers[0].append(ev(id, 2, route())).await.unwrap();
+        let id = routed(writers[0].as_ref()).await;
         let subscriptions = [
             readers.subscribe(id, Sequence(0)).await.unwrap().unwrap(),
             readers.subscribe(id, Sequence(2)).await.unwrap().unwrap(),
@@ -165,18 +139,7 @@ async fn readers_see_exactly_the_log_while_writers_on_other_connections_race() {
         for (w, store) in writers.iter().enumerate() {
             let store = Arc::clone(store);
             tasks.push(tokio::spawn(async move {
-                let writer = WriterId::random();
-                for seq in 3..=12u64 {
-                    let body = if seq == 12 {
-                        completed()
-                    } else {
-                        delta(&format!("writer {w} seq {seq}"))
-                    };
-                    match store.append_as(ev(id, seq, body), writer).await {
-                        Ok(()) | Err(StoreError::Conflict { .. }) => {}
-                        Err(e) => panic!("unexpected {e:?}"),
-                    }
-                }
+                race_to(store.as_ref(), id, w, 12).await;
             }));
         }
         for t in tasks {
@@ -206,9 +169,7 @@ async fn an_events_stream_created_without_republish_gets_it_at_startup() {
     })
     .await
     .unwrap();
-    let store = NatsEventStore::new(connect(&server, settings.clone()).await, 4096)
-        .await
-        .unwrap();
+    let store = event_store(&server, settings.clone()).await;
     let info = js
         .get_stream(settings.events_stream())
         .await
@@ -217,8 +178,7 @@ async fn an_events_stream_created_without_republish_gets_it_at_startup() {
         .clone();
     assert!(info.config.republish.is_some(), "{:?}", info.config);
     // Live delivery works through it.
-    let id = ExecutionId::new_random();
-    store.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
+    let id = accepted(&store).await;
     let live = store.subscribe(id, Sequence(1)).await.unwrap().unwrap();
     store.append(ev(id, 2, route())).await.unwrap();
     store.append(ev(id, 3, completed())).await.unwrap();
@@ -284,19 +244,11 @@ async fn a_restart_with_another_ack_wait_changes_the_lease_on_the_server() {
     );
     let id = ExecutionId::new_random();
     short.publish(&job(id)).await.unwrap();
-    let held = tokio::time::timeout(PROMPT, short.receive())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let held = next_delivery(&short).await;
     assert_eq!(held.job.execution_id, id);
     let lost_at = Instant::now();
     drop(held); // the holder dies: no ack, no heartbeat
-    let again = tokio::time::timeout(PROMPT, short.receive())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let again = next_delivery(&short).await;
     assert_eq!(again.job.execution_id, id);
     assert_eq!(again.delivered, 2);
     let waited = lost_at.elapsed();
@@ -307,14 +259,19 @@ async fn a_restart_with_another_ack_wait_changes_the_lease_on_the_server() {
     again.handle.ack().await.unwrap();
 }
 
-async fn first_delivery_follows_the_server(queue: &NatsJobQueue, want: Duration) {
-    let id = ExecutionId::new_random();
-    queue.publish(&job(id)).await.unwrap();
-    let delivery = tokio::time::timeout(PROMPT, queue.receive())
+/// The next job `queue` delivers, within [`PROMPT`].
+async fn next_delivery(queue: &NatsJobQueue) -> Delivery {
+    tokio::time::timeout(PROMPT, queue.receive())
         .await
         .unwrap()
         .unwrap()
-        .unwrap();
+        .unwrap()
+}
+
+async fn first_delivery_follows_the_server(queue: &NatsJobQueue, want: Duration) {
+    let id = ExecutionId::new_random();
+    queue.publish(&job(id)).await.unwrap();
+    let delivery = next_delivery(&queue).await;
     let started = Instant::now();
     while delivery.handle.lease() != Some(want) {
         assert!(
@@ -517,7 +474,7 @@ async fn a_run_is_one_message_and_single_event_messages_of_old_logs_stay_readabl
     let server = NatsServer::start();
     let settings = NatsSettings::new(unique_namespace("t"));
     let backend = connect(&server, settings.clone()).await;
-    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
+    let store = store_on(&backend, MAX_EVENTS).await;
     let id = ExecutionId::new_random();
     let subject = settings.events_subject(&id);
     // The log as the previous version wrote it: one event per message, no format header.
@@ -590,10 +547,8 @@ async fn long_logs_of_runs_read_through_the_ordered_consumer() {
     let server = NatsServer::start();
     let settings = NatsSettings::new(unique_namespace("t"));
     let backend = connect(&server, settings).await;
-    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
-    let id = ExecutionId::new_random();
-    store.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
-    store.append(ev(id, 2, route())).await.unwrap();
+    let store = store_on(&backend, MAX_EVENTS).await;
+    let id = routed(&store).await;
     let writer = WriterId::random();
     for start in (3..=98u64).step_by(32) {
         let run: Vec<EventRecord> = (start..start + 32)
@@ -621,9 +576,8 @@ async fn a_message_of_an_unknown_format_is_refused_not_misread() {
     let server = NatsServer::start();
     let settings = NatsSettings::new(unique_namespace("t"));
     let backend = connect(&server, settings.clone()).await;
-    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
-    let id = ExecutionId::new_random();
-    store.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
+    let store = store_on(&backend, MAX_EVENTS).await;
+    let id = accepted(&store).await;
     let body = format!(
         "[{}]",
         String::from_utf8(EventRecord::new(ev(id, 2, route())).json.to_vec()).unwrap()
@@ -651,11 +605,9 @@ async fn a_retried_run_after_a_lost_ack_is_absorbed_and_another_writers_run_is_f
     let server = NatsServer::start();
     let settings = NatsSettings::new(unique_namespace("t"));
     let backend = connect(&server, settings.clone()).await;
-    let first = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
+    let first = store_on(&backend, MAX_EVENTS).await;
     // The retrying side still holds the head from before its run landed (its ack was lost).
-    let retrying = NatsEventStore::new(connect(&server, settings).await, 4096)
-        .await
-        .unwrap();
+    let retrying = event_store(&server, settings).await;
     let id = ExecutionId::new_random();
     first.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
     first.append(ev(id, 2, route())).await.unwrap();
@@ -698,7 +650,7 @@ async fn runs_larger_than_a_message_are_split_to_fit_it() {
         ..NatsSettings::new(unique_namespace("t"))
     };
     let backend = connect(&server, settings).await;
-    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
+    let store = store_on(&backend, MAX_EVENTS).await;
     let id = ExecutionId::new_random();
     store.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
     store.append(ev(id, 2, route())).await.unwrap();
@@ -724,8 +676,7 @@ async fn a_pipelined_writer_stores_the_mock_execution_in_at_most_four_messages()
     let server = NatsServer::start();
     let settings = NatsSettings::new(unique_namespace("t"));
     let backend = connect(&server, settings).await;
-    let store: Arc<dyn EventStore> =
-        Arc::new(NatsEventStore::new(backend.clone(), 4096).await.unwrap());
+    let store: Arc<dyn EventStore> = Arc::new(store_on(&backend, MAX_EVENTS).await);
     let id = ExecutionId::new_random();
     let mut writer = runtime::EventWriter::create(
         Arc::clone(&store),
@@ -766,7 +717,7 @@ async fn logs_stored_before_owners_existed_belong_to_the_default_tenant() {
     let server = NatsServer::start();
     let settings = NatsSettings::new(unique_namespace("t"));
     let backend = connect(&server, settings.clone()).await;
-    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
+    let store = store_on(&backend, MAX_EVENTS).await;
     // `execution.accepted` as earlier versions stored it: no owner header.
     let id = ExecutionId::new_random();
     let accepted = EventRecord::new(ev(id, 1, EventBody::Accepted));

@@ -1,0 +1,36 @@
+//! Connections and stores over a private nats-server, shared by the tests against real
+//! servers.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use runtime::nats::{NatsBackend, NatsEventStore, NatsSettings};
+use testkit::{NatsServer, unique_namespace};
+
+/// The per-execution event limit of the stores below.
+pub const MAX_EVENTS: u64 = 4096;
+
+/// A connection to `server` with `settings` (several connections act like several processes).
+pub async fn connect(server: &NatsServer, settings: NatsSettings) -> NatsBackend {
+    NatsBackend::connect(&server.url(), settings, Duration::from_secs(30))
+        .await
+        .unwrap()
+}
+
+/// A connection to `server` in a namespace of its own.
+pub async fn backend(server: &NatsServer) -> NatsBackend {
+    connect(server, NatsSettings::new(unique_namespace("t"))).await
+}
+
+/// An event store on `backend` allowing `max_events` events per execution.
+pub async fn store_on(backend: &NatsBackend, max_events: u64) -> NatsEventStore {
+    NatsEventStore::new(backend.clone(), max_events)
+        .await
+        .unwrap()
+}
+
+/// An event store over its own connection with `settings`.
+pub async fn event_store(server: &NatsServer, settings: NatsSettings) -> NatsEventStore {
+    store_on(&connect(server, settings).await, MAX_EVENTS).await
+}
