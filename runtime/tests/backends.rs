@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use protocol::event::EventBody;
 use protocol::{ExecutionId, RuntimeError, RuntimeEvent, Sequence, Tenant, Timestamp};
-use runtime::nats::{NatsCancelBus, NatsJobQueue, NatsSettings};
+use runtime::nats::{NatsCancelBus, NatsJobQueue};
 use runtime::quota::RedisQuotaStore;
 use runtime::redis_idempotency::RedisIdempotencyStore;
 use runtime::{Admission, QuotaLimits, QuotaStore};
@@ -15,7 +15,7 @@ use runtime::{CancelBus, EventStore, JobQueue, StoreError, contract};
 use testkit::{NatsServer, RedisServer, unique_namespace};
 
 mod support;
-use support::{MAX_EVENTS, backend, connect, event_store, store_on};
+use support::{MAX_EVENTS, backend, connect, event_store, fresh_settings, store_on};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_event_store_passes_the_contract() {
@@ -133,7 +133,7 @@ async fn redis_quotas_hold_across_connections_and_stay_in_their_namespace() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_requested_in_another_process_reaches_the_watcher() {
     let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
+    let settings = fresh_settings();
     let worker_side = connect(&server, settings.clone()).await;
     let gateway_side = connect(&server, settings).await;
     let worker_bus = NatsCancelBus::new(worker_side).await.unwrap();
@@ -151,7 +151,7 @@ async fn a_second_store_instance_is_fenced_like_another_process() {
     // Two store instances with separate head caches race on one log: CAS in the server, not
     // the cache, decides.
     let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
+    let settings = fresh_settings();
     let a = event_store(&server, settings.clone()).await;
     let b = event_store(&server, settings).await;
     let id = ExecutionId::new_random();
@@ -189,7 +189,7 @@ async fn a_second_store_instance_is_fenced_like_another_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_events_survive_a_server_restart() {
     let mut server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
+    let settings = fresh_settings();
     let store = event_store(&server, settings).await;
     let id = contract::accepted(&store).await;
     for seq in 2..=20 {

@@ -19,7 +19,7 @@ use testkit::{NatsServer, unique_namespace};
 const PROMPT: Duration = Duration::from_secs(20);
 
 mod support;
-use support::{MAX_EVENTS, connect, event_store, store_on};
+use support::{connect, event_store, fresh_settings, node, node_with};
 
 fn json_of(records: &[Arc<EventRecord>]) -> Vec<String> {
     records
@@ -41,13 +41,11 @@ async fn stored(store: &NatsEventStore, id: ExecutionId) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_never_see_appends_the_stream_refused_or_never_stored() {
-    let server = NatsServer::start();
-    let settings = NatsSettings {
+    let (server, settings, backend, store) = node_with(NatsSettings {
         max_event_bytes: 4096,
-        ..NatsSettings::new(unique_namespace("t"))
-    };
-    let backend = connect(&server, settings.clone()).await;
-    let store = store_on(&backend, MAX_EVENTS).await;
+        ..fresh_settings()
+    })
+    .await;
     let id = routed(&store).await;
     // Readers on their own connection (another gateway), subscribed before the ghosts.
     let reader_side = event_store(&server, settings.clone()).await;
@@ -123,7 +121,7 @@ async fn readers_see_exactly_the_log_while_writers_on_other_connections_race() {
     // Writers on separate connections (separate processes) race for every sequence; the losers
     // are fenced by compare-and-set. Readers on a third connection must show exactly the log.
     let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
+    let settings = fresh_settings();
     let mut writers = Vec::new();
     for _ in 0..4 {
         writers.push(Arc::new(event_store(&server, settings.clone()).await));
@@ -155,7 +153,7 @@ async fn readers_see_exactly_the_log_while_writers_on_other_connections_race() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_events_stream_created_without_republish_gets_it_at_startup() {
     let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
+    let settings = fresh_settings();
     // The stream as earlier versions created it.
     let client = async_nats::connect(server.url()).await.unwrap();
     let js = jetstream::new(client);
@@ -359,7 +357,7 @@ async fn a_restart_with_another_admission_limit_and_retention_applies_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_setting_jetstream_cannot_change_stops_the_start_and_is_named() {
     let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
+    let settings = fresh_settings();
     let client = async_nats::connect(server.url()).await.unwrap();
     let js = jetstream::new(client);
     js.create_stream(stream::Config {
@@ -391,7 +389,7 @@ async fn a_server_list_connects_past_a_dead_entry_and_a_malformed_list_is_refuse
     let server = NatsServer::start();
     let dead = format!("nats://127.0.0.1:{}", testkit::free_port());
     let list = format!("{dead}, {}", server.url());
-    let settings = NatsSettings::new(unique_namespace("t"));
+    let settings = fresh_settings();
     let backend = NatsBackend::connect(&list, settings.clone(), Duration::from_secs(30))
         .await
         .expect("one live server in the list is enough");
@@ -471,10 +469,7 @@ fn sequences(records: &[Arc<EventRecord>]) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_is_one_message_and_single_event_messages_of_old_logs_stay_readable() {
-    let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
-    let backend = connect(&server, settings.clone()).await;
-    let store = store_on(&backend, MAX_EVENTS).await;
+    let (_server, settings, backend, store) = node().await;
     let id = ExecutionId::new_random();
     let subject = settings.events_subject(&id);
     // The log as the previous version wrote it: one event per message, no format header.
@@ -544,10 +539,7 @@ async fn a_run_is_one_message_and_single_event_messages_of_old_logs_stay_readabl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_logs_of_runs_read_through_the_ordered_consumer() {
     // Past 64 events readers use an ordered consumer: it expands runs too.
-    let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
-    let backend = connect(&server, settings).await;
-    let store = store_on(&backend, MAX_EVENTS).await;
+    let (_server, _, backend, store) = node().await;
     let id = routed(&store).await;
     let writer = WriterId::random();
     for start in (3..=98u64).step_by(32) {
@@ -573,10 +565,7 @@ async fn long_logs_of_runs_read_through_the_ordered_consumer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_of_an_unknown_format_is_refused_not_misread() {
-    let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
-    let backend = connect(&server, settings.clone()).await;
-    let store = store_on(&backend, MAX_EVENTS).await;
+    let (_server, settings, backend, store) = node().await;
     let id = accepted(&store).await;
     let body = format!(
         "[{}]",
@@ -602,10 +591,7 @@ async fn a_message_of_an_unknown_format_is_refused_not_misread() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_run_after_a_lost_ack_is_absorbed_and_another_writers_run_is_fenced() {
-    let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
-    let backend = connect(&server, settings.clone()).await;
-    let first = store_on(&backend, MAX_EVENTS).await;
+    let (server, settings, backend, first) = node().await;
     // The retrying side still holds the head from before its run landed (its ack was lost).
     let retrying = event_store(&server, settings).await;
     let id = ExecutionId::new_random();
@@ -644,13 +630,11 @@ async fn a_retried_run_after_a_lost_ack_is_absorbed_and_another_writers_run_is_f
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_larger_than_a_message_are_split_to_fit_it() {
-    let server = NatsServer::start();
-    let settings = NatsSettings {
+    let (_server, _, backend, store) = node_with(NatsSettings {
         max_event_bytes: 4096,
-        ..NatsSettings::new(unique_namespace("t"))
-    };
-    let backend = connect(&server, settings).await;
-    let store = store_on(&backend, MAX_EVENTS).await;
+        ..fresh_settings()
+    })
+    .await;
     let id = ExecutionId::new_random();
     store.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
     store.append(ev(id, 2, route())).await.unwrap();
@@ -673,10 +657,8 @@ async fn a_pipelined_writer_stores_the_mock_execution_in_at_most_four_messages()
     // provider call), three deltas, usage and the terminal event handed over back to back.
     // On this one-thread runtime the appender runs only when the runner waits, the way it
     // finds the events queued behind an append in flight.
-    let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
-    let backend = connect(&server, settings).await;
-    let store: Arc<dyn EventStore> = Arc::new(store_on(&backend, MAX_EVENTS).await);
+    let (_server, _, backend, store) = node().await;
+    let store: Arc<dyn EventStore> = Arc::new(store);
     let id = ExecutionId::new_random();
     let mut writer = runtime::EventWriter::create(
         Arc::clone(&store),
@@ -714,10 +696,7 @@ async fn a_pipelined_writer_stores_the_mock_execution_in_at_most_four_messages()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_stored_before_owners_existed_belong_to_the_default_tenant() {
-    let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
-    let backend = connect(&server, settings.clone()).await;
-    let store = store_on(&backend, MAX_EVENTS).await;
+    let (_server, settings, backend, store) = node().await;
     // `execution.accepted` as earlier versions stored it: no owner header.
     let id = ExecutionId::new_random();
     let accepted = EventRecord::new(ev(id, 1, EventBody::Accepted));

@@ -34,3 +34,24 @@ pub async fn store_on(backend: &NatsBackend, max_events: u64) -> NatsEventStore 
 pub async fn event_store(server: &NatsServer, settings: NatsSettings) -> NatsEventStore {
     store_on(&connect(server, settings).await, MAX_EVENTS).await
 }
+
+/// The settings of a namespace of its own.
+pub fn fresh_settings() -> NatsSettings {
+    NatsSettings::new(unique_namespace("t"))
+}
+
+/// One process on a private server: the server (keep it alive), `settings`, a connection
+/// with them and an event store over that connection.
+pub async fn node_with(
+    settings: NatsSettings,
+) -> (NatsServer, NatsSettings, NatsBackend, NatsEventStore) {
+    let server = NatsServer::start();
+    let backend = connect(&server, settings.clone()).await;
+    let store = store_on(&backend, MAX_EVENTS).await;
+    (server, settings, backend, store)
+}
+
+/// [`node_with`] in a namespace of its own.
+pub async fn node() -> (NatsServer, NatsSettings, NatsBackend, NatsEventStore) {
+    node_with(fresh_settings()).await
+}
