@@ -269,7 +269,7 @@ async fn next_delivery(queue: &NatsJobQueue) -> Delivery {
 async fn first_delivery_follows_the_server(queue: &NatsJobQueue, want: Duration) {
     let id = ExecutionId::new_random();
     queue.publish(&job(id)).await.unwrap();
-    let delivery = next_delivery(&queue).await;
+    let delivery = next_delivery(queue).await;
     let started = Instant::now();
     while delivery.handle.lease() != Some(want) {
         assert!(
