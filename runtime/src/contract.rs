@@ -146,6 +146,20 @@ fn sequences(records: &[Arc<crate::EventRecord>]) -> Vec<u64> {
     records.iter().map(|r| r.sequence().get()).collect()
 }
 
+/// Up to `limit` events of the known execution `id` after sequence `after`.
+pub async fn read(
+    store: &dyn EventStore,
+    id: ExecutionId,
+    after: u64,
+    limit: usize,
+) -> Vec<Arc<crate::EventRecord>> {
+    store
+        .read(id, Sequence(after), limit)
+        .await
+        .unwrap()
+        .unwrap()
+}
+
 /// Everything a subscription yields until it ends.
 pub async fn drain(mut stream: crate::EventStream) -> Vec<Arc<crate::EventRecord>> {
     let mut out = Vec::new();
@@ -204,7 +218,7 @@ async fn runs_read_like_events_appended_one_by_one(store: Arc<dyn EventStore>) {
             .collect(),
     );
     store.append_run_as(&run, writer).await.unwrap();
-    let all = store.read(id, Sequence(0), 100).await.unwrap().unwrap();
+    let all = read(&*store, id, 0, 100).await;
     assert_eq!(sequences(&all), [1, 2, 3, 4, 5, 6]);
     for (stored, appended) in all[2..].iter().zip(&run) {
         assert_eq!(
@@ -213,14 +227,8 @@ async fn runs_read_like_events_appended_one_by_one(store: Arc<dyn EventStore>) {
         );
     }
     // Cursors and limits inside the run.
-    assert_eq!(
-        sequences(&store.read(id, Sequence(4), 100).await.unwrap().unwrap()),
-        [5, 6]
-    );
-    assert_eq!(
-        sequences(&store.read(id, Sequence(3), 2).await.unwrap().unwrap()),
-        [4, 5]
-    );
+    assert_eq!(sequences(&read(&*store, id, 4, 100).await), [5, 6]);
+    assert_eq!(sequences(&read(&*store, id, 3, 2).await), [4, 5]);
     let head = store.head(id).await.unwrap().unwrap();
     assert_eq!(
         head.last_sequence,
@@ -288,7 +296,7 @@ async fn runs_are_fenced_like_events(store: Arc<dyn EventStore>) {
         }
     }
     assert_eq!(winners.len(), 1, "exactly one run wins");
-    let log = store.read(id, Sequence(0), 100).await.unwrap().unwrap();
+    let log = read(&*store, id, 0, 100).await;
     assert_eq!(sequences(&log), [1, 2, 3, 4, 5, 6]);
     let winner = format!("writer {} at", winners[0]);
     assert!(
@@ -386,24 +394,17 @@ async fn create_and_append_in_order(store: &dyn EventStore) {
     let state = store.state(id).await.unwrap().unwrap();
     assert_eq!(state.last_sequence(), Sequence(3));
     assert_eq!(state.status(), ExecutionStatus::Running);
-    let all = store.read(id, Sequence(0), 100).await.unwrap().unwrap();
+    let all = read(store, id, 0, 100).await;
     assert_eq!(
         all.iter().map(|r| r.sequence().get()).collect::<Vec<_>>(),
         vec![1, 2, 3]
     );
-    let tail = store.read(id, Sequence(1), 1).await.unwrap().unwrap();
+    let tail = read(store, id, 1, 1).await;
     assert_eq!(
         tail.iter().map(|r| r.sequence().get()).collect::<Vec<_>>(),
         vec![2]
     );
-    assert!(
-        store
-            .read(id, Sequence(3), 100)
-            .await
-            .unwrap()
-            .unwrap()
-            .is_empty()
-    );
+    assert!(read(store, id, 3, 100).await.is_empty());
     // JSON on the record is the event's wire form.
     let parsed: RuntimeEvent = serde_json::from_slice(&all[2].json).unwrap();
     assert_eq!(parsed, all[2].event);
@@ -450,15 +451,7 @@ async fn compare_and_set_fences_writers(store: Arc<dyn EventStore>) {
     ));
     // A gap is refused too.
     assert!(store.append(event(id, 4, delta("x"))).await.is_err());
-    assert_eq!(
-        store
-            .read(id, Sequence(0), 100)
-            .await
-            .unwrap()
-            .unwrap()
-            .len(),
-        2
-    );
+    assert_eq!(read(&*store, id, 0, 100).await.len(), 2);
 }
 
 async fn subscription_replays_then_follows_then_ends(store: Arc<dyn EventStore>) {
