@@ -14,14 +14,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use protocol::materialize::{LogViolation, Materializer};
+use protocol::materialize::LogViolation;
 use protocol::{ExecutionId, RuntimeEvent, Sequence};
 use runtime::memory::{
     MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
 };
-use runtime::{
-    EventRecord, EventStore, EventStream, IdempotencyRecord, IdempotencyStore, StoreError, WriterId,
-};
+use runtime::{EventStore, IdempotencyRecord, IdempotencyStore, StoreError};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -32,40 +30,16 @@ struct RefusingStore {
 }
 
 #[async_trait]
-impl EventStore for RefusingStore {
+impl runtime::intercept::Intercept for RefusingStore {
+    fn inner(&self) -> &dyn EventStore {
+        &self.inner
+    }
     async fn create_owned(
         &self,
         _accepted: RuntimeEvent,
         _owner: &protocol::Tenant,
     ) -> Result<(), StoreError> {
         Err(self.create_error.clone())
-    }
-    async fn owner(&self, id: ExecutionId) -> Result<Option<protocol::Tenant>, StoreError> {
-        self.inner.owner(id).await
-    }
-    async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError> {
-        self.inner.append_as(event, writer).await
-    }
-    async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, StoreError> {
-        self.inner.state(id).await
-    }
-    async fn read(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-        limit: usize,
-    ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError> {
-        self.inner.read(id, after, limit).await
-    }
-    async fn subscribe(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-    ) -> Result<Option<EventStream>, StoreError> {
-        self.inner.subscribe(id, after).await
-    }
-    async fn ready(&self) -> Result<(), StoreError> {
-        self.inner.ready().await
     }
 }
 

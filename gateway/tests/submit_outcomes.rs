@@ -20,15 +20,11 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use config::{BaseUrl, FlowLimits};
 use parking_lot::Mutex;
-use protocol::materialize::Materializer;
 use protocol::{ExecutionId, RuntimeEvent, Sequence};
 use runtime::memory::{
     MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
 };
-use runtime::{
-    CancelBus, Delivery, EventRecord, EventStore, EventStream, Job, JobQueue, LogHead, QueuedJob,
-    StoreError, WriterId,
-};
+use runtime::{CancelBus, Delivery, EventStore, Job, JobQueue, LogHead, QueuedJob, StoreError};
 use serde_json::{Value, json};
 use testkit::fake_provider::{FakeProvider, Reply};
 use tower::ServiceExt;
@@ -100,7 +96,13 @@ impl FaultyStore {
 }
 
 #[async_trait]
-impl EventStore for FaultyStore {
+impl runtime::intercept::Intercept for FaultyStore {
+    fn inner(&self) -> &dyn EventStore {
+        self.inner.as_ref()
+    }
+    fn available(&self) -> Result<(), StoreError> {
+        self.check()
+    }
     async fn create_owned(
         &self,
         accepted: RuntimeEvent,
@@ -116,41 +118,9 @@ impl EventStore for FaultyStore {
             }
         }
     }
-    async fn owner(&self, id: ExecutionId) -> Result<Option<protocol::Tenant>, StoreError> {
-        self.check()?;
-        self.inner.owner(id).await
-    }
-    async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.append_as(event, writer).await
-    }
     async fn head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
         self.check()?;
         self.inner.head(id).await
-    }
-    async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, StoreError> {
-        self.check()?;
-        self.inner.state(id).await
-    }
-    async fn read(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-        limit: usize,
-    ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError> {
-        self.check()?;
-        self.inner.read(id, after, limit).await
-    }
-    async fn subscribe(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-    ) -> Result<Option<EventStream>, StoreError> {
-        self.check()?;
-        self.inner.subscribe(id, after).await
-    }
-    async fn ready(&self) -> Result<(), StoreError> {
-        self.check()
     }
 }
 

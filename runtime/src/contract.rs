@@ -64,7 +64,7 @@ pub fn completed() -> EventBody {
 }
 
 /// A new execution whose log holds `accepted` (1).
-async fn accepted(store: &dyn EventStore) -> ExecutionId {
+pub async fn accepted(store: &dyn EventStore) -> ExecutionId {
     let id = ExecutionId::new_random();
     store
         .create(event(id, 1, EventBody::Accepted))
@@ -74,7 +74,7 @@ async fn accepted(store: &dyn EventStore) -> ExecutionId {
 }
 
 /// A new execution whose log holds `accepted` (1) and `route_selected` (2).
-async fn routed(store: &dyn EventStore) -> ExecutionId {
+pub async fn routed(store: &dyn EventStore) -> ExecutionId {
     let id = accepted(store).await;
     store.append(event(id, 2, route_selected())).await.unwrap();
     id
@@ -146,13 +146,63 @@ fn sequences(records: &[Arc<crate::EventRecord>]) -> Vec<u64> {
     records.iter().map(|r| r.sequence().get()).collect()
 }
 
+/// Up to `limit` events of the known execution `id` after sequence `after`.
+pub async fn read(
+    store: &dyn EventStore,
+    id: ExecutionId,
+    after: u64,
+    limit: usize,
+) -> Vec<Arc<crate::EventRecord>> {
+    store
+        .read(id, Sequence(after), limit)
+        .await
+        .unwrap()
+        .unwrap()
+}
+
 /// Everything a subscription yields until it ends.
-async fn drain(mut stream: crate::EventStream) -> Vec<Arc<crate::EventRecord>> {
+pub async fn drain(mut stream: crate::EventStream) -> Vec<Arc<crate::EventRecord>> {
     let mut out = Vec::new();
     while let Some(item) = tokio::time::timeout(PROMPT, stream.next()).await.unwrap() {
         out.push(item.unwrap());
     }
     out
+}
+
+/// Starts `task(i, shared)` for each `i` in `0..n` on its own Tokio task, each with its own
+/// handle on `shared`; the handles come back in the order of `i`.
+pub fn spawn_each<S, T, Fut>(
+    shared: &Arc<S>,
+    n: usize,
+    task: impl Fn(usize, Arc<S>) -> Fut,
+) -> Vec<tokio::task::JoinHandle<T>>
+where
+    S: ?Sized,
+    T: Send + 'static,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+{
+    (0..n)
+        .map(|i| tokio::spawn(task(i, Arc::clone(shared))))
+        .collect()
+}
+
+/// Writer `w` of a race: appends sequences 3 to `last` of `id` (`completed` at `last`, deltas
+/// before it) as one writer, yielding after each, and shrugs off losing a sequence
+/// (`Conflict`); any other error panics.
+pub async fn race_to(store: &dyn EventStore, id: ExecutionId, w: usize, last: u64) {
+    let writer = crate::event_store::WriterId::random();
+    for seq in 3..=last {
+        let body = if seq == last {
+            completed()
+        } else {
+            delta(&format!("writer {w} at {seq}"))
+        };
+        match store.append_as(event(id, seq, body), writer).await {
+            Ok(()) | Err(StoreError::Conflict { .. }) => {}
+            Err(e) => panic!("unexpected error {e:?}"),
+        }
+        tokio::task::yield_now().await;
+    }
 }
 
 /// A run appended in one go reads, replays, follows live and materializes exactly like the
@@ -168,7 +218,7 @@ async fn runs_read_like_events_appended_one_by_one(store: Arc<dyn EventStore>) {
             .collect(),
     );
     store.append_run_as(&run, writer).await.unwrap();
-    let all = store.read(id, Sequence(0), 100).await.unwrap().unwrap();
+    let all = read(&*store, id, 0, 100).await;
     assert_eq!(sequences(&all), [1, 2, 3, 4, 5, 6]);
     for (stored, appended) in all[2..].iter().zip(&run) {
         assert_eq!(
@@ -177,14 +227,8 @@ async fn runs_read_like_events_appended_one_by_one(store: Arc<dyn EventStore>) {
         );
     }
     // Cursors and limits inside the run.
-    assert_eq!(
-        sequences(&store.read(id, Sequence(4), 100).await.unwrap().unwrap()),
-        [5, 6]
-    );
-    assert_eq!(
-        sequences(&store.read(id, Sequence(3), 2).await.unwrap().unwrap()),
-        [4, 5]
-    );
+    assert_eq!(sequences(&read(&*store, id, 4, 100).await), [5, 6]);
+    assert_eq!(sequences(&read(&*store, id, 3, 2).await), [4, 5]);
     let head = store.head(id).await.unwrap().unwrap();
     assert_eq!(
         head.last_sequence,
@@ -227,21 +271,17 @@ async fn runs_read_like_events_appended_one_by_one(store: Arc<dyn EventStore>) {
 /// are fenced and store nothing; a stale run is refused.
 async fn runs_are_fenced_like_events(store: Arc<dyn EventStore>) {
     let id = routed(store.as_ref()).await;
-    let mut tasks = Vec::new();
-    for w in 0..8 {
-        let store = Arc::clone(&store);
-        tasks.push(tokio::spawn(async move {
-            let run = records(
-                (3..=6)
-                    .map(|s| event(id, s, delta(&format!("writer {w} at {s}"))))
-                    .collect(),
-            );
-            (
-                w,
-                store.append_run_as(&run, crate::WriterId::random()).await,
-            )
-        }));
-    }
+    let tasks = spawn_each(&store, 8, |w, store| async move {
+        let run = records(
+            (3..=6)
+                .map(|s| event(id, s, delta(&format!("writer {w} at {s}"))))
+                .collect(),
+        );
+        (
+            w,
+            store.append_run_as(&run, crate::WriterId::random()).await,
+        )
+    });
     let mut winners = Vec::new();
     for t in tasks {
         match t.await.unwrap() {
@@ -256,7 +296,7 @@ async fn runs_are_fenced_like_events(store: Arc<dyn EventStore>) {
         }
     }
     assert_eq!(winners.len(), 1, "exactly one run wins");
-    let log = store.read(id, Sequence(0), 100).await.unwrap().unwrap();
+    let log = read(&*store, id, 0, 100).await;
     assert_eq!(sequences(&log), [1, 2, 3, 4, 5, 6]);
     let winner = format!("writer {} at", winners[0]);
     assert!(
@@ -354,24 +394,17 @@ async fn create_and_append_in_order(store: &dyn EventStore) {
     let state = store.state(id).await.unwrap().unwrap();
     assert_eq!(state.last_sequence(), Sequence(3));
     assert_eq!(state.status(), ExecutionStatus::Running);
-    let all = store.read(id, Sequence(0), 100).await.unwrap().unwrap();
+    let all = read(store, id, 0, 100).await;
     assert_eq!(
         all.iter().map(|r| r.sequence().get()).collect::<Vec<_>>(),
         vec![1, 2, 3]
     );
-    let tail = store.read(id, Sequence(1), 1).await.unwrap().unwrap();
+    let tail = read(store, id, 1, 1).await;
     assert_eq!(
         tail.iter().map(|r| r.sequence().get()).collect::<Vec<_>>(),
         vec![2]
     );
-    assert!(
-        store
-            .read(id, Sequence(3), 100)
-            .await
-            .unwrap()
-            .unwrap()
-            .is_empty()
-    );
+    assert!(read(store, id, 3, 100).await.is_empty());
     // JSON on the record is the event's wire form.
     let parsed: RuntimeEvent = serde_json::from_slice(&all[2].json).unwrap();
     assert_eq!(parsed, all[2].event);
@@ -392,20 +425,16 @@ async fn create_and_append_in_order(store: &dyn EventStore) {
 async fn compare_and_set_fences_writers(store: Arc<dyn EventStore>) {
     let id = accepted(store.as_ref()).await;
     // Many writers race for sequence 2 with different events: exactly one wins.
-    let mut tasks = Vec::new();
-    for i in 0..16 {
-        let store = Arc::clone(&store);
-        tasks.push(tokio::spawn(async move {
-            let body = if i % 2 == 0 {
-                route_selected()
-            } else {
-                EventBody::Failed {
-                    error: RuntimeError::cancelled(),
-                }
-            };
-            store.append(event(id, 2, body)).await
-        }));
-    }
+    let tasks = spawn_each(&store, 16, |i, store| async move {
+        let body = if i % 2 == 0 {
+            route_selected()
+        } else {
+            EventBody::Failed {
+                error: RuntimeError::cancelled(),
+            }
+        };
+        store.append(event(id, 2, body)).await
+    });
     let mut wins = 0;
     for t in tasks {
         match t.await.unwrap() {
@@ -422,15 +451,7 @@ async fn compare_and_set_fences_writers(store: Arc<dyn EventStore>) {
     ));
     // A gap is refused too.
     assert!(store.append(event(id, 4, delta("x"))).await.is_err());
-    assert_eq!(
-        store
-            .read(id, Sequence(0), 100)
-            .await
-            .unwrap()
-            .unwrap()
-            .len(),
-        2
-    );
+    assert_eq!(read(&*store, id, 0, 100).await.len(), 2);
 }
 
 async fn subscription_replays_then_follows_then_ends(store: Arc<dyn EventStore>) {
@@ -486,33 +507,13 @@ async fn readers_see_only_stored_events(store: Arc<dyn EventStore>) {
     for after in [0, 2] {
         let stream = store.subscribe(id, Sequence(after)).await.unwrap().unwrap();
         readers.push(tokio::spawn(async move {
-            let mut seen = Vec::new();
-            let mut stream = stream;
-            while let Some(item) = tokio::time::timeout(PROMPT, stream.next()).await.unwrap() {
-                seen.push(item.unwrap().json.clone());
-            }
-            seen
+            let seen = drain(stream).await;
+            seen.iter().map(|r| r.json.clone()).collect::<Vec<_>>()
         }));
     }
-    let mut writers = Vec::new();
-    for w in 0..4 {
-        let store = Arc::clone(&store);
-        writers.push(tokio::spawn(async move {
-            let writer = crate::event_store::WriterId::random();
-            for seq in 3..=20u64 {
-                let body = if seq == 20 {
-                    completed()
-                } else {
-                    delta(&format!("writer {w} at {seq}"))
-                };
-                match store.append_as(event(id, seq, body), writer).await {
-                    Ok(()) | Err(StoreError::Conflict { .. }) => {}
-                    Err(e) => panic!("unexpected error {e:?}"),
-                }
-                tokio::task::yield_now().await;
-            }
-        }));
-    }
+    let writers = spawn_each(&store, 4, |w, store| async move {
+        race_to(store.as_ref(), id, w, 20).await;
+    });
     for w in writers {
         w.await.unwrap();
     }
@@ -789,15 +790,13 @@ pub async fn idempotency_suite(store: Arc<dyn IdempotencyStore>) {
     assert_eq!(store.claim(&key, &again).await.unwrap(), None);
     // Concurrent first claims: exactly one wins, all others see the winner.
     let key = format!("race-{}", ExecutionId::new_random());
-    let mut tasks = Vec::new();
-    for i in 0..50 {
-        let store = Arc::clone(&store);
+    let tasks = spawn_each(&store, 50, |i, store| {
         let key = key.clone();
-        tasks.push(tokio::spawn(async move {
+        async move {
             let r = record(&format!("fp{i}"));
             (r.clone(), store.claim(&key, &r).await.unwrap())
-        }));
-    }
+        }
+    });
     let mut winners = Vec::new();
     let mut seen = Vec::new();
     for t in tasks {

@@ -63,6 +63,17 @@ pub struct LogHead {
     pub last_time: protocol::Timestamp,
 }
 
+impl LogHead {
+    /// The head of the log `state` was materialized from.
+    pub fn of(state: &Materializer) -> Self {
+        Self {
+            last_sequence: state.last_sequence(),
+            terminal: state.is_terminal(),
+            last_time: state.snapshot().updated_at,
+        }
+    }
+}
+
 /// Why [`EventStore::append_run_as`] stopped: the error, and how many leading events of the run
 /// were stored (acknowledged) before it. An event whose outcome is unknown (a lost
 /// acknowledgement) is not counted: retrying the rest with the same writer is safe.
@@ -96,6 +107,28 @@ pub fn check_run(run: &[EventRecord]) -> Result<(), protocol::materialize::LogVi
             return Err(LogViolation::AfterTerminal);
         }
         protocol::materialize::check_event(event)?;
+    }
+    Ok(())
+}
+
+/// [`EventStore::append_run_as`] the default way: checks `run`, then hands its events to
+/// `append` one by one, in order, stopping at the first error (with how many were stored).
+pub(crate) async fn append_one_by_one<F, Fut>(
+    run: &[EventRecord],
+    mut append: F,
+) -> Result<(), RunError>
+where
+    F: FnMut(RuntimeEvent) -> Fut,
+    Fut: std::future::Future<Output = Result<(), StoreError>>,
+{
+    check_run(run).map_err(|e| RunError {
+        stored: 0,
+        error: e.into(),
+    })?;
+    for (stored, record) in run.iter().enumerate() {
+        append(record.event.clone())
+            .await
+            .map_err(|error| RunError { stored, error })?;
     }
     Ok(())
 }
@@ -180,16 +213,7 @@ pub trait EventStore: Send + Sync + 'static {
     /// exactly where it stopped. Stores with a cheaper way (one message for the run) override
     /// it.
     async fn append_run_as(&self, run: &[EventRecord], writer: WriterId) -> Result<(), RunError> {
-        check_run(run).map_err(|e| RunError {
-            stored: 0,
-            error: e.into(),
-        })?;
-        for (stored, record) in run.iter().enumerate() {
-            self.append_as(record.event.clone(), writer)
-                .await
-                .map_err(|error| RunError { stored, error })?;
-        }
-        Ok(())
+        append_one_by_one(run, |event| self.append_as(event, writer)).await
     }
 
     /// Whether appends take a round trip worth overlapping: the [`crate::EventWriter`] then
@@ -205,11 +229,7 @@ pub trait EventStore: Send + Sync + 'static {
     /// The last event's sequence, terminality and time, or `None` for an unknown execution.
     /// Implementations with a cheaper way than materializing override it.
     async fn head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
-        Ok(self.state(id).await?.map(|m| LogHead {
-            last_sequence: m.last_sequence(),
-            terminal: m.is_terminal(),
-            last_time: m.snapshot().updated_at,
-        }))
+        Ok(self.state(id).await?.as_ref().map(LogHead::of))
     }
 
     /// Up to `limit` events after `after`.

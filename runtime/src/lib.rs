@@ -23,6 +23,8 @@
 //!   memory and Redis implementations, and `QuotaGate`, which the gateway calls per submit.
 //! - [`tls`]: the rustls provider, certificate file checks and TLS failures, shared by the
 //!   NATS and Redis connections.
+//! - `intercept` (feature `test-support`): `Intercept`, one event store for tests that forwards
+//!   to an inner store and overrides only the operations a test interferes with.
 //! - `contract` (feature `contract-tests`): the test suite every implementation must pass, so
 //!   the NATS and Redis implementations are held to exactly the same behaviour.
 //!
@@ -38,6 +40,8 @@ pub mod deadline;
 pub mod error;
 pub mod event_store;
 pub mod idempotency;
+#[cfg(any(test, feature = "test-support"))]
+pub mod intercept;
 pub mod job;
 pub mod memory;
 pub mod nats;

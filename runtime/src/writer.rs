@@ -512,6 +512,7 @@ impl EventWriter {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+    use crate::contract::delta;
     use crate::memory::{MemoryEventStore, MemoryLimits};
     use futures_util::FutureExt;
     use tokio::sync::Semaphore;
@@ -537,19 +538,9 @@ mod tests {
     }
 
     #[async_trait::async_trait]
-    impl EventStore for GatedStore {
-        async fn create_owned(
-            &self,
-            accepted: RuntimeEvent,
-            owner: &Tenant,
-        ) -> Result<(), StoreError> {
-            self.inner.create_owned(accepted, owner).await
-        }
-        async fn owner(&self, id: ExecutionId) -> Result<Option<Tenant>, StoreError> {
-            self.inner.owner(id).await
-        }
-        async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError> {
-            self.inner.append_as(event, writer).await
+    impl crate::intercept::Intercept for GatedStore {
+        fn inner(&self) -> &dyn EventStore {
+            &self.inner
         }
         async fn append_run_as(
             &self,
@@ -566,36 +557,8 @@ mod tests {
         fn pipelines_appends(&self) -> bool {
             true
         }
-        async fn state(
-            &self,
-            id: ExecutionId,
-        ) -> Result<Option<protocol::materialize::Materializer>, StoreError> {
-            self.inner.state(id).await
-        }
-        async fn read(
-            &self,
-            id: ExecutionId,
-            after: Sequence,
-            limit: usize,
-        ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError> {
-            self.inner.read(id, after, limit).await
-        }
-        async fn subscribe(
-            &self,
-            id: ExecutionId,
-            after: Sequence,
-        ) -> Result<Option<crate::EventStream>, StoreError> {
-            self.inner.subscribe(id, after).await
-        }
         async fn ready(&self) -> Result<(), StoreError> {
             Ok(())
-        }
-    }
-
-    fn delta(text: &str) -> EventBody {
-        EventBody::OutputDelta {
-            output_index: 0,
-            delta: text.into(),
         }
     }
 
@@ -610,14 +573,23 @@ mod tests {
         (id, writer)
     }
 
-    #[tokio::test]
-    async fn events_handed_in_during_an_append_go_in_the_next_one_as_one_run() {
+    /// A pipelined writer over a store gated shut, whose first run (the one event `first`)
+    /// is in flight, waiting at the gate.
+    async fn held_at_the_gate(
+        first: &str,
+    ) -> (Arc<Semaphore>, Arc<GatedStore>, ExecutionId, EventWriter) {
         let gate = Arc::new(Semaphore::new(0));
         let store = GatedStore::new(MemoryLimits::default(), Some(Arc::clone(&gate)));
         let (id, mut writer) = pipelined_writer(&store).await;
-        writer.submit(delta("a")).await.unwrap();
-        // The appender takes the first event at once (nothing in flight: no waiting for more).
+        writer.submit(delta(first)).await.unwrap();
         store.entered.notified().await;
+        (gate, store, id, writer)
+    }
+
+    #[tokio::test]
+    async fn events_handed_in_during_an_append_go_in_the_next_one_as_one_run() {
+        // The appender takes the first event at once (nothing in flight: no waiting for more).
+        let (gate, store, id, mut writer) = held_at_the_gate("a").await;
         for text in ["b", "c", "d"] {
             writer.submit(delta(text)).await.unwrap();
         }
@@ -643,11 +615,7 @@ mod tests {
 
     #[tokio::test]
     async fn runs_are_bounded_and_a_full_queue_holds_the_caller_back() {
-        let gate = Arc::new(Semaphore::new(0));
-        let store = GatedStore::new(MemoryLimits::default(), Some(Arc::clone(&gate)));
-        let (_, mut writer) = pipelined_writer(&store).await;
-        writer.submit(delta("first")).await.unwrap();
-        store.entered.notified().await;
+        let (gate, store, _, mut writer) = held_at_the_gate("first").await;
         for i in 0..QUEUE_MAX_EVENTS {
             writer.submit(delta(&i.to_string())).await.unwrap();
         }

@@ -7,46 +7,27 @@ use std::time::Duration;
 
 use protocol::event::EventBody;
 use protocol::{ExecutionId, RuntimeError, RuntimeEvent, Sequence, Tenant, Timestamp};
-use runtime::nats::{NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings};
+use runtime::nats::{NatsCancelBus, NatsJobQueue};
 use runtime::quota::RedisQuotaStore;
 use runtime::redis_idempotency::RedisIdempotencyStore;
 use runtime::{Admission, QuotaLimits, QuotaStore};
 use runtime::{CancelBus, EventStore, JobQueue, StoreError, contract};
 use testkit::{NatsServer, RedisServer, unique_namespace};
 
-async fn backend(server: &NatsServer) -> NatsBackend {
-    connect(server, NatsSettings::new(unique_namespace("t"))).await
-}
-
-async fn connect(server: &NatsServer, settings: NatsSettings) -> NatsBackend {
-    NatsBackend::connect(&server.url(), settings, Duration::from_secs(30))
-        .await
-        .unwrap()
-}
-
-/// An event store over its own connection with `settings` (several instances act like
-/// several processes).
-async fn event_store(server: &NatsServer, settings: NatsSettings) -> NatsEventStore {
-    NatsEventStore::new(connect(server, settings).await, 4096)
-        .await
-        .unwrap()
-}
+mod support;
+use support::{MAX_EVENTS, backend, connect, event_store, fresh_settings, store_on};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_event_store_passes_the_contract() {
     let server = NatsServer::start();
-    let store = NatsEventStore::new(backend(&server).await, 4096)
-        .await
-        .unwrap();
+    let store = store_on(&backend(&server).await, MAX_EVENTS).await;
     contract::event_store_suite(Arc::new(store)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_event_store_limits_runs_like_events() {
     let server = NatsServer::start();
-    let store = NatsEventStore::new(backend(&server).await, 5)
-        .await
-        .unwrap();
+    let store = store_on(&backend(&server).await, 5).await;
     contract::run_limit_suite(Arc::new(store)).await;
 }
 
@@ -152,7 +133,7 @@ async fn redis_quotas_hold_across_connections_and_stay_in_their_namespace() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_requested_in_another_process_reaches_the_watcher() {
     let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
+    let settings = fresh_settings();
     let worker_side = connect(&server, settings.clone()).await;
     let gateway_side = connect(&server, settings).await;
     let worker_bus = NatsCancelBus::new(worker_side).await.unwrap();
@@ -170,7 +151,7 @@ async fn a_second_store_instance_is_fenced_like_another_process() {
     // Two store instances with separate head caches race on one log: CAS in the server, not
     // the cache, decides.
     let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
+    let settings = fresh_settings();
     let a = event_store(&server, settings.clone()).await;
     let b = event_store(&server, settings).await;
     let id = ExecutionId::new_random();
@@ -208,18 +189,9 @@ async fn a_second_store_instance_is_fenced_like_another_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_events_survive_a_server_restart() {
     let mut server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
+    let settings = fresh_settings();
     let store = event_store(&server, settings).await;
-    let id = ExecutionId::new_random();
-    store
-        .create(RuntimeEvent::new(
-            id,
-            Sequence(1),
-            Timestamp::now(),
-            EventBody::Accepted,
-        ))
-        .await
-        .unwrap();
+    let id = contract::accepted(&store).await;
     for seq in 2..=20 {
         let body = if seq == 2 {
             EventBody::RouteSelected {
@@ -261,19 +233,14 @@ async fn an_unreachable_server_is_reported_promptly() {
     let mut server = NatsServer::start();
     let b = backend(&server).await;
     let queue = NatsJobQueue::new(b.clone());
-    let store = NatsEventStore::new(b, 4096).await.unwrap();
+    let store = store_on(&b, MAX_EVENTS).await;
     server.kill();
     let id = ExecutionId::new_random();
     let started = std::time::Instant::now();
     // Wait until the client notices the disconnect, then every call fails fast.
     loop {
         let r = store
-            .create(RuntimeEvent::new(
-                id,
-                Sequence(1),
-                Timestamp::now(),
-                EventBody::Accepted,
-            ))
+            .create(contract::event(id, 1, EventBody::Accepted))
             .await;
         if matches!(r, Err(StoreError::Unavailable(_))) {
             break;

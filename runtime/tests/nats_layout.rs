@@ -7,30 +7,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
-use futures_util::StreamExt;
 use protocol::event::EventBody;
 use protocol::{ExecutionId, Sequence};
-use runtime::contract::{completed, delta, event as ev, job, route_selected as route};
+use runtime::contract::{
+    accepted, completed, delta, drain, event as ev, job, race_to, route_selected as route, routed,
+};
 use runtime::nats::{NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings};
-use runtime::{EventRecord, EventStore, EventStream, JobQueue, StoreError, WriterId};
+use runtime::{Delivery, EventRecord, EventStore, JobQueue, StoreError, WriterId};
 use testkit::{NatsServer, unique_namespace};
 
 const PROMPT: Duration = Duration::from_secs(20);
 
-async fn connect(server: &NatsServer, settings: NatsSettings) -> NatsBackend {
-    NatsBackend::connect(&server.url(), settings, Duration::from_secs(30))
-        .await
-        .unwrap()
-}
-
-/// Everything a subscription yields until it ends.
-async fn drain(mut stream: EventStream) -> Vec<Arc<EventRecord>> {
-    let mut out = Vec::new();
-    while let Some(item) = tokio::time::timeout(PROMPT, stream.next()).await.unwrap() {
-        out.push(item.unwrap());
-    }
-    out
-}
+mod support;
+use support::{connect, event_store, fresh_settings, node, node_with};
 
 fn json_of(records: &[Arc<EventRecord>]) -> Vec<String> {
     records
@@ -52,20 +41,14 @@ async fn stored(store: &NatsEventStore, id: ExecutionId) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_never_see_appends_the_stream_refused_or_never_stored() {
-    let server = NatsServer::start();
-    let settings = NatsSettings {
+    let (server, settings, backend, store) = node_with(NatsSettings {
         max_event_bytes: 4096,
-        ..NatsSettings::new(unique_namespace("t"))
-    };
-    let backend = connect(&server, settings.clone()).await;
-    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
-    let id = ExecutionId::new_random();
-    store.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
-    store.append(ev(id, 2, route())).await.unwrap();
+        ..fresh_settings()
+    })
+    .await;
+    let id = routed(&store).await;
     // Readers on their own connection (another gateway), subscribed before the ghosts.
-    let reader_side = NatsEventStore::new(connect(&server, settings.clone()).await, 4096)
-        .await
-        .unwrap();
+    let reader_side = event_store(&server, settings.clone()).await;
     let from_start = reader_side
         .subscribe(id, Sequence(0))
         .await
@@ -138,25 +121,14 @@ async fn readers_see_exactly_the_log_while_writers_on_other_connections_race() {
     // Writers on separate connections (separate processes) race for every sequence; the losers
     // are fenced by compare-and-set. Readers on a third connection must show exactly the log.
     let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
+    let settings = fresh_settings();
     let mut writers = Vec::new();
     for _ in 0..4 {
-        writers.push(Arc::new(
-            NatsEventStore::new(connect(&server, settings.clone()).await, 4096)
-                .await
-                .unwrap(),
-        ));
+        writers.push(Arc::new(event_store(&server, settings.clone()).await));
     }
-    let readers = NatsEventStore::new(connect(&server, settings.clone()).await, 4096)
-        .await
-        .unwrap();
+    let readers = event_store(&server, settings.clone()).await;
     for _round in 0..10 {
-        let id = ExecutionId::new_random();
-        writers[0]
-            .create(ev(id, 1, EventBody::Accepted))
-            .await
-            .unwrap();
-        writers[0].append(ev(id, 2, route())).await.unwrap();
+        let id = routed(writers[0].as_ref()).await;
         let subscriptions = [
             readers.subscribe(id, Sequence(0)).await.unwrap().unwrap(),
             readers.subscribe(id, Sequence(2)).await.unwrap().unwrap(),
@@ -165,18 +137,7 @@ async fn readers_see_exactly_the_log_while_writers_on_other_connections_race() {
         for (w, store) in writers.iter().enumerate() {
             let store = Arc::clone(store);
             tasks.push(tokio::spawn(async move {
-                let writer = WriterId::random();
-                for seq in 3..=12u64 {
-                    let body = if seq == 12 {
-                        completed()
-                    } else {
-                        delta(&format!("writer {w} seq {seq}"))
-                    };
-                    match store.append_as(ev(id, seq, body), writer).await {
-                        Ok(()) | Err(StoreError::Conflict { .. }) => {}
-                        Err(e) => panic!("unexpected {e:?}"),
-                    }
-                }
+                race_to(store.as_ref(), id, w, 12).await;
             }));
         }
         for t in tasks {
@@ -192,7 +153,7 @@ async fn readers_see_exactly_the_log_while_writers_on_other_connections_race() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_events_stream_created_without_republish_gets_it_at_startup() {
     let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
+    let settings = fresh_settings();
     // The stream as earlier versions created it.
     let client = async_nats::connect(server.url()).await.unwrap();
     let js = jetstream::new(client);
@@ -206,9 +167,7 @@ async fn an_events_stream_created_without_republish_gets_it_at_startup() {
     })
     .await
     .unwrap();
-    let store = NatsEventStore::new(connect(&server, settings.clone()).await, 4096)
-        .await
-        .unwrap();
+    let store = event_store(&server, settings.clone()).await;
     let info = js
         .get_stream(settings.events_stream())
         .await
@@ -217,8 +176,7 @@ async fn an_events_stream_created_without_republish_gets_it_at_startup() {
         .clone();
     assert!(info.config.republish.is_some(), "{:?}", info.config);
     // Live delivery works through it.
-    let id = ExecutionId::new_random();
-    store.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
+    let id = accepted(&store).await;
     let live = store.subscribe(id, Sequence(1)).await.unwrap().unwrap();
     store.append(ev(id, 2, route())).await.unwrap();
     store.append(ev(id, 3, completed())).await.unwrap();
@@ -284,19 +242,11 @@ async fn a_restart_with_another_ack_wait_changes_the_lease_on_the_server() {
     );
     let id = ExecutionId::new_random();
     short.publish(&job(id)).await.unwrap();
-    let held = tokio::time::timeout(PROMPT, short.receive())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let held = next_delivery(&short).await;
     assert_eq!(held.job.execution_id, id);
     let lost_at = Instant::now();
     drop(held); // the holder dies: no ack, no heartbeat
-    let again = tokio::time::timeout(PROMPT, short.receive())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let again = next_delivery(&short).await;
     assert_eq!(again.job.execution_id, id);
     assert_eq!(again.delivered, 2);
     let waited = lost_at.elapsed();
@@ -307,14 +257,19 @@ async fn a_restart_with_another_ack_wait_changes_the_lease_on_the_server() {
     again.handle.ack().await.unwrap();
 }
 
-async fn first_delivery_follows_the_server(queue: &NatsJobQueue, want: Duration) {
-    let id = ExecutionId::new_random();
-    queue.publish(&job(id)).await.unwrap();
-    let delivery = tokio::time::timeout(PROMPT, queue.receive())
+/// The next job `queue` delivers, within [`PROMPT`].
+async fn next_delivery(queue: &NatsJobQueue) -> Delivery {
+    tokio::time::timeout(PROMPT, queue.receive())
         .await
         .unwrap()
         .unwrap()
-        .unwrap();
+        .unwrap()
+}
+
+async fn first_delivery_follows_the_server(queue: &NatsJobQueue, want: Duration) {
+    let id = ExecutionId::new_random();
+    queue.publish(&job(id)).await.unwrap();
+    let delivery = next_delivery(queue).await;
     let started = Instant::now();
     while delivery.handle.lease() != Some(want) {
         assert!(
@@ -402,7 +357,7 @@ async fn a_restart_with_another_admission_limit_and_retention_applies_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_setting_jetstream_cannot_change_stops_the_start_and_is_named() {
     let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
+    let settings = fresh_settings();
     let client = async_nats::connect(server.url()).await.unwrap();
     let js = jetstream::new(client);
     js.create_stream(stream::Config {
@@ -434,7 +389,7 @@ async fn a_server_list_connects_past_a_dead_entry_and_a_malformed_list_is_refuse
     let server = NatsServer::start();
     let dead = format!("nats://127.0.0.1:{}", testkit::free_port());
     let list = format!("{dead}, {}", server.url());
-    let settings = NatsSettings::new(unique_namespace("t"));
+    let settings = fresh_settings();
     let backend = NatsBackend::connect(&list, settings.clone(), Duration::from_secs(30))
         .await
         .expect("one live server in the list is enough");
@@ -514,10 +469,7 @@ fn sequences(records: &[Arc<EventRecord>]) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_is_one_message_and_single_event_messages_of_old_logs_stay_readable() {
-    let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
-    let backend = connect(&server, settings.clone()).await;
-    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
+    let (_server, settings, backend, store) = node().await;
     let id = ExecutionId::new_random();
     let subject = settings.events_subject(&id);
     // The log as the previous version wrote it: one event per message, no format header.
@@ -587,13 +539,8 @@ async fn a_run_is_one_message_and_single_event_messages_of_old_logs_stay_readabl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_logs_of_runs_read_through_the_ordered_consumer() {
     // Past 64 events readers use an ordered consumer: it expands runs too.
-    let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
-    let backend = connect(&server, settings).await;
-    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
-    let id = ExecutionId::new_random();
-    store.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
-    store.append(ev(id, 2, route())).await.unwrap();
+    let (_server, _, backend, store) = node().await;
+    let id = routed(&store).await;
     let writer = WriterId::random();
     for start in (3..=98u64).step_by(32) {
         let run: Vec<EventRecord> = (start..start + 32)
@@ -618,12 +565,8 @@ async fn long_logs_of_runs_read_through_the_ordered_consumer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_of_an_unknown_format_is_refused_not_misread() {
-    let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
-    let backend = connect(&server, settings.clone()).await;
-    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
-    let id = ExecutionId::new_random();
-    store.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
+    let (_server, settings, backend, store) = node().await;
+    let id = accepted(&store).await;
     let body = format!(
         "[{}]",
         String::from_utf8(EventRecord::new(ev(id, 2, route())).json.to_vec()).unwrap()
@@ -648,14 +591,9 @@ async fn a_message_of_an_unknown_format_is_refused_not_misread() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_run_after_a_lost_ack_is_absorbed_and_another_writers_run_is_fenced() {
-    let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
-    let backend = connect(&server, settings.clone()).await;
-    let first = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
+    let (server, settings, backend, first) = node().await;
     // The retrying side still holds the head from before its run landed (its ack was lost).
-    let retrying = NatsEventStore::new(connect(&server, settings).await, 4096)
-        .await
-        .unwrap();
+    let retrying = event_store(&server, settings).await;
     let id = ExecutionId::new_random();
     first.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
     first.append(ev(id, 2, route())).await.unwrap();
@@ -692,13 +630,11 @@ async fn a_retried_run_after_a_lost_ack_is_absorbed_and_another_writers_run_is_f
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_larger_than_a_message_are_split_to_fit_it() {
-    let server = NatsServer::start();
-    let settings = NatsSettings {
+    let (_server, _, backend, store) = node_with(NatsSettings {
         max_event_bytes: 4096,
-        ..NatsSettings::new(unique_namespace("t"))
-    };
-    let backend = connect(&server, settings).await;
-    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
+        ..fresh_settings()
+    })
+    .await;
     let id = ExecutionId::new_random();
     store.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
     store.append(ev(id, 2, route())).await.unwrap();
@@ -721,11 +657,8 @@ async fn a_pipelined_writer_stores_the_mock_execution_in_at_most_four_messages()
     // provider call), three deltas, usage and the terminal event handed over back to back.
     // On this one-thread runtime the appender runs only when the runner waits, the way it
     // finds the events queued behind an append in flight.
-    let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
-    let backend = connect(&server, settings).await;
-    let store: Arc<dyn EventStore> =
-        Arc::new(NatsEventStore::new(backend.clone(), 4096).await.unwrap());
+    let (_server, _, backend, store) = node().await;
+    let store: Arc<dyn EventStore> = Arc::new(store);
     let id = ExecutionId::new_random();
     let mut writer = runtime::EventWriter::create(
         Arc::clone(&store),
@@ -763,10 +696,7 @@ async fn a_pipelined_writer_stores_the_mock_execution_in_at_most_four_messages()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_stored_before_owners_existed_belong_to_the_default_tenant() {
-    let server = NatsServer::start();
-    let settings = NatsSettings::new(unique_namespace("t"));
-    let backend = connect(&server, settings.clone()).await;
-    let store = NatsEventStore::new(backend.clone(), 4096).await.unwrap();
+    let (_server, settings, backend, store) = node().await;
     // `execution.accepted` as earlier versions stored it: no owner header.
     let id = ExecutionId::new_random();
     let accepted = EventRecord::new(ev(id, 1, EventBody::Accepted));

@@ -21,11 +21,11 @@ mod tests {
     use std::time::Duration;
 
     use futures_util::StreamExt;
-    use protocol::event::{EventBody, Target};
+    use protocol::event::EventBody;
     use protocol::{ExecutionId, RuntimeError, RuntimeEvent, Sequence, Timestamp};
 
     use super::*;
-    use crate::contract;
+    use crate::contract::{self, accepted, delta, event as ev, route_selected};
     use crate::error::StoreError;
     use crate::event_store::EventStore;
 
@@ -68,10 +68,6 @@ mod tests {
         assert_eq!(bus.watched(), 0);
     }
 
-    fn ev(id: ExecutionId, seq: u64, body: EventBody) -> RuntimeEvent {
-        RuntimeEvent::new(id, Sequence(seq), Timestamp::now(), body)
-    }
-
     fn done(id: ExecutionId, seq: u64) -> RuntimeEvent {
         ev(
             id,
@@ -88,10 +84,8 @@ mod tests {
             max_active: 2,
             ..MemoryLimits::default()
         });
-        let a = ExecutionId::new_random();
-        let b = ExecutionId::new_random();
-        store.create(ev(a, 1, EventBody::Accepted)).await.unwrap();
-        store.create(ev(b, 1, EventBody::Accepted)).await.unwrap();
+        let a = accepted(&store).await;
+        accepted(&store).await;
         let c = ExecutionId::new_random();
         assert!(matches!(
             store.create(ev(c, 1, EventBody::Accepted)).await,
@@ -112,9 +106,9 @@ mod tests {
             max_executions: 3,
             ..MemoryLimits::default()
         });
-        let ids: Vec<_> = (0..3).map(|_| ExecutionId::new_random()).collect();
-        for id in &ids {
-            store.create(ev(*id, 1, EventBody::Accepted)).await.unwrap();
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            ids.push(accepted(&store).await);
         }
         // All active: nothing can be evicted.
         let extra = ExecutionId::new_random();
@@ -154,14 +148,10 @@ mod tests {
             retention: Duration::from_millis(1),
             ..MemoryLimits::default()
         });
-        let a = ExecutionId::new_random();
-        store.create(ev(a, 1, EventBody::Accepted)).await.unwrap();
+        let a = accepted(&store).await;
         store.append(done(a, 2)).await.unwrap();
         tokio::time::sleep(Duration::from_millis(5)).await;
-        store
-            .create(ev(ExecutionId::new_random(), 1, EventBody::Accepted))
-            .await
-            .unwrap();
+        accepted(&store).await;
         assert!(store.state(a).await.unwrap().is_none());
         assert_eq!(store.retained(), 1);
     }
@@ -172,35 +162,10 @@ mod tests {
             max_events: 3,
             ..MemoryLimits::default()
         });
-        let id = ExecutionId::new_random();
-        let target = Target {
-            provider: "p".into(),
-            model: "m".into(),
-        };
-        store.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
-        store
-            .append(ev(id, 2, EventBody::RouteSelected { target, attempt: 1 }))
-            .await
-            .unwrap();
-        store
-            .append(ev(
-                id,
-                3,
-                EventBody::OutputDelta {
-                    output_index: 0,
-                    delta: "a".into(),
-                },
-            ))
-            .await
-            .unwrap();
-        let over = ev(
-            id,
-            4,
-            EventBody::OutputDelta {
-                output_index: 0,
-                delta: "b".into(),
-            },
-        );
+        let id = accepted(&store).await;
+        store.append(ev(id, 2, route_selected())).await.unwrap();
+        store.append(ev(id, 3, delta("a"))).await.unwrap();
+        let over = ev(id, 4, delta("b"));
         assert!(matches!(
             store.append(over).await,
             Err(StoreError::ExecutionLimit)

@@ -297,33 +297,40 @@ mod tests {
         assert!(matches!(&resolved.auth, Auth::Nkey(s) if *s == seed));
         assert!(!format!("{resolved:?}").contains(&seed));
 
-        let bad = NatsAccess {
-            nkey_file: Some(temp_file("bad.nk", "SUnotaseed")),
-            ..NatsAccess::default()
-        };
-        let err = bad.resolve(None, false).unwrap_err().to_string();
-        assert!(
-            err.contains("NATS_NKEY does not hold an nkey seed"),
-            "{err}"
-        );
-        assert!(!err.contains("SUnotaseed"), "{err}");
-
-        let creds = NatsAccess {
-            creds_file: Some(temp_file("bad.creds", "not creds")),
-            ..NatsAccess::default()
-        };
-        let err = creds.resolve(None, false).unwrap_err().to_string();
-        assert!(
-            err.contains("NATS_CREDS is not a NATS credentials file"),
-            "{err}"
-        );
-
-        let half = NatsAccess {
-            cert_file: Some(temp_file("c.pem", "")),
-            ..NatsAccess::default()
-        };
-        let err = half.resolve(None, false).unwrap_err().to_string();
-        assert!(err.contains("NATS_CERT and NATS_KEY go together"), "{err}");
+        // Refused files: (access, what the error says, a secret it must not repeat).
+        let refused = [
+            (
+                NatsAccess {
+                    nkey_file: Some(temp_file("bad.nk", "SUnotaseed")),
+                    ..NatsAccess::default()
+                },
+                "NATS_NKEY does not hold an nkey seed",
+                Some("SUnotaseed"),
+            ),
+            (
+                NatsAccess {
+                    creds_file: Some(temp_file("bad.creds", "not creds")),
+                    ..NatsAccess::default()
+                },
+                "NATS_CREDS is not a NATS credentials file",
+                None,
+            ),
+            (
+                NatsAccess {
+                    cert_file: Some(temp_file("c.pem", "")),
+                    ..NatsAccess::default()
+                },
+                "NATS_CERT and NATS_KEY go together",
+                None,
+            ),
+        ];
+        for (access, says, secret) in refused {
+            let err = access.resolve(None, false).unwrap_err().to_string();
+            assert!(err.contains(says), "{err}");
+            if let Some(secret) = secret {
+                assert!(!err.contains(secret), "{err}");
+            }
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use protocol::{ExecutionId, Tenant};
 
 use super::{Admission, QuotaLimits, QuotaStore};
+use crate::contract::spawn_each;
 
 /// Generous bound for anything that should happen "promptly" on a busy 2-core machine.
 const PROMPT: Duration = Duration::from_secs(20);
@@ -96,8 +97,7 @@ async fn rejections_consume_nothing(store: &dyn QuotaStore) {
     let l = limits(Some(1), Some(0.0001), Some(2));
     let (a, first) = admit(store, &t, &l, LONG).await;
     assert_eq!(first, Admission::Admitted);
-    let b = ExecutionId::new_random();
-    let refused = store.admit(&t, &l, b, LONG).await.unwrap();
+    let (b, refused) = admit(store, &t, &l, LONG).await;
     assert!(
         matches!(refused, Admission::ActiveLimit { .. }),
         "{refused:?}"
@@ -109,8 +109,7 @@ async fn rejections_consume_nothing(store: &dyn QuotaStore) {
         "the admit refused at the cap took no token: the second token is still there"
     );
     // Bucket empty and cap reached: rate limited.
-    let c = ExecutionId::new_random();
-    let refused = store.admit(&t, &l, c, LONG).await.unwrap();
+    let (c, refused) = admit(store, &t, &l, LONG).await;
     assert!(
         matches!(refused, Admission::RateLimited { .. }),
         "{refused:?}"
@@ -222,12 +221,10 @@ async fn tenants_are_independent(store: &dyn QuotaStore) {
 async fn concurrent_admits_never_exceed_the_cap(store: Arc<dyn QuotaStore>) {
     let t = tenant();
     let l = limits(Some(7), None, None);
-    let tasks: Vec<_> = (0..40)
-        .map(|_| {
-            let (store, t) = (Arc::clone(&store), t.clone());
-            tokio::spawn(async move { admit(&*store, &t, &l, LONG).await })
-        })
-        .collect();
+    let tasks = spawn_each(&store, 40, |_, store| {
+        let t = t.clone();
+        async move { admit(&*store, &t, &l, LONG).await }
+    });
     let mut admitted = Vec::new();
     for task in tasks {
         let (id, a) = task.await.unwrap();
@@ -255,24 +252,22 @@ async fn concurrent_admits_never_exceed_the_bucket(store: Arc<dyn QuotaStore>) {
     let l = limits(None, Some(rate), Some(burst));
     let started = Instant::now();
     let run_for = Duration::from_millis(1500);
-    let tasks: Vec<_> = (0..8)
-        .map(|_| {
-            let (store, t) = (Arc::clone(&store), t.clone());
-            tokio::spawn(async move {
-                let mut admitted = 0u64;
-                let mut refused = 0u64;
-                while started.elapsed() < run_for {
-                    match admit(&*store, &t, &l, LONG).await.1 {
-                        Admission::Admitted => admitted += 1,
-                        Admission::RateLimited { .. } => refused += 1,
-                        other => panic!("{other:?}"),
-                    }
-                    tokio::task::yield_now().await;
+    let tasks = spawn_each(&store, 8, |_, store| {
+        let t = t.clone();
+        async move {
+            let mut admitted = 0u64;
+            let mut refused = 0u64;
+            while started.elapsed() < run_for {
+                match admit(&*store, &t, &l, LONG).await.1 {
+                    Admission::Admitted => admitted += 1,
+                    Admission::RateLimited { .. } => refused += 1,
+                    other => panic!("{other:?}"),
                 }
-                (admitted, refused)
-            })
-        })
-        .collect();
+                tokio::task::yield_now().await;
+            }
+            (admitted, refused)
+        }
+    });
     let (mut admitted, mut refused) = (0, 0);
     for task in tasks {
         let (a, r) = task.await.unwrap();

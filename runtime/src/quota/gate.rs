@@ -256,8 +256,8 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use async_trait::async_trait;
+    use protocol::RuntimeError;
     use protocol::event::EventBody;
-    use protocol::{RuntimeError, RuntimeEvent, Sequence};
 
     use super::*;
 
@@ -304,6 +304,14 @@ mod tests {
         }
     }
 
+    /// `probe` and an empty memory event store, to build a gate over.
+    fn stores(probe: Probe) -> (Arc<Probe>, Arc<MemoryEventStore>) {
+        (
+            Arc::new(probe),
+            Arc::new(MemoryEventStore::new(MemoryLimits::default())),
+        )
+    }
+
     fn gate(store: Arc<Probe>, events: Arc<MemoryEventStore>, settings: GateSettings) -> QuotaGate {
         QuotaGate::new(
             store,
@@ -324,18 +332,17 @@ mod tests {
         Timestamp::from_unix_millis(Timestamp::now().unix_millis() + 600_000)
     }
 
-    async fn open_log(events: &MemoryEventStore) -> ExecutionId {
-        let id = ExecutionId::new_random();
-        events
-            .create(RuntimeEvent::new(
-                id,
-                Sequence(1),
-                Timestamp::now(),
-                EventBody::Accepted,
-            ))
+    /// Whether `gate` admits `id` for `tenant` with `deadline`.
+    async fn admits(gate: &QuotaGate, tenant: &str, id: ExecutionId, deadline: Timestamp) -> bool {
+        gate.admit(&t(tenant), id, deadline)
             .await
-            .unwrap();
-        id
+            .unwrap()
+            .is_admitted()
+    }
+
+    /// A new execution with an open log in `events`.
+    async fn open_log(events: &MemoryEventStore) -> ExecutionId {
+        crate::contract::accepted(events).await
     }
 
     async fn close_log(events: &MemoryEventStore, id: ExecutionId) {
@@ -343,15 +350,14 @@ mod tests {
             error: RuntimeError::cancelled(),
         };
         events
-            .append(RuntimeEvent::new(id, Sequence(2), Timestamp::now(), body))
+            .append(crate::contract::event(id, 2, body))
             .await
             .unwrap();
     }
 
     #[tokio::test]
     async fn tenants_without_limits_never_reach_the_store() {
-        let store = Arc::new(Probe::default());
-        let events = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
+        let (store, events) = stores(Probe::default());
         let gate = gate(store.clone(), events, GateSettings::default());
         for tenant in ["free", "unknown"] {
             let a = gate
@@ -367,8 +373,7 @@ mod tests {
 
     #[tokio::test]
     async fn at_the_cap_terminal_holders_are_reconciled_and_live_ones_kept() {
-        let store = Arc::new(Probe::default());
-        let events = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
+        let (store, events) = stores(Probe::default());
         let settings = GateSettings {
             reconcile_interval: Duration::ZERO,
             ..GateSettings::default()
@@ -376,12 +381,7 @@ mod tests {
         let gate = gate(store.clone(), events.clone(), settings);
         // A holder without a log (its submit may still be creating it) is kept.
         let unlogged = ExecutionId::new_random();
-        assert!(
-            gate.admit(&t("capped"), unlogged, later())
-                .await
-                .unwrap()
-                .is_admitted()
-        );
+        assert!(admits(&gate, "capped", unlogged, later()).await);
         let b = open_log(&events).await;
         let refused = gate.admit(&t("capped"), b, later()).await.unwrap();
         assert!(
@@ -390,28 +390,12 @@ mod tests {
         );
         gate.release(&t("capped"), unlogged).await;
         // A holder whose log is open is kept.
-        assert!(
-            gate.admit(&t("capped"), b, later())
-                .await
-                .unwrap()
-                .is_admitted()
-        );
+        assert!(admits(&gate, "capped", b, later()).await);
         let c = open_log(&events).await;
-        assert!(
-            !gate
-                .admit(&t("capped"), c, later())
-                .await
-                .unwrap()
-                .is_admitted()
-        );
+        assert!(!admits(&gate, "capped", c, later()).await);
         // Once its log is terminal, the next admit at the cap frees its slot and succeeds.
         close_log(&events, b).await;
-        assert!(
-            gate.admit(&t("capped"), c, later())
-                .await
-                .unwrap()
-                .is_admitted()
-        );
+        assert!(admits(&gate, "capped", c, later()).await);
         assert_eq!(store.holders(&t("capped"), 10).await.unwrap(), vec![c]);
     }
 
@@ -419,8 +403,7 @@ mod tests {
     /// for it and retry, so exactly the cap is admitted.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_admits_at_a_stale_cap_share_one_reconciliation() {
-        let store = Arc::new(Probe::default());
-        let events = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
+        let (store, events) = stores(Probe::default());
         let settings = GateSettings {
             reconcile_interval: Duration::from_secs(3600),
             ..GateSettings::default()
@@ -434,27 +417,20 @@ mod tests {
         ));
         for _ in 0..3 {
             let id = open_log(&events).await;
-            assert!(
-                gate.admit(&t("t"), id, later())
-                    .await
-                    .unwrap()
-                    .is_admitted()
-            );
+            assert!(admits(&gate, "t", id, later()).await);
             close_log(&events, id).await;
         }
         let tasks: Vec<_> = (0..10)
             .map(|_| {
                 let gate = Arc::clone(&gate);
-                tokio::spawn(async move {
-                    gate.admit(&t("t"), ExecutionId::new_random(), later())
-                        .await
-                        .unwrap()
-                })
+                tokio::spawn(
+                    async move { admits(&gate, "t", ExecutionId::new_random(), later()).await },
+                )
             })
             .collect();
         let mut admitted = 0;
         for task in tasks {
-            if task.await.unwrap().is_admitted() {
+            if task.await.unwrap() {
                 admitted += 1;
             }
         }
@@ -463,36 +439,20 @@ mod tests {
 
     #[tokio::test]
     async fn reconciliation_is_throttled_per_tenant() {
-        let store = Arc::new(Probe::default());
-        let events = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
+        let (store, events) = stores(Probe::default());
         let settings = GateSettings {
             reconcile_interval: Duration::from_secs(3600),
             ..GateSettings::default()
         };
         let gate = gate(store.clone(), events.clone(), settings);
         let a = open_log(&events).await;
-        assert!(
-            gate.admit(&t("capped"), a, later())
-                .await
-                .unwrap()
-                .is_admitted()
-        );
+        assert!(admits(&gate, "capped", a, later()).await);
         let b = ExecutionId::new_random();
         // Reconciles (nothing to free), then the interval has not passed.
-        assert!(
-            !gate
-                .admit(&t("capped"), b, later())
-                .await
-                .unwrap()
-                .is_admitted()
-        );
+        assert!(!admits(&gate, "capped", b, later()).await);
         close_log(&events, a).await;
         assert!(
-            !gate
-                .admit(&t("capped"), b, later())
-                .await
-                .unwrap()
-                .is_admitted(),
+            !admits(&gate, "capped", b, later()).await,
             "no second reconciliation within the interval"
         );
         assert_eq!(store.holders(&t("capped"), 10).await.unwrap(), vec![a]);
@@ -500,11 +460,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_admit_gives_back_the_slot_it_may_have_taken() {
-        let store = Arc::new(Probe {
+        let (store, events) = stores(Probe {
             lose_answers: true,
             ..Probe::default()
         });
-        let events = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
         let gate = gate(store.clone(), events, GateSettings::default());
         let id = ExecutionId::new_random();
         assert!(gate.admit(&t("capped"), id, later()).await.is_err());
@@ -517,8 +476,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_slot_is_held_until_the_deadline_plus_the_grace() {
-        let store = Arc::new(Probe::default());
-        let events = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
+        let (store, events) = stores(Probe::default());
         let settings = GateSettings {
             grace: Duration::from_millis(200),
             ..GateSettings::default()
@@ -526,20 +484,10 @@ mod tests {
         let gate = gate(store.clone(), events, settings);
         // Deadline already passed: the slot lives for the grace only.
         let past = Timestamp::from_unix_millis(Timestamp::now().unix_millis() - 1000);
-        assert!(
-            gate.admit(&t("capped"), ExecutionId::new_random(), past)
-                .await
-                .unwrap()
-                .is_admitted()
-        );
+        assert!(admits(&gate, "capped", ExecutionId::new_random(), past).await);
         let b = ExecutionId::new_random();
         let started = std::time::Instant::now();
-        while !gate
-            .admit(&t("capped"), b, later())
-            .await
-            .unwrap()
-            .is_admitted()
-        {
+        while !admits(&gate, "capped", b, later()).await {
             assert!(
                 started.elapsed() < Duration::from_secs(20),
                 "slot never expired"

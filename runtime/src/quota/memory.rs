@@ -208,26 +208,21 @@ mod tests {
         let tenant: Tenant = "t".parse().unwrap();
         let id = ExecutionId::new_random();
         let hold = Duration::from_secs(600);
-        assert!(
-            quotas
-                .admit(&tenant, &limits, id, hold)
+        let (q, tenant, limits) = (&quotas, &tenant, &limits);
+        let admits = |id| async move {
+            q.admit(tenant, limits, id, hold)
                 .await
                 .unwrap()
                 .is_admitted()
-        );
+        };
+        assert!(admits(id).await);
         let at = Timestamp::now();
         events
             .create(RuntimeEvent::new(id, Sequence(1), at, EventBody::Accepted))
             .await
             .unwrap();
         let other = ExecutionId::new_random();
-        assert!(
-            !quotas
-                .admit(&tenant, &limits, other, hold)
-                .await
-                .unwrap()
-                .is_admitted()
-        );
+        assert!(!admits(other).await);
         assert_eq!(quotas.held(), 1, "a non-terminal event releases nothing");
         let failed = EventBody::Failed {
             error: RuntimeError::cancelled(),
@@ -237,12 +232,6 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(quotas.held(), 0);
-        assert!(
-            quotas
-                .admit(&tenant, &limits, other, hold)
-                .await
-                .unwrap()
-                .is_admitted()
-        );
+        assert!(admits(other).await);
     }
 }

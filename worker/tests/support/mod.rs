@@ -757,20 +757,9 @@ impl InterposedStore {
 }
 
 #[async_trait]
-impl EventStore for InterposedStore {
-    async fn create_owned(
-        &self,
-        accepted: RuntimeEvent,
-        owner: &protocol::Tenant,
-    ) -> Result<(), runtime::StoreError> {
-        self.inner.create_owned(accepted, owner).await
-    }
-
-    async fn owner(
-        &self,
-        id: ExecutionId,
-    ) -> Result<Option<protocol::Tenant>, runtime::StoreError> {
-        self.inner.owner(id).await
+impl runtime::intercept::Intercept for InterposedStore {
+    fn inner(&self) -> &dyn EventStore {
+        self.inner.as_ref()
     }
 
     async fn append_as(
@@ -804,31 +793,6 @@ impl EventStore for InterposedStore {
         }
         self.inner.append_as(event, writer).await
     }
-
-    async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, runtime::StoreError> {
-        self.inner.state(id).await
-    }
-
-    async fn read(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-        limit: usize,
-    ) -> Result<Option<Vec<Arc<runtime::EventRecord>>>, runtime::StoreError> {
-        self.inner.read(id, after, limit).await
-    }
-
-    async fn subscribe(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-    ) -> Result<Option<runtime::EventStream>, runtime::StoreError> {
-        self.inner.subscribe(id, after).await
-    }
-
-    async fn ready(&self) -> Result<(), runtime::StoreError> {
-        self.inner.ready().await
-    }
 }
 
 /// Delegates to another store but asks writers to pipeline their appends (as the JetStream
@@ -843,28 +807,9 @@ impl std::fmt::Debug for PipelinedStore {
 }
 
 #[async_trait]
-impl EventStore for PipelinedStore {
-    async fn create_owned(
-        &self,
-        accepted: RuntimeEvent,
-        owner: &protocol::Tenant,
-    ) -> Result<(), runtime::StoreError> {
-        self.0.create_owned(accepted, owner).await
-    }
-
-    async fn owner(
-        &self,
-        id: ExecutionId,
-    ) -> Result<Option<protocol::Tenant>, runtime::StoreError> {
-        self.0.owner(id).await
-    }
-
-    async fn append_as(
-        &self,
-        event: RuntimeEvent,
-        writer: runtime::WriterId,
-    ) -> Result<(), runtime::StoreError> {
-        self.0.append_as(event, writer).await
+impl runtime::intercept::Intercept for PipelinedStore {
+    fn inner(&self) -> &dyn EventStore {
+        self.0.as_ref()
     }
 
     async fn append_run_as(
@@ -879,32 +824,7 @@ impl EventStore for PipelinedStore {
         true
     }
 
-    async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, runtime::StoreError> {
-        self.0.state(id).await
-    }
-
     async fn head(&self, id: ExecutionId) -> Result<Option<runtime::LogHead>, runtime::StoreError> {
         self.0.head(id).await
-    }
-
-    async fn read(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-        limit: usize,
-    ) -> Result<Option<Vec<Arc<runtime::EventRecord>>>, runtime::StoreError> {
-        self.0.read(id, after, limit).await
-    }
-
-    async fn subscribe(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-    ) -> Result<Option<runtime::EventStream>, runtime::StoreError> {
-        self.0.subscribe(id, after).await
-    }
-
-    async fn ready(&self) -> Result<(), runtime::StoreError> {
-        self.0.ready().await
     }
 }

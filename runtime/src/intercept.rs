@@ -1,0 +1,165 @@
+//! One delegating event store for tests that interfere with a few operations (feature
+//! `test-support`).
+//!
+//! A test that needs a store which fails, waits or records on one or two operations implements
+//! [`Intercept`] for its own struct: it names the store it wraps ([`Intercept::inner`]) and
+//! overrides only the operations it interferes with. Every [`Intercept`] is an [`EventStore`].
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use protocol::materialize::Materializer;
+use protocol::{ExecutionId, RuntimeEvent, Sequence, Tenant};
+
+use crate::error::StoreError;
+use crate::event_store::{
+    EventRecord, EventStore, EventStream, LogHead, RunError, WriterId, append_one_by_one,
+};
+
+/// An [`EventStore`] that forwards to an inner store except where the implementation says
+/// otherwise.
+///
+/// Contract:
+/// - The operations every store implements (`create_owned`, `owner`, `append_as`, `state`,
+///   `read`, `subscribe`, `ready`) forward to [`Intercept::inner`] unchanged unless overridden,
+///   once [`Intercept::available`] allows it. An override does its own checks.
+/// - The operations `EventStore` derives from those keep its defaults, built on *this*
+///   wrapper's operations, so interfering with an operation also covers what is built on it:
+///   `append_run_as` appends one by one through [`Intercept::append_as`], `head` materializes
+///   through [`Intercept::state`], and `create`, `append` and `owned_state` go through
+///   `create_owned`, `append_as`, `state` and `owner`. `pipelines_appends` is `false`. A wrapper
+///   that wants the inner store's own version (one message per run, a cheap head) overrides
+///   the operation and forwards it.
+///
+/// Its operations share the names of [`EventStore`]'s: write the implementation by path
+/// (`impl runtime::intercept::Intercept for MyStore`) and use the wrapper as an `EventStore`;
+/// with both traits imported, calls on the wrapper are ambiguous.
+#[async_trait]
+pub trait Intercept: Send + Sync + 'static {
+    /// The store every operation not overridden goes to.
+    fn inner(&self) -> &dyn EventStore;
+
+    /// Checked before every operation that is forwarded to [`Intercept::inner`]: an error is
+    /// returned in the operation's place (an outage). By default every operation is served.
+    fn available(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// [`EventStore::create_owned`].
+    async fn create_owned(&self, accepted: RuntimeEvent, owner: &Tenant) -> Result<(), StoreError> {
+        self.available()?;
+        self.inner().create_owned(accepted, owner).await
+    }
+
+    /// [`EventStore::owner`].
+    async fn owner(&self, id: ExecutionId) -> Result<Option<Tenant>, StoreError> {
+        self.available()?;
+        self.inner().owner(id).await
+    }
+
+    /// [`EventStore::append_as`].
+    async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError> {
+        self.available()?;
+        self.inner().append_as(event, writer).await
+    }
+
+    /// [`EventStore::append_run_as`]: by default one by one through [`Intercept::append_as`].
+    async fn append_run_as(&self, run: &[EventRecord], writer: WriterId) -> Result<(), RunError> {
+        append_one_by_one(run, |event| self.append_as(event, writer)).await
+    }
+
+    /// [`EventStore::pipelines_appends`]: by default `false`.
+    fn pipelines_appends(&self) -> bool {
+        false
+    }
+
+    /// [`EventStore::state`].
+    async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, StoreError> {
+        self.available()?;
+        self.inner().state(id).await
+    }
+
+    /// [`EventStore::head`]: by default the head of [`Intercept::state`].
+    async fn head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
+        Ok(self.state(id).await?.as_ref().map(LogHead::of))
+    }
+
+    /// [`EventStore::read`].
+    async fn read(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError> {
+        self.available()?;
+        self.inner().read(id, after, limit).await
+    }
+
+    /// [`EventStore::subscribe`].
+    async fn subscribe(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+    ) -> Result<Option<EventStream>, StoreError> {
+        self.available()?;
+        self.inner().subscribe(id, after).await
+    }
+
+    /// [`EventStore::ready`].
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.available()?;
+        self.inner().ready().await
+    }
+}
+
+#[async_trait]
+impl<T: Intercept> EventStore for T {
+    async fn create_owned(&self, accepted: RuntimeEvent, owner: &Tenant) -> Result<(), StoreError> {
+        Intercept::create_owned(self, accepted, owner).await
+    }
+
+    async fn owner(&self, id: ExecutionId) -> Result<Option<Tenant>, StoreError> {
+        Intercept::owner(self, id).await
+    }
+
+    async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError> {
+        Intercept::append_as(self, event, writer).await
+    }
+
+    async fn append_run_as(&self, run: &[EventRecord], writer: WriterId) -> Result<(), RunError> {
+        Intercept::append_run_as(self, run, writer).await
+    }
+
+    fn pipelines_appends(&self) -> bool {
+        Intercept::pipelines_appends(self)
+    }
+
+    async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, StoreError> {
+        Intercept::state(self, id).await
+    }
+
+    async fn head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
+        Intercept::head(self, id).await
+    }
+
+    async fn read(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError> {
+        Intercept::read(self, id, after, limit).await
+    }
+
+    async fn subscribe(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+    ) -> Result<Option<EventStream>, StoreError> {
+        Intercept::subscribe(self, id, after).await
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        Intercept::ready(self).await
+    }
+}

@@ -1,0 +1,57 @@
+//! Connections and stores over a private nats-server, shared by the tests against real
+//! servers.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use runtime::nats::{NatsBackend, NatsEventStore, NatsSettings};
+use testkit::{NatsServer, unique_namespace};
+
+/// The per-execution event limit of the stores below.
+pub const MAX_EVENTS: u64 = 4096;
+
+/// A connection to `server` with `settings` (several connections act like several processes).
+pub async fn connect(server: &NatsServer, settings: NatsSettings) -> NatsBackend {
+    NatsBackend::connect(&server.url(), settings, Duration::from_secs(30))
+        .await
+        .unwrap()
+}
+
+/// A connection to `server` in a namespace of its own.
+pub async fn backend(server: &NatsServer) -> NatsBackend {
+    connect(server, NatsSettings::new(unique_namespace("t"))).await
+}
+
+/// An event store on `backend` allowing `max_events` events per execution.
+pub async fn store_on(backend: &NatsBackend, max_events: u64) -> NatsEventStore {
+    NatsEventStore::new(backend.clone(), max_events)
+        .await
+        .unwrap()
+}
+
+/// An event store over its own connection with `settings`.
+pub async fn event_store(server: &NatsServer, settings: NatsSettings) -> NatsEventStore {
+    store_on(&connect(server, settings).await, MAX_EVENTS).await
+}
+
+/// The settings of a namespace of its own.
+pub fn fresh_settings() -> NatsSettings {
+    NatsSettings::new(unique_namespace("t"))
+}
+
+/// One process on a private server: the server (keep it alive), `settings`, a connection
+/// with them and an event store over that connection.
+pub async fn node_with(
+    settings: NatsSettings,
+) -> (NatsServer, NatsSettings, NatsBackend, NatsEventStore) {
+    let server = NatsServer::start();
+    let backend = connect(&server, settings.clone()).await;
+    let store = store_on(&backend, MAX_EVENTS).await;
+    (server, settings, backend, store)
+}
+
+/// [`node_with`] in a namespace of its own.
+pub async fn node() -> (NatsServer, NatsSettings, NatsBackend, NatsEventStore) {
+    node_with(fresh_settings()).await
+}
