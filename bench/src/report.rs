@@ -1,12 +1,11 @@
 //! The run report: a JSON document (`--json`, `--json-out`) and its human-readable rendering.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
 
 use crate::client::StreamMode;
-use crate::run::{Mode, Outcome, Window};
+use crate::run::{Counts, Mode, Outcome, Window};
 use crate::spawn::{ProcStats, ProcessCpu};
 use crate::stats::{AddedPerDelta, LatencySet, Summary, TimelinePoint};
 
@@ -117,14 +116,8 @@ pub struct Report {
     pub params: Params,
     pub nproc: usize,
     pub elapsed_s: f64,
-    pub issued: u64,
-    /// Successful operations: executions whose `execution.completed` was read (202s in submit
-    /// mode).
-    pub ok: u64,
-    pub failed: u64,
-    pub errored: u64,
-    pub shed: u64,
-    pub errors: BTreeMap<String, u64>,
+    #[serde(flatten)]
+    pub counts: Counts,
     /// `ok / elapsed_s`.
     pub throughput_per_s: f64,
     pub latency: LatencyReport,
@@ -202,17 +195,12 @@ impl Report {
         Self {
             nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
             elapsed_s,
-            issued: o.issued,
-            ok: o.ok,
-            failed: o.failed,
-            errored: o.errored,
-            shed: o.shed,
-            errors: o.errors,
             throughput_per_s: if elapsed_s > 0.0 {
-                o.ok as f64 / elapsed_s
+                o.counts.ok as f64 / elapsed_s
             } else {
                 0.0
             },
+            counts: o.counts,
             latency: o.latencies.map(Summary::of),
             added_per_delta: AddedPerDelta::of(&o.latencies.delta_gap, p.provider_gap),
             params: p,
@@ -270,9 +258,13 @@ impl Report {
         let _ = writeln!(
             s,
             "  ok {}  failed {}  errors {}  shed {}  issued {}",
-            self.ok, self.failed, self.errored, self.shed, self.issued
+            self.counts.ok,
+            self.counts.failed,
+            self.counts.errored,
+            self.counts.shed,
+            self.counts.issued
         );
-        for (label, n) in &self.errors {
+        for (label, n) in &self.counts.errors {
             let _ = writeln!(s, "    error {label}: {n}");
         }
         let _ = writeln!(s, "  throughput: {:.1} {unit}", self.throughput_per_s);
