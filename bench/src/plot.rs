@@ -329,6 +329,46 @@ fn err<E: std::fmt::Display>(e: E) -> String {
     format!("cannot draw the chart: {e}")
 }
 
+/// A chart of `f64` coordinates on an SVG drawing area.
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// Fills `root` white and builds a chart on it: `title` above, `x_label_area` pixels for the
+/// x labels, 70 for the y labels.
+fn chart_on<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    title: &str,
+    x_label_area: u32,
+    x: std::ops::Range<f64>,
+    y: std::ops::Range<f64>,
+) -> Result<Chart<'a, 'b>, String> {
+    root.fill(&WHITE).map_err(err)?;
+    ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(x_label_area)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x, y)
+        .map_err(err)
+}
+
+/// Draws the series' legend at `position`.
+fn draw_legend<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    position: SeriesLabelPosition,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)
+}
+
 /// One line per series over a shared x axis.
 pub fn line_chart(
     path: &Path,
@@ -340,14 +380,8 @@ pub fn line_chart(
     let points = series.iter().flat_map(|(_, p)| p.iter());
     let (x_max, y_max) = points.fold((0f64, 0f64), |(x, y), (px, py)| (x.max(*px), y.max(*py)));
     let root = SVGBackend::new(path, (960, 540)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..(x_max * 1.02).max(1.0), 0f64..(y_max * 1.1).max(1.0))
-        .map_err(err)?;
+    let x = 0f64..(x_max * 1.02).max(1.0);
+    let mut chart = chart_on(&root, title, 45, x, 0f64..(y_max * 1.1).max(1.0))?;
     chart
         .configure_mesh()
         .x_desc(x_desc)
@@ -364,13 +398,7 @@ pub fn line_chart(
                 PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
             });
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     root.present().map_err(err)
 }
 
@@ -393,14 +421,7 @@ pub fn bar_chart(
     );
     let width = (160 * n as u32 + 200).clamp(700, 2400);
     let root = SVGBackend::new(path, (width, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(50)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..n as f64, y_lo..y_hi)
-        .map_err(err)?;
+    let mut chart = chart_on(&root, title, 50, 0f64..n as f64, y_lo..y_hi)?;
     // The x axis is categorical: no numeric labels; each group's name goes under its centre.
     chart
         .configure_mesh()
@@ -432,13 +453,7 @@ pub fn bar_chart(
             .label(name.as_str())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present().map_err(err)
 }
 

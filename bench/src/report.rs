@@ -1,14 +1,13 @@
 //! The run report: a JSON document (`--json`, `--json-out`) and its human-readable rendering.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
 
 use crate::client::StreamMode;
-use crate::run::{Mode, Outcome, Window};
+use crate::run::{Counts, Mode, Outcome, Window};
 use crate::spawn::{ProcStats, ProcessCpu};
-use crate::stats::{AddedPerDelta, Summary, TimelinePoint};
+use crate::stats::{AddedPerDelta, LatencySet, Summary, TimelinePoint};
 
 /// Milliseconds with three decimals, from microseconds; `-` when absent.
 pub fn ms(us: Option<u64>) -> String {
@@ -24,22 +23,8 @@ pub fn opt(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.2}"))
 }
 
-#[derive(Debug, Serialize)]
-pub struct LatencyReport {
-    /// POST sent (or scheduled, open loop) → 202 body read; inline stream mode: → headers.
-    pub submit: Option<Summary>,
-    /// → first `output.delta` parsed.
-    pub first_delta: Option<Summary>,
-    /// → `execution.completed` / `execution.failed` parsed.
-    pub terminal: Option<Summary>,
-    /// Open loop: actual dispatch − scheduled arrival.
-    pub dispatch_lag: Option<Summary>,
-    /// (last − first `output.delta`) / (deltas − 1) per execution. Unit: **ns** (the `_us`
-    /// field names of `Summary` do not apply here).
-    pub per_delta_ns: Option<Summary>,
-    /// Every gap between consecutive `output.delta` events of one execution at the client (µs).
-    pub delta_gap: Option<Summary>,
-}
+/// The latencies' summaries (see [`LatencySet`] for what each measures).
+pub type LatencyReport = LatencySet<Option<Summary>>;
 
 /// What the harness ran against: the figures that tell one configuration from another.
 #[derive(Debug, Clone, Serialize)]
@@ -126,29 +111,13 @@ pub struct GatewayReport {
 
 #[derive(Debug, Serialize)]
 pub struct Report {
-    /// The configuration's name in charts and file names (`--label`).
-    pub label: String,
-    pub setup: Setup,
-    pub mode: Mode,
-    pub stream: StreamMode,
-    pub url: String,
-    pub concurrency: usize,
-    pub rate_per_s: Option<f64>,
-    pub duration_s: Option<f64>,
-    pub executions_limit: Option<u64>,
-    pub warmup_s: f64,
-    pub window_s: f64,
-    pub client_threads: usize,
+    /// The run's parameters: the report's first fields.
+    #[serde(flatten)]
+    pub params: Params,
     pub nproc: usize,
     pub elapsed_s: f64,
-    pub issued: u64,
-    /// Successful operations: executions whose `execution.completed` was read (202s in submit
-    /// mode).
-    pub ok: u64,
-    pub failed: u64,
-    pub errored: u64,
-    pub shed: u64,
-    pub errors: BTreeMap<String, u64>,
+    #[serde(flatten)]
+    pub counts: Counts,
     /// `ok / elapsed_s`.
     pub throughput_per_s: f64,
     pub latency: LatencyReport,
@@ -168,21 +137,23 @@ pub struct Report {
 }
 
 /// Run parameters that the outcome does not carry.
-#[derive(Debug)]
+#[derive(Debug, Serialize)]
 pub struct Params {
+    /// The configuration's name in charts and file names (`--label`).
+    pub label: String,
+    pub setup: Setup,
     pub mode: Mode,
     pub stream: StreamMode,
     pub url: String,
     pub concurrency: usize,
-    pub rate: Option<f64>,
+    pub rate_per_s: Option<f64>,
     pub duration_s: Option<f64>,
-    pub executions: Option<u64>,
+    pub executions_limit: Option<u64>,
     pub warmup_s: f64,
     pub window_s: f64,
     pub client_threads: usize,
-    pub label: String,
-    pub setup: Setup,
-    /// The provider's configured gap between deltas (the mock's delay).
+    /// The provider's configured gap between deltas (the mock's delay); not reported.
+    #[serde(skip)]
     pub provider_gap: std::time::Duration,
 }
 
@@ -222,40 +193,17 @@ impl Report {
             points: o.timeline.rates(o.elapsed),
         };
         Self {
-            label: p.label,
-            setup: p.setup,
-            mode: p.mode,
-            stream: p.stream,
-            url: p.url,
-            concurrency: p.concurrency,
-            rate_per_s: p.rate,
-            duration_s: p.duration_s,
-            executions_limit: p.executions,
-            warmup_s: p.warmup_s,
-            window_s: p.window_s,
-            client_threads: p.client_threads,
             nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
             elapsed_s,
-            issued: o.issued,
-            ok: o.ok,
-            failed: o.failed,
-            errored: o.errored,
-            shed: o.shed,
-            errors: o.errors,
             throughput_per_s: if elapsed_s > 0.0 {
-                o.ok as f64 / elapsed_s
+                o.counts.ok as f64 / elapsed_s
             } else {
                 0.0
             },
-            latency: LatencyReport {
-                submit: Summary::of(&o.latencies.submit),
-                first_delta: Summary::of(&o.latencies.first_delta),
-                terminal: Summary::of(&o.latencies.terminal),
-                dispatch_lag: Summary::of(&o.latencies.dispatch_lag),
-                per_delta_ns: Summary::of(&o.latencies.per_delta_ns),
-                delta_gap: Summary::of(&o.latencies.delta_gap),
-            },
+            counts: o.counts,
+            latency: o.latencies.map(Summary::of),
             added_per_delta: AddedPerDelta::of(&o.latencies.delta_gap, p.provider_gap),
+            params: p,
             windows: o.windows,
             timeline,
             stability,
@@ -270,12 +218,15 @@ impl Report {
     /// The human-readable report.
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let what = match self.mode {
-            Mode::Closed => format!("closed loop, concurrency {}", self.concurrency),
-            Mode::Open => format!("open loop, {} arrivals/s", self.rate_per_s.unwrap_or(0.0)),
-            Mode::Submit => format!("submit only, concurrency {}", self.concurrency),
+        let what = match self.params.mode {
+            Mode::Closed => format!("closed loop, concurrency {}", self.params.concurrency),
+            Mode::Open => format!(
+                "open loop, {} arrivals/s",
+                self.params.rate_per_s.unwrap_or(0.0)
+            ),
+            Mode::Submit => format!("submit only, concurrency {}", self.params.concurrency),
         };
-        let stream = match (self.mode, self.stream) {
+        let stream = match (self.params.mode, self.params.stream) {
             (Mode::Submit, _) => "no SSE",
             (_, StreamMode::Get) => "POST 202 then GET /events",
             (_, StreamMode::Inline) => "POST with Accept: text/event-stream",
@@ -283,21 +234,23 @@ impl Report {
         let _ = writeln!(
             s,
             "bench [{}]: {what} ({stream}) against {} ({} backend)",
-            self.label, self.url, self.setup.backend
+            self.params.label, self.params.url, self.params.setup.backend
         );
         let _ = writeln!(
             s,
             "  measured {:.1} s (limit: {}{}), warm-up {:.1} s, {} client threads on {} cores (client and gateway share them)",
             self.elapsed_s,
-            self.duration_s
+            self.params
+                .duration_s
                 .map_or_else(|| "none".into(), |d| format!("{d} s")),
-            self.executions_limit
+            self.params
+                .executions_limit
                 .map_or_else(String::new, |n| format!(", {n} executions")),
-            self.warmup_s,
-            self.client_threads,
+            self.params.warmup_s,
+            self.params.client_threads,
             self.nproc,
         );
-        let unit = if self.mode == Mode::Submit {
+        let unit = if self.params.mode == Mode::Submit {
             "submits/s"
         } else {
             "executions/s (full SSE read each)"
@@ -305,9 +258,13 @@ impl Report {
         let _ = writeln!(
             s,
             "  ok {}  failed {}  errors {}  shed {}  issued {}",
-            self.ok, self.failed, self.errored, self.shed, self.issued
+            self.counts.ok,
+            self.counts.failed,
+            self.counts.errored,
+            self.counts.shed,
+            self.counts.issued
         );
-        for (label, n) in &self.errors {
+        for (label, n) in &self.counts.errors {
             let _ = writeln!(s, "    error {label}: {n}");
         }
         let _ = writeln!(s, "  throughput: {:.1} {unit}", self.throughput_per_s);
@@ -317,14 +274,14 @@ impl Report {
             "  {:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
             "latency (ms)", "count", "min", "p50", "p90", "p99", "p99.9", "max", "mean"
         );
-        let from = if self.mode == Mode::Open {
+        let from = if self.params.mode == Mode::Open {
             "sched"
         } else {
             "POST"
         };
         let rows = [
             (
-                if self.mode != Mode::Submit && self.stream == StreamMode::Inline {
+                if self.params.mode != Mode::Submit && self.params.stream == StreamMode::Inline {
                     format!("submit ({from}→headers)")
                 } else {
                     format!("submit ({from}→202)")

@@ -74,17 +74,25 @@ pub struct Window {
     pub system_cores: Option<f64>,
 }
 
-/// What a run produced.
-#[derive(Debug)]
-pub struct Outcome {
-    pub elapsed: Duration,
+/// What became of a run's operations (the report shows them as they are).
+#[derive(Debug, Serialize)]
+pub struct Counts {
     pub issued: u64,
+    /// Successful operations: executions whose `execution.completed` was read (202s in submit
+    /// mode).
     pub ok: u64,
     pub failed: u64,
     pub errored: u64,
     pub shed: u64,
-    pub latencies: Latencies,
     pub errors: std::collections::BTreeMap<String, u64>,
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct Outcome {
+    pub elapsed: Duration,
+    pub counts: Counts,
+    pub latencies: Latencies,
     pub windows: Vec<Window>,
     pub gateway_start: Option<ProcStats>,
     pub gateway_end: Option<ProcStats>,
@@ -194,13 +202,15 @@ pub async fn run(api: Api, plan: Plan) -> Outcome {
     let elapsed = end.saturating_duration_since(measure_start);
     Outcome {
         elapsed,
-        issued,
-        ok: recorder.ok.load(Ordering::Relaxed),
-        failed: recorder.failed.load(Ordering::Relaxed),
-        errored: recorder.errored.load(Ordering::Relaxed),
-        shed: recorder.shed.load(Ordering::Relaxed),
+        counts: Counts {
+            issued,
+            ok: recorder.ok.load(Ordering::Relaxed),
+            failed: recorder.failed.load(Ordering::Relaxed),
+            errored: recorder.errored.load(Ordering::Relaxed),
+            shed: recorder.shed.load(Ordering::Relaxed),
+            errors,
+        },
         latencies,
-        errors,
         windows,
         gateway_start,
         gateway_end,

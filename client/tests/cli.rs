@@ -5,55 +5,14 @@
 
 mod support;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use model_runtime_client::{IdempotencyKey, SubmitOptions, text_request};
 use serde_json::{Value, json};
 use support::*;
 
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs `mrt ARGS` with `MODEL_RUNTIME_URL=url` (when given) and `stdin`, off the runtime's
-/// worker threads so the in-process gateway keeps serving.
+/// Runs `mrt ARGS` with `MODEL_RUNTIME_URL=url` (when given) and `stdin`.
 async fn mrt(url: Option<&str>, args: &[&str], stdin: Option<&str>) -> Run {
-    let url = url.map(str::to_owned);
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    let stdin = stdin.map(str::to_owned);
-    tokio::task::spawn_blocking(move || {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_mrt"));
-        command
-            .args(&args)
-            .env_remove("MODEL_RUNTIME_URL")
-            .env_remove("HTTP_PROXY")
-            .env_remove("http_proxy")
-            .env_remove("ALL_PROXY")
-            .env_remove("all_proxy")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if let Some(url) = url {
-            command.env("MODEL_RUNTIME_URL", url);
-        }
-        let mut child = command.spawn().expect("spawn mrt");
-        let mut pipe = child.stdin.take().expect("stdin");
-        if let Some(input) = stdin {
-            pipe.write_all(input.as_bytes()).expect("write stdin");
-        }
-        drop(pipe);
-        let output = child.wait_with_output().expect("mrt output");
-        Run {
-            code: output.status.code().unwrap_or(-1),
-            stdout: String::from_utf8(output.stdout).expect("utf-8 stdout"),
-            stderr: String::from_utf8(output.stderr).expect("utf-8 stderr"),
-        }
-    })
-    .await
-    .expect("mrt task")
+    let env: Vec<(&str, &str)> = url.map(|u| ("MODEL_RUNTIME_URL", u)).into_iter().collect();
+    run_mrt(args, &env, stdin).await
 }
 
 fn json_lines(stdout: &str) -> Vec<Value> {

@@ -8,7 +8,6 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use protocol::fingerprint::sha256_hex;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::*;
@@ -22,14 +21,7 @@ fn api_key(tenant: &str) -> String {
 /// Each execution streams three chunks 300 ms apart: long enough to be active while the test
 /// submits again.
 async fn gateway() -> Gateway {
-    let keys: Vec<Value> = TENANTS
-        .iter()
-        .map(|t| {
-            json!({"id": format!("{t}-key"), "tenant": t,
-                   "sha256": sha256_hex(api_key(t).as_bytes()),
-                   "scopes": ["submit", "read", "cancel"]})
-        })
-        .collect();
+    let keys = auth_matrix::tenant_keys(&TENANTS, api_key);
     Gateway::start(slow_mock(
         300,
         json!({"auth": {

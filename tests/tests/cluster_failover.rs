@@ -426,15 +426,7 @@ async fn restart_whole_cluster(
     observed: &Observed,
 ) {
     let [events, _, _] = stack.streams();
-    let stored_before = js
-        .get_stream(&events)
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .state
-        .messages;
+    let stored_before = stream_state(js, &events).await.messages;
     eprintln!("stopping the whole cluster ({stored_before} events stored)");
     for i in 0..stack.nats.size() {
         stack.nats.stop(i);
@@ -448,15 +440,7 @@ async fn restart_whole_cluster(
     );
     wait_terminals(observed, CLIENTS, stack).await;
     wait_all_current(js, stack).await;
-    let stored_after = js
-        .get_stream(&events)
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .state
-        .clone();
+    let stored_after = stream_state(js, &events).await;
     // Events are never deleted within the retention: the stream only grows, and the audit
     // compares every event clients saw before the restart with the log after it.
     assert_eq!(stored_after.first_sequence, 1, "events lost in the restart");
@@ -464,6 +448,21 @@ async fn restart_whole_cluster(
         stored_after.messages >= stored_before,
         "events lost in the restart"
     );
+}
+
+/// The state of stream `name` on the server.
+async fn stream_state(
+    js: &async_nats::jetstream::Context,
+    name: &str,
+) -> async_nats::jetstream::stream::State {
+    js.get_stream(name)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .clone()
 }
 
 /// Every stored event, per execution id, in stream order: (sequence in the event, JSON bytes).

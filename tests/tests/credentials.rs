@@ -194,8 +194,11 @@ fn base_env(dir: &TempDir, nats_url: &str, redis_url: &str) -> Vec<(String, Stri
     .collect()
 }
 
-/// `env` with `changes` applied (a value `None` removes the variable).
-fn with(env: &[(String, String)], changes: &[(&str, Option<&str>)]) -> Vec<(String, String)> {
+/// Changes to an environment: a value `None` removes the variable.
+type Changes<'a> = [(&'a str, Option<&'a str>)];
+
+/// `env` with `changes` applied.
+fn with(env: &[(String, String)], changes: &Changes<'_>) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = env
         .iter()
         .filter(|(k, _)| !changes.iter().any(|(name, _)| name == k))
@@ -262,6 +265,22 @@ fn fails_to_start(name: &str, env: &[(String, String)], dir: &TempDir) -> String
     let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with(&prefix)).collect();
     assert_eq!(lines.len(), 1, "one startup error line:\n{stderr}");
     lines[0].to_owned()
+}
+
+/// [`fails_to_start`] for `name` with `env` changed by `changes`; asserts the startup error line
+/// holds every one of `expected` and returns it.
+fn refused(
+    name: &str,
+    env: &[(String, String)],
+    changes: &Changes<'_>,
+    dir: &TempDir,
+    expected: &[&str],
+) -> String {
+    let line = fails_to_start(name, &with(env, changes), dir);
+    for text in expected {
+        assert!(line.contains(text), "{line}");
+    }
+    line
 }
 
 /// Asserts no line of any of `logs` holds any of `secrets`.
@@ -331,62 +350,56 @@ async fn passwords_and_nkeys() {
 
     // Wrong or missing credentials: one line naming what failed, never the secret.
     let wrong = "wrong-pw-0c1d2e";
-    let line = fails_to_start(
-        "gateway",
-        &with(&gateway_env, &[("NATS_PASSWORD", Some(wrong))]),
-        &dir,
-    );
-    assert!(line.contains("NATS refused the credentials"), "{line}");
-    let line = fails_to_start(
-        "gateway",
-        &with(
-            &gateway_env,
-            &[("NATS_USER", None), ("NATS_PASSWORD", None)],
-        ),
-        &dir,
-    );
-    assert!(line.contains("NATS refused the credentials"), "{line}");
-    let line = fails_to_start("gateway", &with(&gateway_env, &[("NATS_USER", None)]), &dir);
-    assert!(
-        line.contains("NATS_PASSWORD is set without NATS_USER"),
-        "{line}"
-    );
     let stranger = dir.path().join("stranger.nk");
     let stranger_seed = nkeys::KeyPair::new_user().seed().unwrap();
     std::fs::write(&stranger, &stranger_seed).unwrap();
-    let line = fails_to_start(
-        "worker",
-        &with(
+    let wrong_redis = format!("redis://default:{wrong}@127.0.0.1:{redis_port}");
+    let no_redis_password = format!("redis://127.0.0.1:{redis_port}");
+    let nats_refused = "NATS refused the credentials";
+    let redis_refused = "Redis refused the credentials";
+    // Which binary, its environment, the changes to it, what its error line says.
+    type Case<'a> = (&'a str, &'a [(String, String)], &'a Changes<'a>, &'a str);
+    let cases: [Case<'_>; 6] = [
+        (
+            "gateway",
+            &gateway_env,
+            &[("NATS_PASSWORD", Some(wrong))],
+            nats_refused,
+        ),
+        (
+            "gateway",
+            &gateway_env,
+            &[("NATS_USER", None), ("NATS_PASSWORD", None)],
+            nats_refused,
+        ),
+        (
+            "gateway",
+            &gateway_env,
+            &[("NATS_USER", None)],
+            "NATS_PASSWORD is set without NATS_USER",
+        ),
+        (
+            "worker",
             &worker_env,
             &[("NATS_NKEY", Some(stranger.to_str().unwrap()))],
+            nats_refused,
         ),
-        &dir,
-    );
-    assert!(line.contains("NATS refused the credentials"), "{line}");
-    let line = fails_to_start(
-        "gateway",
-        &with(
+        (
+            "gateway",
             &gateway_env,
-            &[(
-                "REDIS_URL",
-                Some(&format!("redis://default:{wrong}@127.0.0.1:{redis_port}")),
-            )],
+            &[("REDIS_URL", Some(&wrong_redis))],
+            redis_refused,
         ),
-        &dir,
-    );
-    assert!(line.contains("Redis refused the credentials"), "{line}");
-    let line = fails_to_start(
-        "gateway",
-        &with(
+        (
+            "gateway",
             &gateway_env,
-            &[(
-                "REDIS_URL",
-                Some(&format!("redis://127.0.0.1:{redis_port}")),
-            )],
+            &[("REDIS_URL", Some(&no_redis_password))],
+            redis_refused,
         ),
-        &dir,
-    );
-    assert!(line.contains("Redis refused the credentials"), "{line}");
+    ];
+    for (name, env, changes, expected) in cases {
+        refused(name, env, changes, &dir, &[expected]);
+    }
 
     // The same processes keep working; every line they logged at trace is clean.
     submission_completes(&url).await;
@@ -439,34 +452,21 @@ async fn tokens() {
     submission_completes(&url).await;
 
     let wrong = "wrong-token-5a6b7c";
-    let line = fails_to_start(
+    let wrong_url = format!("nats://{wrong}@127.0.0.1:{nats_port}");
+    let changes = [("NATS_URL", Some(wrong_url.as_str()))];
+    refused(
         "worker",
-        &with(
-            &env,
-            &[(
-                "NATS_URL",
-                Some(&format!("nats://{wrong}@127.0.0.1:{nats_port}")),
-            )],
-        ),
+        &env,
+        &changes,
         &dir,
+        &["NATS refused the credentials"],
     );
-    assert!(line.contains("NATS refused the credentials"), "{line}");
-    let line = fails_to_start(
+    let line = refused(
         "gateway",
-        &with(
-            &gateway_env,
-            &[(
-                "NATS_URL",
-                Some(&format!("nats://{wrong}@127.0.0.1:{nats_port}")),
-            )],
-        ),
+        &gateway_env,
+        &changes,
         &dir,
-    );
-    assert!(
-        line.contains(
-            "NATS credentials are given more than once (a token in NATS_URL, NATS_TOKEN)"
-        ),
-        "{line}"
+        &["NATS credentials are given more than once (a token in NATS_URL, NATS_TOKEN)"],
     );
     assert_no_secret(
         &[gateway.log_text(), worker.log_text(), line],
@@ -519,30 +519,31 @@ async fn tls() {
     let _worker = start_worker(&env, &dir);
     submission_completes(&url).await;
 
-    let line = fails_to_start(
-        "gateway",
-        &with(&env, &[("NATS_CA", Some(&path(&pki.other_ca)))]),
-        &dir,
-    );
-    assert!(line.contains("TLS with NATS failed"), "{line}");
-    assert!(line.contains("UnknownIssuer"), "{line}");
-    let line = fails_to_start(
-        "worker",
-        &with(&env, &[("NATS_CERT", None), ("NATS_KEY", None)]),
-        &dir,
-    );
-    assert!(line.contains("TLS with NATS failed"), "{line}");
-    let line = fails_to_start(
-        "gateway",
-        &with(&env, &[("REDIS_CA", Some(&path(&pki.other_ca)))]),
-        &dir,
-    );
-    assert!(line.contains("TLS with Redis failed"), "{line}");
-    assert!(line.contains("UnknownIssuer"), "{line}");
-    let line = fails_to_start(
-        "gateway",
-        &with(&env, &[("NATS_KEY", Some(&path(&pki.ca)))]),
-        &dir,
-    );
-    assert!(line.contains("NATS_KEY holds no PEM private key"), "{line}");
+    let other_ca = path(&pki.other_ca);
+    let ca = path(&pki.ca);
+    let cases: [(&str, &Changes<'_>, &[&str]); 4] = [
+        (
+            "gateway",
+            &[("NATS_CA", Some(&other_ca))],
+            &["TLS with NATS failed", "UnknownIssuer"],
+        ),
+        (
+            "worker",
+            &[("NATS_CERT", None), ("NATS_KEY", None)],
+            &["TLS with NATS failed"],
+        ),
+        (
+            "gateway",
+            &[("REDIS_CA", Some(&other_ca))],
+            &["TLS with Redis failed", "UnknownIssuer"],
+        ),
+        (
+            "gateway",
+            &[("NATS_KEY", Some(&ca))],
+            &["NATS_KEY holds no PEM private key"],
+        ),
+    ];
+    for (name, changes, expected) in cases {
+        refused(name, &env, changes, &dir, expected);
+    }
 }

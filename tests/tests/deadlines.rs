@@ -3,7 +3,7 @@
 //! gateway's deadline sweeper, and a worker that arrives later appends nothing after it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use e2e_tests::*;
 use protocol::Timestamp;
@@ -12,14 +12,13 @@ use serde_json::{Value, json};
 /// The contract's bound from a deadline to its terminal event.
 const AFTER_DEADLINE_MS: i64 = 2000;
 
+/// [`chunked_mock`] with smaller limits: 8 running and 16 queued per worker, 100 active.
 fn mock(delay_ms: u64, chunks: usize) -> Value {
-    let chunks: Vec<String> = (0..chunks).map(|i| format!("c{i} ")).collect();
-    json!({
-        "providers": [{"type": "mock", "id": "provider-mock", "model": "model-alpha",
-                       "abilities": ["text-generation"], "chunks": chunks, "delay_ms": delay_ms,
-                       "max_concurrency": 8, "max_queue_depth": 16}],
-        "max_active_executions": 100
-    })
+    let mut deployment = chunked_mock(delay_ms, chunks);
+    deployment["providers"][0]["max_concurrency"] = json!(8);
+    deployment["providers"][0]["max_queue_depth"] = json!(16);
+    deployment["max_active_executions"] = json!(100);
+    deployment
 }
 
 fn with_deadline(deadline_ms: u64) -> Value {
@@ -64,16 +63,14 @@ async fn wait_jobs_drained(cluster: &Cluster) {
     let client = async_nats::connect(cluster.nats.url()).await.unwrap();
     let js = async_nats::jetstream::new(client);
     let name = format!("{}_JOBS", cluster.namespace.to_ascii_uppercase());
-    let deadline = Instant::now() + PROMPT;
-    loop {
+    poll_until(PROMPT, Duration::from_millis(50), async || {
         let mut stream = js.get_stream(&name).await.unwrap();
-        let messages = stream.info().await.unwrap().state.messages;
-        if messages == 0 {
-            return;
+        match stream.info().await.unwrap().state.messages {
+            0 => Ok(()),
+            messages => Err(format!("{messages} jobs still queued")),
         }
-        assert!(Instant::now() < deadline, "{messages} jobs still queued");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 }
 
 /// Starts a worker, waits until it took and dropped the expired job, and checks that the log
@@ -91,15 +88,13 @@ async fn with_no_worker_alive_the_gateway_ends_an_expired_execution() {
     let cluster = Cluster::start(&mock(10, 2));
     let gateway = cluster.gateway();
     let deadline_ms = 3000;
-    let (status, sub) = submit(&gateway.url, &with_deadline(deadline_ms), None).await;
-    assert_eq!(status, 202, "{sub}");
-    let id = sub["execution_id"].as_str().unwrap();
+    let id = submit_accepted(&gateway.url, &with_deadline(deadline_ms)).await;
     // The live stream ends after the terminal event.
-    let all = log_until_terminal(&gateway, id).await;
+    let all = log_until_terminal(&gateway, &id).await;
     let late = assert_closed_by_deadline(&all, deadline_ms);
     eprintln!("no worker: terminal {late} ms after the deadline");
     assert_eq!(all.len(), 2, "accepted, then the terminal: {all:?}");
-    let snap = wait_terminal(&gateway.url, id).await;
+    let snap = wait_terminal(&gateway.url, &id).await;
     assert_eq!(snap["status"], "failed");
     assert_eq!(snap["error"]["code"], "deadline_exceeded");
     a_late_worker_appends_nothing(&cluster, &gateway, &all).await;
@@ -112,16 +107,9 @@ async fn a_killed_worker_execution_ends_at_its_deadline_not_at_redelivery() {
     let gateway = cluster.gateway();
     let worker = cluster.worker();
     let deadline_ms = 5000;
-    let (status, sub) = submit(&gateway.url, &with_deadline(deadline_ms), None).await;
-    assert_eq!(status, 202, "{sub}");
-    let id = sub["execution_id"].as_str().unwrap().to_owned();
+    let id = submit_accepted(&gateway.url, &with_deadline(deadline_ms)).await;
     // Kill the worker once the attempt has exposed output.
-    let stream = client()
-        .get(format!("{}/v1/executions/{id}/events", gateway.url))
-        .send()
-        .await
-        .unwrap();
-    let head = read_events(stream, Some(3)).await;
+    let head = read_events(event_stream(&gateway.url, &id).await, Some(3)).await;
     assert_eq!(head[2]["type"], "output.delta", "{head:?}");
     worker.signal("KILL");
     drop(worker);

@@ -6,49 +6,22 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use e2e_tests::*;
-use serde_json::{Value, json};
-
-fn mock(delay_ms: u64, chunks: usize) -> Value {
-    let chunks: Vec<String> = (0..chunks).map(|i| format!("c{i} ")).collect();
-    json!({
-        "providers": [{"type": "mock", "id": "provider-mock", "model": "model-alpha",
-                       "abilities": ["text-generation"], "chunks": chunks, "delay_ms": delay_ms,
-                       "max_concurrency": 64, "max_queue_depth": 256}],
-        "max_active_executions": 1000
-    })
-}
-
-fn types(events: &[Value]) -> Vec<&str> {
-    events.iter().map(|e| e["type"].as_str().unwrap()).collect()
-}
+use serde_json::Value;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_on_one_gateway_stream_and_resume_on_another() {
-    let cluster = Cluster::start(&mock(150, 8));
-    let g1 = cluster.gateway();
-    let g2 = cluster.gateway();
-    let _w1 = cluster.worker();
-    let _w2 = cluster.worker();
-    let (status, sub) = submit(&g1.url, &text_request("hi"), None).await;
-    assert_eq!(status, 202, "{sub}");
-    let id = sub["execution_id"].as_str().unwrap().to_owned();
+    let cluster = Cluster::start(&chunked_mock(150, 8));
+    let ([g1, g2], _workers) = cluster.processes::<2, 2>();
+    let id = submit_accepted(&g1.url, &text_request("hi")).await;
     // Read the first four events from gateway 2, then drop the connection.
-    let resp = client()
-        .get(format!("{}/v1/executions/{id}/events", g2.url))
-        .send()
-        .await
-        .unwrap();
-    let head = read_events(resp, Some(4)).await;
+    let head = read_events(event_stream(&g2.url, &id).await, Some(4)).await;
     let last_seen = head[3]["sequence"].as_u64().unwrap();
     // Resume on gateway 1 from the last committed sequence: no gap, no duplicate.
     let tail = events(&g1.url, &id, last_seen).await;
     let mut all = head[..4].to_vec();
     all.extend(tail);
     assert_log_well_formed(&all);
-    assert_eq!(
-        types(&all).iter().filter(|t| **t == "output.delta").count(),
-        8
-    );
+    assert_eq!(count_of(&all, "output.delta"), 8);
     assert_eq!(all.last().unwrap()["type"], "execution.completed");
     // Both gateways serve the same snapshot.
     let s1 = wait_terminal(&g1.url, &id).await;
@@ -62,11 +35,8 @@ async fn submit_on_one_gateway_stream_and_resume_on_another() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_idempotency_key_across_gateways_gives_one_execution_and_one_run() {
-    let cluster = Cluster::start(&mock(50, 3));
-    let g1 = cluster.gateway();
-    let g2 = cluster.gateway();
-    let _w1 = cluster.worker();
-    let _w2 = cluster.worker();
+    let cluster = Cluster::start(&chunked_mock(50, 3));
+    let ([g1, g2], _workers) = cluster.processes::<2, 2>();
     let key = unique_key();
     let mut tasks = Vec::new();
     for i in 0..50 {
@@ -98,18 +68,16 @@ async fn one_idempotency_key_across_gateways_gives_one_execution_and_one_run() {
     wait_terminal(&g1.url, &id).await;
     let all = events(&g2.url, &id, 0).await;
     assert_log_well_formed(&all);
-    assert_eq!(
-        types(&all)
-            .iter()
-            .filter(|t| **t == "route.selected")
-            .count(),
-        1,
-        "one provider run"
-    );
+    assert_eq!(count_of(&all, "route.selected"), 1, "one provider run");
     // A different request under the same key conflicts.
     let (status, body) = submit(&g2.url, &text_request("different"), Some(&key)).await;
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["error"]["code"], "idempotency_conflict");
+}
+
+/// How many of `events` are of type `kind`.
+fn count_of(events: &[Value], kind: &str) -> usize {
+    types(events).iter().filter(|t| **t == kind).count()
 }
 
 fn unique_key() -> String {
@@ -118,13 +86,8 @@ fn unique_key() -> String {
 
 /// Waits until the log of `id` (read through `gateway`) satisfies `pred`.
 async fn wait_for_events(gateway: &str, id: &str, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    let deadline = Instant::now() + PROMPT;
-    loop {
-        let resp = client()
-            .get(format!("{gateway}/v1/executions/{id}/events"))
-            .send()
-            .await
-            .unwrap();
+    poll_until(PROMPT, Duration::from_millis(50), async || {
+        let resp = event_stream(gateway, id).await;
         // Read what is there now without waiting for the end of a live stream.
         let partial =
             tokio::time::timeout(Duration::from_millis(300), read_events(resp, None)).await;
@@ -133,41 +96,44 @@ async fn wait_for_events(gateway: &str, id: &str, pred: impl Fn(&[Value]) -> boo
             Err(_) => {
                 let snap = get_json(&format!("{gateway}/v1/executions/{id}")).await.1;
                 let n = snap["last_sequence"].as_u64().unwrap_or(0) as usize;
-                let resp = client()
-                    .get(format!("{gateway}/v1/executions/{id}/events"))
-                    .send()
-                    .await
-                    .unwrap();
-                read_events(resp, Some(n)).await
+                read_events(event_stream(gateway, id).await, Some(n)).await
             }
         };
         if pred(&events) {
-            return events;
+            Ok(events)
+        } else {
+            Err(format!("condition not reached: {events:?}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "condition not reached: {events:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// Submits a text request and waits until its first output delta is in the log.
 async fn streaming_execution(base: &str) -> String {
-    let (_, sub) = submit(base, &text_request("hi"), None).await;
-    let id = sub["execution_id"].as_str().unwrap().to_owned();
+    let id = submit_accepted(base, &text_request("hi")).await;
     wait_for_events(base, &id, |e| types(e).contains(&"output.delta")).await;
     id
 }
 
+/// Signals (`KILL`, `STOP`) the only worker while it streams an execution, then starts another
+/// worker, which takes the redelivered job after the lease lapses. Returns what runs (the
+/// signalled worker before the other), the execution's id and its terminal snapshot.
+async fn lose_the_worker(
+    deployment: &Value,
+    signal: &str,
+) -> (Cluster, Gateway, Process, Process, String, Value) {
+    let (cluster, gateway, first) = gateway_and_worker(deployment);
+    let id = streaming_execution(&gateway.url).await;
+    first.signal(signal);
+    let second = cluster.worker();
+    let snap = wait_terminal(&gateway.url, &id).await;
+    (cluster, gateway, first, second, id, snap)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_leaves_exactly_one_terminal_and_no_repeated_output() {
-    let (cluster, gateway, first) = gateway_and_worker(&mock(300, 20));
-    let id = streaming_execution(&gateway.url).await;
-    first.signal("KILL");
-    // Another worker takes the redelivered job after the lease lapses.
-    let _second = cluster.worker();
-    let snap = wait_terminal(&gateway.url, &id).await;
+    let (_cluster, gateway, _first, _second, id, snap) =
+        lose_the_worker(&chunked_mock(300, 20), "KILL").await;
     assert_eq!(snap["status"], "failed");
     assert_eq!(snap["error"]["code"], "internal_error");
     assert_eq!(snap["error"]["retryable"], false);
@@ -191,10 +157,7 @@ async fn a_killed_worker_leaves_exactly_one_terminal_and_no_repeated_output() {
         "no output delivered twice: {deltas:?}"
     );
     assert_eq!(
-        types(&all)
-            .iter()
-            .filter(|t| **t == "route.selected")
-            .count(),
+        count_of(&all, "route.selected"),
         1,
         "the provider was not called again"
     );
@@ -202,11 +165,8 @@ async fn a_killed_worker_leaves_exactly_one_terminal_and_no_repeated_output() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_worker_that_resumes_cannot_append() {
-    let (cluster, gateway, zombie) = gateway_and_worker(&mock(400, 30));
-    let id = streaming_execution(&gateway.url).await;
-    zombie.signal("STOP");
-    let _healthy = cluster.worker();
-    let snap = wait_terminal(&gateway.url, &id).await;
+    let (_cluster, gateway, zombie, _healthy, id, snap) =
+        lose_the_worker(&chunked_mock(400, 30), "STOP").await;
     assert_eq!(snap["error"]["code"], "internal_error");
     let final_sequence = snap["last_sequence"].as_u64().unwrap();
     zombie.signal("CONT");
@@ -223,47 +183,37 @@ async fn a_stopped_worker_that_resumes_cannot_append() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nats_restart_loses_no_acknowledged_event() {
-    let mut cluster = Cluster::start(&mock(0, 5));
+    let mut cluster = Cluster::start(&chunked_mock(0, 5));
     let gateway = cluster.gateway();
     let _worker = cluster.worker();
     let mut logs = Vec::new();
     for _ in 0..5 {
-        let (status, sub) = submit(&gateway.url, &text_request("hi"), None).await;
-        assert_eq!(status, 202);
-        let id = sub["execution_id"].as_str().unwrap().to_owned();
+        let id = submit_accepted(&gateway.url, &text_request("hi")).await;
         wait_terminal(&gateway.url, &id).await;
         logs.push((id.clone(), events(&gateway.url, &id, 0).await));
     }
     cluster.nats.restart();
     for (id, before) in &logs {
-        let deadline = Instant::now() + PROMPT;
-        let after = loop {
-            let resp = client()
-                .get(format!("{}/v1/executions/{id}/events", gateway.url))
-                .send()
-                .await
-                .unwrap();
+        let after = poll_until(PROMPT, Duration::from_millis(100), async || {
+            let resp = event_stream(&gateway.url, id).await;
             if resp.status().as_u16() == 200 {
-                break read_events(resp, None).await;
+                Ok(read_events(resp, None).await)
+            } else {
+                Err("gateway did not recover after the NATS restart".to_owned())
             }
-            assert!(
-                Instant::now() < deadline,
-                "gateway did not recover after the NATS restart"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        })
+        .await;
         assert_eq!(&after, before);
     }
     // And new work flows again.
-    let (status, sub) = submit(&gateway.url, &text_request("after restart"), None).await;
-    assert_eq!(status, 202, "{sub}");
-    let snap = wait_terminal(&gateway.url, sub["execution_id"].as_str().unwrap()).await;
+    let id = submit_accepted(&gateway.url, &text_request("after restart")).await;
+    let snap = wait_terminal(&gateway.url, &id).await;
     assert_eq!(snap["status"], "succeeded");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_means_503_for_keyed_submits_and_nothing_published() {
-    let mut cluster = Cluster::start(&mock(0, 3));
+    let mut cluster = Cluster::start(&chunked_mock(0, 3));
     let gateway = cluster.gateway();
     let _worker = cluster.worker();
     cluster.redis.kill();
@@ -284,24 +234,12 @@ async fn redis_down_means_503_for_keyed_submits_and_nothing_published() {
     // Nothing was published: the jobs stream is empty and no execution was created.
     assert_eq!(jobs_published(&cluster).await, 0);
     cluster.redis.restart();
-    let deadline = Instant::now() + PROMPT;
-    loop {
-        let (status, body) = submit(&gateway.url, &text_request("hi"), Some("k-1")).await;
-        if status == 202 {
-            wait_terminal(&gateway.url, body["execution_id"].as_str().unwrap()).await;
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "did not recover: {status} {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    submit_until_accepted(&gateway.url, Some("k-1")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_down_means_503_within_two_seconds_and_recovery_by_itself() {
-    let mut cluster = Cluster::start(&mock(0, 3));
+    let mut cluster = Cluster::start(&chunked_mock(0, 3));
     let gateway = cluster.gateway();
     let _worker = cluster.worker();
     cluster.nats.kill();
@@ -327,20 +265,8 @@ async fn nats_down_means_503_within_two_seconds_and_recovery_by_itself() {
     }
     assert_eq!(get_json(&format!("{}/readyz", gateway.url)).await.0, 503);
     cluster.nats.restart();
-    let deadline = Instant::now() + PROMPT;
-    loop {
-        let (status, body) = submit(&gateway.url, &text_request("hi"), None).await;
-        if status == 202 {
-            let snap = wait_terminal(&gateway.url, body["execution_id"].as_str().unwrap()).await;
-            assert_eq!(snap["status"], "succeeded");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "did not recover: {status} {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let snap = submit_until_accepted(&gateway.url, None).await;
+    assert_eq!(snap["status"], "succeeded");
 }
 
 /// Messages ever stored in the namespace's jobs stream.

@@ -6,17 +6,7 @@
 use std::time::{Duration, Instant};
 
 use e2e_tests::*;
-use serde_json::{Value, json};
-
-fn mock(delay_ms: u64, chunks: usize) -> Value {
-    let chunks: Vec<String> = (0..chunks).map(|i| format!("c{i} ")).collect();
-    json!({
-        "providers": [{"type": "mock", "id": "provider-mock", "model": "model-alpha",
-                       "abilities": ["text-generation"], "chunks": chunks, "delay_ms": delay_ms,
-                       "max_concurrency": 64, "max_queue_depth": 256}],
-        "max_active_executions": 1000
-    })
-}
+use serde_json::Value;
 
 const ACK_WAIT: &str = "MODEL_RUNTIME_ACK_WAIT_MS";
 
@@ -37,36 +27,49 @@ async fn consumer_ack_wait(cluster: &Cluster) -> Option<Duration> {
 /// worker, leaving the consumer behind as the namespace's first settings.
 async fn leave_a_consumer_with(cluster: &Cluster, ack_wait_ms: u64) {
     let first = cluster.worker_with(&[(ACK_WAIT, &ack_wait_ms.to_string())]);
-    let deadline = Instant::now() + PROMPT;
-    while consumer_ack_wait(cluster).await != Some(Duration::from_millis(ack_wait_ms)) {
-        assert!(Instant::now() < deadline, "{}", first.log_text());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll_until(PROMPT, Duration::from_millis(50), async || {
+        if consumer_ack_wait(cluster).await == Some(Duration::from_millis(ack_wait_ms)) {
+            Ok(())
+        } else {
+            Err(first.log_text())
+        }
+    })
+    .await;
     first.signal("KILL");
+}
+
+/// A gateway over a mock of `chunks` chunks 300 ms apart, on a namespace whose consumer was
+/// first made with a lease of `first_ack_wait_ms`; then a worker with `ack_wait_ms` (as a flag
+/// value) and one execution submitted. Returns what runs and the execution's id.
+async fn after_a_first_lease(
+    chunks: usize,
+    first_ack_wait_ms: u64,
+    ack_wait_ms: &str,
+) -> (Cluster, Gateway, Process, String) {
+    let cluster = Cluster::start(&chunked_mock(300, chunks));
+    let gateway = cluster.gateway();
+    leave_a_consumer_with(&cluster, first_ack_wait_ms).await;
+    let worker = cluster.worker_with(&[(ACK_WAIT, ack_wait_ms)]);
+    let id = submit_accepted(&gateway.url, &text_request("hi")).await;
+    (cluster, gateway, worker, id)
 }
 
 /// Polls the snapshot until `pred` holds.
 async fn wait_snapshot(base: &str, id: &str, within: Duration, pred: impl Fn(&Value) -> bool) {
-    let deadline = Instant::now() + within;
-    loop {
+    poll_until(within, Duration::from_millis(50), async || {
         let (_, snap) = get_json(&format!("{base}/v1/executions/{id}")).await;
         if pred(&snap) {
-            return;
+            Ok(())
+        } else {
+            Err(format!("not in time: {snap}"))
         }
-        assert!(Instant::now() < deadline, "not in time: {snap}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shorter_ack_wait_on_restart_detects_a_killed_worker_in_seconds() {
-    let cluster = Cluster::start(&mock(300, 100));
-    let gateway = cluster.gateway();
-    leave_a_consumer_with(&cluster, 30_000).await;
-    let doomed = cluster.worker_with(&[(ACK_WAIT, "3000")]);
-    let (status, sub) = submit(&gateway.url, &text_request("hi"), None).await;
-    assert_eq!(status, 202, "{sub}");
-    let id = sub["execution_id"].as_str().unwrap().to_owned();
+    let (cluster, gateway, doomed, id) = after_a_first_lease(100, 30_000, "3000").await;
     // Running, with output: the worker holds the job.
     wait_snapshot(&gateway.url, &id, PROMPT, |s| {
         s["last_sequence"].as_u64().unwrap_or(0) >= 3
@@ -91,13 +94,7 @@ async fn a_shorter_ack_wait_on_restart_detects_a_killed_worker_in_seconds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_started_after_a_shorter_lease_keeps_healthy_executions_alive() {
     // 25 chunks every 300 ms: about 7.5 s, far longer than the 2 s lease of the first worker.
-    let cluster = Cluster::start(&mock(300, 25));
-    let gateway = cluster.gateway();
-    leave_a_consumer_with(&cluster, 2_000).await;
-    let _worker = cluster.worker_with(&[(ACK_WAIT, "30000")]);
-    let (status, sub) = submit(&gateway.url, &text_request("hi"), None).await;
-    assert_eq!(status, 202, "{sub}");
-    let id = sub["execution_id"].as_str().unwrap().to_owned();
+    let (_cluster, gateway, _worker, id) = after_a_first_lease(25, 2_000, "30000").await;
     let snap = wait_terminal(&gateway.url, &id).await;
     assert_eq!(snap["status"], "succeeded", "{snap}");
 }

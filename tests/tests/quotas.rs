@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use e2e_tests::*;
-use protocol::fingerprint::sha256_hex;
 use serde_json::{Value, json};
+use testkit::gateway::auth_matrix;
 use tokio::task::JoinSet;
 
 /// The bucket of tenants `rated` and `steady`. The burst covers 3 s without submits, so a
@@ -23,29 +23,25 @@ fn api_key(tenant: &str) -> String {
 /// A deployment with the three tenants and one key each; the mock streams `chunks` chunks,
 /// waiting `delay_ms` before each.
 fn deployment(chunks: usize, delay_ms: u64) -> Value {
-    let chunks: Vec<String> = (0..chunks).map(|i| format!("c{i} ")).collect();
-    let keys: Vec<Value> = ["rated", "steady", "capped"]
-        .iter()
-        .map(|t| {
-            json!({"id": format!("{t}-key"), "tenant": t,
-                   "sha256": sha256_hex(api_key(t).as_bytes()),
-                   "scopes": ["submit", "read", "cancel"]})
-        })
-        .collect();
-    json!({
-        "providers": [{"type": "mock", "id": "provider-mock", "model": "model-alpha",
-                       "abilities": ["text-generation"], "chunks": chunks, "delay_ms": delay_ms,
-                       "max_concurrency": 64, "max_queue_depth": 256}],
-        "max_active_executions": 1000,
-        "auth": {
-            "tenants": {
-                "rated": {"submits_per_second": RATE, "burst": BURST},
-                "steady": {"submits_per_second": RATE, "burst": BURST},
-                "capped": {"max_active_executions": CAP}
-            },
-            "keys": keys
-        }
-    })
+    let mut deployment = chunked_mock(delay_ms, chunks);
+    deployment["auth"] = json!({
+        "tenants": {
+            "rated": {"submits_per_second": RATE, "burst": BURST},
+            "steady": {"submits_per_second": RATE, "burst": BURST},
+            "capped": {"max_active_executions": CAP}
+        },
+        "keys": auth_matrix::tenant_keys(&["rated", "steady", "capped"], api_key)
+    });
+    deployment
+}
+
+/// A cluster of `deployment(chunks, delay_ms)` with two gateways and a worker; the gateways'
+/// base URLs.
+fn two_gateways(chunks: usize, delay_ms: u64) -> (Cluster, [Gateway; 2], Process, [String; 2]) {
+    let cluster = Cluster::start(&deployment(chunks, delay_ms));
+    let (gateways, [worker]) = cluster.processes::<2, 1>();
+    let bases = [gateways[0].url.clone(), gateways[1].url.clone()];
+    (cluster, gateways, worker, bases)
 }
 
 /// What a submit got: status, `Retry-After` (parsed as whole seconds), body, and when.
@@ -92,8 +88,7 @@ fn assert_rejected(answer: &Answer, code: &str) {
 }
 
 async fn wait_terminal_as(base: &str, tenant: &str, id: &str) {
-    let deadline = Instant::now() + PROMPT;
-    loop {
+    poll_until(PROMPT, Duration::from_millis(100), async || {
         let resp = client()
             .get(format!("{base}/v1/executions/{id}"))
             .bearer_auth(api_key(tenant))
@@ -108,14 +103,12 @@ async fn wait_terminal_as(base: &str, tenant: &str, id: &str) {
                 Some("succeeded" | "failed" | "cancelled")
             )
         {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{id} not terminal in time: {snap}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "{id} not terminal in time: {snap}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
 }
 
 /// `rated` offers three times its rate for 5 s, alternating between the gateways: the accepted
@@ -123,10 +116,7 @@ async fn wait_terminal_as(base: &str, tenant: &str, id: &str) {
 /// the submits. `steady`, submitting at half its rate meanwhile, is never refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_share_a_tenants_bucket_and_other_tenants_are_unaffected() {
-    let cluster = Cluster::start(&deployment(1, 0));
-    let gateways = [cluster.gateway(), cluster.gateway()];
-    let _worker = cluster.worker();
-    let bases = [gateways[0].url.clone(), gateways[1].url.clone()];
+    let (_cluster, _gateways, _worker, bases) = two_gateways(1, 0);
     // One client: pooled connections, so submits are not paced by connection setup.
     let client = client();
 
@@ -186,10 +176,7 @@ async fn two_gateways_share_a_tenants_bucket_and_other_tenants_are_unaffected() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_active_holds_across_two_gateways_and_frees_when_executions_end() {
     // Each execution takes about 4 × 1.5 s: far longer than a wave of submits.
-    let cluster = Cluster::start(&deployment(4, 1500));
-    let gateways = [cluster.gateway(), cluster.gateway()];
-    let _worker = cluster.worker();
-    let bases = [gateways[0].url.clone(), gateways[1].url.clone()];
+    let (_cluster, _gateways, _worker, bases) = two_gateways(4, 1500);
     for wave in 0..2 {
         let mut submits = JoinSet::new();
         for i in 0..10 {

@@ -283,3 +283,54 @@ pub fn json_response(status: u16, body: &Value) -> Vec<u8> {
     )
     .into_bytes()
 }
+
+/// What a run of the `mrt` binary printed, and its exit code (-1: killed by a signal).
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `mrt ARGS` with `env` and `stdin` (none: closed at once), without the caller's
+/// `MODEL_RUNTIME_URL`, `MODEL_RUNTIME_API_KEY` and proxy variables, off the runtime's worker
+/// threads so that an in-process gateway keeps serving.
+pub async fn run_mrt(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Run {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let stdin = stdin.map(str::to_owned);
+    tokio::task::spawn_blocking(move || {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_mrt"));
+        command
+            .args(&args)
+            .env_remove("MODEL_RUNTIME_URL")
+            .env_remove("MODEL_RUNTIME_API_KEY")
+            .env_remove("HTTP_PROXY")
+            .env_remove("http_proxy")
+            .env_remove("ALL_PROXY")
+            .env_remove("all_proxy")
+            .envs(env)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().expect("spawn mrt");
+        let mut pipe = child.stdin.take().expect("stdin");
+        if let Some(input) = stdin {
+            pipe.write_all(input.as_bytes()).expect("write stdin");
+        }
+        drop(pipe);
+        let output = child.wait_with_output().expect("mrt output");
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8(output.stdout).expect("utf-8 stdout"),
+            stderr: String::from_utf8(output.stderr).expect("utf-8 stderr"),
+        }
+    })
+    .await
+    .expect("mrt task")
+}

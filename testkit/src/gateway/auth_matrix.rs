@@ -44,9 +44,25 @@ pub fn sha256_hex(key: &str) -> String {
         .collect()
 }
 
+/// One entry of a deployment's `auth.keys`: `key` (stored as its SHA-256) of `tenant`.
+pub fn key_entry(id: &str, tenant: &str, key: &str, scopes: Value) -> Value {
+    json!({"id": id, "tenant": tenant, "sha256": sha256_hex(key), "scopes": scopes})
+}
+
+/// `auth.keys` with one key of every scope per tenant: `TENANT-key`, the key `api_key(TENANT)`.
+pub fn tenant_keys(tenants: &[&str], api_key: impl Fn(&str) -> String) -> Vec<Value> {
+    tenants
+        .iter()
+        .map(|t| {
+            let scopes = json!(["submit", "read", "cancel"]);
+            key_entry(&format!("{t}-key"), t, &api_key(t), scopes)
+        })
+        .collect()
+}
+
 /// The deployment's `auth` section for the matrix keys.
 pub fn auth_section() -> Value {
-    let key = |id: &str, tenant: &str, key: &str, scopes: Value| json!({"id": id, "tenant": tenant, "sha256": sha256_hex(key), "scopes": scopes});
+    let key = key_entry;
     json!({
         "tenants": {"acme": {}, "rival": {}},
         "keys": [
@@ -168,6 +184,71 @@ fn is_event_stream(answer: &Answer) -> bool {
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
 }
 
+/// One request of the matrix, sent as one key after another.
+struct Route<'a> {
+    base: &'a str,
+    method: Method,
+    path: &'a str,
+    headers: &'a [(&'a str, &'a str)],
+    body: Option<&'a Value>,
+}
+
+impl<'a> Route<'a> {
+    /// `POST /v1/executions` of `body` on `base`.
+    fn submit(base: &'a str, headers: &'a [(&'a str, &'a str)], body: &'a Value) -> Self {
+        Self {
+            base,
+            method: Method::POST,
+            path: "/v1/executions",
+            headers,
+            body: Some(body),
+        }
+    }
+
+    /// `method path` on `base`, without a body.
+    fn plain(
+        base: &'a str,
+        method: Method,
+        path: &'a str,
+        headers: &'a [(&'a str, &'a str)],
+    ) -> Self {
+        Self {
+            base,
+            method,
+            path,
+            headers,
+            body: None,
+        }
+    }
+
+    async fn send(&self, key: Option<&str>) -> Answer {
+        call(
+            self.base,
+            self.method.clone(),
+            self.path,
+            key,
+            self.headers,
+            self.body,
+        )
+        .await
+    }
+
+    /// Without a key and with an unknown one: unauthenticated (`WHAT, no key`, `WHAT, wrong
+    /// key`).
+    async fn assert_needs_key(&self, what: &str) {
+        for (key, how) in [(None, "no key"), (Some(WRONG_KEY), "wrong key")] {
+            assert_unauthenticated(&self.send(key).await, &format!("{what}, {how}"));
+        }
+    }
+
+    /// [`Route::assert_needs_key`], then `weak_key`, which lacks `scope`: forbidden.
+    async fn assert_needs_scope(&self, what: &str, weak_key: &str, scope: &str) {
+        self.assert_needs_key(what).await;
+        let answer = self.send(Some(weak_key)).await;
+        assert_forbidden(&answer, &format!("{what} without the {scope} scope"));
+    }
+}
+
 /// Runs the matrix. `submit_on` is where executions are created, `read_on` where every other
 /// route is called (the same gateway, or another one of the cluster). `request` must run long
 /// enough (a slow mock) that the owner's execution is still running when it is cancelled at
@@ -175,19 +256,10 @@ fn is_event_stream(answer: &Answer) -> bool {
 pub async fn run(submit_on: &str, read_on: &str, request: &Value) {
     use Method as M;
     let sse = [("accept", "text/event-stream")];
-    let post = |base: &'static str, key: Option<&'static str>| (base, key);
-    let _ = post;
 
     // --- submit (JSON) ---
-    let owned = call(
-        submit_on,
-        M::POST,
-        "/v1/executions",
-        Some(OWNER_KEY),
-        &[],
-        Some(request),
-    )
-    .await;
+    let submit = Route::submit(submit_on, &[], request);
+    let owned = submit.send(Some(OWNER_KEY)).await;
     assert_eq!(
         owned.status,
         StatusCode::ACCEPTED,
@@ -198,80 +270,27 @@ pub async fn run(submit_on: &str, read_on: &str, request: &Value) {
         .as_str()
         .expect("id")
         .to_owned();
-    let rival_own = call(
-        submit_on,
-        M::POST,
-        "/v1/executions",
-        Some(RIVAL_KEY),
-        &[],
-        Some(request),
-    )
-    .await;
+    let rival_own = submit.send(Some(RIVAL_KEY)).await;
     assert_eq!(
         rival_own.status,
         StatusCode::ACCEPTED,
         "another tenant submits its own"
     );
-    for (key, what) in [(None, "no key"), (Some(WRONG_KEY), "wrong key")] {
-        let answer = call(
-            submit_on,
-            M::POST,
-            "/v1/executions",
-            key,
-            &[],
-            Some(request),
-        )
+    submit
+        .assert_needs_scope("submit", READ_ONLY_KEY, "submit")
         .await;
-        assert_unauthenticated(&answer, &format!("submit, {what}"));
-    }
-    let answer = call(
-        submit_on,
-        M::POST,
-        "/v1/executions",
-        Some(READ_ONLY_KEY),
-        &[],
-        Some(request),
-    )
-    .await;
-    assert_forbidden(&answer, "submit without the submit scope");
 
     // --- submit (SSE) ---
-    let answer = call(
-        submit_on,
-        M::POST,
-        "/v1/executions",
-        Some(OWNER_KEY),
-        &sse,
-        Some(request),
-    )
-    .await;
+    let submit_sse = Route::submit(submit_on, &sse, request);
+    let answer = submit_sse.send(Some(OWNER_KEY)).await;
     assert!(
         is_event_stream(&answer),
         "owner submit as SSE: {:?}",
         answer.status
     );
-    for (key, what) in [(None, "no key"), (Some(WRONG_KEY), "wrong key")] {
-        let answer = call(
-            submit_on,
-            M::POST,
-            "/v1/executions",
-            key,
-            &sse,
-            Some(request),
-        )
+    submit_sse
+        .assert_needs_scope("SSE submit", READ_ONLY_KEY, "submit")
         .await;
-        assert_unauthenticated(&answer, &format!("SSE submit, {what}"));
-    }
-    let answer = call(
-        submit_on,
-        M::POST,
-        "/v1/executions",
-        Some(READ_ONLY_KEY),
-        &sse,
-        Some(request),
-    )
-    .await;
-    assert_forbidden(&answer, "SSE submit without the submit scope");
 
     // --- idempotent replay: keys are scoped per tenant ---
     let idem_key = format!("matrix-{id}");
@@ -280,49 +299,22 @@ pub async fn run(submit_on: &str, read_on: &str, request: &Value) {
         ("idempotency-key", idem_key.as_str()),
         ("accept", "text/event-stream"),
     ];
-    let first = call(
-        submit_on,
-        M::POST,
-        "/v1/executions",
-        Some(OWNER_KEY),
-        &keyed,
-        Some(request),
-    )
-    .await;
+    let first = Route::submit(submit_on, &keyed, request)
+        .send(Some(OWNER_KEY))
+        .await;
     assert_eq!(first.status, StatusCode::ACCEPTED);
     let keyed_id = first.json()["execution_id"].clone();
-    let replay = call(
-        read_on,
-        M::POST,
-        "/v1/executions",
-        Some(OWNER_KEY),
-        &keyed,
-        Some(request),
-    )
-    .await;
+    let replay_route = Route::submit(read_on, &keyed, request);
+    let replay = replay_route.send(Some(OWNER_KEY)).await;
     assert_eq!(replay.status, StatusCode::OK, "owner replay");
     assert_eq!(replay.json()["execution_id"], keyed_id);
     assert_eq!(replay.json()["idempotent_replay"], true);
-    let replay_sse = call(
-        read_on,
-        M::POST,
-        "/v1/executions",
-        Some(OWNER_KEY),
-        &keyed_sse,
-        Some(request),
-    )
-    .await;
+    let replay_sse = Route::submit(read_on, &keyed_sse, request)
+        .send(Some(OWNER_KEY))
+        .await;
     assert!(is_event_stream(&replay_sse), "owner SSE replay");
     // Another tenant's same key and body is a new execution of its own, never a replay.
-    let rival_same = call(
-        read_on,
-        M::POST,
-        "/v1/executions",
-        Some(RIVAL_KEY),
-        &keyed,
-        Some(request),
-    )
-    .await;
+    let rival_same = replay_route.send(Some(RIVAL_KEY)).await;
     assert_eq!(
         rival_same.status,
         StatusCode::ACCEPTED,
@@ -335,52 +327,22 @@ pub async fn run(submit_on: &str, read_on: &str, request: &Value) {
     let mut other_body = request.clone();
     other_body["metadata"] = json!({"variant": "rival"});
     let fresh_key = format!("matrix-fresh-{id}");
-    let first = call(
-        submit_on,
-        M::POST,
-        "/v1/executions",
-        Some(OWNER_KEY),
-        &[("idempotency-key", &fresh_key)],
-        Some(request),
-    )
-    .await;
+    let fresh = [("idempotency-key", fresh_key.as_str())];
+    let first = Route::submit(submit_on, &fresh, request)
+        .send(Some(OWNER_KEY))
+        .await;
     assert_eq!(first.status, StatusCode::ACCEPTED);
-    let rival_diff = call(
-        read_on,
-        M::POST,
-        "/v1/executions",
-        Some(RIVAL_KEY),
-        &[("idempotency-key", &fresh_key)],
-        Some(&other_body),
-    )
-    .await;
+    let rival_diff = Route::submit(read_on, &fresh, &other_body)
+        .send(Some(RIVAL_KEY))
+        .await;
     assert_eq!(
         rival_diff.status,
         StatusCode::ACCEPTED,
         "no idempotency_conflict across tenants"
     );
-    for (key, what) in [(None, "no key"), (Some(WRONG_KEY), "wrong key")] {
-        let answer = call(
-            read_on,
-            M::POST,
-            "/v1/executions",
-            key,
-            &keyed,
-            Some(request),
-        )
+    replay_route
+        .assert_needs_scope("replay", READ_ONLY_KEY, "submit")
         .await;
-        assert_unauthenticated(&answer, &format!("replay, {what}"));
-    }
-    let answer = call(
-        read_on,
-        M::POST,
-        "/v1/executions",
-        Some(READ_ONLY_KEY),
-        &keyed,
-        Some(request),
-    )
-    .await;
-    assert_forbidden(&answer, "replay without the submit scope");
 
     // --- reads: snapshot, result, events (with and without a cursor) ---
     let unknown = "00000000-0000-4000-8000-000000000000";
@@ -417,7 +379,8 @@ pub async fn run(submit_on: &str, read_on: &str, request: &Value) {
         ),
     ];
     for (what, path, unknown_path, headers) in &reads {
-        let owner = call(read_on, M::GET, path, Some(OWNER_KEY), headers, None).await;
+        let read = Route::plain(read_on, M::GET, path, headers);
+        let owner = read.send(Some(OWNER_KEY)).await;
         match *what {
             "snapshot" => assert_eq!(owner.status, StatusCode::OK, "owner {what}"),
             "result" => assert!(
@@ -427,66 +390,43 @@ pub async fn run(submit_on: &str, read_on: &str, request: &Value) {
             ),
             _ => assert!(is_event_stream(&owner), "owner {what}: {}", owner.status),
         }
-        let read_only = call(read_on, M::GET, path, Some(READ_ONLY_KEY), headers, None).await;
+        let read_only = read.send(Some(READ_ONLY_KEY)).await;
         assert_eq!(
             read_only.status, owner.status,
             "read scope suffices for {what}"
         );
-        let rival = call(read_on, M::GET, path, Some(RIVAL_KEY), headers, None).await;
-        let unknown = call(
-            read_on,
-            M::GET,
-            unknown_path,
-            Some(RIVAL_KEY),
-            headers,
-            None,
-        )
-        .await;
+        let rival = read.send(Some(RIVAL_KEY)).await;
+        let unknown = Route::plain(read_on, M::GET, unknown_path, headers)
+            .send(Some(RIVAL_KEY))
+            .await;
         assert_same_as_unknown(&rival, &unknown, &format!("{what} by another tenant"));
-        for (key, how) in [(None, "no key"), (Some(WRONG_KEY), "wrong key")] {
-            let answer = call(read_on, M::GET, path, key, headers, None).await;
-            assert_unauthenticated(&answer, &format!("{what}, {how}"));
-        }
-        let answer = call(read_on, M::GET, path, Some(SUBMIT_ONLY_KEY), headers, None).await;
-        assert_forbidden(&answer, &format!("{what} without the read scope"));
+        read.assert_needs_scope(what, SUBMIT_ONLY_KEY, "read").await;
     }
 
     // --- cancel ---
-    let cancel = format!("/v1/executions/{id}/cancel");
-    let rival = call(read_on, M::POST, &cancel, Some(RIVAL_KEY), &[], None).await;
-    let unknown = call(
-        read_on,
-        M::POST,
-        &format!("/v1/executions/{unknown}/cancel"),
-        Some(RIVAL_KEY),
-        &[],
-        None,
-    )
-    .await;
+    let cancel_path = format!("/v1/executions/{id}/cancel");
+    let cancel = Route::plain(read_on, M::POST, &cancel_path, &[]);
+    let rival = cancel.send(Some(RIVAL_KEY)).await;
+    let unknown_cancel = format!("/v1/executions/{unknown}/cancel");
+    let unknown = Route::plain(read_on, M::POST, &unknown_cancel, &[])
+        .send(Some(RIVAL_KEY))
+        .await;
     assert_same_as_unknown(&rival, &unknown, "cancel by another tenant");
-    for (key, how) in [(None, "no key"), (Some(WRONG_KEY), "wrong key")] {
-        let answer = call(read_on, M::POST, &cancel, key, &[], None).await;
-        assert_unauthenticated(&answer, &format!("cancel, {how}"));
-    }
-    let answer = call(read_on, M::POST, &cancel, Some(READ_ONLY_KEY), &[], None).await;
-    assert_forbidden(&answer, "cancel without the cancel scope");
+    cancel
+        .assert_needs_scope("cancel", READ_ONLY_KEY, "cancel")
+        .await;
     // None of those touched the execution; the owner can still cancel it.
-    let snapshot = call(
-        read_on,
-        M::GET,
-        &format!("/v1/executions/{id}"),
-        Some(OWNER_KEY),
-        &[],
-        None,
-    )
-    .await;
+    let snapshot_path = format!("/v1/executions/{id}");
+    let snapshot = Route::plain(read_on, M::GET, &snapshot_path, &[])
+        .send(Some(OWNER_KEY))
+        .await;
     assert_ne!(
         snapshot.json()["status"],
         "cancelled",
         "{:?}",
         snapshot.json()
     );
-    let answer = call(read_on, M::POST, &cancel, Some(OWNER_KEY), &[], None).await;
+    let answer = cancel.send(Some(OWNER_KEY)).await;
     assert_eq!(
         answer.status,
         StatusCode::ACCEPTED,
@@ -496,14 +436,12 @@ pub async fn run(submit_on: &str, read_on: &str, request: &Value) {
 
     // --- runtime and providers: any valid key ---
     for path in ["/v1/runtime", "/v1/providers"] {
+        let route = Route::plain(read_on, M::GET, path, &[]);
         for key in [OWNER_KEY, RIVAL_KEY, NO_SCOPE_KEY] {
-            let answer = call(read_on, M::GET, path, Some(key), &[], None).await;
+            let answer = route.send(Some(key)).await;
             assert_eq!(answer.status, StatusCode::OK, "{path}");
         }
-        for (key, how) in [(None, "no key"), (Some(WRONG_KEY), "wrong key")] {
-            let answer = call(read_on, M::GET, path, key, &[], None).await;
-            assert_unauthenticated(&answer, &format!("{path}, {how}"));
-        }
+        route.assert_needs_key(path).await;
     }
     // Unknown /v1 routes need a key too; health and metrics never do.
     assert_unauthenticated(

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::{NatsServer, RedisServer, TempDir, unique_namespace};
 use futures_util::StreamExt;
 use protocol::sse::{SseEvent, SseParser};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// Generous bound for anything that should happen promptly on a busy 2-core machine.
 pub const PROMPT: Duration = Duration::from_secs(30);
@@ -216,6 +216,12 @@ impl Cluster {
         self.worker_with(&[])
     }
 
+    /// `G` gateways, then `W` workers.
+    pub fn processes<const G: usize, const W: usize>(&self) -> ([Gateway; G], [Process; W]) {
+        let gateways = std::array::from_fn(|_| self.gateway());
+        (gateways, std::array::from_fn(|_| self.worker()))
+    }
+
     /// A worker and the base URL of its admin endpoint (`/metrics`, `/healthz`, `/readyz`).
     pub fn worker_with_admin(&self, env: &[(&str, &str)]) -> (Process, String) {
         let mut all = self.env();
@@ -248,7 +254,37 @@ pub fn client() -> reqwest::Client {
     super::http_client()
 }
 
-pub use super::text_request;
+pub use super::{text_request, types};
+
+/// A deployment of the mock `provider-mock` that streams `chunks` chunks (`c0 `, `c1 `, ...),
+/// waiting `delay_ms` before each, with room for load: 64 running and 256 queued per worker
+/// process, 1000 active executions.
+pub fn chunked_mock(delay_ms: u64, chunks: usize) -> Value {
+    let chunks: Vec<String> = (0..chunks).map(|i| format!("c{i} ")).collect();
+    let limits = json!({"chunks": chunks, "delay_ms": delay_ms,
+                        "max_concurrency": 64, "max_queue_depth": 256});
+    super::deployment(
+        vec![super::mock("provider-mock", limits)],
+        json!({"max_active_executions": 1000}),
+    )
+}
+
+/// Calls `probe` every `pause` until it returns `Ok`; once `within` has passed, panics with the
+/// last `Err`.
+pub async fn poll_until<T>(
+    within: Duration,
+    pause: Duration,
+    mut probe: impl AsyncFnMut() -> Result<T, String>,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        match probe().await {
+            Ok(value) => return value,
+            Err(why) => assert!(Instant::now() < deadline, "{why}"),
+        }
+        tokio::time::sleep(pause).await;
+    }
+}
 
 /// POSTs a request; returns status and JSON body.
 pub async fn submit(base: &str, body: &Value, key: Option<&str>) -> (u16, Value) {
@@ -259,6 +295,32 @@ pub async fn submit(base: &str, body: &Value, key: Option<&str>) -> (u16, Value)
     let resp = req.send().await.unwrap();
     let status = resp.status().as_u16();
     (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// POSTs a request without an idempotency key, asserts it was accepted (202) and returns the
+/// execution's id.
+pub async fn submit_accepted(base: &str, body: &Value) -> String {
+    let (status, sub) = submit(base, body, None).await;
+    assert_eq!(status, 202, "{sub}");
+    sub["execution_id"]
+        .as_str()
+        .expect("execution id")
+        .to_owned()
+}
+
+/// Submits `text_request("hi")` (under `key`, when given) every 100 ms until one is accepted,
+/// as after an outage (within [`PROMPT`], else a panic naming the last answer), and returns
+/// that execution's terminal snapshot.
+pub async fn submit_until_accepted(base: &str, key: Option<&str>) -> Value {
+    let id = poll_until(PROMPT, Duration::from_millis(100), async || {
+        let (status, body) = submit(base, &text_request("hi"), key).await;
+        match body["execution_id"].as_str() {
+            Some(id) if status == 202 => Ok(id.to_owned()),
+            _ => Err(format!("did not recover: {status} {body}")),
+        }
+    })
+    .await;
+    wait_terminal(base, &id).await
 }
 
 /// GETs JSON.
@@ -288,6 +350,15 @@ pub async fn read_events(resp: reqwest::Response, limit: Option<usize>) -> Vec<V
         .collect()
 }
 
+/// The response to `GET /v1/executions/{id}/events` (no cursor), unread.
+pub async fn event_stream(base: &str, id: &str) -> reqwest::Response {
+    client()
+        .get(format!("{base}/v1/executions/{id}/events"))
+        .send()
+        .await
+        .unwrap()
+}
+
 /// Streams an execution's events after `after` until the stream closes.
 pub async fn events(base: &str, id: &str, after: u64) -> Vec<Value> {
     let resp = client()
@@ -301,18 +372,15 @@ pub async fn events(base: &str, id: &str, after: u64) -> Vec<Value> {
 
 /// Polls the snapshot until it is terminal.
 pub async fn wait_terminal(base: &str, id: &str) -> Value {
-    let deadline = Instant::now() + PROMPT;
-    loop {
+    poll_until(PROMPT, Duration::from_millis(50), async || {
         let (status, snap) = get_json(&format!("{base}/v1/executions/{id}")).await;
         if status == 200 && super::is_terminal_snapshot(&snap) {
-            return snap;
+            Ok(snap)
+        } else {
+            Err(format!("execution {id} not terminal in time: {snap}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "execution {id} not terminal in time: {snap}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// Asserts the log rules on a full event list: sequences 1..n contiguous, one terminal, last.
