@@ -7,7 +7,8 @@
 //! `Idempotency-Key` so the fingerprint is computed too. A mock that waits ten minutes before
 //! its first chunk keeps them all held; once the API shows every execution queued or running,
 //! the growth of the real processes' resident memory (`VmRSS` in `/proc/<pid>/status`) over
-//! their idle baseline must stay under the sum of the per-request bounds. Before raw JSON
+//! their idle baseline must stay under the sum of the per-request bounds plus one fixed
+//! allocator step ([`ALLOCATOR_STEP`]). Before raw JSON
 //! text, the first shape alone cost ~97 MiB per request, so the first batch fails.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -25,6 +26,13 @@ const BATCH: usize = 5;
 /// Body size: about 1 MiB, below the body limit in both modes (in `nats` mode it is NATS's
 /// 1 MiB `max_payload` minus a 16 KiB envelope).
 const BODY_BYTES: usize = 1_000_000;
+/// The allocator's own step, allowed once per process (not per request): both binaries use
+/// mimalloc, which commits memory for large objects in segment-sized steps and keeps freed
+/// segments for reuse, so the first batch of concurrent 1 MiB requests raises RSS by a fixed
+/// 30–36 MiB (measured) before the per-request slope shows (then about 0.7–1.6 MiB per held
+/// request). A build that amplifies per request still fails at once: the old one grew ~97 MiB
+/// per request, 485 MiB for the first batch.
+const ALLOCATOR_STEP: u64 = 48 << 20;
 /// The bound per request: 4× its body plus 64 KiB.
 fn bound(body: usize) -> u64 {
     4 * body as u64 + 64 * 1024
@@ -201,16 +209,22 @@ async fn submit_worst(base: &str, watched: &[(&str, u32, u64)]) -> (Vec<String>,
         ids.extend(submitted);
         for (name, pid, baseline) in watched {
             let grown = rss(*pid).saturating_sub(*baseline);
-            assert!(
-                grown < total,
-                "{name} grew {} MiB after {} requests (bound {} MiB)",
-                grown >> 20,
-                ids.len(),
-                total >> 20
-            );
+            assert_within(name, grown, total, ids.len());
         }
     }
     (ids, total)
+}
+
+/// Fails when `name` grew by `grown` bytes or more than `total` (the bound of `held` requests)
+/// plus the allocator's step.
+fn assert_within(name: &str, grown: u64, total: u64, held: usize) {
+    assert!(
+        grown < total + ALLOCATOR_STEP,
+        "{name} grew {} MiB after {held} requests (bound {} MiB + {} MiB allocator step)",
+        grown >> 20,
+        total >> 20,
+        ALLOCATOR_STEP >> 20
+    );
 }
 
 fn report(name: &str, grown: u64, total: u64, ids: usize) {
@@ -272,12 +286,7 @@ async fn embedded_gateway_memory_per_request_is_bounded_whatever_the_json_shape(
     }
     let grown = rss(gateway.pid()).saturating_sub(baseline);
     report("embedded gateway", grown, total, ids.len());
-    assert!(
-        grown < total,
-        "grew {} MiB, bound {} MiB",
-        grown >> 20,
-        total >> 20
-    );
+    assert_within("embedded gateway", grown, total, ids.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -304,11 +313,6 @@ async fn gateway_and_worker_memory_per_request_is_bounded_whatever_the_json_shap
     ] {
         let grown = rss(pid).saturating_sub(baseline);
         report(name, grown, total, ids.len());
-        assert!(
-            grown < total,
-            "{name} grew {} MiB, bound {} MiB",
-            grown >> 20,
-            total >> 20
-        );
+        assert_within(name, grown, total, ids.len());
     }
 }
