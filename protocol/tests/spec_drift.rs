@@ -1211,6 +1211,38 @@ fn serialized_responses_match_their_openapi_schemas() {
         &responses["Unavailable"]["content"]["application/json"]["schema"],
     );
     assert_valid(&unavailable, &error(ErrorCode::Unavailable, true));
+    assert_valid(&schema_at("429"), &error(ErrorCode::RateLimited, true));
+    // API keys: 401 on every /v1 route, 403 on the scoped execution routes, none elsewhere.
+    let unauthenticated = openapi_validator(
+        &doc,
+        &responses["Unauthenticated"]["content"]["application/json"]["schema"],
+    );
+    assert_valid(&unauthenticated, &error(ErrorCode::Unauthenticated, false));
+    assert!(!unauthenticated.is_valid(&error(ErrorCode::PermissionDenied, false)));
+    let denied = openapi_validator(
+        &doc,
+        &responses["PermissionDenied"]["content"]["application/json"]["schema"],
+    );
+    assert_valid(&denied, &error(ErrorCode::PermissionDenied, false));
+    for (path, method, scoped) in [
+        ("/v1/executions", "post", true),
+        ("/v1/executions/{id}", "get", true),
+        ("/v1/executions/{id}/result", "get", true),
+        ("/v1/executions/{id}/cancel", "post", true),
+        ("/v1/executions/{id}/events", "get", true),
+        ("/v1/runtime", "get", false),
+        ("/v1/providers", "get", false),
+    ] {
+        let responses = &doc["paths"][path][method]["responses"];
+        assert_eq!(
+            responses["401"]["$ref"], "#/components/responses/Unauthenticated",
+            "{method} {path}"
+        );
+        assert_eq!(responses.get("403").is_some(), scoped, "{method} {path}");
+    }
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(doc["paths"][path]["get"]["security"], json!([]), "{path}");
+    }
     let not_found = component(&doc, "NotFoundError");
     assert_valid(
         &not_found,

@@ -92,7 +92,9 @@ pub fn openapi_document() -> Value {
             { "name": "runtime", "description": "Runtime and provider information." },
             { "name": "operations", "description": "Health, readiness and metrics." }
         ],
-        "paths": openapi_paths(p),
+        "paths": with_security(openapi_paths(p)),
+        // A key when the deployment has an `auth` section; none otherwise.
+        "security": [{ "apiKey": [] }, {}],
         "components": {
             "schemas": schemas,
             "parameters": openapi_parameters(),
@@ -107,6 +109,11 @@ pub fn openapi_document() -> Value {
                     "required": true,
                     "schema": { "type": "string", "const": "nosniff" }
                 },
+                "WwwAuthenticate": {
+                    "description": "The scheme to authenticate with.",
+                    "required": true,
+                    "schema": { "type": "string", "const": "Bearer" }
+                },
                 "RetryAfter": {
                     "description": "Seconds to wait before retrying.",
                     "required": true,
@@ -114,6 +121,13 @@ pub fn openapi_document() -> Value {
                 }
             },
             "responses": openapi_responses(p),
+            "securitySchemes": {
+                "apiKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "An API key of the deployment's `auth` section (`Authorization: Bearer mrt_...`). Without an `auth` section no key is needed."
+                }
+            }
         }
     });
     normalize(&mut doc);
@@ -216,6 +230,39 @@ fn sse_content(p: &str) -> Value {
     json!({ "schema": reference(p, "RuntimeEventFrame") })
 }
 
+/// Who may call what: every `/v1` operation answers 401 when the deployment has API keys and
+/// the request has no valid one, and the execution routes, which each need a scope, 403 when
+/// the key lacks it. Health, readiness and metrics never need a key.
+fn with_security(mut paths: Value) -> Value {
+    for (path, item) in paths.as_object_mut().into_iter().flatten() {
+        let api = path.starts_with("/v1/");
+        let scoped = path.starts_with("/v1/executions");
+        for operation in item
+            .as_object_mut()
+            .into_iter()
+            .flat_map(|o| o.values_mut())
+        {
+            let Some(operation) = operation.as_object_mut() else {
+                continue;
+            };
+            if !api {
+                operation.insert("security".into(), json!([]));
+                continue;
+            }
+            if let Some(responses) = operation
+                .get_mut("responses")
+                .and_then(Value::as_object_mut)
+            {
+                responses.insert("401".into(), response_ref("Unauthenticated"));
+                if scoped {
+                    responses.insert("403".into(), response_ref("PermissionDenied"));
+                }
+            }
+        }
+    }
+    paths
+}
+
 fn response_ref(name: &str) -> Value {
     json!({ "$ref": format!("#/components/responses/{name}") })
 }
@@ -237,6 +284,19 @@ fn openapi_responses(p: &str) -> Value {
         "Unavailable": json_response(
             "`unavailable`: a backend (NATS, Redis) is unreachable, or the runtime is shutting down.",
             error_schema(p, &["unavailable"], true),
+        ),
+        "Unauthenticated": {
+            "description": "`unauthenticated`: the deployment requires an API key and none, or an unknown one, was presented.",
+            "headers": {
+                "Cache-Control": { "$ref": "#/components/headers/CacheControl" },
+                "X-Content-Type-Options": { "$ref": "#/components/headers/ContentTypeOptions" },
+                "WWW-Authenticate": { "$ref": "#/components/headers/WwwAuthenticate" }
+            },
+            "content": { "application/json": { "schema": error_schema(p, &["unauthenticated"], false) } }
+        },
+        "PermissionDenied": json_response(
+            "`permission_denied`: the API key lacks the operation's scope (`submit`, `read` or `cancel`).",
+            error_schema(p, &["permission_denied"], false),
         ),
         "InternalError": json_response(
             "`internal_error`: a bug; the message is generic and details are only logged.",
@@ -328,13 +388,13 @@ fn openapi_paths(p: &str) -> Value {
                         error_schema(p, &["idempotency_conflict", "capability_unavailable"], false),
                     ),
                     "429": {
-                        "description": "`queue_full`: admission limits reached.",
+                        "description": "`queue_full`: admission limits reached (the runtime's, or the tenant's active executions); `rate_limited`: the tenant's submit rate.",
                         "headers": {
                             "Cache-Control": { "$ref": "#/components/headers/CacheControl" },
                             "X-Content-Type-Options": { "$ref": "#/components/headers/ContentTypeOptions" },
                             "Retry-After": { "$ref": "#/components/headers/RetryAfter" }
                         },
-                        "content": { "application/json": { "schema": error_schema(p, &["queue_full"], true) } }
+                        "content": { "application/json": { "schema": error_schema(p, &["queue_full", "rate_limited"], true) } }
                     },
                     "503": response_ref("Unavailable"),
                     "500": response_ref("InternalError")
