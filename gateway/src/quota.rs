@@ -21,6 +21,8 @@ use runtime::quota::{GateSettings, InvalidQuota, MemoryQuotaStore, RedisQuotaSto
 use runtime::redis_idempotency::RedisIdempotencyStore;
 use runtime::{Admission, EventStore, Job, QuotaGate, QuotaLimits, StoreError};
 
+use telemetry::metric::{QUOTA_REJECTIONS_TOTAL, quota_reason};
+
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -72,9 +74,21 @@ pub(crate) async fn admit(state: &AppState, tenant: &Tenant, job: &Job) -> Resul
         .await?
     {
         Admission::Admitted => Ok(()),
-        Admission::RateLimited { retry_after } => Err(ApiError::RateLimited { retry_after }),
-        Admission::ActiveLimit { retry_after } => Err(ApiError::TenantActiveLimit { retry_after }),
+        Admission::RateLimited { retry_after } => {
+            count_refusal(tenant, quota_reason::RATE_LIMITED);
+            Err(ApiError::RateLimited { retry_after })
+        }
+        Admission::ActiveLimit { retry_after } => {
+            count_refusal(tenant, quota_reason::ACTIVE_LIMIT);
+            Err(ApiError::TenantActiveLimit { retry_after })
+        }
     }
+}
+
+/// One more refusal of `tenant` (a tenant with limits: bounded by the deployment) for `reason`.
+fn count_refusal(tenant: &Tenant, reason: &'static str) {
+    metrics::counter!(QUOTA_REJECTIONS_TOTAL, "tenant" => tenant.to_string(), "reason" => reason)
+        .increment(1);
 }
 
 /// Gives back the slot [`admit`] took for execution `id`, whose creation failed.
@@ -101,11 +115,21 @@ pub(crate) async fn release_ended(state: &AppState, id: ExecutionId) {
 /// [`tenant_limits`] where startup already checked them ([`crate::server::run`] refuses a
 /// deployment they fail for, and so does the config parser): a failure here is logged and its
 /// tenant left without limits.
+/// Each tenant with limits gets its `mrt_quota_rejections_total` series at 0.
 fn checked_limits<P>(deployment: &DeploymentConfig<P>) -> Vec<(Tenant, QuotaLimits)> {
-    tenant_limits(deployment).unwrap_or_else(|e| {
+    let limits = tenant_limits(deployment).unwrap_or_else(|e| {
         tracing::error!(error = %e, "quota settings refused; no tenant has quotas");
         Vec::new()
-    })
+    });
+    // The process registry (installed once, also by the state) must exist before series are
+    // registered, and the gate is built before the state.
+    let _registry = telemetry::MetricsExporter::install();
+    for (tenant, limits) in &limits {
+        if !limits.is_unlimited() {
+            telemetry::metric::register_tenant_quota(tenant.as_str());
+        }
+    }
+    limits
 }
 
 /// Embedded mode: quotas in memory, each slot released exactly when the memory event store

@@ -91,6 +91,11 @@ async fn wait_terminal(gw: &Gateway, tenant: &str, id: &str) {
     }
 }
 
+/// The `mrt_quota_rejections_total` sample of `tenant` for `reason`.
+fn rejections(tenant: &str, reason: &str) -> String {
+    format!("mrt_quota_rejections_total{{tenant=\"{tenant}\",reason=\"{reason}\"}}")
+}
+
 fn id_of(body: &Value) -> String {
     body["execution_id"].as_str().unwrap().to_owned()
 }
@@ -103,6 +108,8 @@ async fn the_active_cap_refuses_with_queue_full_until_the_execution_ends() {
     let refused = submit(&gw, "capped", None).await;
     assert_refused(&refused, "queue_full");
     assert_eq!(refused.1.as_deref(), Some("1"));
+    assert_eq!(gw.metric(&rejections("capped", "active_limit")).await, 1.0);
+    assert_eq!(gw.metric(&rejections("capped", "rate_limited")).await, 0.0);
     // Other tenants are not held back.
     for _ in 0..3 {
         assert_eq!(submit(&gw, "free", None).await.0, StatusCode::ACCEPTED);
@@ -125,6 +132,7 @@ async fn the_bucket_refuses_with_rate_limited_and_says_when_a_token_is_back() {
     }
     let refused = submit(&gw, "rated", None).await;
     assert_refused(&refused, "rate_limited");
+    assert_eq!(gw.metric(&rejections("rated", "rate_limited")).await, 1.0);
     // One token at 0.001/s: about 1000 s.
     let secs: u64 = refused.1.unwrap().parse().unwrap();
     assert!((900..=1000).contains(&secs), "{secs}");

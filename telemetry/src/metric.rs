@@ -23,6 +23,9 @@ pub const JOB_REDELIVERIES_TOTAL: &str = "mrt_job_redeliveries_total";
 /// Rendered by each gateway from its own stream count (its shutdown waits on that count), not
 /// through the `metrics` facade.
 pub const SSE_STREAMS_ACTIVE: &str = "mrt_sse_streams_active";
+/// Submissions a tenant's quota refused, by tenant (a name from the deployment's `auth`
+/// section, so bounded) and reason (`active_limit` or `rate_limited`).
+pub const QUOTA_REJECTIONS_TOTAL: &str = "mrt_quota_rejections_total";
 
 /// `outcome` label values of executions.
 pub mod outcome {
@@ -178,6 +181,25 @@ pub fn register() {
             outcome::FAILED
         };
         metrics::counter!(EXECUTIONS_TOTAL, "outcome" => outcome, "code" => code).absolute(0);
+    }
+}
+
+/// Reasons of [`QUOTA_REJECTIONS_TOTAL`].
+pub mod quota_reason {
+    pub const ACTIVE_LIMIT: &str = "active_limit";
+    pub const RATE_LIMITED: &str = "rate_limited";
+}
+
+/// Registers the quota-refusal series of one tenant that has limits at 0, so a tenant that was
+/// never refused still shows up.
+pub fn register_tenant_quota(tenant: &str) {
+    describe_counter!(
+        QUOTA_REJECTIONS_TOTAL,
+        "Submissions refused by a tenant's quota, by tenant and reason."
+    );
+    for reason in [quota_reason::ACTIVE_LIMIT, quota_reason::RATE_LIMITED] {
+        metrics::counter!(QUOTA_REJECTIONS_TOTAL, "tenant" => tenant.to_owned(), "reason" => reason)
+            .absolute(0);
     }
 }
 
