@@ -56,6 +56,6 @@ pub use deadline::{DeadlineSweeper, SweepReport, SweeperSettings};
 pub use error::StoreError;
 pub use event_store::{EventRecord, EventStore, EventStream, LogHead, RunError, WriterId};
 pub use idempotency::{IdempotencyRecord, IdempotencyStore};
-pub use job::{Delivery, DeliveryHandle, Job, JobQueue, QueuedJob};
+pub use job::{Deliveries, Delivery, DeliveryHandle, Job, JobQueue, QueuedJob};
 pub use quota::{Admission, QuotaGate, QuotaLimits, QuotaStore};
 pub use writer::{EventWriter, WriteError, WriteFailure};
