@@ -64,10 +64,10 @@ impl FrameMapper for ResponsesStream {
         match kind.as_str() {
             "response.output_text.delta" => {
                 let delta: wire::OutputTextDelta = decode(payload)?;
-                Ok(FrameOutcome::event(ProviderEvent::OutputDelta {
-                    output_index: delta.output_index.unwrap_or(0),
-                    delta: delta.delta,
-                }))
+                Ok(FrameOutcome::event(ProviderEvent::output_delta(
+                    delta.output_index.unwrap_or(0),
+                    delta.delta,
+                )))
             }
             "response.output_item.added" => {
                 let is_function_call = payload
@@ -83,10 +83,10 @@ impl FrameMapper for ResponsesStream {
                 if let Some(id) = item.id {
                     self.calls.insert(id, item.call_id.clone());
                 }
-                Ok(FrameOutcome::event(ProviderEvent::ToolCallStarted {
-                    call_id: item.call_id,
-                    name: item.name,
-                }))
+                Ok(FrameOutcome::event(ProviderEvent::tool_call_started(
+                    item.call_id,
+                    item.name,
+                )))
             }
             "response.function_call_arguments.delta" => {
                 let delta: wire::FunctionCallArgumentsDelta = decode(payload)?;
@@ -97,10 +97,10 @@ impl FrameMapper for ResponsesStream {
                     .get(&delta.item_id)
                     .cloned()
                     .unwrap_or(delta.item_id);
-                Ok(FrameOutcome::event(ProviderEvent::ToolCallArgumentsDelta {
+                Ok(FrameOutcome::event(ProviderEvent::tool_call_arguments(
                     call_id,
-                    delta: delta.delta,
-                }))
+                    delta.delta,
+                )))
             }
             "response.completed" => {
                 let completed: wire::Completed = decode(payload)?;
@@ -153,24 +153,12 @@ mod tests {
                 r#"{"type":"response.output_text.delta","item_id":"msg_1","output_index":1,"content_index":0,"delta":"Hi","sequence_number":4}"#,
             ))
             .unwrap();
-        assert_eq!(
-            out.events,
-            [ProviderEvent::OutputDelta {
-                output_index: 1,
-                delta: "Hi".into()
-            }]
-        );
+        assert_eq!(out.events, [ProviderEvent::output_delta(1, "Hi")]);
         // Without payload.type, the SSE event name is the type; output_index defaults to 0.
         let out = s
             .on_frame(&frame("response.output_text.delta", r#"{"delta":"x"}"#))
             .unwrap();
-        assert_eq!(
-            out.events,
-            [ProviderEvent::OutputDelta {
-                output_index: 0,
-                delta: "x".into()
-            }]
-        );
+        assert_eq!(out.events, [ProviderEvent::output_delta(0, "x")]);
         assert!(!out.completed);
     }
 
@@ -184,10 +172,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             started.events,
-            [ProviderEvent::ToolCallStarted {
-                call_id: "call_A".into(),
-                name: "get_weather".into()
-            }]
+            [ProviderEvent::tool_call_started("call_A", "get_weather")]
         );
         let delta = s
             .on_frame(&data(
@@ -196,10 +181,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             delta.events,
-            [ProviderEvent::ToolCallArgumentsDelta {
-                call_id: "call_A".into(),
-                delta: "{\"ci".into()
-            }]
+            [ProviderEvent::tool_call_arguments("call_A", "{\"ci")]
         );
         let unknown = s
             .on_frame(&data(
@@ -208,10 +190,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             unknown.events,
-            [ProviderEvent::ToolCallArgumentsDelta {
-                call_id: "fc_9".into(),
-                delta: "x".into()
-            }]
+            [ProviderEvent::tool_call_arguments("fc_9", "x")]
         );
         // Other item types are not tool calls.
         let message = s
