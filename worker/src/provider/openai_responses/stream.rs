@@ -165,40 +165,27 @@ mod tests {
     #[test]
     fn function_call_arguments_map_item_ids_to_call_ids() {
         let mut s = ResponsesStream::new();
-        let started = s
-            .on_frame(&data(
+        for (payload, expected) in [
+            (
                 r#"{"type":"response.output_item.added","output_index":0,"item":{"id":"fc_1","type":"function_call","status":"in_progress","arguments":"","call_id":"call_A","name":"get_weather"}}"#,
-            ))
-            .unwrap();
-        assert_eq!(
-            started.events,
-            [ProviderEvent::tool_call_started("call_A", "get_weather")]
-        );
-        let delta = s
-            .on_frame(&data(
+                FrameOutcome::event(ProviderEvent::tool_call_started("call_A", "get_weather")),
+            ),
+            (
                 r#"{"type":"response.function_call_arguments.delta","item_id":"fc_1","output_index":0,"delta":"{\"ci"}"#,
-            ))
-            .unwrap();
-        assert_eq!(
-            delta.events,
-            [ProviderEvent::tool_call_arguments("call_A", "{\"ci")]
-        );
-        let unknown = s
-            .on_frame(&data(
+                FrameOutcome::event(ProviderEvent::tool_call_arguments("call_A", "{\"ci")),
+            ),
+            (
                 r#"{"type":"response.function_call_arguments.delta","item_id":"fc_9","delta":"x"}"#,
-            ))
-            .unwrap();
-        assert_eq!(
-            unknown.events,
-            [ProviderEvent::tool_call_arguments("fc_9", "x")]
-        );
-        // Other item types are not tool calls.
-        let message = s
-            .on_frame(&data(
+                FrameOutcome::event(ProviderEvent::tool_call_arguments("fc_9", "x")),
+            ),
+            // Other item types are not tool calls.
+            (
                 r#"{"type":"response.output_item.added","output_index":1,"item":{"id":"msg_1","type":"message","status":"in_progress","content":[],"role":"assistant"}}"#,
-            ))
-            .unwrap();
-        assert_eq!(message, FrameOutcome::none());
+                FrameOutcome::none(),
+            ),
+        ] {
+            assert_eq!(s.on_frame(&data(payload)).unwrap(), expected, "{payload}");
+        }
     }
 
     #[test]
