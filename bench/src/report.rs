@@ -179,11 +179,7 @@ impl Report {
             _ => None,
         };
         let gateway = GatewayReport {
-            cpu_s: o
-                .gateway_start
-                .and_then(|s| s.cpu_s)
-                .zip(o.gateway_end.and_then(|s| s.cpu_s))
-                .map(|(a, b)| b - a),
+            cpu_s: o.cpu.gateway,
             start: o.gateway_start,
             end: o.gateway_end,
             ..gateway
@@ -208,8 +204,8 @@ impl Report {
             timeline,
             stability,
             gateway,
-            bench_cpu_s: o.bench_cpu_s,
-            system_cpu_s: o.system_cpu_s,
+            bench_cpu_s: o.cpu.bench,
+            system_cpu_s: o.cpu.system,
             processes: o.process_cpu,
             jetstream,
         }
@@ -362,13 +358,13 @@ impl Report {
                 w.index,
                 w.end_s,
                 w.per_s,
-                ms(w.p50_us),
-                ms(w.p99_us),
+                ms(w.latency.p50_us),
+                ms(w.latency.p99_us),
                 w.errors + w.failed,
                 mib(w.gateway_rss_kb),
-                opt(w.gateway_cores),
-                opt(w.bench_cores),
-                opt(w.system_cores),
+                opt(w.cores.gateway),
+                opt(w.cores.bench),
+                opt(w.cores.system),
                 if w.partial { " partial" } else { "" }
             );
         }

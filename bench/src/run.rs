@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use hdrhistogram::Histogram;
 use serde::Serialize;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -62,16 +63,91 @@ pub struct Window {
     pub per_s: f64,
     pub failed: u64,
     pub errors: u64,
-    /// Terminal-event latency in this window (submit latency in submit-only mode), us.
+    /// Terminal-event latency in this window (submit latency in submit-only mode).
+    #[serde(flatten)]
+    pub latency: WindowLatency,
+    pub gateway_rss_kb: Option<u64>,
+    #[serde(flatten)]
+    pub cores: Cores,
+}
+
+/// A window's latency percentiles, us; `None` when no operation completed in it.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct WindowLatency {
     pub p50_us: Option<u64>,
     pub p99_us: Option<u64>,
     pub max_us: Option<u64>,
-    pub gateway_rss_kb: Option<u64>,
-    /// CPU cores used in the window (CPU seconds / wall seconds).
-    pub gateway_cores: Option<f64>,
-    pub bench_cores: Option<f64>,
+}
+
+impl WindowLatency {
+    fn of(hist: &Histogram<u64>) -> Self {
+        if hist.is_empty() {
+            return Self::default();
+        }
+        Self {
+            p50_us: Some(hist.value_at_quantile(0.5)),
+            p99_us: Some(hist.value_at_quantile(0.99)),
+            max_us: Some(hist.max()),
+        }
+    }
+}
+
+/// CPU cores used over a span (CPU seconds / wall seconds, two decimals); `None` where a
+/// reading failed.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Cores {
+    #[serde(rename = "gateway_cores")]
+    pub gateway: Option<f64>,
+    #[serde(rename = "bench_cores")]
+    pub bench: Option<f64>,
     /// Cores busy machine-wide (everything, not only gateway and harness).
-    pub system_cores: Option<f64>,
+    #[serde(rename = "system_cores")]
+    pub system: Option<f64>,
+}
+
+impl Cores {
+    /// The cores `used` CPU seconds kept busy over `secs` wall seconds.
+    fn over(used: CpuSeconds, secs: f64) -> Self {
+        let cores = |s: Option<f64>| {
+            s.filter(|_| secs > 0.0)
+                .map(|s| (s / secs * 100.0).round() / 100.0)
+        };
+        Self {
+            gateway: cores(used.gateway),
+            bench: cores(used.bench),
+            system: cores(used.system),
+        }
+    }
+}
+
+/// CPU seconds of the gateway, of the harness and of the whole machine (busy time): used so
+/// far, or used over a span ([`CpuSeconds::since`]); `None` where a reading failed.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuSeconds {
+    pub gateway: Option<f64>,
+    pub bench: Option<f64>,
+    pub system: Option<f64>,
+}
+
+impl CpuSeconds {
+    /// Used so far, with the gateway's figure as read with its other `/proc` figures.
+    fn now(gateway: Option<f64>, ticks: f64) -> Self {
+        Self {
+            gateway,
+            bench: proc_stats("self", ticks).cpu_s,
+            system: system_busy_s(ticks),
+        }
+    }
+
+    /// Used from `earlier` to `self`.
+    fn since(&self, earlier: &Self) -> Self {
+        let used = |from: Option<f64>, to: Option<f64>| from.zip(to).map(|(a, b)| b - a);
+        Self {
+            gateway: used(earlier.gateway, self.gateway),
+            bench: used(earlier.bench, self.bench),
+            system: used(earlier.system, self.system),
+        }
+    }
 }
 
 /// What became of a run's operations (the report shows them as they are).
@@ -96,8 +172,8 @@ pub struct Outcome {
     pub windows: Vec<Window>,
     pub gateway_start: Option<ProcStats>,
     pub gateway_end: Option<ProcStats>,
-    pub bench_cpu_s: Option<f64>,
-    pub system_cpu_s: Option<f64>,
+    /// CPU seconds used over the measured run.
+    pub cpu: CpuSeconds,
     /// CPU of each process of `Plan::processes` over the measured run.
     pub process_cpu: Vec<ProcessCpu>,
     /// Completions per bucket over the measured run.
@@ -161,9 +237,8 @@ pub async fn run(api: Api, plan: Plan) -> Outcome {
 
     tokio::time::sleep_until(measure_start).await;
     let gateway_start = read_gateway(&gateway_pid);
-    let cpu_start = cpu_snapshot(&plan.processes, plan.clock_ticks);
-    let bench_start = proc_stats("self", plan.clock_ticks).cpu_s;
-    let system_start = system_busy_s(plan.clock_ticks);
+    let processes_start = cpu_snapshot(&plan.processes, plan.clock_ticks);
+    let cpu_start = CpuSeconds::now(gateway_start.and_then(|s| s.cpu_s), plan.clock_ticks);
     let finished = Arc::new(Notify::new());
     let sampler = tokio::spawn(sample_windows(
         Arc::clone(&recorder),
@@ -194,9 +269,8 @@ pub async fn run(api: Api, plan: Plan) -> Outcome {
     finished.notify_one();
     let windows = sampler.await.unwrap_or_default();
     let gateway_end = read_gateway(&gateway_pid);
-    let cpu_end = cpu_snapshot(&plan.processes, plan.clock_ticks);
-    let bench_end = proc_stats("self", plan.clock_ticks).cpu_s;
-    let system_end = system_busy_s(plan.clock_ticks);
+    let processes_end = cpu_snapshot(&plan.processes, plan.clock_ticks);
+    let cpu_end = CpuSeconds::now(gateway_end.and_then(|s| s.cpu_s), plan.clock_ticks);
     let (latencies, errors, timeline) = recorder.finish();
     let issued = ctl.issued.load(Ordering::Relaxed).min(ctl.limit);
     let elapsed = end.saturating_duration_since(measure_start);
@@ -214,9 +288,8 @@ pub async fn run(api: Api, plan: Plan) -> Outcome {
         windows,
         gateway_start,
         gateway_end,
-        bench_cpu_s: bench_start.zip(bench_end).map(|(a, b)| b - a),
-        system_cpu_s: system_start.zip(system_end).map(|(a, b)| b - a),
-        process_cpu: cpu_between(&cpu_start, &cpu_end, elapsed.as_secs_f64()),
+        cpu: cpu_end.since(&cpu_start),
+        process_cpu: cpu_between(&processes_start, &processes_end, elapsed.as_secs_f64()),
         timeline,
         settled_all: recorder.settled_all.load(Ordering::Relaxed),
     }
@@ -336,11 +409,10 @@ async fn sample_windows(
     let mut windows = Vec::new();
     let mut prev_t = start;
     let (mut prev_ok, mut prev_failed, mut prev_err) = (0u64, 0u64, 0u64);
-    let mut prev_gw_cpu = gateway_pid
+    let gateway_cpu = gateway_pid
         .as_deref()
         .and_then(|p| proc_stats(p, ticks).cpu_s);
-    let mut prev_bench_cpu = proc_stats("self", ticks).cpu_s;
-    let mut prev_system = system_busy_s(ticks);
+    let mut prev_cpu = CpuSeconds::now(gateway_cpu, ticks);
     let finished = finished.notified();
     tokio::pin!(finished);
     let what = if mode == Mode::Submit {
@@ -363,14 +435,7 @@ async fn sample_windows(
         let err = rec.errored.load(Ordering::Relaxed);
         let hist = rec.take_window();
         let gw = gateway_pid.as_deref().map(|p| proc_stats(p, ticks));
-        let gw_cpu = gw.and_then(|s| s.cpu_s);
-        let bench_cpu = proc_stats("self", ticks).cpu_s;
-        let system = system_busy_s(ticks);
-        let cores = |a: Option<f64>, b: Option<f64>| {
-            a.zip(b)
-                .filter(|_| secs > 0.0)
-                .map(|(a, b)| ((b - a) / secs * 100.0).round() / 100.0)
-        };
+        let cpu = CpuSeconds::now(gw.and_then(|s| s.cpu_s), ticks);
         let ops = ok - prev_ok;
         let w = Window {
             index: windows.len(),
@@ -381,13 +446,9 @@ async fn sample_windows(
             per_s: if secs > 0.0 { ops as f64 / secs } else { 0.0 },
             failed: failed - prev_failed,
             errors: err - prev_err,
-            p50_us: (!hist.is_empty()).then(|| hist.value_at_quantile(0.5)),
-            p99_us: (!hist.is_empty()).then(|| hist.value_at_quantile(0.99)),
-            max_us: (!hist.is_empty()).then(|| hist.max()),
+            latency: WindowLatency::of(&hist),
             gateway_rss_kb: gw.and_then(|s| s.rss_kb),
-            gateway_cores: cores(prev_gw_cpu, gw_cpu),
-            bench_cores: cores(prev_bench_cpu, bench_cpu),
-            system_cores: cores(prev_system, system),
+            cores: Cores::over(cpu.since(&prev_cpu), secs),
         };
         let sliver = partial && secs < 0.05;
         if !quiet && !sliver {
@@ -395,14 +456,14 @@ async fn sample_windows(
                 "[{:>7.1}s] {:>9.1}/s  {what} p50 {:>8} p99 {:>8}  errors {}  failed {}  gw rss {}  cores gw {} bench {} all {}{}",
                 w.end_s,
                 w.per_s,
-                crate::report::ms(w.p50_us),
-                crate::report::ms(w.p99_us),
+                crate::report::ms(w.latency.p50_us),
+                crate::report::ms(w.latency.p99_us),
                 w.errors,
                 w.failed,
                 crate::report::mib(w.gateway_rss_kb),
-                crate::report::opt(w.gateway_cores),
-                crate::report::opt(w.bench_cores),
-                crate::report::opt(w.system_cores),
+                crate::report::opt(w.cores.gateway),
+                crate::report::opt(w.cores.bench),
+                crate::report::opt(w.cores.system),
                 if partial { "  (partial)" } else { "" },
             );
         }
@@ -411,9 +472,7 @@ async fn sample_windows(
             windows.push(w);
         }
         (prev_t, prev_ok, prev_failed, prev_err) = (now, ok, failed, err);
-        prev_gw_cpu = gw_cpu;
-        prev_bench_cpu = bench_cpu;
-        prev_system = system;
+        prev_cpu = cpu;
         if last {
             return windows;
         }
