@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::client::StreamMode;
-use crate::run::{Counts, Mode, Outcome, Window};
+use crate::run::{Counts, Load, Mode, Outcome, Window};
 use crate::spawn::{ProcStats, ProcessCpu};
 use crate::stats::{AddedPerDelta, LatencySet, Summary, TimelinePoint};
 
@@ -142,15 +142,9 @@ pub struct Params {
     /// The configuration's name in charts and file names (`--label`).
     pub label: String,
     pub setup: Setup,
-    pub mode: Mode,
-    pub stream: StreamMode,
+    #[serde(flatten)]
+    pub load: Load,
     pub url: String,
-    pub concurrency: usize,
-    pub rate_per_s: Option<f64>,
-    pub duration_s: Option<f64>,
-    pub executions_limit: Option<u64>,
-    pub warmup_s: f64,
-    pub window_s: f64,
     pub client_threads: usize,
     /// The provider's configured gap between deltas (the mock's delay); not reported.
     #[serde(skip)]
@@ -214,15 +208,13 @@ impl Report {
     /// The human-readable report.
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let what = match self.params.mode {
-            Mode::Closed => format!("closed loop, concurrency {}", self.params.concurrency),
-            Mode::Open => format!(
-                "open loop, {} arrivals/s",
-                self.params.rate_per_s.unwrap_or(0.0)
-            ),
-            Mode::Submit => format!("submit only, concurrency {}", self.params.concurrency),
+        let load = &self.params.load;
+        let what = match load.mode {
+            Mode::Closed => format!("closed loop, concurrency {}", load.concurrency),
+            Mode::Open => format!("open loop, {} arrivals/s", load.rate_per_s.unwrap_or(0.0)),
+            Mode::Submit => format!("submit only, concurrency {}", load.concurrency),
         };
-        let stream = match (self.params.mode, self.params.stream) {
+        let stream = match (load.mode, load.stream) {
             (Mode::Submit, _) => "no SSE",
             (_, StreamMode::Get) => "POST 202 then GET /events",
             (_, StreamMode::Inline) => "POST with Accept: text/event-stream",
@@ -236,17 +228,15 @@ impl Report {
             s,
             "  measured {:.1} s (limit: {}{}), warm-up {:.1} s, {} client threads on {} cores (client and gateway share them)",
             self.elapsed_s,
-            self.params
-                .duration_s
+            load.duration_s
                 .map_or_else(|| "none".into(), |d| format!("{d} s")),
-            self.params
-                .executions_limit
+            load.executions_limit
                 .map_or_else(String::new, |n| format!(", {n} executions")),
-            self.params.warmup_s,
+            load.warmup_s,
             self.params.client_threads,
             self.nproc,
         );
-        let unit = if self.params.mode == Mode::Submit {
+        let unit = if load.mode == Mode::Submit {
             "submits/s"
         } else {
             "executions/s (full SSE read each)"
@@ -270,14 +260,14 @@ impl Report {
             "  {:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
             "latency (ms)", "count", "min", "p50", "p90", "p99", "p99.9", "max", "mean"
         );
-        let from = if self.params.mode == Mode::Open {
+        let from = if load.mode == Mode::Open {
             "sched"
         } else {
             "POST"
         };
         let rows = [
             (
-                if self.params.mode != Mode::Submit && self.params.stream == StreamMode::Inline {
+                if load.mode != Mode::Submit && load.stream == StreamMode::Inline {
                     format!("submit ({from}→headers)")
                 } else {
                     format!("submit ({from}→202)")

@@ -26,17 +26,39 @@ pub enum Mode {
     Submit,
 }
 
-/// Everything a run needs to know.
-#[derive(Debug, Clone)]
-pub struct Plan {
+/// The load a run applies: the run parameters the report repeats, in its units.
+#[derive(Debug, Clone, Serialize)]
+pub struct Load {
     pub mode: Mode,
     pub stream: StreamMode,
     pub concurrency: usize,
-    pub rate: f64,
-    pub duration: Option<Duration>,
-    pub executions: Option<u64>,
-    pub warmup: Duration,
-    pub window: Duration,
+    /// Arrivals per second (open loop).
+    pub rate_per_s: Option<f64>,
+    /// Measured time; `None`: until `executions_limit` executions.
+    pub duration_s: Option<f64>,
+    pub executions_limit: Option<u64>,
+    pub warmup_s: f64,
+    pub window_s: f64,
+}
+
+impl Load {
+    fn duration(&self) -> Option<Duration> {
+        self.duration_s.map(Duration::from_secs_f64)
+    }
+
+    fn warmup(&self) -> Duration {
+        Duration::from_secs_f64(self.warmup_s)
+    }
+
+    fn window(&self) -> Duration {
+        Duration::from_secs_f64(self.window_s)
+    }
+}
+
+/// Everything a run needs to know.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub load: Load,
     pub max_in_flight: usize,
     pub timeout: Duration,
     pub quiet: bool,
@@ -201,12 +223,12 @@ impl Control {
 /// Runs `plan` against `api`.
 pub async fn run(api: Api, plan: Plan) -> Outcome {
     let api = Arc::new(api);
-    let measure_start = Instant::now() + plan.warmup;
+    let measure_start = Instant::now() + plan.load.warmup();
     let recorder = Arc::new(Recorder::new(measure_start, plan.timeline_bucket));
     let ctl = Arc::new(Control {
         stop: AtomicBool::new(false),
         issued: AtomicU64::new(0),
-        limit: plan.executions.unwrap_or(u64::MAX),
+        limit: plan.load.executions_limit.unwrap_or(u64::MAX),
         measure_start,
     });
     let gateway_pid = plan.gateway_pid.map(|p| p.to_string());
@@ -214,9 +236,9 @@ pub async fn run(api: Api, plan: Plan) -> Outcome {
         |pid: &Option<String>| pid.as_deref().map(|p| proc_stats(p, plan.clock_ticks));
 
     let mut workers = JoinSet::new();
-    match plan.mode {
+    match plan.load.mode {
         Mode::Closed | Mode::Submit => {
-            for _ in 0..plan.concurrency.max(1) {
+            for _ in 0..plan.load.concurrency.max(1) {
                 workers.spawn(closed_client(
                     Arc::clone(&api),
                     Arc::clone(&ctl),
@@ -244,16 +266,16 @@ pub async fn run(api: Api, plan: Plan) -> Outcome {
         Arc::clone(&recorder),
         Arc::clone(&finished),
         measure_start,
-        plan.window,
+        plan.load.window(),
         gateway_pid.clone(),
         plan.clock_ticks,
         plan.quiet,
-        plan.mode,
+        plan.load.mode,
     ));
 
     let all_done = async { while workers.join_next().await.is_some() {} };
     tokio::pin!(all_done);
-    match plan.duration {
+    match plan.load.duration() {
         Some(duration) => {
             tokio::select! {
                 () = tokio::time::sleep_until(measure_start + duration) => {
@@ -299,7 +321,7 @@ async fn closed_client(api: Arc<Api>, ctl: Arc<Control>, rec: Arc<Recorder>, pla
     while ctl.next() {
         let start = Instant::now();
         let measured = start >= ctl.measure_start;
-        let failed = match plan.mode {
+        let failed = match plan.load.mode {
             Mode::Submit => match tokio::time::timeout(plan.timeout, api.submit()).await {
                 Ok(Ok(_)) => {
                     rec.settled_all.fetch_add(1, Ordering::Relaxed);
@@ -311,7 +333,9 @@ async fn closed_client(api: Arc<Api>, ctl: Arc<Control>, rec: Arc<Recorder>, pla
                 Ok(Err(e)) => record_error(&rec, measured, &e),
                 Err(_) => record_error(&rec, measured, &ExecError::Timeout),
             },
-            _ => match tokio::time::timeout(plan.timeout, api.execute(start, plan.stream)).await {
+            _ => match tokio::time::timeout(plan.timeout, api.execute(start, plan.load.stream))
+                .await
+            {
                 Ok(Ok(timing)) => {
                     rec.settled_all.fetch_add(1, Ordering::Relaxed);
                     if measured {
@@ -345,7 +369,7 @@ async fn open_loop(api: Arc<Api>, ctl: Arc<Control>, rec: Arc<Recorder>, plan: P
     let in_flight = Arc::new(AtomicUsize::new(0));
     let drained = Arc::new(Notify::new());
     let t0 = Instant::now();
-    let rate = plan.rate.max(1e-9);
+    let rate = plan.load.rate_per_s.unwrap_or(0.0).max(1e-9);
     let mut i: u64 = 0;
     loop {
         let scheduled = t0 + Duration::from_secs_f64(i as f64 / rate);
@@ -370,7 +394,7 @@ async fn open_loop(api: Arc<Api>, ctl: Arc<Control>, rec: Arc<Recorder>, plan: P
             Arc::clone(&in_flight),
             Arc::clone(&drained),
         );
-        let (timeout, stream) = (plan.timeout, plan.stream);
+        let (timeout, stream) = (plan.timeout, plan.load.stream);
         tokio::spawn(async move {
             if measured {
                 rec.dispatch_lag(scheduled.elapsed());
@@ -476,5 +500,41 @@ async fn sample_windows(
         if last {
             return windows;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_serializes_flat_with_the_keys_the_charts_and_scripts_read() {
+        let used = CpuSeconds {
+            gateway: Some(1.5),
+            bench: None,
+            system: Some(3.0),
+        };
+        let w = Window {
+            index: 0,
+            start_s: 0.0,
+            end_s: 2.0,
+            partial: false,
+            ops: 10,
+            per_s: 5.0,
+            failed: 0,
+            errors: 0,
+            latency: WindowLatency::default(),
+            gateway_rss_kb: Some(1024),
+            cores: Cores::over(used, 2.0),
+        };
+        // The exact text: key order included (flattened and renamed fields stay in place).
+        assert_eq!(
+            serde_json::to_string(&w).unwrap(),
+            concat!(
+                r#"{"index":0,"start_s":0.0,"end_s":2.0,"partial":false,"ops":10,"per_s":5.0,"#,
+                r#""failed":0,"errors":0,"p50_us":null,"p99_us":null,"max_us":null,"#,
+                r#""gateway_rss_kb":1024,"gateway_cores":0.75,"bench_cores":null,"system_cores":1.5}"#,
+            )
+        );
     }
 }
