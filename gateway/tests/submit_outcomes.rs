@@ -391,16 +391,18 @@ async fn assert_consistent(h: &Harness, answers: &[Answer]) -> (usize, usize) {
     (accepted, refused)
 }
 
-/// `n` submissions labelled `label` through a harness with the given faults, checked by
+/// One submission labelled `label` per execution the faults hit (each fault hits one
+/// execution's first write), through a harness with those faults, checked by
 /// [`assert_consistent`]; returns how many were accepted and how many answered 503.
 async fn settle_under_faults(
     create_fault: (Fault, usize),
     publish_fault: (Fault, usize),
     label: &str,
-    n: usize,
 ) -> (usize, usize) {
     let h = harness(create_fault, publish_fault).await;
-    let answers = h.submit_each(label, n).await;
+    let answers = h
+        .submit_each(label, create_fault.1.max(publish_fault.1))
+        .await;
     let (accepted, refused) = assert_consistent(&h, &answers).await;
     eprintln!("{label}: {accepted} accepted, {refused} answered 503");
     (accepted, refused)
@@ -441,13 +443,7 @@ async fn a_job_whose_log_creation_failed_never_runs() {
 /// is settled one way or the other, consistently with what ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_whose_acknowledgement_was_lost_is_settled_consistently() {
-    settle_under_faults(
-        (Fault::AckLost, 16),
-        (Fault::Lost, 0),
-        "ack-lost-create",
-        16,
-    )
-    .await;
+    settle_under_faults((Fault::AckLost, 16), (Fault::Lost, 0), "ack-lost-create").await;
 }
 
 /// Task A: a job publish stored but unacknowledged (a JetStream election). The gateway closes
@@ -455,16 +451,10 @@ async fn a_create_whose_acknowledgement_was_lost_is_settled_consistently() {
 /// finds the log terminal and is dropped, a 202's job runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publish_whose_acknowledgement_was_lost_is_settled_consistently() {
-    settle_under_faults(
-        (Fault::Lost, 0),
-        (Fault::AckLost, 16),
-        "ack-lost-publish",
-        16,
-    )
-    .await;
+    settle_under_faults((Fault::Lost, 0), (Fault::AckLost, 16), "ack-lost-publish").await;
     // A publish that was not stored: the log is closed, nothing runs.
     let (accepted, _) =
-        settle_under_faults((Fault::Lost, 0), (Fault::Lost, 4), "lost-publish", 4).await;
+        settle_under_faults((Fault::Lost, 0), (Fault::Lost, 4), "lost-publish").await;
     assert_eq!(accepted, 0, "an unstored job cannot be claimed");
 }
 
