@@ -424,4 +424,49 @@ mod tests {
         assert_eq!(mib(Some(2048)), "2.0 MiB");
         assert_eq!(opt(Some(0.5)), "0.50");
     }
+
+    #[test]
+    fn the_run_parameters_stay_top_level_keys() {
+        let params = Params {
+            label: "l".into(),
+            setup: Setup {
+                backend: "embedded".into(),
+                nats_nodes: None,
+                replicas: None,
+                sync_interval: None,
+                worker_processes: None,
+                exec_slots: None,
+                mock_chunks: None,
+                mock_delay_ms: 0,
+                nofile_limit: None,
+                otlp_endpoint: None,
+            },
+            load: Load {
+                mode: Mode::Open,
+                stream: StreamMode::Get,
+                concurrency: 8,
+                rate_per_s: Some(100.0),
+                duration_s: Some(5.0),
+                executions_limit: None,
+                warmup_s: 1.0,
+                window_s: 2.0,
+            },
+            url: "http://127.0.0.1:1".into(),
+            client_threads: 2,
+            provider_gap: std::time::Duration::ZERO,
+        };
+        let json = serde_json::to_value(&params).unwrap();
+        assert!(json.get("load").is_none(), "{json}");
+        assert_eq!(json["mode"], "open");
+        assert_eq!(json["stream"], "get");
+        assert_eq!(json["concurrency"], 8);
+        assert_eq!(json["rate_per_s"], 100.0);
+        assert_eq!(json["duration_s"], 5.0);
+        assert_eq!(json["executions_limit"], serde_json::Value::Null);
+        assert_eq!(json["warmup_s"], 1.0);
+        assert_eq!(json["window_s"], 2.0);
+        assert_eq!(json["url"], "http://127.0.0.1:1");
+        assert_eq!(json["client_threads"], 2);
+        assert!(json.get("provider_gap").is_none());
+    }
 }
