@@ -54,7 +54,9 @@ pub mod writer;
 pub use cancel::CancelBus;
 pub use deadline::{DeadlineSweeper, SweepReport, SweeperSettings};
 pub use error::StoreError;
-pub use event_store::{EventRecord, EventStore, EventStream, LogHead, RunError, WriterId};
+pub use event_store::{
+    EventRecord, EventStore, EventStream, LogHead, ReadResult, RunError, SubscribeResult, WriterId,
+};
 pub use idempotency::{IdempotencyRecord, IdempotencyStore};
 pub use job::{Delivery, DeliveryHandle, Job, JobQueue, QueuedJob};
 pub use quota::{Admission, QuotaGate, QuotaLimits, QuotaStore};

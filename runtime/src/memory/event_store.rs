@@ -21,7 +21,7 @@ use protocol::{ExecutionId, RuntimeEvent, Sequence, Tenant};
 use tokio::sync::Notify;
 
 use crate::error::StoreError;
-use crate::event_store::{EventRecord, EventStore, EventStream, LogHead, WriterId};
+use crate::event_store::{EventRecord, EventStore, LogHead, ReadResult, SubscribeResult, WriterId};
 
 /// Bounds of the memory store. Memory use is bounded by
 /// `max_executions × max_execution_bytes` and `max_total_bytes`, whichever is smaller.
@@ -286,12 +286,7 @@ impl EventStore for MemoryEventStore {
         }))
     }
 
-    async fn read(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-        limit: usize,
-    ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError> {
+    async fn read(&self, id: ExecutionId, after: Sequence, limit: usize) -> ReadResult {
         let Some(entry) = self.entry(id) else {
             return Ok(None);
         };
@@ -304,11 +299,7 @@ impl EventStore for MemoryEventStore {
         ))
     }
 
-    async fn subscribe(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-    ) -> Result<Option<EventStream>, StoreError> {
+    async fn subscribe(&self, id: ExecutionId, after: Sequence) -> SubscribeResult {
         let Some(entry) = self.entry(id) else {
             return Ok(None);
         };

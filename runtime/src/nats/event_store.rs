@@ -58,7 +58,8 @@ use protocol::{ExecutionId, RuntimeEvent, Sequence, Tenant};
 use super::{NatsBackend, unavailable};
 use crate::error::StoreError;
 use crate::event_store::{
-    EventRecord, EventStore, EventStream, LogHead, RunError, WriterId, check_run,
+    EventRecord, EventStore, EventStream, LogHead, ReadResult, RunError, SubscribeResult, WriterId,
+    check_run,
 };
 
 /// What this process knows about the end of a log.
@@ -863,23 +864,14 @@ impl EventStore for NatsEventStore {
         Ok(Some((materializer, owner)))
     }
 
-    async fn read(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-        limit: usize,
-    ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError> {
+    async fn read(&self, id: ExecutionId, after: Sequence, limit: usize) -> ReadResult {
         Ok(self
             .read_all(id, after, limit)
             .await?
             .map(|(records, _)| records))
     }
 
-    async fn subscribe(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-    ) -> Result<Option<EventStream>, StoreError> {
+    async fn subscribe(&self, id: ExecutionId, after: Sequence) -> SubscribeResult {
         let Some(Fetched { head, .. }) = self.fetch_head(id).await? else {
             return Ok(None);
         };
