@@ -59,5 +59,5 @@ pub use event_store::{
 };
 pub use idempotency::{IdempotencyRecord, IdempotencyStore};
 pub use job::{Delivery, DeliveryHandle, Job, JobQueue, QueuedJob};
-pub use quota::{Admission, QuotaGate, QuotaLimits, QuotaStore};
+pub use quota::{Admission, AdmitRequest, QuotaGate, QuotaLimits, QuotaStore};
 pub use writer::{EventWriter, WriteError, WriteFailure};

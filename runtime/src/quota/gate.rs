@@ -21,7 +21,7 @@ use futures_util::StreamExt;
 use protocol::{ExecutionId, Tenant, Timestamp};
 use tokio::time::Instant;
 
-use super::{Admission, MemoryQuotaStore, QuotaLimits, QuotaStore};
+use super::{Admission, AdmitRequest, MemoryQuotaStore, QuotaLimits, QuotaStore};
 use crate::error::StoreError;
 use crate::event_store::EventStore;
 use crate::memory::{MemoryEventStore, MemoryLimits};
@@ -153,12 +153,18 @@ impl QuotaGate {
             .saturating_add(self.settings.grace);
         let reconciler = self.reconcilers.get(tenant);
         let seen = reconciler.map(|r| r.released.load(Ordering::SeqCst));
-        let mut answer = self.store.admit(tenant, limits, execution, hold).await;
+        let request = AdmitRequest {
+            tenant,
+            limits,
+            execution,
+            hold,
+        };
+        let mut answer = self.store.admit(request).await;
         if let (Ok(Admission::ActiveLimit { .. }), Some(reconciler), Some(seen)) =
             (&answer, reconciler, seen)
             && self.reconcile(tenant, reconciler, seen).await
         {
-            answer = self.store.admit(tenant, limits, execution, hold).await;
+            answer = self.store.admit(request).await;
         }
         if answer.is_err() && limits.max_active.is_some() {
             let store = Arc::clone(&self.store);
@@ -272,15 +278,9 @@ mod tests {
 
     #[async_trait]
     impl QuotaStore for Probe {
-        async fn admit(
-            &self,
-            tenant: &Tenant,
-            limits: &QuotaLimits,
-            execution: ExecutionId,
-            hold: Duration,
-        ) -> Result<Admission, StoreError> {
+        async fn admit(&self, request: AdmitRequest<'_>) -> Result<Admission, StoreError> {
             self.admits.fetch_add(1, Ordering::SeqCst);
-            let answer = self.inner.admit(tenant, limits, execution, hold).await;
+            let answer = self.inner.admit(request).await;
             if self.lose_answers {
                 return Err(StoreError::Unavailable("answer lost".into()));
             }
