@@ -42,7 +42,7 @@ use protocol::{ExecutionId, RuntimeEvent, Sequence, Tenant, Timestamp};
 use tokio::sync::Notify;
 
 use crate::error::StoreError;
-use crate::event_store::{EventRecord, EventStore, RunError, WriterId};
+use crate::event_store::{EventRecord, EventStore, LogHead, RunError, WriterId};
 
 /// The acceptance time of a new execution: the time of its `execution.accepted` event. The
 /// submission takes it before the log exists because the job and the idempotency record carry
@@ -303,6 +303,11 @@ impl EventWriter {
             append_duration: metrics::histogram!(telemetry::metric::EVENT_APPEND_DURATION_SECONDS),
             pipeline: None,
         }
+    }
+
+    /// A writer continuing the log whose last event `head` describes.
+    pub fn from_head(store: Arc<dyn EventStore>, id: ExecutionId, head: LogHead) -> Self {
+        Self::resume(store, id, head.last_sequence, head.last_time)
     }
 
     /// This writer, pipelined if its store's appends are worth overlapping

@@ -197,13 +197,7 @@ impl Runner {
         if delivered > 1 {
             instrument::redelivered();
         }
-        let mut writer = EventWriter::resume(
-            Arc::clone(&self.store),
-            id,
-            head.last_sequence,
-            head.last_time,
-        )
-        .pipelined();
+        let mut writer = EventWriter::from_head(Arc::clone(&self.store), id, head).pipelined();
         if head.last_sequence.get() > 1 {
             if delivered <= 1 {
                 // A duplicate job while another attempt owns the log.
