@@ -81,18 +81,25 @@ pub const RUN_MAX_EVENTS: usize = 64;
 pub const RUN_MAX_BYTES: usize = 256 * 1024;
 
 /// See the module docs.
+#[derive(derive_more::Debug)]
 pub struct EventWriter {
+    #[debug(skip)]
     store: Arc<dyn EventStore>,
     /// Identifies this writer's appends, so its own retries are recognised after a lost ack.
+    #[debug(skip)]
     writer_id: WriterId,
     id: ExecutionId,
     last: Sequence,
+    #[debug(skip)]
     last_time: Timestamp,
+    #[debug(skip)]
     output_exposed: bool,
     /// `mrt_event_append_duration_seconds`, resolved once per writer (a registry lookup per
     /// append would cost more than a memory append).
+    #[debug(skip)]
     append_duration: metrics::Histogram,
     /// The appender of a pipelined writer.
+    #[debug(skip)]
     pipeline: Option<Pipeline>,
 }
 
@@ -258,15 +265,6 @@ async fn append_run(
                 }
             }
         }
-    }
-}
-
-impl std::fmt::Debug for EventWriter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EventWriter")
-            .field("id", &self.id)
-            .field("last", &self.last)
-            .finish_non_exhaustive()
     }
 }
 

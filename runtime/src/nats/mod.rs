@@ -117,19 +117,13 @@ impl NatsSettings {
 }
 
 /// A connection to NATS with the namespace's streams verified.
-#[derive(Clone)]
+#[derive(Clone, derive_more::Debug)]
 pub struct NatsBackend {
+    #[debug(skip)]
     pub client: async_nats::Client,
+    #[debug(skip)]
     pub jetstream: jetstream::Context,
     pub settings: NatsSettings,
-}
-
-impl std::fmt::Debug for NatsBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsBackend")
-            .field("settings", &self.settings)
-            .finish_non_exhaustive()
-    }
 }
 
 pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> StoreError {

@@ -53,13 +53,17 @@ impl Default for GateSettings {
 }
 
 /// See the module docs.
+#[derive(derive_more::Debug)]
 pub struct QuotaGate {
+    #[debug(skip)]
     store: Arc<dyn QuotaStore>,
+    #[debug(skip)]
     events: Arc<dyn EventStore>,
     /// Tenants with at least one limit.
     tenants: HashMap<Tenant, QuotaLimits>,
     settings: GateSettings,
     /// One per tenant with a cap.
+    #[debug(skip)]
     reconcilers: HashMap<Tenant, Reconciler>,
 }
 
@@ -72,15 +76,6 @@ struct Reconciler {
     /// When this gate last reconciled the tenant. Held during a reconciliation, so admits
     /// refused meanwhile wait for its outcome.
     last: tokio::sync::Mutex<Option<Instant>>,
-}
-
-impl std::fmt::Debug for QuotaGate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QuotaGate")
-            .field("tenants", &self.tenants)
-            .field("settings", &self.settings)
-            .finish_non_exhaustive()
-    }
 }
 
 impl QuotaGate {

@@ -78,19 +78,13 @@ return {0, 0}
 ";
 
 /// See the module docs.
-#[derive(Clone)]
+#[derive(Clone, derive_more::Debug)]
 pub struct RedisQuotaStore {
+    #[debug(skip)]
     conn: ConnectionManager,
     prefix: String,
+    #[debug(skip)]
     admit: Script,
-}
-
-impl std::fmt::Debug for RedisQuotaStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisQuotaStore")
-            .field("prefix", &self.prefix)
-            .finish_non_exhaustive()
-    }
 }
 
 fn millis(d: Duration) -> u64 {
