@@ -5,7 +5,7 @@
 //!   `max_age` = retention, file storage, direct get allowed. Appends are compare-and-set with
 //!   `Nats-Expected-Last-Subject-Sequence` and deduplicated with `Nats-Msg-Id =
 //!   {execution_id}:{sequence}:{writer}` (`{execution_id}:{first}-{last}:{writer}` for a message
-//!   holding a run of events, header `Mrt-Format: 2`; see `event_store`). The stream republishes
+//!   holding a run of events, header `Mrt-Format: 2`; see `event_store::format`). The stream republishes
 //!   each stored message on
 //!   `{ns}.stored.{id}`, which live readers follow (never the write subject, which also carries
 //!   appends the stream refuses).
