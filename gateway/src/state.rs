@@ -65,6 +65,7 @@ impl Default for ApiLimits {
     }
 }
 
+#[derive(Debug)]
 pub(crate) struct Inner {
     pub backend: Backend,
     pub auth: Authenticator,
@@ -79,17 +80,9 @@ pub(crate) struct Inner {
 }
 
 /// Cheaply cloneable handle given to every handler.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct AppState {
     pub(crate) inner: Arc<Inner>,
-}
-
-impl std::fmt::Debug for AppState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AppState")
-            .field("limits", &self.inner.limits)
-            .finish_non_exhaustive()
-    }
 }
 
 impl AppState {

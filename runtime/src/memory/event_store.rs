@@ -76,26 +76,22 @@ struct Registry {
 /// Called with an execution's id once its terminal event is stored; must not block.
 pub type TerminalHook = Arc<dyn Fn(ExecutionId) + Send + Sync>;
 
+#[derive(derive_more::Debug)]
 struct Inner {
     limits: MemoryLimits,
+    #[debug(skip)]
     on_terminal: RwLock<Option<TerminalHook>>,
+    #[debug(skip)]
     executions: RwLock<HashMap<ExecutionId, Arc<Entry>>>,
+    #[debug(skip)]
     registry: Mutex<Registry>,
     total_bytes: AtomicUsize,
 }
 
 /// See the module docs.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct MemoryEventStore {
     inner: Arc<Inner>,
-}
-
-impl std::fmt::Debug for MemoryEventStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryEventStore")
-            .field("limits", &self.inner.limits)
-            .finish_non_exhaustive()
-    }
 }
 
 impl MemoryEventStore {

@@ -89,20 +89,14 @@ fn materialize(records: &[Arc<EventRecord>]) -> Result<Option<Materializer>, Sto
 const MAX_CACHED_HEADS: usize = 65_536;
 
 /// See the module docs.
-#[derive(Clone)]
+#[derive(Clone, derive_more::Debug)]
 pub struct NatsEventStore {
     backend: NatsBackend,
+    #[debug(skip)]
     stream: Stream,
+    #[debug(skip)]
     heads: Arc<Mutex<HashMap<ExecutionId, Head>>>,
     max_events: u64,
-}
-
-impl std::fmt::Debug for NatsEventStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsEventStore")
-            .field("settings", &self.backend.settings)
-            .finish_non_exhaustive()
-    }
 }
 
 impl NatsEventStore {
