@@ -40,7 +40,7 @@ use clap::Parser;
 
 use crate::client::{Api, StreamMode};
 use crate::report::{GatewayReport, JetStreamReport, Params, Report, Setup};
-use crate::run::{Mode, Plan};
+use crate::run::{Load, Mode, Plan};
 use crate::servers::{Stack, StackPlan, StreamCounts};
 use crate::spawn::{MockDeployment, SpawnedGateway, StreamLimits, clock_ticks};
 
@@ -477,15 +477,18 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         processes.extend(stack.processes());
     }
     processes.push(("bench".into(), std::process::id()));
-    let plan = Plan {
+    let load = Load {
         mode: args.mode,
         stream: args.stream,
         concurrency: args.concurrency,
-        rate: args.rate.unwrap_or(0.0),
-        duration,
-        executions: args.executions,
-        warmup: Duration::from_secs_f64(args.warmup),
-        window: Duration::from_secs_f64(args.window),
+        rate_per_s: args.rate,
+        duration_s: duration.map(|d| d.as_secs_f64()),
+        executions_limit: args.executions,
+        warmup_s: args.warmup,
+        window_s: args.window,
+    };
+    let plan = Plan {
+        load: load.clone(),
         max_in_flight: args.max_in_flight.max(1),
         timeout: Duration::from_secs_f64(args.timeout),
         quiet: args.quiet,
@@ -553,15 +556,8 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
     };
     let report = Report::new(
         Params {
-            mode: args.mode,
-            stream: args.stream,
+            load,
             url,
-            concurrency: args.concurrency,
-            rate_per_s: args.rate,
-            duration_s: duration.map(|d| d.as_secs_f64()),
-            executions_limit: args.executions,
-            warmup_s: args.warmup,
-            window_s: args.window,
             client_threads: threads,
             label: label.clone(),
             setup,

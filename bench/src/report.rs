@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::client::StreamMode;
-use crate::run::{Counts, Mode, Outcome, Window};
+use crate::run::{Counts, Load, Mode, Outcome, Window};
 use crate::spawn::{ProcStats, ProcessCpu};
 use crate::stats::{AddedPerDelta, LatencySet, Summary, TimelinePoint};
 
@@ -142,15 +142,9 @@ pub struct Params {
     /// The configuration's name in charts and file names (`--label`).
     pub label: String,
     pub setup: Setup,
-    pub mode: Mode,
-    pub stream: StreamMode,
+    #[serde(flatten)]
+    pub load: Load,
     pub url: String,
-    pub concurrency: usize,
-    pub rate_per_s: Option<f64>,
-    pub duration_s: Option<f64>,
-    pub executions_limit: Option<u64>,
-    pub warmup_s: f64,
-    pub window_s: f64,
     pub client_threads: usize,
     /// The provider's configured gap between deltas (the mock's delay); not reported.
     #[serde(skip)]
@@ -179,11 +173,7 @@ impl Report {
             _ => None,
         };
         let gateway = GatewayReport {
-            cpu_s: o
-                .gateway_start
-                .and_then(|s| s.cpu_s)
-                .zip(o.gateway_end.and_then(|s| s.cpu_s))
-                .map(|(a, b)| b - a),
+            cpu_s: o.cpu.gateway,
             start: o.gateway_start,
             end: o.gateway_end,
             ..gateway
@@ -208,8 +198,8 @@ impl Report {
             timeline,
             stability,
             gateway,
-            bench_cpu_s: o.bench_cpu_s,
-            system_cpu_s: o.system_cpu_s,
+            bench_cpu_s: o.cpu.bench,
+            system_cpu_s: o.cpu.system,
             processes: o.process_cpu,
             jetstream,
         }
@@ -218,15 +208,13 @@ impl Report {
     /// The human-readable report.
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let what = match self.params.mode {
-            Mode::Closed => format!("closed loop, concurrency {}", self.params.concurrency),
-            Mode::Open => format!(
-                "open loop, {} arrivals/s",
-                self.params.rate_per_s.unwrap_or(0.0)
-            ),
-            Mode::Submit => format!("submit only, concurrency {}", self.params.concurrency),
+        let load = &self.params.load;
+        let what = match load.mode {
+            Mode::Closed => format!("closed loop, concurrency {}", load.concurrency),
+            Mode::Open => format!("open loop, {} arrivals/s", load.rate_per_s.unwrap_or(0.0)),
+            Mode::Submit => format!("submit only, concurrency {}", load.concurrency),
         };
-        let stream = match (self.params.mode, self.params.stream) {
+        let stream = match (load.mode, load.stream) {
             (Mode::Submit, _) => "no SSE",
             (_, StreamMode::Get) => "POST 202 then GET /events",
             (_, StreamMode::Inline) => "POST with Accept: text/event-stream",
@@ -240,17 +228,15 @@ impl Report {
             s,
             "  measured {:.1} s (limit: {}{}), warm-up {:.1} s, {} client threads on {} cores (client and gateway share them)",
             self.elapsed_s,
-            self.params
-                .duration_s
+            load.duration_s
                 .map_or_else(|| "none".into(), |d| format!("{d} s")),
-            self.params
-                .executions_limit
+            load.executions_limit
                 .map_or_else(String::new, |n| format!(", {n} executions")),
-            self.params.warmup_s,
+            load.warmup_s,
             self.params.client_threads,
             self.nproc,
         );
-        let unit = if self.params.mode == Mode::Submit {
+        let unit = if load.mode == Mode::Submit {
             "submits/s"
         } else {
             "executions/s (full SSE read each)"
@@ -274,14 +260,14 @@ impl Report {
             "  {:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
             "latency (ms)", "count", "min", "p50", "p90", "p99", "p99.9", "max", "mean"
         );
-        let from = if self.params.mode == Mode::Open {
+        let from = if load.mode == Mode::Open {
             "sched"
         } else {
             "POST"
         };
         let rows = [
             (
-                if self.params.mode != Mode::Submit && self.params.stream == StreamMode::Inline {
+                if load.mode != Mode::Submit && load.stream == StreamMode::Inline {
                     format!("submit ({from}→headers)")
                 } else {
                     format!("submit ({from}→202)")
@@ -362,13 +348,13 @@ impl Report {
                 w.index,
                 w.end_s,
                 w.per_s,
-                ms(w.p50_us),
-                ms(w.p99_us),
+                ms(w.latency.p50_us),
+                ms(w.latency.p99_us),
                 w.errors + w.failed,
                 mib(w.gateway_rss_kb),
-                opt(w.gateway_cores),
-                opt(w.bench_cores),
-                opt(w.system_cores),
+                opt(w.cores.gateway),
+                opt(w.cores.bench),
+                opt(w.cores.system),
                 if w.partial { " partial" } else { "" }
             );
         }
@@ -437,5 +423,50 @@ mod tests {
         assert_eq!(ms(None), "-");
         assert_eq!(mib(Some(2048)), "2.0 MiB");
         assert_eq!(opt(Some(0.5)), "0.50");
+    }
+
+    #[test]
+    fn the_run_parameters_stay_top_level_keys() {
+        let params = Params {
+            label: "l".into(),
+            setup: Setup {
+                backend: "embedded".into(),
+                nats_nodes: None,
+                replicas: None,
+                sync_interval: None,
+                worker_processes: None,
+                exec_slots: None,
+                mock_chunks: None,
+                mock_delay_ms: 0,
+                nofile_limit: None,
+                otlp_endpoint: None,
+            },
+            load: Load {
+                mode: Mode::Open,
+                stream: StreamMode::Get,
+                concurrency: 8,
+                rate_per_s: Some(100.0),
+                duration_s: Some(5.0),
+                executions_limit: None,
+                warmup_s: 1.0,
+                window_s: 2.0,
+            },
+            url: "http://127.0.0.1:1".into(),
+            client_threads: 2,
+            provider_gap: std::time::Duration::ZERO,
+        };
+        let json = serde_json::to_value(&params).unwrap();
+        assert!(json.get("load").is_none(), "{json}");
+        assert_eq!(json["mode"], "open");
+        assert_eq!(json["stream"], "get");
+        assert_eq!(json["concurrency"], 8);
+        assert_eq!(json["rate_per_s"], 100.0);
+        assert_eq!(json["duration_s"], 5.0);
+        assert_eq!(json["executions_limit"], serde_json::Value::Null);
+        assert_eq!(json["warmup_s"], 1.0);
+        assert_eq!(json["window_s"], 2.0);
+        assert_eq!(json["url"], "http://127.0.0.1:1");
+        assert_eq!(json["client_threads"], 2);
+        assert!(json.get("provider_gap").is_none());
     }
 }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use hdrhistogram::Histogram;
 use serde::Serialize;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -25,17 +26,39 @@ pub enum Mode {
     Submit,
 }
 
-/// Everything a run needs to know.
-#[derive(Debug, Clone)]
-pub struct Plan {
+/// The load a run applies: the run parameters the report repeats, in its units.
+#[derive(Debug, Clone, Serialize)]
+pub struct Load {
     pub mode: Mode,
     pub stream: StreamMode,
     pub concurrency: usize,
-    pub rate: f64,
-    pub duration: Option<Duration>,
-    pub executions: Option<u64>,
-    pub warmup: Duration,
-    pub window: Duration,
+    /// Arrivals per second (open loop).
+    pub rate_per_s: Option<f64>,
+    /// Measured time; `None`: until `executions_limit` executions.
+    pub duration_s: Option<f64>,
+    pub executions_limit: Option<u64>,
+    pub warmup_s: f64,
+    pub window_s: f64,
+}
+
+impl Load {
+    fn duration(&self) -> Option<Duration> {
+        self.duration_s.map(Duration::from_secs_f64)
+    }
+
+    fn warmup(&self) -> Duration {
+        Duration::from_secs_f64(self.warmup_s)
+    }
+
+    fn window(&self) -> Duration {
+        Duration::from_secs_f64(self.window_s)
+    }
+}
+
+/// Everything a run needs to know.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub load: Load,
     pub max_in_flight: usize,
     pub timeout: Duration,
     pub quiet: bool,
@@ -62,16 +85,91 @@ pub struct Window {
     pub per_s: f64,
     pub failed: u64,
     pub errors: u64,
-    /// Terminal-event latency in this window (submit latency in submit-only mode), us.
+    /// Terminal-event latency in this window (submit latency in submit-only mode).
+    #[serde(flatten)]
+    pub latency: WindowLatency,
+    pub gateway_rss_kb: Option<u64>,
+    #[serde(flatten)]
+    pub cores: Cores,
+}
+
+/// A window's latency percentiles, us; `None` when no operation completed in it.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct WindowLatency {
     pub p50_us: Option<u64>,
     pub p99_us: Option<u64>,
     pub max_us: Option<u64>,
-    pub gateway_rss_kb: Option<u64>,
-    /// CPU cores used in the window (CPU seconds / wall seconds).
-    pub gateway_cores: Option<f64>,
-    pub bench_cores: Option<f64>,
+}
+
+impl WindowLatency {
+    fn of(hist: &Histogram<u64>) -> Self {
+        if hist.is_empty() {
+            return Self::default();
+        }
+        Self {
+            p50_us: Some(hist.value_at_quantile(0.5)),
+            p99_us: Some(hist.value_at_quantile(0.99)),
+            max_us: Some(hist.max()),
+        }
+    }
+}
+
+/// CPU cores used over a span (CPU seconds / wall seconds, two decimals); `None` where a
+/// reading failed.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Cores {
+    #[serde(rename = "gateway_cores")]
+    pub gateway: Option<f64>,
+    #[serde(rename = "bench_cores")]
+    pub bench: Option<f64>,
     /// Cores busy machine-wide (everything, not only gateway and harness).
-    pub system_cores: Option<f64>,
+    #[serde(rename = "system_cores")]
+    pub system: Option<f64>,
+}
+
+impl Cores {
+    /// The cores `used` CPU seconds kept busy over `secs` wall seconds.
+    fn over(used: CpuSeconds, secs: f64) -> Self {
+        let cores = |s: Option<f64>| {
+            s.filter(|_| secs > 0.0)
+                .map(|s| (s / secs * 100.0).round() / 100.0)
+        };
+        Self {
+            gateway: cores(used.gateway),
+            bench: cores(used.bench),
+            system: cores(used.system),
+        }
+    }
+}
+
+/// CPU seconds of the gateway, of the harness and of the whole machine (busy time): used so
+/// far, or used over a span ([`CpuSeconds::since`]); `None` where a reading failed.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuSeconds {
+    pub gateway: Option<f64>,
+    pub bench: Option<f64>,
+    pub system: Option<f64>,
+}
+
+impl CpuSeconds {
+    /// Used so far, with the gateway's figure as read with its other `/proc` figures.
+    fn now(gateway: Option<f64>, ticks: f64) -> Self {
+        Self {
+            gateway,
+            bench: proc_stats("self", ticks).cpu_s,
+            system: system_busy_s(ticks),
+        }
+    }
+
+    /// Used from `earlier` to `self`.
+    fn since(&self, earlier: &Self) -> Self {
+        let used = |from: Option<f64>, to: Option<f64>| from.zip(to).map(|(a, b)| b - a);
+        Self {
+            gateway: used(earlier.gateway, self.gateway),
+            bench: used(earlier.bench, self.bench),
+            system: used(earlier.system, self.system),
+        }
+    }
 }
 
 /// What became of a run's operations (the report shows them as they are).
@@ -96,8 +194,8 @@ pub struct Outcome {
     pub windows: Vec<Window>,
     pub gateway_start: Option<ProcStats>,
     pub gateway_end: Option<ProcStats>,
-    pub bench_cpu_s: Option<f64>,
-    pub system_cpu_s: Option<f64>,
+    /// CPU seconds used over the measured run.
+    pub cpu: CpuSeconds,
     /// CPU of each process of `Plan::processes` over the measured run.
     pub process_cpu: Vec<ProcessCpu>,
     /// Completions per bucket over the measured run.
@@ -125,12 +223,12 @@ impl Control {
 /// Runs `plan` against `api`.
 pub async fn run(api: Api, plan: Plan) -> Outcome {
     let api = Arc::new(api);
-    let measure_start = Instant::now() + plan.warmup;
+    let measure_start = Instant::now() + plan.load.warmup();
     let recorder = Arc::new(Recorder::new(measure_start, plan.timeline_bucket));
     let ctl = Arc::new(Control {
         stop: AtomicBool::new(false),
         issued: AtomicU64::new(0),
-        limit: plan.executions.unwrap_or(u64::MAX),
+        limit: plan.load.executions_limit.unwrap_or(u64::MAX),
         measure_start,
     });
     let gateway_pid = plan.gateway_pid.map(|p| p.to_string());
@@ -138,9 +236,9 @@ pub async fn run(api: Api, plan: Plan) -> Outcome {
         |pid: &Option<String>| pid.as_deref().map(|p| proc_stats(p, plan.clock_ticks));
 
     let mut workers = JoinSet::new();
-    match plan.mode {
+    match plan.load.mode {
         Mode::Closed | Mode::Submit => {
-            for _ in 0..plan.concurrency.max(1) {
+            for _ in 0..plan.load.concurrency.max(1) {
                 workers.spawn(closed_client(
                     Arc::clone(&api),
                     Arc::clone(&ctl),
@@ -161,24 +259,23 @@ pub async fn run(api: Api, plan: Plan) -> Outcome {
 
     tokio::time::sleep_until(measure_start).await;
     let gateway_start = read_gateway(&gateway_pid);
-    let cpu_start = cpu_snapshot(&plan.processes, plan.clock_ticks);
-    let bench_start = proc_stats("self", plan.clock_ticks).cpu_s;
-    let system_start = system_busy_s(plan.clock_ticks);
+    let processes_start = cpu_snapshot(&plan.processes, plan.clock_ticks);
+    let cpu_start = CpuSeconds::now(gateway_start.and_then(|s| s.cpu_s), plan.clock_ticks);
     let finished = Arc::new(Notify::new());
     let sampler = tokio::spawn(sample_windows(
         Arc::clone(&recorder),
         Arc::clone(&finished),
         measure_start,
-        plan.window,
+        plan.load.window(),
         gateway_pid.clone(),
         plan.clock_ticks,
         plan.quiet,
-        plan.mode,
+        plan.load.mode,
     ));
 
     let all_done = async { while workers.join_next().await.is_some() {} };
     tokio::pin!(all_done);
-    match plan.duration {
+    match plan.load.duration() {
         Some(duration) => {
             tokio::select! {
                 () = tokio::time::sleep_until(measure_start + duration) => {
@@ -194,9 +291,8 @@ pub async fn run(api: Api, plan: Plan) -> Outcome {
     finished.notify_one();
     let windows = sampler.await.unwrap_or_default();
     let gateway_end = read_gateway(&gateway_pid);
-    let cpu_end = cpu_snapshot(&plan.processes, plan.clock_ticks);
-    let bench_end = proc_stats("self", plan.clock_ticks).cpu_s;
-    let system_end = system_busy_s(plan.clock_ticks);
+    let processes_end = cpu_snapshot(&plan.processes, plan.clock_ticks);
+    let cpu_end = CpuSeconds::now(gateway_end.and_then(|s| s.cpu_s), plan.clock_ticks);
     let (latencies, errors, timeline) = recorder.finish();
     let issued = ctl.issued.load(Ordering::Relaxed).min(ctl.limit);
     let elapsed = end.saturating_duration_since(measure_start);
@@ -214,9 +310,8 @@ pub async fn run(api: Api, plan: Plan) -> Outcome {
         windows,
         gateway_start,
         gateway_end,
-        bench_cpu_s: bench_start.zip(bench_end).map(|(a, b)| b - a),
-        system_cpu_s: system_start.zip(system_end).map(|(a, b)| b - a),
-        process_cpu: cpu_between(&cpu_start, &cpu_end, elapsed.as_secs_f64()),
+        cpu: cpu_end.since(&cpu_start),
+        process_cpu: cpu_between(&processes_start, &processes_end, elapsed.as_secs_f64()),
         timeline,
         settled_all: recorder.settled_all.load(Ordering::Relaxed),
     }
@@ -226,7 +321,7 @@ async fn closed_client(api: Arc<Api>, ctl: Arc<Control>, rec: Arc<Recorder>, pla
     while ctl.next() {
         let start = Instant::now();
         let measured = start >= ctl.measure_start;
-        let failed = match plan.mode {
+        let failed = match plan.load.mode {
             Mode::Submit => match tokio::time::timeout(plan.timeout, api.submit()).await {
                 Ok(Ok(_)) => {
                     rec.settled_all.fetch_add(1, Ordering::Relaxed);
@@ -238,7 +333,9 @@ async fn closed_client(api: Arc<Api>, ctl: Arc<Control>, rec: Arc<Recorder>, pla
                 Ok(Err(e)) => record_error(&rec, measured, &e),
                 Err(_) => record_error(&rec, measured, &ExecError::Timeout),
             },
-            _ => match tokio::time::timeout(plan.timeout, api.execute(start, plan.stream)).await {
+            _ => match tokio::time::timeout(plan.timeout, api.execute(start, plan.load.stream))
+                .await
+            {
                 Ok(Ok(timing)) => {
                     rec.settled_all.fetch_add(1, Ordering::Relaxed);
                     if measured {
@@ -272,7 +369,7 @@ async fn open_loop(api: Arc<Api>, ctl: Arc<Control>, rec: Arc<Recorder>, plan: P
     let in_flight = Arc::new(AtomicUsize::new(0));
     let drained = Arc::new(Notify::new());
     let t0 = Instant::now();
-    let rate = plan.rate.max(1e-9);
+    let rate = plan.load.rate_per_s.unwrap_or(0.0).max(1e-9);
     let mut i: u64 = 0;
     loop {
         let scheduled = t0 + Duration::from_secs_f64(i as f64 / rate);
@@ -297,7 +394,7 @@ async fn open_loop(api: Arc<Api>, ctl: Arc<Control>, rec: Arc<Recorder>, plan: P
             Arc::clone(&in_flight),
             Arc::clone(&drained),
         );
-        let (timeout, stream) = (plan.timeout, plan.stream);
+        let (timeout, stream) = (plan.timeout, plan.load.stream);
         tokio::spawn(async move {
             if measured {
                 rec.dispatch_lag(scheduled.elapsed());
@@ -336,11 +433,10 @@ async fn sample_windows(
     let mut windows = Vec::new();
     let mut prev_t = start;
     let (mut prev_ok, mut prev_failed, mut prev_err) = (0u64, 0u64, 0u64);
-    let mut prev_gw_cpu = gateway_pid
+    let gateway_cpu = gateway_pid
         .as_deref()
         .and_then(|p| proc_stats(p, ticks).cpu_s);
-    let mut prev_bench_cpu = proc_stats("self", ticks).cpu_s;
-    let mut prev_system = system_busy_s(ticks);
+    let mut prev_cpu = CpuSeconds::now(gateway_cpu, ticks);
     let finished = finished.notified();
     tokio::pin!(finished);
     let what = if mode == Mode::Submit {
@@ -363,14 +459,7 @@ async fn sample_windows(
         let err = rec.errored.load(Ordering::Relaxed);
         let hist = rec.take_window();
         let gw = gateway_pid.as_deref().map(|p| proc_stats(p, ticks));
-        let gw_cpu = gw.and_then(|s| s.cpu_s);
-        let bench_cpu = proc_stats("self", ticks).cpu_s;
-        let system = system_busy_s(ticks);
-        let cores = |a: Option<f64>, b: Option<f64>| {
-            a.zip(b)
-                .filter(|_| secs > 0.0)
-                .map(|(a, b)| ((b - a) / secs * 100.0).round() / 100.0)
-        };
+        let cpu = CpuSeconds::now(gw.and_then(|s| s.cpu_s), ticks);
         let ops = ok - prev_ok;
         let w = Window {
             index: windows.len(),
@@ -381,13 +470,9 @@ async fn sample_windows(
             per_s: if secs > 0.0 { ops as f64 / secs } else { 0.0 },
             failed: failed - prev_failed,
             errors: err - prev_err,
-            p50_us: (!hist.is_empty()).then(|| hist.value_at_quantile(0.5)),
-            p99_us: (!hist.is_empty()).then(|| hist.value_at_quantile(0.99)),
-            max_us: (!hist.is_empty()).then(|| hist.max()),
+            latency: WindowLatency::of(&hist),
             gateway_rss_kb: gw.and_then(|s| s.rss_kb),
-            gateway_cores: cores(prev_gw_cpu, gw_cpu),
-            bench_cores: cores(prev_bench_cpu, bench_cpu),
-            system_cores: cores(prev_system, system),
+            cores: Cores::over(cpu.since(&prev_cpu), secs),
         };
         let sliver = partial && secs < 0.05;
         if !quiet && !sliver {
@@ -395,14 +480,14 @@ async fn sample_windows(
                 "[{:>7.1}s] {:>9.1}/s  {what} p50 {:>8} p99 {:>8}  errors {}  failed {}  gw rss {}  cores gw {} bench {} all {}{}",
                 w.end_s,
                 w.per_s,
-                crate::report::ms(w.p50_us),
-                crate::report::ms(w.p99_us),
+                crate::report::ms(w.latency.p50_us),
+                crate::report::ms(w.latency.p99_us),
                 w.errors,
                 w.failed,
                 crate::report::mib(w.gateway_rss_kb),
-                crate::report::opt(w.gateway_cores),
-                crate::report::opt(w.bench_cores),
-                crate::report::opt(w.system_cores),
+                crate::report::opt(w.cores.gateway),
+                crate::report::opt(w.cores.bench),
+                crate::report::opt(w.cores.system),
                 if partial { "  (partial)" } else { "" },
             );
         }
@@ -411,11 +496,45 @@ async fn sample_windows(
             windows.push(w);
         }
         (prev_t, prev_ok, prev_failed, prev_err) = (now, ok, failed, err);
-        prev_gw_cpu = gw_cpu;
-        prev_bench_cpu = bench_cpu;
-        prev_system = system;
+        prev_cpu = cpu;
         if last {
             return windows;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_serializes_flat_with_the_keys_the_charts_and_scripts_read() {
+        let used = CpuSeconds {
+            gateway: Some(1.5),
+            bench: None,
+            system: Some(3.0),
+        };
+        let w = Window {
+            index: 0,
+            start_s: 0.0,
+            end_s: 2.0,
+            partial: false,
+            ops: 10,
+            per_s: 5.0,
+            failed: 0,
+            errors: 0,
+            latency: WindowLatency::default(),
+            gateway_rss_kb: Some(1024),
+            cores: Cores::over(used, 2.0),
+        };
+        // The exact text: key order included (flattened and renamed fields stay in place).
+        assert_eq!(
+            serde_json::to_string(&w).unwrap(),
+            concat!(
+                r#"{"index":0,"start_s":0.0,"end_s":2.0,"partial":false,"ops":10,"per_s":5.0,"#,
+                r#""failed":0,"errors":0,"p50_us":null,"p99_us":null,"max_us":null,"#,
+                r#""gateway_rss_kb":1024,"gateway_cores":0.75,"bench_cores":null,"system_cores":1.5}"#,
+            )
+        );
     }
 }

@@ -16,6 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use testkit::KillOnDrop;
 use tokio::time::Instant;
 
 /// How long a server or worker may take to start on a busy machine.
@@ -40,17 +41,19 @@ pub struct StackPlan {
     pub log_dir: Option<PathBuf>,
 }
 
-/// A child process, killed (SIGKILL) and reaped on drop.
+/// A named child process, killed (SIGKILL) and reaped on drop.
 #[derive(Debug)]
 struct Proc {
     name: String,
-    child: Child,
+    child: KillOnDrop,
 }
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl Proc {
+    fn new(name: impl Into<String>, child: Child) -> Self {
+        Self {
+            name: name.into(),
+            child: KillOnDrop(child),
+        }
     }
 }
 
@@ -212,7 +215,7 @@ impl Stack {
                 .stderr(log_target(plan.log_dir.as_deref(), &name)?)
                 .spawn()
                 .map_err(|e| format!("cannot start {}: {e}", nats_bin.display()))?;
-            stack.nats.push(Proc { name, child });
+            stack.nats.push(Proc::new(name, child));
             stack
                 .nats_urls
                 .push(format!("nats://127.0.0.1:{}", nodes[i].client));
@@ -250,10 +253,7 @@ impl Stack {
                     redis_bin.display()
                 )
             })?;
-        stack.redis = Some(Proc {
-            name: "redis".into(),
-            child,
-        });
+        stack.redis = Some(Proc::new("redis", child));
         stack.redis_url = format!("redis://127.0.0.1:{redis_port}");
         let listens = || async {
             tokio::net::TcpStream::connect(("127.0.0.1", redis_port))
@@ -310,10 +310,7 @@ impl Stack {
                 .spawn()
                 .map_err(|e| format!("cannot start {}: {e}", plan.worker_bin.display()))?;
             let stdout = child.stdout.take();
-            self.workers.push(Proc {
-                name: name.clone(),
-                child,
-            });
+            self.workers.push(Proc::new(name.clone(), child));
             let Some(stdout) = stdout else {
                 return Err("worker stdout is not captured".into());
             };

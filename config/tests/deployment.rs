@@ -63,9 +63,10 @@ fn sections_are_dispatched_by_type_in_file_order() {
         &Stub,
     )
     .unwrap();
+    // Every other setting is at its default.
     assert_eq!(
-        config.providers,
-        [
+        config,
+        DeploymentConfig::with_providers(vec![
             StubProvider {
                 type_name: "b",
                 id: "b".into(),
@@ -79,13 +80,29 @@ fn sections_are_dispatched_by_type_in_file_order() {
                 id: "x".into(),
                 flow: FlowLimits::CONFIG_DEFAULT
             }
-        ]
+        ])
     );
-    let defaults = DeploymentConfig::with_providers(Vec::<StubProvider>::new());
-    assert_eq!(config.limits, Limits::default());
-    assert_eq!(config.retention, defaults.retention);
-    assert_eq!(config.max_active_executions, defaults.max_active_executions);
-    assert_eq!(config.event_store, defaults.event_store);
+}
+
+/// The documented defaults, written out as a file would: writing them changes nothing.
+#[test]
+fn defaults_are_the_documented_values() {
+    let explicit = parse(
+        r#"{"providers":[{"type":"a"}],"max_active_executions":1024,"retention_ms":86400000,
+            "limits":{"max_body_bytes":1048576,"max_deadline_ms":86400000,
+                      "default_deadline_ms":600000,"max_sse_streams":10000,
+                      "header_timeout_ms":10000,"body_timeout_ms":30000,"idle_timeout_ms":60000},
+            "event_store":{"type":"memory","max_executions":10000,"max_bytes":268435456,
+                           "max_execution_bytes":4194304,"max_events":4096}}"#,
+        &Stub,
+    )
+    .unwrap();
+    assert_eq!(
+        explicit,
+        parse(r#"{"providers":[{"type":"a"}]}"#, &Stub).unwrap()
+    );
+    // A file cannot write `None`: the open-file limit minus a reserve.
+    assert_eq!(Limits::default().max_connections, None);
 }
 
 #[test]

@@ -6,7 +6,6 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -399,25 +398,13 @@ async fn a_client_that_stops_reading_neither_stalls_the_execution_nor_loses_even
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_stream_receives_keep_alive_comments() {
-    use runtime::memory::{
-        MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
-    };
     // No workers: an execution stays queued, so its stream is idle after `accepted`.
-    let config = worker::deployment::standalone();
-    let registry = Arc::new(worker::deployment::build_registry(&config).expect("registry"));
-    let backend = gateway::Backend {
-        store: Arc::new(MemoryEventStore::new(MemoryLimits::default())),
-        queue: Arc::new(MemoryJobQueue::new()),
-        idempotency: Arc::new(MemoryIdempotencyStore::new(Duration::from_secs(60))),
-        cancel: Arc::new(MemoryCancelBus::new()),
-        quotas: Arc::new(runtime::QuotaGate::unlimited()),
-        heal_missing: false,
-    };
     let limits = gateway::ApiLimits {
         keep_alive: Duration::from_millis(100),
         ..gateway::ApiLimits::default()
     };
-    let gw = Gateway::from_state(gateway::AppState::new(backend, registry, limits)).await;
+    let state = gateway::AppState::new(memory_backend(), standalone_registry(), limits);
+    let gw = Gateway::from_state(state).await;
     let id = gw.submit_ok(&text_request("hi")).await;
     let mut sse = gw.stream(&id).await;
     let keep_alives = |raw: &[u8]| {

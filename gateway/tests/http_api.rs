@@ -59,13 +59,7 @@ async fn a_non_json_content_type_is_415_and_creates_nothing() {
         None,
     ] {
         let response = json_parts(gw.submit_as(content_type, body.clone()).await).await;
-        assert_error(
-            &response,
-            415,
-            "invalid_request",
-            "Content-Type must be application/json",
-            false,
-        );
+        assert_invalid_request(&response, 415, "Content-Type must be application/json");
     }
     assert_eq!(gw.accepted_count().await, 0.0);
     // Parameters and case do not matter [R 1].
@@ -89,13 +83,7 @@ async fn a_body_over_the_limit_is_413_with_or_without_content_length() {
     // First with the declared length over the limit, then chunked.
     for body in [reqwest::Body::from(big), streamed] {
         let response = json_parts(gw.submit_raw(body, &[]).await).await;
-        assert_error(
-            &response,
-            413,
-            "invalid_request",
-            "Request body exceeds the size limit",
-            false,
-        );
+        assert_invalid_request(&response, 413, "Request body exceeds the size limit");
     }
     assert_eq!(gw.accepted_count().await, 0.0);
     // Just under the limit is fine.
@@ -116,13 +104,7 @@ async fn invalid_json_is_400() {
         "\u{feff}{}",
     ] {
         let response = json_parts(gw.submit_raw(body.to_owned(), &[]).await).await;
-        assert_error(
-            &response,
-            400,
-            "invalid_request",
-            "Request body must be valid JSON",
-            false,
-        );
+        assert_invalid_request(&response, 400, "Request body must be valid JSON");
     }
     assert_eq!(gw.accepted_count().await, 0.0);
 }
@@ -304,12 +286,10 @@ async fn malformed_idempotency_keys_are_400_and_create_nothing() {
             .await
             .expect("sent");
         let response = json_parts(response).await;
-        assert_error(
+        assert_invalid_request(
             &response,
             400,
-            "invalid_request",
             "Idempotency-Key must contain 1 to 256 visible ASCII characters",
-            false,
         );
     }
     // The key is one header.
@@ -323,12 +303,10 @@ async fn malformed_idempotency_keys_are_400_and_create_nothing() {
         .send()
         .await
         .expect("sent");
-    assert_error(
+    assert_invalid_request(
         &json_parts(response).await,
         400,
-        "invalid_request",
         "Idempotency-Key must be sent once",
-        false,
     );
     assert_eq!(gw.accepted_count().await, 0.0);
     // 256 visible characters are fine.
@@ -522,13 +500,7 @@ async fn unknown_and_malformed_execution_ids_are_404_and_bad_encoding_is_400() {
         }
         responses.push(gw.cancel(bad).await);
         for response in &responses {
-            assert_error(
-                response,
-                400,
-                "invalid_request",
-                "Invalid execution ID encoding",
-                false,
-            );
+            assert_invalid_request(response, 400, "Invalid execution ID encoding");
         }
     }
 }
@@ -800,19 +772,15 @@ async fn deadlines_outside_the_allowed_range_are_400() {
     ))
     .await;
     let with_deadline = |ms: u64| json!({ "ability": "text-generation", "input": [{ "type": "text", "text": "hi" }], "deadline_ms": ms });
-    assert_error(
+    assert_invalid_request(
         &json_parts(gw.submit(&with_deadline(0)).await).await,
         400,
-        "invalid_request",
         "Request does not match the execution schema",
-        false,
     );
-    assert_error(
+    assert_invalid_request(
         &json_parts(gw.submit(&with_deadline(60001)).await).await,
         400,
-        "invalid_request",
         "Request deadline exceeds the configured maximum",
-        false,
     );
     assert_eq!(gw.accepted_count().await, 0.0);
     assert_eq!(

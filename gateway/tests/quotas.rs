@@ -192,14 +192,10 @@ async fn a_refused_submit_leaves_its_idempotency_key_free() {
 async fn cancelling_a_queued_execution_frees_its_slot_at_once() {
     use std::sync::Arc;
 
-    use runtime::memory::{
-        MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
-    };
+    use runtime::memory::{MemoryEventStore, MemoryLimits};
     use runtime::quota::{GateSettings, MemoryQuotaStore};
     use runtime::{QuotaGate, QuotaLimits};
 
-    let config = worker::deployment::standalone();
-    let registry = Arc::new(worker::deployment::build_registry(&config).expect("registry"));
     let store = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
     let quotas = QuotaGate::new(
         Arc::new(MemoryQuotaStore::new()),
@@ -216,15 +212,12 @@ async fn cancelling_a_queued_execution_frees_its_slot_at_once() {
     // No workers: executions stay queued.
     let backend = gateway::Backend {
         store,
-        queue: Arc::new(MemoryJobQueue::new()),
-        idempotency: Arc::new(MemoryIdempotencyStore::new(Duration::from_secs(60))),
-        cancel: Arc::new(MemoryCancelBus::new()),
         quotas: Arc::new(quotas),
-        heal_missing: false,
+        ..memory_backend()
     };
     let gw = Gateway::from_state(gateway::AppState::new(
         backend,
-        registry,
+        standalone_registry(),
         gateway::ApiLimits::default(),
     ))
     .await;

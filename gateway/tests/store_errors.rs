@@ -16,11 +16,10 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use protocol::materialize::LogViolation;
 use protocol::{ExecutionId, RuntimeEvent, Sequence};
-use runtime::memory::{
-    MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
-};
+use runtime::memory::{MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits};
 use runtime::{EventStore, IdempotencyRecord, IdempotencyStore, StoreError};
 use serde_json::{Value, json};
+use testkit::gateway::{memory_backend, standalone_registry};
 use tower::ServiceExt;
 
 /// A memory store whose `create` always fails with one error.
@@ -70,8 +69,6 @@ struct Harness {
 }
 
 fn harness(create_error: StoreError) -> Harness {
-    let config = worker::deployment::standalone();
-    let registry = Arc::new(worker::deployment::build_registry(&config).expect("registry"));
     let queue = Arc::new(MemoryJobQueue::new());
     let backend = gateway::Backend {
         store: Arc::new(RefusingStore {
@@ -82,17 +79,17 @@ fn harness(create_error: StoreError) -> Harness {
         idempotency: Arc::new(CrashingSubmitterKeys(MemoryIdempotencyStore::new(
             Duration::from_secs(60),
         ))),
-        cancel: Arc::new(MemoryCancelBus::new()),
-        quotas: Arc::new(runtime::QuotaGate::unlimited()),
         // Distributed semantics: a bound key without a log is a crash window to heal.
         heal_missing: true,
+        ..memory_backend()
     };
     let limits = gateway::ApiLimits {
         replay_wait: Duration::from_millis(10),
         ..gateway::ApiLimits::default()
     };
+    let state = gateway::AppState::new(backend, standalone_registry(), limits);
     Harness {
-        app: gateway::router(gateway::AppState::new(backend, registry, limits)),
+        app: gateway::router(state),
         queue,
     }
 }

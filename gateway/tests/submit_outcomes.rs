@@ -21,12 +21,11 @@ use axum::http::{Request, StatusCode};
 use config::{BaseUrl, FlowLimits};
 use parking_lot::Mutex;
 use protocol::{ExecutionId, RuntimeEvent, Sequence};
-use runtime::memory::{
-    MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
-};
+use runtime::memory::{MemoryCancelBus, MemoryEventStore, MemoryJobQueue, MemoryLimits};
 use runtime::{CancelBus, Delivery, EventStore, Job, JobQueue, LogHead, QueuedJob, StoreError};
 use serde_json::{Value, json};
 use testkit::fake_provider::{FakeProvider, Reply};
+use testkit::gateway::memory_backend;
 use tower::ServiceExt;
 use worker::provider::credential::{KeySource, Secret};
 use worker::provider::openai_chat::OpenAiChatProvider;
@@ -220,10 +219,9 @@ async fn harness(create_fault: (Fault, usize), publish_fault: (Fault, usize)) ->
             inner: queue.clone(),
             publishes: Faults::new(publish_fault.0, publish_fault.1),
         }),
-        idempotency: Arc::new(MemoryIdempotencyStore::new(Duration::from_secs(60))),
         cancel: cancel.clone(),
         heal_missing: true,
-        quotas: Arc::new(runtime::QuotaGate::unlimited()),
+        ..memory_backend()
     };
     let runner = Arc::new(Runner::new(
         Arc::clone(&registry),
@@ -286,6 +284,16 @@ impl Harness {
             body: serde_json::from_slice(&bytes).unwrap(),
             latency: started.elapsed(),
         }
+    }
+
+    /// Submits `n` unkeyed executions one after another, with the texts `[label-0]`,
+    /// `[label-1]`, ...
+    async fn submit_each(&self, label: &str, n: usize) -> Vec<Answer> {
+        let mut answers = Vec::new();
+        for i in 0..n {
+            answers.push(self.submit(&format!("[{label}-{i}]"), None).await);
+        }
+        answers
     }
 
     /// Provider calls made for the execution submitted with `text`.
@@ -383,16 +391,30 @@ async fn assert_consistent(h: &Harness, answers: &[Answer]) -> (usize, usize) {
     (accepted, refused)
 }
 
+/// One submission labelled `label` per execution the faults hit (each fault hits one
+/// execution's first write), through a harness with those faults, checked by
+/// [`assert_consistent`]; returns how many were accepted and how many answered 503.
+async fn settle_under_faults(
+    create_fault: (Fault, usize),
+    publish_fault: (Fault, usize),
+    label: &str,
+) -> (usize, usize) {
+    let h = harness(create_fault, publish_fault).await;
+    let answers = h
+        .submit_each(label, create_fault.1.max(publish_fault.1))
+        .await;
+    let (accepted, refused) = assert_consistent(&h, &answers).await;
+    eprintln!("{label}: {accepted} accepted, {refused} answered 503");
+    (accepted, refused)
+}
+
 /// A log creation that failed (nothing stored) while the job was published: the client gets
 /// 503, the job is withdrawn, the provider is never called; the key is released, so a retry
 /// creates and runs the execution.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_whose_log_creation_failed_never_runs() {
     let h = harness((Fault::Lost, 8), (Fault::Lost, 0)).await;
-    let mut answers = Vec::new();
-    for n in 0..8 {
-        answers.push(h.submit(&format!("[lost-create-{n}]"), None).await);
-    }
+    let answers = h.submit_each("lost-create", 8).await;
     for answer in &answers {
         assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{answer:?}");
         assert_eq!(answer.body["error"]["code"], "unavailable");
@@ -421,13 +443,7 @@ async fn a_job_whose_log_creation_failed_never_runs() {
 /// is settled one way or the other, consistently with what ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_whose_acknowledgement_was_lost_is_settled_consistently() {
-    let h = harness((Fault::AckLost, 16), (Fault::Lost, 0)).await;
-    let mut answers = Vec::new();
-    for n in 0..16 {
-        answers.push(h.submit(&format!("[ack-lost-create-{n}]"), None).await);
-    }
-    let (accepted, refused) = assert_consistent(&h, &answers).await;
-    eprintln!("{accepted} accepted, {refused} answered 503");
+    settle_under_faults((Fault::AckLost, 16), (Fault::Lost, 0), "ack-lost-create").await;
 }
 
 /// Task A: a job publish stored but unacknowledged (a JetStream election). The gateway closes
@@ -435,20 +451,10 @@ async fn a_create_whose_acknowledgement_was_lost_is_settled_consistently() {
 /// finds the log terminal and is dropped, a 202's job runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publish_whose_acknowledgement_was_lost_is_settled_consistently() {
-    let h = harness((Fault::Lost, 0), (Fault::AckLost, 16)).await;
-    let mut answers = Vec::new();
-    for n in 0..16 {
-        answers.push(h.submit(&format!("[ack-lost-publish-{n}]"), None).await);
-    }
-    let (accepted, refused) = assert_consistent(&h, &answers).await;
-    eprintln!("{accepted} accepted, {refused} answered 503");
+    settle_under_faults((Fault::Lost, 0), (Fault::AckLost, 16), "ack-lost-publish").await;
     // A publish that was not stored: the log is closed, nothing runs.
-    let h = harness((Fault::Lost, 0), (Fault::Lost, 4)).await;
-    let mut answers = Vec::new();
-    for n in 0..4 {
-        answers.push(h.submit(&format!("[lost-publish-{n}]"), None).await);
-    }
-    let (accepted, _) = assert_consistent(&h, &answers).await;
+    let (accepted, _) =
+        settle_under_faults((Fault::Lost, 0), (Fault::Lost, 4), "lost-publish").await;
     assert_eq!(accepted, 0, "an unstored job cannot be claimed");
 }
 

@@ -244,25 +244,32 @@ fn corpus() -> Vec<(bool, String)> {
         invalid(b.into());
     }
     // `null` for every optional field.
-    for extra in [
-        r#""requirements":null"#,
-        r#""routing":null"#,
-        r#""metadata":null"#,
-        r#""extensions":null"#,
-        r#""requirements":{"input_modalities":null}"#,
-        r#""requirements":{"output_modalities":null}"#,
-        r#""requirements":{"stream":null}"#,
-        r#""requirements":{"tools":null}"#,
-        r#""requirements":{"structured_output":null}"#,
-        r#""requirements":{"async":null}"#,
-        r#""requirements":{"cancel":null}"#,
-        r#""routing":{"strategy":null}"#,
-        r#""routing":{"provider_order":null}"#,
-        r#""routing":{"allow_fallback":null}"#,
-        r#""routing":{"max_attempts":null}"#,
-        r#""routing":{"retry_budget_ms":null}"#,
+    for field in ["requirements", "routing", "metadata", "extensions"] {
+        invalid(with(&format!(r#""{field}":null"#)));
+    }
+    let requirement_fields = [
+        "input_modalities",
+        "output_modalities",
+        "stream",
+        "tools",
+        "structured_output",
+        "async",
+        "cancel",
+    ];
+    let routing_fields = [
+        "strategy",
+        "provider_order",
+        "allow_fallback",
+        "max_attempts",
+        "retry_budget_ms",
+    ];
+    for (object, fields) in [
+        ("requirements", &requirement_fields[..]),
+        ("routing", &routing_fields),
     ] {
-        invalid(with(extra));
+        for field in fields {
+            invalid(with(&format!(r#""{object}":{{"{field}":null}}"#)));
+        }
     }
     for kind in ["image", "audio", "video", "file"] {
         invalid(with_part(&format!(
@@ -421,16 +428,21 @@ fn sized(lengths: &'static [usize]) -> impl Strategy<Value = Value> {
         .prop_map(|(n, c)| Value::from(c.repeat(n)))
 }
 
+/// One of `values`, each as likely: a field's `null` and wrong-typed values, weighted in a
+/// `prop_oneof!` by their count (so that each weighs as much as a one-value arm).
+fn one_of(values: &[Value]) -> BoxedStrategy<Value> {
+    prop::sample::select(values.to_vec()).boxed()
+}
+
 /// Strings with lengths at the valid bounds (`ok`) or just past them (`bad`).
 fn string_near(ok: &'static [usize], bad: &'static [usize]) -> BoxedStrategy<Value> {
     if bad.is_empty() {
-        return prop_oneof![40 => sized(ok), 1 => Just(Value::Null), 1 => Just(json!(5))].boxed();
+        return prop_oneof![40 => sized(ok), 2 => one_of(&[Value::Null, json!(5)])].boxed();
     }
     prop_oneof![
         40 => sized(ok),
         3 => sized(bad),
-        1 => Just(Value::Null),
-        1 => Just(json!(5)),
+        2 => one_of(&[Value::Null, json!(5)]),
     ]
     .boxed()
 }
@@ -444,9 +456,7 @@ fn integer_near(ok: &'static [i64], bad: &'static [i64]) -> BoxedStrategy<Value>
         1 => prop::sample::select(ok).prop_map(|n| json!(n as f64 + 0.5)),
         1 => (1i64..100_000_000).prop_map(Value::from),
         1 => any::<i64>().prop_map(Value::from),
-        1 => Just(Value::Null),
-        1 => Just(json!("5")),
-        1 => Just(json!(1e20)),
+        3 => one_of(&[Value::Null, json!("5"), json!(1e20)]),
     ]
     .boxed()
 }
@@ -454,9 +464,7 @@ fn integer_near(ok: &'static [i64], bad: &'static [i64]) -> BoxedStrategy<Value>
 fn boolean() -> BoxedStrategy<Value> {
     prop_oneof![
         20 => any::<bool>().prop_map(Value::from),
-        1 => Just(Value::Null),
-        1 => Just(json!("true")),
-        1 => Just(json!(1)),
+        3 => one_of(&[Value::Null, json!("true"), json!(1)]),
     ]
     .boxed()
 }
@@ -558,8 +566,7 @@ fn modalities() -> BoxedStrategy<Value> {
             .prop_map(strings),
         2 => prop::collection::vec(prop::sample::select(&["text", "json", "pdf"][..]), 1..4)
             .prop_map(strings),
-        1 => Just(Value::Null),
-        1 => Just(json!("text")),
+        2 => one_of(&[Value::Null, json!("text")]),
     ]
     .boxed()
 }
@@ -604,13 +611,11 @@ fn routing() -> BoxedStrategy<Value> {
             .prop_map(strings),
         2 => prop::collection::vec(prop::sample::select(&["a", "b", ""][..]), 1..4)
             .prop_map(strings),
-        1 => Just(json!([1])),
-        1 => Just(Value::Null),
+        2 => one_of(&[json!([1]), Value::Null]),
     ];
     let strategy = prop_oneof![
         12 => prop::sample::select(&["first_available", "ordered"][..]).prop_map(Value::from),
-        1 => Just(json!("random")),
-        1 => Just(Value::Null),
+        2 => one_of(&[json!("random"), Value::Null]),
     ];
     (
         prop::option::weighted(w, strategy),
@@ -647,9 +652,7 @@ fn metadata_value() -> BoxedStrategy<Value> {
         5 => any::<i64>().prop_map(Value::from),
         5 => (-1e9f64..1e9).prop_map(Value::from),
         5 => any::<bool>().prop_map(Value::from),
-        1 => Just(Value::Null),
-        1 => Just(json!({})),
-        1 => Just(json!([])),
+        3 => one_of(&[Value::Null, json!({}), json!([])]),
     ]
     .boxed()
 }
@@ -671,9 +674,7 @@ fn properties_near(value: BoxedStrategy<Value>, filler: Value) -> BoxedStrategy<
         4 => prop::sample::select(&[63usize, 64][..])
             .prop_map(move |n| entries(vec![filler.clone(); n])),
         1 => Just(entries(vec![json!(1); 65])),
-        1 => Just(Value::Null),
-        1 => Just(json!([])),
-        1 => Just(json!("x")),
+        3 => one_of(&[Value::Null, json!([]), json!("x")]),
     ]
     .boxed()
 }
@@ -979,6 +980,11 @@ fn malformed_events_are_invalid() {
 // ---------------------------------------------------------------------------------------------
 
 /// Compiles `schema` in the context of the OpenAPI document's components.
+/// A validator for the JSON body of `response` (an OpenAPI response object).
+fn response_validator(doc: &Value, response: &Value) -> Validator {
+    openapi_validator(doc, &response["content"]["application/json"]["schema"])
+}
+
 fn openapi_validator(doc: &Value, schema: &Value) -> Validator {
     let mut root = json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -1168,8 +1174,8 @@ fn serialized_responses_match_their_openapi_schemas() {
         idempotent_replay: false,
     };
     let post = &doc["paths"]["/v1/executions"]["post"]["responses"];
-    let accepted = openapi_validator(&doc, &post["202"]["content"]["application/json"]["schema"]);
-    let replayed = openapi_validator(&doc, &post["200"]["content"]["application/json"]["schema"]);
+    let accepted = response_validator(&doc, &post["202"]);
+    let replayed = response_validator(&doc, &post["200"]);
     assert_valid(&accepted, &json!(submission));
     assert!(!replayed.is_valid(&json!(submission)));
     let replay = ExecutionSubmission {
@@ -1185,9 +1191,7 @@ fn serialized_responses_match_their_openapi_schemas() {
             error: RuntimeError::new(code, "Fixed sentence", retryable),
         })
     };
-    let schema_at = |status: &str| {
-        openapi_validator(&doc, &post[status]["content"]["application/json"]["schema"])
-    };
+    let schema_at = |status: &str| response_validator(&doc, &post[status]);
     assert_valid(&schema_at("429"), &error(ErrorCode::QueueFull, true));
     assert!(!schema_at("429").is_valid(&error(ErrorCode::QueueFull, false)));
     assert_valid(
@@ -1201,28 +1205,16 @@ fn serialized_responses_match_their_openapi_schemas() {
     assert!(!schema_at("422").is_valid(&error(ErrorCode::InvalidRequest, false)));
     assert_valid(&schema_at("415"), &error(ErrorCode::InvalidRequest, false));
     let responses = &doc["components"]["responses"];
-    let invalid = openapi_validator(
-        &doc,
-        &responses["InvalidRequest"]["content"]["application/json"]["schema"],
-    );
+    let invalid = response_validator(&doc, &responses["InvalidRequest"]);
     assert_valid(&invalid, &error(ErrorCode::InvalidRequest, false));
-    let unavailable = openapi_validator(
-        &doc,
-        &responses["Unavailable"]["content"]["application/json"]["schema"],
-    );
+    let unavailable = response_validator(&doc, &responses["Unavailable"]);
     assert_valid(&unavailable, &error(ErrorCode::Unavailable, true));
     assert_valid(&schema_at("429"), &error(ErrorCode::RateLimited, true));
     // API keys: 401 on every /v1 route, 403 on the scoped execution routes, none elsewhere.
-    let unauthenticated = openapi_validator(
-        &doc,
-        &responses["Unauthenticated"]["content"]["application/json"]["schema"],
-    );
+    let unauthenticated = response_validator(&doc, &responses["Unauthenticated"]);
     assert_valid(&unauthenticated, &error(ErrorCode::Unauthenticated, false));
     assert!(!unauthenticated.is_valid(&error(ErrorCode::PermissionDenied, false)));
-    let denied = openapi_validator(
-        &doc,
-        &responses["PermissionDenied"]["content"]["application/json"]["schema"],
-    );
+    let denied = response_validator(&doc, &responses["PermissionDenied"]);
     assert_valid(&denied, &error(ErrorCode::PermissionDenied, false));
     for (path, method, scoped) in [
         ("/v1/executions", "post", true),
@@ -1273,27 +1265,15 @@ fn serialized_responses_match_their_openapi_schemas() {
     let missing = json!(CancelResponse {
         status: CancelStatus::NotFound
     });
-    let c202 = openapi_validator(
-        &doc,
-        &cancel["202"]["content"]["application/json"]["schema"],
-    );
-    let c404 = openapi_validator(
-        &doc,
-        &cancel["404"]["content"]["application/json"]["schema"],
-    );
+    let c202 = response_validator(&doc, &cancel["202"]);
+    let c404 = response_validator(&doc, &cancel["404"]);
     assert_valid(&c202, &requested);
     assert_valid(&c404, &missing);
     assert!(!c202.is_valid(&missing) && !c404.is_valid(&requested));
 
     let runtime = &doc["paths"]["/v1/runtime"]["get"]["responses"];
-    let r200 = openapi_validator(
-        &doc,
-        &runtime["200"]["content"]["application/json"]["schema"],
-    );
-    let r503 = openapi_validator(
-        &doc,
-        &runtime["503"]["content"]["application/json"]["schema"],
-    );
+    let r200 = response_validator(&doc, &runtime["200"]);
+    let r503 = response_validator(&doc, &runtime["503"]);
     assert_valid(&r200, &json!(RuntimeInfo::new(1, RuntimeState::Ready)));
     assert_valid(&r503, &json!(RuntimeInfo::new(1, RuntimeState::Stopping)));
     assert_valid(

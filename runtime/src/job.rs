@@ -1,6 +1,8 @@
 //! Jobs: the unit of work a worker pulls, and the queue that carries them.
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
 use protocol::{ExecutionId, ExecutionRequest, Timestamp};
 use serde::{Deserialize, Serialize};
 
@@ -73,6 +75,10 @@ pub struct QueuedJob {
     pub deadline_at: Timestamp,
 }
 
+/// The deliveries of one [`JobQueue::receive_up_to`] request, in arrival order; an item's error
+/// ends the request.
+pub type Deliveries = BoxStream<'static, Result<Delivery, StoreError>>;
+
 /// A work queue of jobs shared by every worker.
 ///
 /// Contract (checked by `contract::job_queue_suite`):
@@ -81,6 +87,10 @@ pub struct QueuedJob {
 /// - `receive` waits for the next job and hands it to exactly one caller; a caller asks only
 ///   when it has a free slot, so no worker buffers jobs it cannot start. `Ok(None)` means the
 ///   queue was closed.
+/// - `receive_up_to(max)` is `receive` for a caller with `max` free slots: one request to the
+///   queue that yields at most `max` deliveries, each as it arrives, and ends when the request
+///   does (possibly with none, when it expired). It never yields more than `max`, so the bound
+///   above holds; the default asks `receive` for one.
 /// - An unacknowledged delivery whose lease lapses is redelivered with `delivered` + 1
 ///   (memory queues never lose a lease: their only consumer is in the same process).
 /// - `scan` lists jobs the queue still holds with a position after `after`, in position order,
@@ -97,6 +107,14 @@ pub trait JobQueue: Send + Sync + 'static {
     /// Removes `job` from the queue, published or not (see the contract above).
     async fn withdraw(&self, job: &Job) -> Result<(), StoreError>;
     async fn receive(&self) -> Result<Option<Delivery>, StoreError>;
+    /// Up to `max` deliveries from one request (see the contract above); `Ok(None)`: closed.
+    async fn receive_up_to(&self, max: usize) -> Result<Option<Deliveries>, StoreError> {
+        let _ = max;
+        Ok(self
+            .receive()
+            .await?
+            .map(|delivery| futures_util::stream::iter([Ok(delivery)]).boxed()))
+    }
     /// Stops handing out jobs; pending `receive` calls return `Ok(None)`.
     fn close(&self);
     async fn ready(&self) -> Result<(), StoreError>;

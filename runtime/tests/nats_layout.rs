@@ -13,13 +13,14 @@ use runtime::contract::{
     accepted, completed, delta, drain, event as ev, job, race_to, route_selected as route, routed,
 };
 use runtime::nats::{NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings};
-use runtime::{Delivery, EventRecord, EventStore, JobQueue, StoreError, WriterId};
+use runtime::{Delivery, EventRecord, EventStore, EventStream, JobQueue, StoreError, WriterId};
+use testkit::jetstream::stream_state;
 use testkit::{NatsServer, unique_namespace};
 
 const PROMPT: Duration = Duration::from_secs(20);
 
 mod support;
-use support::{connect, event_store, fresh_settings, node, node_with};
+use support::{connect, event_store, fresh_settings, node, node_with_small_messages};
 
 fn json_of(records: &[Arc<EventRecord>]) -> Vec<String> {
     records
@@ -39,26 +40,34 @@ async fn stored(store: &NatsEventStore, id: ExecutionId) -> Vec<String> {
     )
 }
 
+/// Two live readers of one execution: from the start and from after sequence 2.
+struct Readers {
+    from_start: EventStream,
+    from_two: EventStream,
+}
+
+impl Readers {
+    async fn subscribe(store: &NatsEventStore, id: ExecutionId) -> Self {
+        Self {
+            from_start: store.subscribe(id, Sequence(0)).await.unwrap().unwrap(),
+            from_two: store.subscribe(id, Sequence(2)).await.unwrap().unwrap(),
+        }
+    }
+
+    /// Reads both to the end: each must show exactly `log` from where it started.
+    async fn assert_saw(self, log: &[String]) {
+        assert_eq!(json_of(&drain(self.from_start).await), log);
+        assert_eq!(json_of(&drain(self.from_two).await), log[2..]);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_never_see_appends_the_stream_refused_or_never_stored() {
-    let (server, settings, backend, store) = node_with(NatsSettings {
-        max_event_bytes: 4096,
-        ..fresh_settings()
-    })
-    .await;
+    let (server, settings, backend, store) = node_with_small_messages().await;
     let id = routed(&store).await;
     // Readers on their own connection (another gateway), subscribed before the ghosts.
     let reader_side = event_store(&server, settings.clone()).await;
-    let from_start = reader_side
-        .subscribe(id, Sequence(0))
-        .await
-        .unwrap()
-        .unwrap();
-    let from_two = reader_side
-        .subscribe(id, Sequence(2))
-        .await
-        .unwrap()
-        .unwrap();
+    let readers = Readers::subscribe(&reader_side, id).await;
     let subject = settings.events_subject(&id);
     let ghost = |text: &str| EventRecord::new(ev(id, 3, delta(text))).json;
 
@@ -112,8 +121,7 @@ async fn readers_never_see_appends_the_stream_refused_or_never_stored() {
     let log = stored(&store, id).await;
     assert_eq!(log.len(), 4);
     assert!(log[2].contains("real"), "{}", log[2]);
-    assert_eq!(json_of(&drain(from_start).await), log);
-    assert_eq!(json_of(&drain(from_two).await), log[2..].to_vec());
+    readers.assert_saw(&log).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,10 +137,7 @@ async fn readers_see_exactly_the_log_while_writers_on_other_connections_race() {
     let readers = event_store(&server, settings.clone()).await;
     for _round in 0..10 {
         let id = routed(writers[0].as_ref()).await;
-        let subscriptions = [
-            readers.subscribe(id, Sequence(0)).await.unwrap().unwrap(),
-            readers.subscribe(id, Sequence(2)).await.unwrap().unwrap(),
-        ];
+        let subscriptions = Readers::subscribe(&readers, id).await;
         let mut tasks = Vec::new();
         for (w, store) in writers.iter().enumerate() {
             let store = Arc::clone(store);
@@ -143,21 +148,27 @@ async fn readers_see_exactly_the_log_while_writers_on_other_connections_race() {
         for t in tasks {
             t.await.unwrap();
         }
-        let log = stored(&readers, id).await;
-        let [from_start, from_two] = subscriptions;
-        assert_eq!(json_of(&drain(from_start).await), log);
-        assert_eq!(json_of(&drain(from_two).await), log[2..].to_vec());
+        subscriptions.assert_saw(&stored(&readers, id).await).await;
     }
+}
+
+/// A private server and a namespace of its own in which another program (or an earlier version)
+/// created the stream `config(settings)` before any process of this one starts; returns that
+/// program's JetStream client too.
+async fn stream_made_elsewhere(
+    config: impl FnOnce(&NatsSettings) -> stream::Config,
+) -> (NatsServer, NatsSettings, jetstream::Context) {
+    let server = NatsServer::start();
+    let settings = fresh_settings();
+    let js = testkit::jetstream::connect(&server.url()).await;
+    js.create_stream(config(&settings)).await.unwrap();
+    (server, settings, js)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_events_stream_created_without_republish_gets_it_at_startup() {
-    let server = NatsServer::start();
-    let settings = fresh_settings();
     // The stream as earlier versions created it.
-    let client = async_nats::connect(server.url()).await.unwrap();
-    let js = jetstream::new(client);
-    js.create_stream(stream::Config {
+    let (server, settings, js) = stream_made_elsewhere(|settings| stream::Config {
         name: settings.events_stream(),
         subjects: vec![format!("{}.events.*", settings.namespace)],
         storage: stream::StorageType::File,
@@ -165,8 +176,7 @@ async fn an_events_stream_created_without_republish_gets_it_at_startup() {
         allow_direct: true,
         ..Default::default()
     })
-    .await
-    .unwrap();
+    .await;
     let store = event_store(&server, settings.clone()).await;
     let info = js
         .get_stream(settings.events_stream())
@@ -183,7 +193,8 @@ async fn an_events_stream_created_without_republish_gets_it_at_startup() {
     assert_eq!(drain(live).await.len(), 2);
 }
 
-async fn consumer_ack_wait(backend: &NatsBackend) -> Duration {
+/// The workers' consumer as the server holds it.
+async fn workers_consumer(backend: &NatsBackend) -> jetstream::consumer::Config {
     let s = &backend.settings;
     let stream = backend.jetstream.get_stream(s.jobs_stream()).await.unwrap();
     stream
@@ -191,7 +202,14 @@ async fn consumer_ack_wait(backend: &NatsBackend) -> Duration {
         .await
         .unwrap()
         .config
-        .ack_wait
+        .clone()
+}
+
+/// Reconciles the workers' consumer through `queue`, a process on `backend`: the lease the
+/// process reports and the one the server then holds are both `want`.
+async fn assert_reconciled_lease(queue: &NatsJobQueue, backend: &NatsBackend, want: Duration) {
+    assert_eq!(queue.reconcile_consumer().await.unwrap(), want);
+    assert_eq!(workers_consumer(backend).await.ack_wait, want);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -207,20 +225,12 @@ async fn a_restart_with_another_ack_wait_changes_the_lease_on_the_server() {
     )
     .await;
     let queue = NatsJobQueue::new(first.clone());
-    assert_eq!(
-        queue.reconcile_consumer().await.unwrap(),
-        Duration::from_secs(3)
-    );
-    assert_eq!(consumer_ack_wait(&first).await, Duration::from_secs(3));
+    assert_reconciled_lease(&queue, &first, Duration::from_secs(3)).await;
 
     // "Restart" with the default of 30 s: the server's consumer follows.
     let second = connect(&server, NatsSettings::new(namespace.clone())).await;
     let restarted = NatsJobQueue::new(second.clone());
-    assert_eq!(
-        restarted.reconcile_consumer().await.unwrap(),
-        Duration::from_secs(30)
-    );
-    assert_eq!(consumer_ack_wait(&second).await, Duration::from_secs(30));
+    assert_reconciled_lease(&restarted, &second, Duration::from_secs(30)).await;
 
     // The process still running with 3 s learns the server's lease while it holds a job, so
     // its heartbeats follow the server, not its own flag.
@@ -344,23 +354,12 @@ async fn a_restart_with_another_admission_limit_and_retention_applies_them() {
             .max_age,
         Duration::from_secs(1200)
     );
-    let consumer = js
-        .get_stream(larger.jobs_stream())
-        .await
-        .unwrap()
-        .consumer_info(larger.workers_consumer())
-        .await
-        .unwrap();
-    assert_eq!(consumer.config.max_ack_pending, 5);
+    assert_eq!(workers_consumer(&second).await.max_ack_pending, 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_setting_jetstream_cannot_change_stops_the_start_and_is_named() {
-    let server = NatsServer::start();
-    let settings = fresh_settings();
-    let client = async_nats::connect(server.url()).await.unwrap();
-    let js = jetstream::new(client);
-    js.create_stream(stream::Config {
+    let (server, settings, _) = stream_made_elsewhere(|settings| stream::Config {
         name: settings.jobs_stream(),
         subjects: vec![settings.jobs_subject()],
         retention: stream::RetentionPolicy::WorkQueue,
@@ -372,8 +371,7 @@ async fn a_setting_jetstream_cannot_change_stops_the_start_and_is_named() {
         duplicate_window: Duration::from_secs(120),
         ..Default::default()
     })
-    .await
-    .unwrap();
+    .await;
     let err = NatsBackend::connect(&server.url(), settings.clone(), Duration::from_secs(30))
         .await
         .unwrap_err();
@@ -451,16 +449,21 @@ async fn replicas_are_applied_on_creation_and_reconciled_on_restart() {
 /// Messages stored in the namespace's events stream (one execution per namespace in these
 /// tests, so: the execution's messages).
 async fn stored_messages(backend: &NatsBackend) -> u64 {
+    stream_state(&backend.jetstream, &backend.settings.events_stream())
+        .await
+        .messages
+}
+
+/// The last message of `subject` in the events stream, read directly.
+async fn last_message(backend: &NatsBackend, subject: String) -> jetstream::message::StreamMessage {
     backend
         .jetstream
         .get_stream(backend.settings.events_stream())
         .await
         .unwrap()
-        .info()
+        .direct_get_last_for_subject(subject)
         .await
         .unwrap()
-        .state
-        .messages
 }
 
 fn sequences(records: &[Arc<EventRecord>]) -> Vec<u64> {
@@ -497,14 +500,7 @@ async fn a_run_is_one_message_and_single_event_messages_of_old_logs_stay_readabl
         .collect();
     store.append_run_as(&run, WriterId::random()).await.unwrap();
     assert_eq!(stored_messages(&backend).await, 3, "the run is one message");
-    let last = backend
-        .jetstream
-        .get_stream(settings.events_stream())
-        .await
-        .unwrap()
-        .direct_get_last_for_subject(subject.clone())
-        .await
-        .unwrap();
+    let last = last_message(&backend, subject.clone()).await;
     assert_eq!(
         last.headers.get("Mrt-Format").map(|v| v.as_str()),
         Some("2")
@@ -513,14 +509,7 @@ async fn a_run_is_one_message_and_single_event_messages_of_old_logs_stay_readabl
     assert_eq!(body.len(), 4, "format 2 holds the run as a JSON array");
     // A run of one is written in the old format.
     store.append(ev(id, 7, completed())).await.unwrap();
-    let last = backend
-        .jetstream
-        .get_stream(settings.events_stream())
-        .await
-        .unwrap()
-        .direct_get_last_for_subject(subject)
-        .await
-        .unwrap();
+    let last = last_message(&backend, subject).await;
     assert!(last.headers.get("Mrt-Format").is_none());
     assert_eq!(stored_messages(&backend).await, 4);
     // Old and new messages read alike, by direct get, live and from inside the run.
@@ -630,11 +619,7 @@ async fn a_retried_run_after_a_lost_ack_is_absorbed_and_another_writers_run_is_f
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_larger_than_a_message_are_split_to_fit_it() {
-    let (_server, _, backend, store) = node_with(NatsSettings {
-        max_event_bytes: 4096,
-        ..fresh_settings()
-    })
-    .await;
+    let (_server, _, backend, store) = node_with_small_messages().await;
     let id = ExecutionId::new_random();
     store.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
     store.append(ev(id, 2, route())).await.unwrap();

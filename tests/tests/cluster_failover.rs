@@ -28,6 +28,7 @@ use e2e_tests::*;
 use futures_util::StreamExt;
 use protocol::sse::{SseEvent, SseParser};
 use serde_json::{Value, json};
+use testkit::jetstream::stream_state;
 use testkit::{NatsCluster, RedisServer, TempDir, unique_namespace};
 use tokio::sync::Mutex;
 
@@ -448,21 +449,6 @@ async fn restart_whole_cluster(
         stored_after.messages >= stored_before,
         "events lost in the restart"
     );
-}
-
-/// The state of stream `name` on the server.
-async fn stream_state(
-    js: &async_nats::jetstream::Context,
-    name: &str,
-) -> async_nats::jetstream::stream::State {
-    js.get_stream(name)
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .state
-        .clone()
 }
 
 /// Every stored event, per execution id, in stream order: (sequence in the event, JSON bytes).

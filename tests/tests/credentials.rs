@@ -8,7 +8,7 @@
 
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use e2e_tests::*;
@@ -17,19 +17,12 @@ use rcgen::{
     KeyPair, KeyUsagePurpose,
 };
 use serde_json::json;
-use testkit::{TempDir, free_port, nats_server_binary, unique_namespace};
+use testkit::{KillOnDrop, TempDir, free_port, nats_server_binary, unique_namespace};
 
 /// A server child killed on drop; its output goes to `log`.
 struct Server {
-    child: Child,
+    child: KillOnDrop,
     log: PathBuf,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Server {
@@ -43,7 +36,10 @@ impl Server {
             ))
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", program.display()));
-        let mut server = Self { child, log };
+        let mut server = Self {
+            child: KillOnDrop(child),
+            log,
+        };
         let deadline = Instant::now() + PROMPT;
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             if let Ok(Some(status)) = server.child.try_wait() {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use e2e_tests::*;
 use protocol::Timestamp;
 use serde_json::{Value, json};
+use testkit::jetstream::stream_state;
 
 /// The contract's bound from a deadline to its terminal event.
 const AFTER_DEADLINE_MS: i64 = 2000;
@@ -60,16 +61,16 @@ fn assert_closed_by_deadline(events: &[Value], deadline_ms: u64) -> i64 {
 
 /// Waits until the jobs stream holds no job: a worker received the job and acknowledged it.
 async fn wait_jobs_drained(cluster: &Cluster) {
-    let client = async_nats::connect(cluster.nats.url()).await.unwrap();
-    let js = async_nats::jetstream::new(client);
+    let js = testkit::jetstream::connect(&cluster.nats.url()).await;
     let name = format!("{}_JOBS", cluster.namespace.to_ascii_uppercase());
-    poll_until(PROMPT, Duration::from_millis(50), async || {
-        let mut stream = js.get_stream(&name).await.unwrap();
-        match stream.info().await.unwrap().state.messages {
+    poll_until(
+        PROMPT,
+        Duration::from_millis(50),
+        async || match stream_state(&js, &name).await.messages {
             0 => Ok(()),
             messages => Err(format!("{messages} jobs still queued")),
-        }
-    })
+        },
+    )
     .await;
 }
 

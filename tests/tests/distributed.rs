@@ -184,8 +184,7 @@ async fn a_stopped_worker_that_resumes_cannot_append() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nats_restart_loses_no_acknowledged_event() {
     let mut cluster = Cluster::start(&chunked_mock(0, 5));
-    let gateway = cluster.gateway();
-    let _worker = cluster.worker();
+    let ([gateway], [_worker]) = cluster.processes::<1, 1>();
     let mut logs = Vec::new();
     for _ in 0..5 {
         let id = submit_accepted(&gateway.url, &text_request("hi")).await;
@@ -214,8 +213,7 @@ async fn a_nats_restart_loses_no_acknowledged_event() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_means_503_for_keyed_submits_and_nothing_published() {
     let mut cluster = Cluster::start(&chunked_mock(0, 3));
-    let gateway = cluster.gateway();
-    let _worker = cluster.worker();
+    let ([gateway], [_worker]) = cluster.processes::<1, 1>();
     cluster.redis.kill();
     let started = Instant::now();
     let (status, body) = submit(&gateway.url, &text_request("hi"), Some("k-1")).await;
@@ -240,8 +238,7 @@ async fn redis_down_means_503_for_keyed_submits_and_nothing_published() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_down_means_503_within_two_seconds_and_recovery_by_itself() {
     let mut cluster = Cluster::start(&chunked_mock(0, 3));
-    let gateway = cluster.gateway();
-    let _worker = cluster.worker();
+    let ([gateway], [_worker]) = cluster.processes::<1, 1>();
     cluster.nats.kill();
     // The client notices the broken connection within its ping/read cycle; from then on every
     // submit is answered promptly.

@@ -6,14 +6,12 @@
 use std::time::{Duration, Instant};
 
 use e2e_tests::*;
-use serde_json::Value;
 
 const ACK_WAIT: &str = "MODEL_RUNTIME_ACK_WAIT_MS";
 
 /// The workers' consumer's `ack_wait` on the server, once the consumer exists.
 async fn consumer_ack_wait(cluster: &Cluster) -> Option<Duration> {
-    let client = async_nats::connect(cluster.nats.url()).await.unwrap();
-    let js = async_nats::jetstream::new(client);
+    let js = testkit::jetstream::connect(&cluster.nats.url()).await;
     let upper = cluster.namespace.to_ascii_uppercase();
     let stream = js.get_stream(format!("{upper}_JOBS")).await.ok()?;
     let info = stream
@@ -54,24 +52,11 @@ async fn after_a_first_lease(
     (cluster, gateway, worker, id)
 }
 
-/// Polls the snapshot until `pred` holds.
-async fn wait_snapshot(base: &str, id: &str, within: Duration, pred: impl Fn(&Value) -> bool) {
-    poll_until(within, Duration::from_millis(50), async || {
-        let (_, snap) = get_json(&format!("{base}/v1/executions/{id}")).await;
-        if pred(&snap) {
-            Ok(())
-        } else {
-            Err(format!("not in time: {snap}"))
-        }
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shorter_ack_wait_on_restart_detects_a_killed_worker_in_seconds() {
     let (cluster, gateway, doomed, id) = after_a_first_lease(100, 30_000, "3000").await;
     // Running, with output: the worker holds the job.
-    wait_snapshot(&gateway.url, &id, PROMPT, |s| {
+    wait_snapshot(&gateway.url, &id, "running with output", PROMPT, |s| {
         s["last_sequence"].as_u64().unwrap_or(0) >= 3
     })
     .await;
@@ -79,7 +64,7 @@ async fn a_shorter_ack_wait_on_restart_detects_a_killed_worker_in_seconds() {
     let killed_at = Instant::now();
     let _survivor = cluster.worker_with(&[(ACK_WAIT, "3000")]);
     // With the 30 s lease of the first consumer this would take 30 s.
-    wait_snapshot(&gateway.url, &id, Duration::from_secs(25), |s| {
+    wait_snapshot(&gateway.url, &id, "failed", Duration::from_secs(25), |s| {
         s["status"] == "failed"
     })
     .await;

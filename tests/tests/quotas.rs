@@ -97,12 +97,7 @@ async fn wait_terminal_as(base: &str, tenant: &str, id: &str) {
             .unwrap();
         let status = resp.status().as_u16();
         let snap: Value = resp.json().await.unwrap_or(Value::Null);
-        if status == 200
-            && matches!(
-                snap["status"].as_str(),
-                Some("succeeded" | "failed" | "cancelled")
-            )
-        {
+        if status == 200 && testkit::gateway::is_terminal_snapshot(&snap) {
             Ok(())
         } else {
             Err(format!("{id} not terminal in time: {snap}"))

@@ -1,11 +1,14 @@
-//! The job loop: `concurrency` slots, each pulling one job at a time from the queue only when
-//! it is free (no worker buffers jobs it cannot start), heartbeating the delivery while the
-//! execution runs, and acknowledging it once the log is terminal.
+//! The job loop: `concurrency` slots. The loop waits for a free slot, then asks the queue for
+//! as many jobs as slots are free then (at most [`MAX_PULL`]) in one request, so no worker
+//! buffers jobs it cannot start and under load one round trip brings several jobs. Each job
+//! runs in its slot, heartbeating the delivery while the execution runs, and is acknowledged
+//! once the log is terminal.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use runtime::{Delivery, JobQueue};
+use futures_util::StreamExt;
+use runtime::{Delivery, JobQueue, StoreError};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -90,6 +93,9 @@ impl WorkerPool {
     }
 }
 
+/// Most jobs asked for in one request (JetStream caps a pull's batch at 256).
+pub const MAX_PULL: usize = 64;
+
 async fn receive_loop(
     queue: Arc<dyn JobQueue>,
     runner: Arc<Runner>,
@@ -100,37 +106,77 @@ async fn receive_loop(
     let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
     let mut backoff = Duration::from_millis(100);
     loop {
-        let permit = tokio::select! {
+        let first = tokio::select! {
             biased;
             () = stop.cancelled() => return,
             permit = Arc::clone(&slots).acquire_owned() => match permit { Ok(p) => p, Err(_) => return },
         };
-        let delivery = tokio::select! {
+        // Every slot free now; those the request does not fill are released when it ends.
+        let mut permits = vec![first];
+        while permits.len() < MAX_PULL {
+            match Arc::clone(&slots).try_acquire_owned() {
+                Ok(permit) => permits.push(permit),
+                Err(_) => break,
+            }
+        }
+        let deliveries = tokio::select! {
             biased;
             () = stop.cancelled() => return,
-            d = queue.receive() => d,
+            d = queue.receive_up_to(permits.len()) => d,
         };
-        let delivery = match delivery {
+        let mut deliveries = match deliveries {
             Ok(Some(d)) => d,
             Ok(None) => return,
             Err(e) => {
-                tracing::warn!(error = %e, "job queue receive failed; retrying");
-                tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
-                    () = stop.cancelled() => return,
+                if !pause_after(&e, &mut backoff, &stop).await {
+                    return;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
                 continue;
             }
         };
-        backoff = Duration::from_millis(100);
-        let runner = Arc::clone(&runner);
-        let heartbeat = config.heartbeat;
-        tracker.spawn(async move {
-            run_delivery(&runner, delivery, heartbeat).await;
-            drop(permit);
-        });
+        loop {
+            let next = tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                next = deliveries.next() => next,
+            };
+            let delivery = match next {
+                Some(Ok(delivery)) => delivery,
+                Some(Err(e)) => {
+                    if !pause_after(&e, &mut backoff, &stop).await {
+                        return;
+                    }
+                    break;
+                }
+                None => break,
+            };
+            backoff = Duration::from_millis(100);
+            // A queue never yields more deliveries than asked for; one that did would only
+            // lose this job to redelivery, never overfill the slots.
+            let Some(permit) = permits.pop() else {
+                tracing::error!("job queue yielded more jobs than asked for");
+                break;
+            };
+            let runner = Arc::clone(&runner);
+            let heartbeat = config.heartbeat;
+            tracker.spawn(async move {
+                run_delivery(&runner, delivery, heartbeat).await;
+                drop(permit);
+            });
+        }
     }
+}
+
+/// Logs a failed receive and waits `backoff` (doubling it, up to 5 s) before the next request;
+/// `false` when the pool stopped meanwhile.
+async fn pause_after(error: &StoreError, backoff: &mut Duration, stop: &CancellationToken) -> bool {
+    tracing::warn!(error = %error, "job queue receive failed; retrying");
+    tokio::select! {
+        () = tokio::time::sleep(*backoff) => {}
+        () = stop.cancelled() => return false,
+    }
+    *backoff = (*backoff * 2).min(Duration::from_secs(5));
+    true
 }
 
 /// Heartbeats at a third of the lease, so two may be lost before the lease lapses.

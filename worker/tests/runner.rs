@@ -539,28 +539,16 @@ async fn provider_order_ranks_candidates_and_unlisted_go_last() {
 #[tokio::test]
 async fn no_fallback_once_output_was_exposed() {
     let outputs = [
+        (ProviderEvent::output_delta(0, "partial"), delta("partial")),
         (
-            ProviderEvent::OutputDelta {
-                output_index: 0,
-                delta: "partial".into(),
-            },
-            delta("partial"),
-        ),
-        (
-            ProviderEvent::ToolCallStarted {
-                call_id: "call-1".into(),
-                name: "lookup".into(),
-            },
+            ProviderEvent::tool_call_started("call-1", "lookup"),
             EventBody::ToolCallStarted {
                 call_id: "call-1".into(),
                 name: "lookup".into(),
             },
         ),
         (
-            ProviderEvent::ToolCallArgumentsDelta {
-                call_id: "call-1".into(),
-                delta: "{\"q\":".into(),
-            },
+            ProviderEvent::tool_call_arguments("call-1", "{\"q\":"),
             EventBody::ToolCallArgumentsDelta {
                 call_id: "call-1".into(),
                 delta: "{\"q\":".into(),

@@ -92,7 +92,7 @@ pub fn openapi_document() -> Value {
             { "name": "runtime", "description": "Runtime and provider information." },
             { "name": "operations", "description": "Health, readiness and metrics." }
         ],
-        "paths": with_security(openapi_paths(p)),
+        "paths": with_shared_responses(openapi_paths(p)),
         // A key when the deployment has an `auth` section; none otherwise.
         "security": [{ "apiKey": [] }, {}],
         "components": {
@@ -205,6 +205,24 @@ fn json_response(description: &str, schema: Value) -> Value {
     })
 }
 
+/// A JSON response with the standard headers and one more: `(name, header component)`.
+fn json_response_with(description: &str, schema: Value, (name, header): (&str, &str)) -> Value {
+    let mut response = json_response(description, schema);
+    response["headers"][name] = json!({ "$ref": format!("#/components/headers/{header}") });
+    response
+}
+
+/// A JSON error response whose body is [`error_schema`]`(p, codes, retryable)`.
+fn error_response(p: &str, codes: &[&str], retryable: bool, description: &str) -> Value {
+    json_response(description, error_schema(p, codes, retryable))
+}
+
+/// Schema `name` with some of its properties narrowed: `properties` maps each to the keywords
+/// (`const`, `enum`) it must also satisfy.
+fn narrowed(p: &str, name: &str, properties: Value) -> Value {
+    json!({ "allOf": [reference(p, name), { "properties": properties }] })
+}
+
 /// `ErrorResponse` narrowed to the given codes and retryability.
 fn error_schema(p: &str, codes: &[&str], retryable: bool) -> Value {
     let code = if let [only] = codes {
@@ -230,13 +248,25 @@ fn sse_content(p: &str) -> Value {
     json!({ "schema": reference(p, "RuntimeEventFrame") })
 }
 
-/// Who may call what: every `/v1` operation answers 401 when the deployment has API keys and
-/// the request has no valid one, and the execution routes, which each need a scope, 403 when
-/// the key lacks it. Health, readiness and metrics never need a key.
-fn with_security(mut paths: Value) -> Value {
+/// The responses routes share, added here rather than spelled in each operation (an
+/// operation's own response for a status wins):
+/// - who may call what: every `/v1` operation answers 401 when the deployment has API keys and
+///   the request has no valid one, and the execution routes, which each need a scope, 403 when
+///   the key lacks it. Health, readiness and metrics never need a key;
+/// - failures: every `/v1` operation may answer 500, the execution routes 503 (a backend is
+///   unreachable), and the routes of one execution 404 (unknown execution).
+fn with_shared_responses(mut paths: Value) -> Value {
     for (path, item) in paths.as_object_mut().into_iter().flatten() {
         let api = path.starts_with("/v1/");
-        let scoped = path.starts_with("/v1/executions");
+        let executions = path.starts_with("/v1/executions");
+        let one_execution = path.starts_with("/v1/executions/");
+        let mut shared = vec![("401", "Unauthenticated"), ("500", "InternalError")];
+        if executions {
+            shared.extend([("403", "PermissionDenied"), ("503", "Unavailable")]);
+        }
+        if one_execution {
+            shared.push(("404", "NotFound"));
+        }
         for operation in item
             .as_object_mut()
             .into_iter()
@@ -253,9 +283,10 @@ fn with_security(mut paths: Value) -> Value {
                 .get_mut("responses")
                 .and_then(Value::as_object_mut)
             {
-                responses.insert("401".into(), response_ref("Unauthenticated"));
-                if scoped {
-                    responses.insert("403".into(), response_ref("PermissionDenied"));
+                for (status, name) in &shared {
+                    responses
+                        .entry(*status)
+                        .or_insert_with(|| response_ref(name));
                 }
             }
         }
@@ -269,62 +300,33 @@ fn response_ref(name: &str) -> Value {
 
 fn openapi_responses(p: &str) -> Value {
     json!({
-        "InvalidRequest": json_response(
-            "`invalid_request`: malformed JSON, schema violation, bad cursor or bad header.",
-            error_schema(p, &["invalid_request"], false),
+        "InvalidRequest": error_response(p, &["invalid_request"], false, "`invalid_request`: malformed JSON, schema violation, bad cursor or bad header."),
+        "NotFound": json_response("`not_found`: unknown execution (or an id that is not a UUID).", reference(p, "NotFoundError")),
+        "Unavailable": error_response(p, &["unavailable"], true, "`unavailable`: a backend (NATS, Redis) is unreachable, or the runtime is shutting down."),
+        "Unauthenticated": json_response_with(
+            "`unauthenticated`: the deployment requires an API key and none, or an unknown one, was presented.",
+            error_schema(p, &["unauthenticated"], false),
+            ("WWW-Authenticate", "WwwAuthenticate"),
         ),
-        "NotFound": {
-            "description": "`not_found`: unknown execution (or an id that is not a UUID).",
-            "headers": {
-                "Cache-Control": { "$ref": "#/components/headers/CacheControl" },
-                "X-Content-Type-Options": { "$ref": "#/components/headers/ContentTypeOptions" }
-            },
-            "content": { "application/json": { "schema": reference(p, "NotFoundError") } }
-        },
-        "Unavailable": json_response(
-            "`unavailable`: a backend (NATS, Redis) is unreachable, or the runtime is shutting down.",
-            error_schema(p, &["unavailable"], true),
-        ),
-        "Unauthenticated": {
-            "description": "`unauthenticated`: the deployment requires an API key and none, or an unknown one, was presented.",
-            "headers": {
-                "Cache-Control": { "$ref": "#/components/headers/CacheControl" },
-                "X-Content-Type-Options": { "$ref": "#/components/headers/ContentTypeOptions" },
-                "WWW-Authenticate": { "$ref": "#/components/headers/WwwAuthenticate" }
-            },
-            "content": { "application/json": { "schema": error_schema(p, &["unauthenticated"], false) } }
-        },
-        "PermissionDenied": json_response(
-            "`permission_denied`: the API key lacks the operation's scope (`submit`, `read` or `cancel`).",
-            error_schema(p, &["permission_denied"], false),
-        ),
-        "InternalError": json_response(
-            "`internal_error`: a bug; the message is generic and details are only logged.",
-            error_schema(p, &["internal_error"], false),
-        ),
+        "PermissionDenied": error_response(p, &["permission_denied"], false, "`permission_denied`: the API key lacks the operation's scope (`submit`, `read` or `cancel`)."),
+        "InternalError": error_response(p, &["internal_error"], false, "`internal_error`: a bug; the message is generic and details are only logged."),
     })
 }
 
 fn openapi_paths(p: &str) -> Value {
     let execution_id = json!({ "$ref": "#/components/parameters/ExecutionId" });
-    let accepted_submission = json!({
-        "allOf": [
-            reference(p, "ExecutionSubmission"),
-            { "properties": {
-                "status": { "const": "accepted" },
-                "idempotent_replay": { "const": false }
-            } }
-        ]
-    });
-    let replayed_submission = json!({
-        "allOf": [
-            reference(p, "ExecutionSubmission"),
-            { "properties": { "idempotent_replay": { "const": true } } }
-        ]
-    });
+    let accepted_submission = narrowed(
+        p,
+        "ExecutionSubmission",
+        json!({ "status": { "const": "accepted" }, "idempotent_replay": { "const": false } }),
+    );
     let mut replay = json_response(
         "Idempotent replay: the existing execution with its current status. With `Accept: text/event-stream` (new or replayed execution), the event stream from sequence 1 instead.",
-        replayed_submission,
+        narrowed(
+            p,
+            "ExecutionSubmission",
+            json!({ "idempotent_replay": { "const": true } }),
+        ),
     );
     if let Some(Value::Object(content)) = replay.get_mut("content") {
         content.insert("text/event-stream".into(), sse_content(p));
@@ -336,13 +338,8 @@ fn openapi_paths(p: &str) -> Value {
                 "operationId": "getRuntime",
                 "summary": "Runtime information and readiness",
                 "responses": {
-                    "200": json_response("The runtime is ready.", json!({
-                        "allOf": [reference(p, "RuntimeInfo"), { "properties": { "state": { "const": "ready" } } }]
-                    })),
-                    "503": json_response("The runtime is stopping or a backend is unavailable; same body.", json!({
-                        "allOf": [reference(p, "RuntimeInfo"), { "properties": { "state": { "enum": ["stopping", "unavailable"] } } }]
-                    })),
-                    "500": response_ref("InternalError")
+                    "200": json_response("The runtime is ready.", narrowed(p, "RuntimeInfo", json!({ "state": { "const": "ready" } }))),
+                    "503": json_response("The runtime is stopping or a backend is unavailable; same body.", narrowed(p, "RuntimeInfo", json!({ "state": { "enum": ["stopping", "unavailable"] } })))
                 }
             }
         },
@@ -352,8 +349,7 @@ fn openapi_paths(p: &str) -> Value {
                 "operationId": "listProviders",
                 "summary": "Configured provider manifests",
                 "responses": {
-                    "200": json_response("The manifests from the deployment file.", reference(p, "ProviderList")),
-                    "500": response_ref("InternalError")
+                    "200": json_response("The manifests from the deployment file.", reference(p, "ProviderList"))
                 }
             }
         },
@@ -375,29 +371,19 @@ fn openapi_paths(p: &str) -> Value {
                     "202": json_response("A new execution was accepted.", accepted_submission),
                     "200": replay,
                     "400": response_ref("InvalidRequest"),
-                    "413": json_response(
-                        "`invalid_request`: the body exceeds the limit (1 MiB by default).",
-                        error_schema(p, &["invalid_request"], false),
-                    ),
-                    "415": json_response(
-                        "`invalid_request`: the Content-Type is not `application/json`.",
-                        error_schema(p, &["invalid_request"], false),
-                    ),
-                    "422": json_response(
+                    "413": error_response(p, &["invalid_request"], false, "`invalid_request`: the body exceeds the limit (1 MiB by default)."),
+                    "415": error_response(p, &["invalid_request"], false, "`invalid_request`: the Content-Type is not `application/json`."),
+                    "422": error_response(
+                        p,
+                        &["idempotency_conflict", "capability_unavailable"],
+                        false,
                         "`idempotency_conflict` (the key was used with a different request) or `capability_unavailable` (no configured model serves the ability with the required and inferred capabilities).",
-                        error_schema(p, &["idempotency_conflict", "capability_unavailable"], false),
                     ),
-                    "429": {
-                        "description": "`queue_full`: admission limits reached (the runtime's, or the tenant's active executions); `rate_limited`: the tenant's submit rate.",
-                        "headers": {
-                            "Cache-Control": { "$ref": "#/components/headers/CacheControl" },
-                            "X-Content-Type-Options": { "$ref": "#/components/headers/ContentTypeOptions" },
-                            "Retry-After": { "$ref": "#/components/headers/RetryAfter" }
-                        },
-                        "content": { "application/json": { "schema": error_schema(p, &["queue_full", "rate_limited"], true) } }
-                    },
-                    "503": response_ref("Unavailable"),
-                    "500": response_ref("InternalError")
+                    "429": json_response_with(
+                        "`queue_full`: admission limits reached (the runtime's, or the tenant's active executions); `rate_limited`: the tenant's submit rate.",
+                        error_schema(p, &["queue_full", "rate_limited"], true),
+                        ("Retry-After", "RetryAfter"),
+                    )
                 }
             }
         },
@@ -408,10 +394,7 @@ fn openapi_paths(p: &str) -> Value {
                 "operationId": "getExecution",
                 "summary": "The materialized snapshot of an execution",
                 "responses": {
-                    "200": json_response("The snapshot; optional keys are omitted when unset.", reference(p, "ExecutionSnapshot")),
-                    "404": response_ref("NotFound"),
-                    "503": response_ref("Unavailable"),
-                    "500": response_ref("InternalError")
+                    "200": json_response("The snapshot; optional keys are omitted when unset.", reference(p, "ExecutionSnapshot"))
                 }
             }
         },
@@ -423,10 +406,7 @@ fn openapi_paths(p: &str) -> Value {
                 "summary": "The result of a succeeded execution",
                 "responses": {
                     "200": json_response("The execution succeeded; `artifacts` defaults to `[]`.", reference(p, "ExecutionResultResponse")),
-                    "409": json_response("The execution has not succeeded (yet): its status, and its error once failed or cancelled.", reference(p, "ResultNotReady")),
-                    "404": response_ref("NotFound"),
-                    "503": response_ref("Unavailable"),
-                    "500": response_ref("InternalError")
+                    "409": json_response("The execution has not succeeded (yet): its status, and its error once failed or cancelled.", reference(p, "ResultNotReady"))
                 }
             }
         },
@@ -438,14 +418,8 @@ fn openapi_paths(p: &str) -> Value {
                 "summary": "Request cancellation",
                 "description": "The execution ends with `execution.failed` (status `cancelled`) unless it finishes first.",
                 "responses": {
-                    "202": json_response("Cancellation was requested.", json!({
-                        "allOf": [reference(p, "CancelResponse"), { "properties": { "status": { "const": "cancellation_requested" } } }]
-                    })),
-                    "404": json_response("Unknown or already terminal execution.", json!({
-                        "allOf": [reference(p, "CancelResponse"), { "properties": { "status": { "const": "not_found" } } }]
-                    })),
-                    "503": response_ref("Unavailable"),
-                    "500": response_ref("InternalError")
+                    "202": json_response("Cancellation was requested.", narrowed(p, "CancelResponse", json!({ "status": { "const": "cancellation_requested" } }))),
+                    "404": json_response("Unknown or already terminal execution.", narrowed(p, "CancelResponse", json!({ "status": { "const": "not_found" } })))
                 }
             }
         },
@@ -465,10 +439,7 @@ fn openapi_paths(p: &str) -> Value {
                         "description": "The event stream (empty and closed when the cursor is at or past the terminal event).",
                         "content": { "text/event-stream": sse_content(p) }
                     },
-                    "400": response_ref("InvalidRequest"),
-                    "404": response_ref("NotFound"),
-                    "503": response_ref("Unavailable"),
-                    "500": response_ref("InternalError")
+                    "400": response_ref("InvalidRequest")
                 }
             }
         },

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use protocol::{ExecutionId, ExecutionRequest, Timestamp};
 
 use super::PROMPT;
@@ -130,6 +131,34 @@ pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
     let mut expected = ids.clone();
     expected.sort();
     assert_eq!(received, expected);
+    // One request for up to three jobs yields at most three, each job is delivered once, and
+    // what a request did not take is left for the next.
+    let batch: Vec<_> = (0..5).map(|_| job(ExecutionId::new_random())).collect();
+    for j in &batch {
+        queue.publish(j).await.unwrap();
+    }
+    let mut taken = Vec::new();
+    let until = tokio::time::Instant::now() + 4 * PROMPT;
+    while taken.len() < batch.len() {
+        assert!(tokio::time::Instant::now() < until, "jobs left undelivered");
+        let mut deliveries = tokio::time::timeout(PROMPT, queue.receive_up_to(3))
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let mut in_request = 0;
+        while let Some(delivery) = deliveries.next().await {
+            let delivery = delivery.unwrap();
+            delivery.handle.ack().await.unwrap();
+            taken.push(delivery.job.execution_id);
+            in_request += 1;
+        }
+        assert!(in_request <= 3, "{in_request} jobs for a request of 3");
+    }
+    taken.sort();
+    let mut published: Vec<_> = batch.iter().map(|j| j.execution_id).collect();
+    published.sort();
+    assert_eq!(taken, published);
     // Closing ends pending receives.
     let pending = {
         let queue = Arc::clone(&queue);

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use parking_lot::Mutex as SyncMutex;
 use protocol::ExecutionId;
 use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::StoreError;
-use crate::job::{Delivery, DeliveryHandle, Job, JobQueue, QueuedJob};
+use crate::job::{Deliveries, Delivery, DeliveryHandle, Job, JobQueue, QueuedJob};
 
 const DEDUPE_WINDOW: Duration = Duration::from_secs(120);
 /// Most ids remembered, whatever the window: keeps memory flat at high throughput. Embedded
@@ -156,19 +157,29 @@ impl JobQueue for MemoryJobQueue {
             let Some((position, job)) = received else {
                 return Ok(None);
             };
-            if self.held.lock().withdrawn.remove(&job.execution_id) {
-                continue;
+            if let Some(delivery) = self.deliver(position, job) {
+                return Ok(Some(delivery));
             }
-            return Ok(Some(Delivery {
-                handle: Box::new(MemoryHandle {
-                    held: Arc::clone(&self.held),
-                    position,
-                    execution_id: job.execution_id,
-                }),
-                job,
-                delivered: 1,
-            }));
         }
+    }
+
+    /// The next job as `receive` waits for it, then every job already waiting, up to `max`.
+    async fn receive_up_to(&self, max: usize) -> Result<Option<Deliveries>, StoreError> {
+        let Some(first) = self.receive().await? else {
+            return Ok(None);
+        };
+        let mut deliveries = vec![Ok(first)];
+        if let Ok(mut rx) = self.rx.try_lock() {
+            while deliveries.len() < max {
+                let Ok((position, job)) = rx.try_recv() else {
+                    break;
+                };
+                if let Some(delivery) = self.deliver(position, job) {
+                    deliveries.push(Ok(delivery));
+                }
+            }
+        }
+        Ok(Some(futures_util::stream::iter(deliveries).boxed()))
     }
 
     fn close(&self) {
@@ -195,6 +206,22 @@ impl JobQueue for MemoryJobQueue {
 }
 
 impl MemoryJobQueue {
+    /// The delivery of a received job; `None` for a withdrawn one (dropped).
+    fn deliver(&self, position: u64, job: Job) -> Option<Delivery> {
+        if self.held.lock().withdrawn.remove(&job.execution_id) {
+            return None;
+        }
+        Some(Delivery {
+            handle: Box::new(MemoryHandle {
+                held: Arc::clone(&self.held),
+                position,
+                execution_id: job.execution_id,
+            }),
+            job,
+            delivered: 1,
+        })
+    }
+
     /// Removes and returns every job not yet received (used at shutdown, after `close`, to
     /// cancel executions that never started).
     pub fn take_pending(&self) -> Vec<Job> {

@@ -1,6 +1,7 @@
 //! The JetStream job queue: a WorkQueue stream with one durable pull consumer shared by all
-//! workers. Each `receive` fetches exactly one job, so a worker never holds jobs it has no free
-//! slot for; unacknowledged jobs are redelivered after `ack_wait` (worker loss), and running
+//! workers. Each `receive` is one pull request for one job, and `receive_up_to(n)` one for at
+//! most `n` (a worker asks for as many as it has free slots, so under load one round trip
+//! brings several jobs and a worker still never holds jobs it has no free slot for); unacknowledged jobs are redelivered after `ack_wait` (worker loss), and running
 //! executions extend their lease with progress acks.
 //!
 //! The lease is the consumer's `ack_wait` as the server holds it, read back when the consumer is
@@ -29,7 +30,7 @@ use async_nats::jetstream::AckKind;
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::consumer::{self, PullConsumer};
 use async_nats::jetstream::message::{Acker, PublishMessage};
-use async_nats::jetstream::stream::{DeleteMessageErrorKind, RawMessageErrorKind};
+use async_nats::jetstream::stream::{DeleteMessageErrorKind, RawMessageErrorKind, Stream};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -38,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{NatsBackend, unavailable};
 use crate::error::StoreError;
-use crate::job::{Delivery, DeliveryHandle, Job, JobQueue, QueuedJob};
+use crate::job::{Deliveries, Delivery, DeliveryHandle, Job, JobQueue, QueuedJob};
 
 /// How long one fetch waits for a job before asking again.
 const FETCH_EXPIRES: Duration = Duration::from_secs(5);
@@ -214,11 +215,77 @@ impl NatsJobQueue {
     }
 }
 
+impl NatsJobQueue {
+    /// Sends one pull request for up to `max` jobs (at least one; it returns as soon as any
+    /// are there, or empty after [`FETCH_EXPIRES`]), with what their deliveries need.
+    /// `None`: the queue was closed.
+    async fn pull(
+        &self,
+        max: usize,
+    ) -> Result<Option<(consumer::pull::Batch, Arc<Lease>, Stream)>, StoreError> {
+        if self.closed.is_cancelled() {
+            return Ok(None);
+        }
+        let lease = self.shared_lease().await?;
+        lease.refresh().await;
+        // Looked up before fetching, so a lookup failure never strands a fetched job.
+        let stream = self.stream().await?.clone();
+        let fetch = lease
+            .consumer
+            .fetch()
+            .max_messages(max.max(1))
+            .expires(FETCH_EXPIRES)
+            .messages();
+        tokio::select! {
+            batch = fetch => Ok(Some((batch.map_err(|e| unavailable("fetch", e))?, Arc::clone(lease), stream))),
+            () = self.closed.cancelled() => Ok(None),
+        }
+    }
+}
+
+/// The delivery a fetched message carries. An undecodable job is terminated (never
+/// redelivered) and yields `None`.
+async fn delivery(
+    message: async_nats::jetstream::Message,
+    lease: &Arc<Lease>,
+    stream: &Stream,
+) -> Option<Delivery> {
+    let (delivered, stream_sequence) = message
+        .info()
+        .map(|i| (i.delivered, i.stream_sequence))
+        .unwrap_or((1, 0));
+    let (message, acker) = message.split();
+    match serde_json::from_slice::<Job>(&message.payload) {
+        Ok(mut job) => {
+            job.traceparent = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(TRACEPARENT))
+                .map(|v| v.as_str().to_owned());
+            Some(Delivery {
+                job,
+                delivered: u32::try_from(delivered).unwrap_or(u32::MAX),
+                handle: Box::new(NatsDelivery {
+                    acker,
+                    lease: Arc::clone(lease),
+                    stream: stream.clone(),
+                    stream_sequence,
+                }),
+            })
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "undecodable job; terminating it");
+            let _ = acker.ack_with(AckKind::Term).await;
+            None
+        }
+    }
+}
+
 struct NatsDelivery {
     acker: Acker,
     lease: Arc<Lease>,
     /// The jobs stream and the job's sequence in it (for `withdrawn`).
-    stream: async_nats::jetstream::stream::Stream,
+    stream: Stream,
     stream_sequence: u64,
 }
 
@@ -286,62 +353,38 @@ impl JobQueue for NatsJobQueue {
 
     async fn receive(&self) -> Result<Option<Delivery>, StoreError> {
         loop {
-            if self.closed.is_cancelled() {
+            let Some((mut batch, lease, stream)) = self.pull(1).await? else {
                 return Ok(None);
-            }
-            let lease = self.shared_lease().await?;
-            lease.refresh().await;
-            // Looked up before fetching, so a lookup failure never strands a fetched job.
-            let stream = self.stream().await?;
-            let consumer = &lease.consumer;
-            let fetch = async {
-                let mut batch = consumer
-                    .fetch()
-                    .max_messages(1)
-                    .expires(FETCH_EXPIRES)
-                    .messages()
-                    .await
-                    .map_err(|e| unavailable("fetch", e))?;
-                batch
-                    .next()
-                    .await
-                    .transpose()
-                    .map_err(|e| unavailable("fetch message", e))
             };
             let message = tokio::select! {
-                m = fetch => m?,
+                m = batch.next() => m.transpose().map_err(|e| unavailable("fetch message", e))?,
                 () = self.closed.cancelled() => return Ok(None),
             };
-            let Some(message) = message else { continue };
-            let (delivered, stream_sequence) = message
-                .info()
-                .map(|i| (i.delivered, i.stream_sequence))
-                .unwrap_or((1, 0));
-            let (message, acker) = message.split();
-            match serde_json::from_slice::<Job>(&message.payload) {
-                Ok(mut job) => {
-                    job.traceparent = message
-                        .headers
-                        .as_ref()
-                        .and_then(|h| h.get(TRACEPARENT))
-                        .map(|v| v.as_str().to_owned());
-                    return Ok(Some(Delivery {
-                        job,
-                        delivered: u32::try_from(delivered).unwrap_or(u32::MAX),
-                        handle: Box::new(NatsDelivery {
-                            acker,
-                            lease: Arc::clone(lease),
-                            stream: stream.clone(),
-                            stream_sequence,
-                        }),
-                    }));
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "undecodable job; terminating it");
-                    let _ = acker.ack_with(AckKind::Term).await;
-                }
+            if let Some(message) = message
+                && let Some(delivery) = delivery(message, &lease, &stream).await
+            {
+                return Ok(Some(delivery));
             }
         }
+    }
+
+    async fn receive_up_to(&self, max: usize) -> Result<Option<Deliveries>, StoreError> {
+        let Some((batch, lease, stream)) = self.pull(max).await? else {
+            return Ok(None);
+        };
+        let closed = self.closed.clone();
+        let deliveries = batch
+            .take_until(closed.cancelled_owned())
+            .filter_map(move |message| {
+                let (lease, stream) = (Arc::clone(&lease), stream.clone());
+                async move {
+                    match message {
+                        Ok(message) => delivery(message, &lease, &stream).await.map(Ok),
+                        Err(e) => Some(Err(unavailable("fetch message", e))),
+                    }
+                }
+            });
+        Ok(Some(deliveries.boxed()))
     }
 
     fn close(&self) {

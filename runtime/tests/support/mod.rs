@@ -40,11 +40,12 @@ pub fn fresh_settings() -> NatsSettings {
     NatsSettings::new(unique_namespace("t"))
 }
 
-/// One process on a private server: the server (keep it alive), `settings`, a connection
+/// One process on a private server: the server (keep it alive), its settings, a connection
 /// with them and an event store over that connection.
-pub async fn node_with(
-    settings: NatsSettings,
-) -> (NatsServer, NatsSettings, NatsBackend, NatsEventStore) {
+pub type Node = (NatsServer, NatsSettings, NatsBackend, NatsEventStore);
+
+/// A [`Node`] with `settings`.
+pub async fn node_with(settings: NatsSettings) -> Node {
     let server = NatsServer::start();
     let backend = connect(&server, settings.clone()).await;
     let store = store_on(&backend, MAX_EVENTS).await;
@@ -52,6 +53,16 @@ pub async fn node_with(
 }
 
 /// [`node_with`] in a namespace of its own.
-pub async fn node() -> (NatsServer, NatsSettings, NatsBackend, NatsEventStore) {
+pub async fn node() -> Node {
     node_with(fresh_settings()).await
+}
+
+/// [`node`] whose streams refuse messages over 4 KiB: an 8 KiB event is never stored, and
+/// runs of a few events are split over several messages.
+pub async fn node_with_small_messages() -> Node {
+    node_with(NatsSettings {
+        max_event_bytes: 4096,
+        ..fresh_settings()
+    })
+    .await
 }

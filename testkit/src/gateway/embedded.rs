@@ -27,6 +27,28 @@ pub struct Embedded {
 /// The name tests use.
 pub type Gateway = Embedded;
 
+/// The providers of `worker::deployment::standalone()` (one default mock).
+pub fn standalone_registry() -> Arc<worker::ProviderRegistry> {
+    let config = worker::deployment::standalone();
+    Arc::new(worker::deployment::build_registry(&config).expect("buildable registry"))
+}
+
+/// Memory backends as an embedded gateway has them (keys kept a minute, no quotas), for a test
+/// to swap its own parts into: `gateway::Backend { store, ..memory_backend() }`.
+pub fn memory_backend() -> gateway::Backend {
+    use runtime::memory::{
+        MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
+    };
+    gateway::Backend {
+        store: Arc::new(MemoryEventStore::new(MemoryLimits::default())),
+        queue: Arc::new(MemoryJobQueue::new()),
+        idempotency: Arc::new(MemoryIdempotencyStore::new(Duration::from_secs(60))),
+        cancel: Arc::new(MemoryCancelBus::new()),
+        quotas: Arc::new(runtime::QuotaGate::unlimited()),
+        heal_missing: false,
+    }
+}
+
 impl std::ops::Deref for Embedded {
     type Target = Api;
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 #[cfg(feature = "embedded")]
-pub use embedded::{Embedded, Gateway};
+pub use embedded::{Embedded, Gateway, memory_backend, standalone_registry};
 use protocol::sse::{SseEvent, SseParser};
 use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
@@ -349,6 +349,16 @@ pub fn assert_error(
         body,
         &json!({ "error": { "code": code, "message": message, "retryable": retryable } }),
     );
+}
+
+/// Asserts the refusal of a malformed request: [`assert_error`] with code `invalid_request`,
+/// which is never retryable.
+pub fn assert_invalid_request(
+    response: &(StatusCode, HeaderMap, Value),
+    expected_status: u16,
+    message: &str,
+) {
+    assert_error(response, expected_status, "invalid_request", message, false);
 }
 
 // ---------- event streams ----------

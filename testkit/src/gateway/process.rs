@@ -6,11 +6,11 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::{NatsServer, RedisServer, TempDir, unique_namespace};
+use crate::{KillOnDrop, NatsServer, RedisServer, TempDir, unique_namespace};
 use futures_util::StreamExt;
 use protocol::sse::{SseEvent, SseParser};
 use serde_json::{Value, json};
@@ -47,7 +47,7 @@ pub fn binary(name: &str) -> PathBuf {
 /// A child process killed on drop; its stderr goes to a log file for post-mortems.
 #[derive(Debug)]
 pub struct Process {
-    child: Child,
+    child: KillOnDrop,
     pub name: String,
     pub log: PathBuf,
 }
@@ -81,13 +81,6 @@ impl Process {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -130,7 +123,7 @@ pub fn spawn(
         }
     });
     let process = Process {
-        child,
+        child: KillOnDrop(child),
         name: name.to_owned(),
         log,
     };
@@ -372,12 +365,24 @@ pub async fn events(base: &str, id: &str, after: u64) -> Vec<Value> {
 
 /// Polls the snapshot until it is terminal.
 pub async fn wait_terminal(base: &str, id: &str) -> Value {
-    poll_until(PROMPT, Duration::from_millis(50), async || {
+    wait_snapshot(base, id, "terminal", PROMPT, super::is_terminal_snapshot).await
+}
+
+/// Polls the snapshot of `id` until `pred` holds (`what` it should be, for the panic after
+/// `within`); returns that snapshot.
+pub async fn wait_snapshot(
+    base: &str,
+    id: &str,
+    what: &str,
+    within: Duration,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
+    poll_until(within, Duration::from_millis(50), async || {
         let (status, snap) = get_json(&format!("{base}/v1/executions/{id}")).await;
-        if status == 200 && super::is_terminal_snapshot(&snap) {
+        if status == 200 && pred(&snap) {
             Ok(snap)
         } else {
-            Err(format!("execution {id} not terminal in time: {snap}"))
+            Err(format!("execution {id} not {what} in time: {snap}"))
         }
     })
     .await

@@ -67,6 +67,33 @@ pub enum ProviderEvent {
     Usage(Vec<UsageFact>),
 }
 
+impl ProviderEvent {
+    /// [`OutputDelta`](Self::OutputDelta): `delta` appended to output `output_index`.
+    pub fn output_delta(output_index: u32, delta: impl Into<String>) -> Self {
+        Self::OutputDelta {
+            output_index,
+            delta: delta.into(),
+        }
+    }
+
+    /// [`ToolCallStarted`](Self::ToolCallStarted): the provider began call `call_id` of `name`.
+    pub fn tool_call_started(call_id: impl Into<String>, name: impl Into<String>) -> Self {
+        Self::ToolCallStarted {
+            call_id: call_id.into(),
+            name: name.into(),
+        }
+    }
+
+    /// [`ToolCallArgumentsDelta`](Self::ToolCallArgumentsDelta): a fragment of the arguments of
+    /// call `call_id`.
+    pub fn tool_call_arguments(call_id: impl Into<String>, delta: impl Into<String>) -> Self {
+        Self::ToolCallArgumentsDelta {
+            call_id: call_id.into(),
+            delta: delta.into(),
+        }
+    }
+}
+
 /// Where an adapter reports events. `emit` fails once the attempt must stop (cancelled,
 /// deadline, fenced by another writer, store failure); the adapter then returns that error.
 #[async_trait]
@@ -85,6 +112,10 @@ pub struct ProviderCall<'a> {
     /// after a short grace period regardless.
     pub cancel: CancellationToken,
 }
+
+/// What one attempt ends with: `Ok(())` when the provider completed it, else its classified
+/// error (see [`Provider`]'s contract).
+pub type AttemptResult = Result<(), RuntimeError>;
 
 /// A configured provider.
 ///
@@ -113,9 +144,5 @@ pub trait Provider: Send + Sync + 'static {
         true
     }
 
-    async fn execute(
-        &self,
-        call: ProviderCall<'_>,
-        sink: &mut dyn ProviderSink,
-    ) -> Result<(), RuntimeError>;
+    async fn execute(&self, call: ProviderCall<'_>, sink: &mut dyn ProviderSink) -> AttemptResult;
 }

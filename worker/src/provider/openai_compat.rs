@@ -20,7 +20,7 @@ use serde::Serialize;
 use super::credential::KeySource;
 use super::frame_loop::FrameMapper;
 use super::text::{TextProviderConfig, TextTarget};
-use super::{Provider, ProviderCall, ProviderSink, extension};
+use super::{AttemptResult, Provider, ProviderCall, ProviderSink, extension};
 
 /// One OpenAI-compatible API: what differs between the adapters built on [`OpenAiCompatible`].
 pub trait OpenAiDialect: Send + Sync + 'static {
@@ -128,11 +128,7 @@ impl<D: OpenAiDialect> Provider for OpenAiCompatible<D> {
             .admits(request, D::EXTENSION_KEY, D::TOOL_FIELDS)
     }
 
-    async fn execute(
-        &self,
-        call: ProviderCall<'_>,
-        sink: &mut dyn ProviderSink,
-    ) -> Result<(), RuntimeError> {
+    async fn execute(&self, call: ProviderCall<'_>, sink: &mut dyn ProviderSink) -> AttemptResult {
         let body = D::body(&call)?;
         let mut mapper = D::Mapper::default();
         self.target

@@ -21,7 +21,7 @@ use runtime::memory::{MemoryCancelBus, MemoryEventStore, MemoryLimits};
 use runtime::{CancelBus, EventStore, Job};
 use tokio::sync::Semaphore;
 use worker::ProviderRegistry;
-use worker::provider::{Provider, ProviderCall, ProviderEvent, ProviderSink};
+use worker::provider::{AttemptResult, Provider, ProviderCall, ProviderEvent, ProviderSink};
 use worker::runner::{RunOutcome, Runner, RunnerSettings};
 
 /// One step of a [`ScriptedProvider`] attempt.
@@ -162,11 +162,7 @@ impl Provider for ScriptedProvider {
         &self.manifest
     }
 
-    async fn execute(
-        &self,
-        call: ProviderCall<'_>,
-        sink: &mut dyn ProviderSink,
-    ) -> Result<(), RuntimeError> {
+    async fn execute(&self, call: ProviderCall<'_>, sink: &mut dyn ProviderSink) -> AttemptResult {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_in_flight.fetch_max(now, Ordering::SeqCst);
@@ -180,10 +176,7 @@ impl Provider for ScriptedProvider {
 // ---------- script and event vocabulary ----------
 
 pub fn emit_delta(text: &str) -> Step {
-    Step::Emit(ProviderEvent::OutputDelta {
-        output_index: 0,
-        delta: text.into(),
-    })
+    Step::Emit(ProviderEvent::output_delta(0, text))
 }
 
 pub fn mock_usage_facts(chunks: u32) -> Vec<UsageFact> {

@@ -331,6 +331,14 @@ impl EventStore for NatsEventStore {
     }
 
     async fn subscribe(&self, id: ExecutionId, after: Sequence) -> SubscribeResult {
+        // Subscribed before the head is read, so that head bounds a short log's history (see
+        // `live`); dropped again (unsubscribed) on every other path.
+        let subscriber = self
+            .backend
+            .client
+            .subscribe(self.backend.settings.stored_events_subject(&id))
+            .await
+            .map_err(|e| unavailable("subscribe", e))?;
         let Some(Fetched { head, .. }) = self.fetch_head(id).await? else {
             return Ok(None);
         };
@@ -338,8 +346,10 @@ impl EventStore for NatsEventStore {
             return Ok(Some(futures_util::stream::empty().boxed()));
         }
         if head.sequence.get() <= DIRECT_READ_MAX {
-            return Ok(Some(self.live(id, after).await?.fuse().boxed()));
+            let live = self.live(id, after, subscriber, head).await?;
+            return Ok(Some(live.fuse().boxed()));
         }
+        drop(subscriber);
         let stream = self.ordered(id).await?;
         let filtered = stream.filter(move |item| {
             let keep = match item {

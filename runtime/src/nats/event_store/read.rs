@@ -2,9 +2,10 @@
 //!
 //! Reads of short logs (up to 64 events, the common case) use direct gets, and subscriptions
 //! to them subscribe to the stream's republish of the execution (`{ns}.stored.{id}`) first,
-//! then read the history and merge by sequence, re-reading the stream on a gap or after a quiet
-//! second: no consumer state on the server per reader. Longer logs use an ordered consumer,
-//! which batches deliveries. (An ordered consumer for every reader cost the server most of a
+//! then read the history up to the head read after subscribing and merge by sequence,
+//! re-reading the stream on a gap (up to the message that showed it) or after a quiet second:
+//! no consumer state on the server per reader. No read chases the end of a log being written.
+//! Longer logs use an ordered consumer, which batches deliveries. (An ordered consumer for every reader cost the server most of a
 //! core at ~800 executions/s; see BENCHMARKS.md.)
 //!
 //! Readers never follow the write subject `{ns}.events.{id}`: core NATS delivers every publish
@@ -22,7 +23,7 @@ use futures_util::StreamExt;
 use protocol::{ExecutionId, Sequence, Tenant};
 
 use super::format::{decode_message, undecodable};
-use super::{Fetched, NatsEventStore, owner_of};
+use super::{Fetched, Head, NatsEventStore, owner_of};
 use crate::error::StoreError;
 use crate::event_store::{EventRecord, EventStream};
 use crate::nats::unavailable;
@@ -144,25 +145,27 @@ impl NatsEventStore {
         }
     }
 
-    /// Short logs: subscribe to the stream's republish of the execution first (stored events
-    /// only), then read the history by direct get, and merge by sequence. No server-side
-    /// consumer is created, so streams cost the server one subscription each. A gap on the
-    /// live path (republish is at most once), or a quiet second, triggers a re-read from the
-    /// stream, so a message missed on the live path is still delivered.
+    /// Short logs: the subscription to the stream's republish of the execution (stored events
+    /// only) is made first, then `head` is read, then the history up to it by direct get, and
+    /// both are merged by sequence. No server-side consumer is created, so streams cost the
+    /// server one subscription each. A gap on the live path (republish is at most once), or a
+    /// quiet second, triggers a re-read from the stream, so a message missed on the live path is
+    /// still delivered.
+    ///
+    /// Every message stored once the subscription is in place reaches it (the server takes this
+    /// connection's requests in order), so the history is read up to `head`, read after
+    /// subscribing: not to the end of the stream, which a log being written moves on faster
+    /// than reads keep up under load, and not to a head read before subscribing, which would
+    /// miss what was appended in between. A head from a lagging replica only shortens the
+    /// history: the live path's gap check reads the rest.
     pub(super) async fn live(
         &self,
         id: ExecutionId,
         after: Sequence,
+        subscriber: async_nats::Subscriber,
+        head: Head,
     ) -> Result<EventStream, StoreError> {
-        let subscriber = self
-            .backend
-            .client
-            .subscribe(self.backend.settings.stored_events_subject(&id))
-            .await
-            .map_err(|e| unavailable("subscribe", e))?;
-        // Read to the end of the stream, not just to the head seen before subscribing: events
-        // appended in between reached neither the subscription nor that head.
-        let history = self.history_from(id, 1, None).await?;
+        let history = self.history_from(id, 1, Some(head.sequence)).await?;
         let mut merge = LiveMerge {
             store: self.clone(),
             id,
@@ -244,10 +247,13 @@ impl LiveMerge {
         Ok(())
     }
 
-    async fn reread(&mut self) -> Result<(), StoreError> {
+    /// Reads the stream after the last message delivered, up to the end of the log or, given
+    /// `stop_after`, up to the message holding that event (a bound, so a re-read never chases
+    /// the end of a log still being written).
+    async fn reread(&mut self, stop_after: Option<Sequence>) -> Result<(), StoreError> {
         let records = self
             .store
-            .history_from(self.id, self.last_stream_sequence + 1, None)
+            .history_from(self.id, self.last_stream_sequence + 1, stop_after)
             .await?;
         self.absorb(records)
     }
@@ -267,33 +273,40 @@ impl LiveMerge {
                 }
                 Err(_) => None,
             };
-            // A message is stored as a unit: it continues what was delivered when its first
-            // event is not past the next expected one (earlier events are skipped).
-            let in_order = message
-                .and_then(|m| {
-                    let records = decode_message(m.headers.as_ref(), m.payload.clone())?;
-                    Some((stored_sequence(&m), records))
-                })
-                .filter(|(_, records)| records[0].sequence() <= self.expected);
-            match in_order {
-                Some((stream_sequence, records)) => {
-                    // Everything of this execution up to here has been delivered, so a re-read
-                    // may start after it.
-                    if let Some(s) = stream_sequence {
-                        self.last_stream_sequence = self.last_stream_sequence.max(s);
-                    }
-                    for record in records {
-                        self.accept(record);
-                    }
+            let decoded = message.and_then(|m| {
+                let records = decode_message(m.headers.as_ref(), m.payload.clone())?;
+                Some((stored_sequence(&m), records))
+            });
+            // An undecodable message or a quiet second: read what the stream has.
+            let Some((stream_sequence, records)) = decoded else {
+                if let Err(e) = self.reread(None).await {
+                    self.finished = true;
+                    return Some(Err(e));
                 }
-                // A gap, an undecodable message or a quiet second: read what the stream has.
-                None => {
-                    if let Err(e) = self.reread().await {
-                        self.finished = true;
-                        return Some(Err(e));
-                    }
+                continue;
+            };
+            // A message is stored as a unit: it continues what was delivered when its first
+            // event is not past the next expected one (earlier events are skipped). Past it, a
+            // message was missed on the live path: the stream is read up to this one.
+            let first = records[0].sequence();
+            if first > self.expected
+                && let Err(e) = self.reread(Some(Sequence(first.get() - 1))).await
+            {
+                self.finished = true;
+                return Some(Err(e));
+            }
+            if first <= self.expected {
+                // Everything of this execution up to here has been delivered, so a re-read
+                // may start after it.
+                if let Some(s) = stream_sequence {
+                    self.last_stream_sequence = self.last_stream_sequence.max(s);
+                }
+                for record in records {
+                    self.accept(record);
                 }
             }
+            // Otherwise the re-read came short (a lagging replica answered): the next message
+            // or the next quiet second reads again.
         }
     }
 }

@@ -21,7 +21,7 @@ use url::Url;
 
 use super::credential::{self, KeySource, Secret};
 use super::text::{TextProviderConfig, TextTarget};
-use super::{Provider, ProviderCall, ProviderSink, frame_loop, http};
+use super::{AttemptResult, Provider, ProviderCall, ProviderSink, frame_loop, http};
 use stream::MessageStream;
 
 /// Extension fields that enable tools in the Messages API; refused unless the deployment
@@ -81,11 +81,7 @@ impl Provider for AnthropicMessagesProvider {
         self.target.admits(request, wire::EXTENSION, TOOL_FIELDS)
     }
 
-    async fn execute(
-        &self,
-        call: ProviderCall<'_>,
-        sink: &mut dyn ProviderSink,
-    ) -> Result<(), RuntimeError> {
+    async fn execute(&self, call: ProviderCall<'_>, sink: &mut dyn ProviderSink) -> AttemptResult {
         // The body first: a request the adapter cannot express fails before the credential is
         // read.
         let body = wire::request_body(call.request, call.model)?;

@@ -141,7 +141,7 @@ impl MessageStream {
                         return Err(unexpected_event());
                     };
                     self.tool_calls.insert(start.index, call_id.clone());
-                    out.push(ProviderEvent::ToolCallStarted { call_id, name });
+                    out.push(ProviderEvent::tool_call_started(call_id, name));
                 }
             }
             "content_block_delta" => {
@@ -189,10 +189,7 @@ impl MessageStream {
             "text_delta" => {
                 let text = delta.delta.text.ok_or_else(unexpected_event)?;
                 if !text.is_empty() {
-                    out.push(ProviderEvent::OutputDelta {
-                        output_index: delta.index,
-                        delta: text,
-                    });
+                    out.push(ProviderEvent::output_delta(delta.index, text));
                 }
             }
             "input_json_delta" => {
@@ -200,10 +197,10 @@ impl MessageStream {
                 match self.tool_calls.get(&delta.index) {
                     Some(call_id) => {
                         if !fragment.is_empty() {
-                            out.push(ProviderEvent::ToolCallArgumentsDelta {
-                                call_id: call_id.clone(),
-                                delta: fragment,
-                            });
+                            out.push(ProviderEvent::tool_call_arguments(
+                                call_id.clone(),
+                                fragment,
+                            ));
                         }
                     }
                     // Arguments of a server-side tool (`server_tool_use`): not a caller's call.

@@ -26,7 +26,7 @@ use url::Url;
 
 pub use self::config::FalConfig;
 use super::credential::{self, KeySource};
-use super::{Provider, ProviderCall, ProviderSink, extension, http, manifest};
+use super::{AttemptResult, Provider, ProviderCall, ProviderSink, extension, http, manifest};
 use stream::{Lifecycle, RemoteTask};
 
 /// Polling and cleanup timing.
@@ -180,11 +180,7 @@ impl Provider for FalQueueProvider {
         extension::object(request, wire::EXTENSION, "input").is_ok()
     }
 
-    async fn execute(
-        &self,
-        call: ProviderCall<'_>,
-        sink: &mut dyn ProviderSink,
-    ) -> Result<(), RuntimeError> {
+    async fn execute(&self, call: ProviderCall<'_>, sink: &mut dyn ProviderSink) -> AttemptResult {
         let submit_url = self.submit_url.clone().ok_or_else(|| {
             RuntimeError::new(
                 ErrorCode::InvalidRequest,

@@ -12,7 +12,7 @@ use serde_json::Value;
 pub use self::config::MockConfig;
 use super::catalog::ProviderType;
 use super::manifest;
-use super::{Provider, ProviderCall, ProviderEvent, ProviderSink};
+use super::{AttemptResult, Provider, ProviderCall, ProviderEvent, ProviderSink};
 
 /// See the module docs.
 #[derive(Debug)]
@@ -49,11 +49,7 @@ impl Provider for MockProvider {
         &self.manifest
     }
 
-    async fn execute(
-        &self,
-        call: ProviderCall<'_>,
-        sink: &mut dyn ProviderSink,
-    ) -> Result<(), RuntimeError> {
+    async fn execute(&self, call: ProviderCall<'_>, sink: &mut dyn ProviderSink) -> AttemptResult {
         if self.options.fail_retryably {
             return Err(RuntimeError::new(
                 ErrorCode::ProviderUnavailable,
@@ -68,11 +64,8 @@ impl Provider for MockProvider {
                     () = call.cancel.cancelled() => return Err(RuntimeError::cancelled()),
                 }
             }
-            sink.emit(ProviderEvent::OutputDelta {
-                output_index: 0,
-                delta: chunk.clone(),
-            })
-            .await?;
+            sink.emit(ProviderEvent::output_delta(0, chunk.clone()))
+                .await?;
         }
         let count = self.options.chunks.len() as f64;
         let facts = [

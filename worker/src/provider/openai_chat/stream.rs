@@ -75,17 +75,14 @@ impl ChatStream {
                     .name
                     .ok_or_else(|| protocol_error("Provider sent a tool call without a name"))?;
                 self.calls.insert(key, id.clone());
-                events.push(ProviderEvent::ToolCallStarted {
-                    call_id: id.clone(),
-                    name,
-                });
+                events.push(ProviderEvent::tool_call_started(id.clone(), name));
                 id
             }
             (None, Some(known)) => known,
             (None, None) => return Err(protocol_error("Provider sent a tool call without an id")),
         };
         if let Some(delta) = function.arguments.filter(|a| !a.is_empty()) {
-            events.push(ProviderEvent::ToolCallArgumentsDelta { call_id, delta });
+            events.push(ProviderEvent::tool_call_arguments(call_id, delta));
         }
         Ok(())
     }
@@ -130,10 +127,7 @@ impl FrameMapper for ChatStream {
             let index = choice.index.unwrap_or(position);
             if let Some(delta) = choice.delta {
                 if let Some(content) = delta.content.filter(|c| !c.is_empty()) {
-                    events.push(ProviderEvent::OutputDelta {
-                        output_index: index,
-                        delta: content,
-                    });
+                    events.push(ProviderEvent::output_delta(index, content));
                 }
                 for (j, fragment) in delta.tool_calls.unwrap_or_default().into_iter().enumerate() {
                     let j = u32::try_from(j).unwrap_or(u32::MAX);
@@ -182,27 +176,6 @@ mod tests {
         s.on_frame(&chunk(choices)).unwrap().events
     }
 
-    fn out(i: u32, d: &str) -> ProviderEvent {
-        ProviderEvent::OutputDelta {
-            output_index: i,
-            delta: d.into(),
-        }
-    }
-
-    fn started(id: &str, name: &str) -> ProviderEvent {
-        ProviderEvent::ToolCallStarted {
-            call_id: id.into(),
-            name: name.into(),
-        }
-    }
-
-    fn args(id: &str, d: &str) -> ProviderEvent {
-        ProviderEvent::ToolCallArgumentsDelta {
-            call_id: id.into(),
-            delta: d.into(),
-        }
-    }
-
     #[test]
     fn content_deltas_use_the_choice_index() {
         let mut s = ChatStream::new();
@@ -217,7 +190,10 @@ mod tests {
                 &mut s,
                 r#"[{"index":1,"delta":{"content":"B"},"finish_reason":null},{"index":0,"delta":{"content":"A"},"finish_reason":"length"}]"#
             ),
-            [out(1, "B"), out(0, "A")]
+            [
+                ProviderEvent::output_delta(1, "B"),
+                ProviderEvent::output_delta(0, "A")
+            ]
         );
         // No index: position in `choices`.
         let positional = s
@@ -225,7 +201,13 @@ mod tests {
                 r#"{"choices":[{"delta":{"content":"x"}},{"delta":{"content":"y"}}]}"#,
             ))
             .unwrap();
-        assert_eq!(positional.events, [out(0, "x"), out(1, "y")]);
+        assert_eq!(
+            positional.events,
+            [
+                ProviderEvent::output_delta(0, "x"),
+                ProviderEvent::output_delta(1, "y")
+            ]
+        );
     }
 
     #[test]
@@ -235,20 +217,26 @@ mod tests {
         for (choices, expected) in [
             (
                 r#"[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_A","type":"function","function":{"name":"get_weather","arguments":""}}]},"finish_reason":null}]"#,
-                vec![started("call_A", "get_weather")],
+                vec![ProviderEvent::tool_call_started("call_A", "get_weather")],
             ),
             (
                 r#"[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_B","type":"function","function":{"name":"get_time","arguments":"{\"tz\""}}]},"finish_reason":null}]"#,
-                vec![started("call_B", "get_time"), args("call_B", "{\"tz\"")],
+                vec![
+                    ProviderEvent::tool_call_started("call_B", "get_time"),
+                    ProviderEvent::tool_call_arguments("call_B", "{\"tz\""),
+                ],
             ),
             (
                 r#"[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}},{"index":1,"function":{"arguments":":\"UTC\"}"}}]},"finish_reason":null}]"#,
-                vec![args("call_A", "{\"city\":"), args("call_B", ":\"UTC\"}")],
+                vec![
+                    ProviderEvent::tool_call_arguments("call_A", "{\"city\":"),
+                    ProviderEvent::tool_call_arguments("call_B", ":\"UTC\"}"),
+                ],
             ),
             // A resent identical id continues the call.
             (
                 r#"[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_A","function":{"arguments":"\"Paris\"}"}}]},"finish_reason":"tool_calls"}]"#,
-                vec![args("call_A", "\"Paris\"}")],
+                vec![ProviderEvent::tool_call_arguments("call_A", "\"Paris\"}")],
             ),
         ] {
             assert_eq!(chunk_events(&mut s, choices), expected, "{choices}");
@@ -261,7 +249,13 @@ mod tests {
                     r#"{{"choices":[{{"index":0,"delta":{{"tool_calls":[{{"id":"{id}","type":"function","function":{{"name":"{name}","arguments":"{{}}"}}}}]}}}}]}}"#
                 )))
                 .unwrap();
-            assert_eq!(o.events, [started(id, name), args(id, "{}")]);
+            assert_eq!(
+                o.events,
+                [
+                    ProviderEvent::tool_call_started(id, name),
+                    ProviderEvent::tool_call_arguments(id, "{}")
+                ]
+            );
         }
     }
 

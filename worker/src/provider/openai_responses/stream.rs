@@ -64,10 +64,10 @@ impl FrameMapper for ResponsesStream {
         match kind.as_str() {
             "response.output_text.delta" => {
                 let delta: wire::OutputTextDelta = decode(payload)?;
-                Ok(FrameOutcome::event(ProviderEvent::OutputDelta {
-                    output_index: delta.output_index.unwrap_or(0),
-                    delta: delta.delta,
-                }))
+                Ok(FrameOutcome::event(ProviderEvent::output_delta(
+                    delta.output_index.unwrap_or(0),
+                    delta.delta,
+                )))
             }
             "response.output_item.added" => {
                 let is_function_call = payload
@@ -83,10 +83,10 @@ impl FrameMapper for ResponsesStream {
                 if let Some(id) = item.id {
                     self.calls.insert(id, item.call_id.clone());
                 }
-                Ok(FrameOutcome::event(ProviderEvent::ToolCallStarted {
-                    call_id: item.call_id,
-                    name: item.name,
-                }))
+                Ok(FrameOutcome::event(ProviderEvent::tool_call_started(
+                    item.call_id,
+                    item.name,
+                )))
             }
             "response.function_call_arguments.delta" => {
                 let delta: wire::FunctionCallArgumentsDelta = decode(payload)?;
@@ -97,10 +97,10 @@ impl FrameMapper for ResponsesStream {
                     .get(&delta.item_id)
                     .cloned()
                     .unwrap_or(delta.item_id);
-                Ok(FrameOutcome::event(ProviderEvent::ToolCallArgumentsDelta {
+                Ok(FrameOutcome::event(ProviderEvent::tool_call_arguments(
                     call_id,
-                    delta: delta.delta,
-                }))
+                    delta.delta,
+                )))
             }
             "response.completed" => {
                 let completed: wire::Completed = decode(payload)?;
@@ -153,73 +153,39 @@ mod tests {
                 r#"{"type":"response.output_text.delta","item_id":"msg_1","output_index":1,"content_index":0,"delta":"Hi","sequence_number":4}"#,
             ))
             .unwrap();
-        assert_eq!(
-            out.events,
-            [ProviderEvent::OutputDelta {
-                output_index: 1,
-                delta: "Hi".into()
-            }]
-        );
+        assert_eq!(out.events, [ProviderEvent::output_delta(1, "Hi")]);
         // Without payload.type, the SSE event name is the type; output_index defaults to 0.
         let out = s
             .on_frame(&frame("response.output_text.delta", r#"{"delta":"x"}"#))
             .unwrap();
-        assert_eq!(
-            out.events,
-            [ProviderEvent::OutputDelta {
-                output_index: 0,
-                delta: "x".into()
-            }]
-        );
+        assert_eq!(out.events, [ProviderEvent::output_delta(0, "x")]);
         assert!(!out.completed);
     }
 
     #[test]
     fn function_call_arguments_map_item_ids_to_call_ids() {
         let mut s = ResponsesStream::new();
-        let started = s
-            .on_frame(&data(
+        for (payload, expected) in [
+            (
                 r#"{"type":"response.output_item.added","output_index":0,"item":{"id":"fc_1","type":"function_call","status":"in_progress","arguments":"","call_id":"call_A","name":"get_weather"}}"#,
-            ))
-            .unwrap();
-        assert_eq!(
-            started.events,
-            [ProviderEvent::ToolCallStarted {
-                call_id: "call_A".into(),
-                name: "get_weather".into()
-            }]
-        );
-        let delta = s
-            .on_frame(&data(
+                FrameOutcome::event(ProviderEvent::tool_call_started("call_A", "get_weather")),
+            ),
+            (
                 r#"{"type":"response.function_call_arguments.delta","item_id":"fc_1","output_index":0,"delta":"{\"ci"}"#,
-            ))
-            .unwrap();
-        assert_eq!(
-            delta.events,
-            [ProviderEvent::ToolCallArgumentsDelta {
-                call_id: "call_A".into(),
-                delta: "{\"ci".into()
-            }]
-        );
-        let unknown = s
-            .on_frame(&data(
+                FrameOutcome::event(ProviderEvent::tool_call_arguments("call_A", "{\"ci")),
+            ),
+            (
                 r#"{"type":"response.function_call_arguments.delta","item_id":"fc_9","delta":"x"}"#,
-            ))
-            .unwrap();
-        assert_eq!(
-            unknown.events,
-            [ProviderEvent::ToolCallArgumentsDelta {
-                call_id: "fc_9".into(),
-                delta: "x".into()
-            }]
-        );
-        // Other item types are not tool calls.
-        let message = s
-            .on_frame(&data(
+                FrameOutcome::event(ProviderEvent::tool_call_arguments("fc_9", "x")),
+            ),
+            // Other item types are not tool calls.
+            (
                 r#"{"type":"response.output_item.added","output_index":1,"item":{"id":"msg_1","type":"message","status":"in_progress","content":[],"role":"assistant"}}"#,
-            ))
-            .unwrap();
-        assert_eq!(message, FrameOutcome::none());
+                FrameOutcome::none(),
+            ),
+        ] {
+            assert_eq!(s.on_frame(&data(payload)).unwrap(), expected, "{payload}");
+        }
     }
 
     #[test]
