@@ -13,25 +13,22 @@ use crate::auth::Authenticator;
 use crate::metrics::Metrics;
 
 /// The storage and messaging implementations behind the API.
-#[derive(Clone)]
+#[derive(Clone, derive_more::Debug)]
 pub struct Backend {
+    #[debug(skip)]
     pub store: Arc<dyn EventStore>,
+    #[debug(skip)]
     pub queue: Arc<dyn JobQueue>,
+    #[debug(skip)]
     pub idempotency: Arc<dyn IdempotencyStore>,
+    #[debug(skip)]
     pub cancel: Arc<dyn CancelBus>,
     /// Per-tenant quotas (`QuotaGate::unlimited()` when no tenant has limits).
+    #[debug(skip)]
     pub quotas: Arc<QuotaGate>,
     /// Whether an idempotency record without a log is a crash window to heal (distributed
     /// mode: the key is written before the log) rather than an evicted execution (memory).
     pub heal_missing: bool,
-}
-
-impl std::fmt::Debug for Backend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Backend")
-            .field("heal_missing", &self.heal_missing)
-            .finish_non_exhaustive()
-    }
 }
 
 /// Request limits of the HTTP layer.
@@ -68,6 +65,7 @@ impl Default for ApiLimits {
     }
 }
 
+#[derive(Debug)]
 pub(crate) struct Inner {
     pub backend: Backend,
     pub auth: Authenticator,
@@ -82,17 +80,9 @@ pub(crate) struct Inner {
 }
 
 /// Cheaply cloneable handle given to every handler.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct AppState {
     pub(crate) inner: Arc<Inner>,
-}
-
-impl std::fmt::Debug for AppState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AppState")
-            .field("limits", &self.inner.limits)
-            .finish_non_exhaustive()
-    }
 }
 
 impl AppState {

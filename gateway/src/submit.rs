@@ -392,12 +392,7 @@ impl Settle {
                         if head.terminal || head.last_sequence > Sequence(1) {
                             return Ok(Settled::Claimed);
                         }
-                        EventWriter::resume(
-                            store,
-                            job.execution_id,
-                            head.last_sequence,
-                            head.last_time,
-                        )
+                        EventWriter::from_head(store, job.execution_id, head)
                     }
                     Err(e) => return Err(e),
                 };
@@ -567,12 +562,7 @@ pub async fn cancel(state: &AppState, id: ExecutionId) -> Result<bool, ApiError>
     if head.last_sequence == Sequence(1) {
         // Still queued: close the log ourselves; the worker that later takes the job finds it
         // terminal and drops it.
-        let mut writer = EventWriter::resume(
-            backend.store.clone(),
-            id,
-            head.last_sequence,
-            head.last_time,
-        );
+        let mut writer = EventWriter::from_head(backend.store.clone(), id, head);
         let cancelled = EventBody::Failed {
             error: RuntimeError::cancelled(),
         };

@@ -17,10 +17,22 @@ use crate::error::StoreError;
 /// - `request(id)` for an execution nobody watches is a no-op (the execution is either queued,
 ///   handled by the log, or already terminal).
 /// - `unwatch(id)` after the runner has appended the terminal event releases resources.
+///
+/// Watching is local to the process: an implementation keeps its tokens in [`Watches`] and
+/// only carries requests to the process that watches.
 #[async_trait]
 pub trait CancelBus: Send + Sync + 'static {
-    fn watch(&self, id: ExecutionId) -> CancellationToken;
-    fn unwatch(&self, id: ExecutionId);
+    /// The tokens of the executions this process watches.
+    fn watches(&self) -> &Watches;
+
+    fn watch(&self, id: ExecutionId) -> CancellationToken {
+        self.watches().watch(id)
+    }
+
+    fn unwatch(&self, id: ExecutionId) {
+        self.watches().unwatch(id);
+    }
+
     async fn request(&self, id: ExecutionId) -> Result<(), StoreError>;
 }
 

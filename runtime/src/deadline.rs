@@ -218,12 +218,7 @@ impl DeadlineSweeper {
         if head.terminal {
             return Closing::Done;
         }
-        let mut writer = EventWriter::resume(
-            Arc::clone(&self.store),
-            id,
-            head.last_sequence,
-            head.last_time,
-        );
+        let mut writer = EventWriter::from_head(Arc::clone(&self.store), id, head);
         let terminal = EventBody::Failed {
             error: RuntimeError::deadline_exceeded(),
         };

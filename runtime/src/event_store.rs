@@ -137,6 +137,12 @@ where
 /// after the terminal event. An `Err` item ends the stream.
 pub type EventStream = BoxStream<'static, Result<Arc<EventRecord>, StoreError>>;
 
+/// What [`EventStore::read`] returns: the records, or `None` for an unknown execution.
+pub type ReadResult = Result<Option<Vec<Arc<EventRecord>>>, StoreError>;
+
+/// What [`EventStore::subscribe`] returns: the stream, or `None` for an unknown execution.
+pub type SubscribeResult = Result<Option<EventStream>, StoreError>;
+
 /// Append-only per-execution logs.
 ///
 /// Contract (checked by `contract::event_store_suite`):
@@ -233,19 +239,10 @@ pub trait EventStore: Send + Sync + 'static {
     }
 
     /// Up to `limit` events after `after`.
-    async fn read(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-        limit: usize,
-    ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError>;
+    async fn read(&self, id: ExecutionId, after: Sequence, limit: usize) -> ReadResult;
 
     /// Replay after `after`, then live, ending after the terminal event.
-    async fn subscribe(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-    ) -> Result<Option<EventStream>, StoreError>;
+    async fn subscribe(&self, id: ExecutionId, after: Sequence) -> SubscribeResult;
 
     /// Whether the backend is reachable and writable.
     async fn ready(&self) -> Result<(), StoreError>;

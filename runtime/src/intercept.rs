@@ -5,15 +5,14 @@
 //! [`Intercept`] for its own struct: it names the store it wraps ([`Intercept::inner`]) and
 //! overrides only the operations it interferes with. Every [`Intercept`] is an [`EventStore`].
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
 use protocol::materialize::Materializer;
 use protocol::{ExecutionId, RuntimeEvent, Sequence, Tenant};
 
 use crate::error::StoreError;
 use crate::event_store::{
-    EventRecord, EventStore, EventStream, LogHead, RunError, WriterId, append_one_by_one,
+    EventRecord, EventStore, LogHead, ReadResult, RunError, SubscribeResult, WriterId,
+    append_one_by_one,
 };
 
 /// An [`EventStore`] that forwards to an inner store except where the implementation says
@@ -85,22 +84,13 @@ pub trait Intercept: Send + Sync + 'static {
     }
 
     /// [`EventStore::read`].
-    async fn read(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-        limit: usize,
-    ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError> {
+    async fn read(&self, id: ExecutionId, after: Sequence, limit: usize) -> ReadResult {
         self.available()?;
         self.inner().read(id, after, limit).await
     }
 
     /// [`EventStore::subscribe`].
-    async fn subscribe(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-    ) -> Result<Option<EventStream>, StoreError> {
+    async fn subscribe(&self, id: ExecutionId, after: Sequence) -> SubscribeResult {
         self.available()?;
         self.inner().subscribe(id, after).await
     }
@@ -142,20 +132,11 @@ impl<T: Intercept> EventStore for T {
         Intercept::head(self, id).await
     }
 
-    async fn read(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-        limit: usize,
-    ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError> {
+    async fn read(&self, id: ExecutionId, after: Sequence, limit: usize) -> ReadResult {
         Intercept::read(self, id, after, limit).await
     }
 
-    async fn subscribe(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-    ) -> Result<Option<EventStream>, StoreError> {
+    async fn subscribe(&self, id: ExecutionId, after: Sequence) -> SubscribeResult {
         Intercept::subscribe(self, id, after).await
     }
 

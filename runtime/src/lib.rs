@@ -14,9 +14,10 @@
 //! - [`writer`]: `EventWriter`, the only place sequences and event times are assigned; the
 //!   worker's runner and the gateway's submission flow both write through it.
 //! - [`memory`]: in-process implementations of all four, used by embedded mode and tests.
-//! - [`nats`]: JetStream event store, job queue and cancel bus (distributed mode), connected
-//!   together by `NatsServices::connect` for the gateway and the worker alike, with the
-//!   credentials and TLS of `nats::NatsAccess`.
+//! - [`nats`]: JetStream event store (split by concern: the store, its stored format, the append
+//!   path, the read path), job queue and cancel bus (distributed mode), connected together by
+//!   `NatsServices::connect` for the gateway and the worker alike, with the credentials and TLS
+//!   of `nats::NatsAccess`.
 //! - [`nats_url`]: credentials split out of `NATS_URL`, so no address the client logs holds one.
 //! - [`redis_idempotency`]: the Redis idempotency store (distributed mode).
 //! - [`quota`]: per-tenant quotas (active executions, submit rate): the `QuotaStore` trait, its
@@ -26,7 +27,9 @@
 //! - `intercept` (feature `test-support`): `Intercept`, one event store for tests that forwards
 //!   to an inner store and overrides only the operations a test interferes with.
 //! - `contract` (feature `contract-tests`): the test suite every implementation must pass, so
-//!   the NATS and Redis implementations are held to exactly the same behaviour.
+//!   the NATS and Redis implementations are held to exactly the same behaviour; one file per
+//!   trait under test (event store, job queue, idempotency, cancel), the quota suite beside
+//!   the quota module.
 //!
 //! The decision a reader must know: the log rules (sequence `last + 1`, one terminal, nothing
 //! after it) are enforced *inside* every store by `protocol::materialize::Materializer`, and
@@ -54,8 +57,10 @@ pub mod writer;
 pub use cancel::CancelBus;
 pub use deadline::{DeadlineSweeper, SweepReport, SweeperSettings};
 pub use error::StoreError;
-pub use event_store::{EventRecord, EventStore, EventStream, LogHead, RunError, WriterId};
+pub use event_store::{
+    EventRecord, EventStore, EventStream, LogHead, ReadResult, RunError, SubscribeResult, WriterId,
+};
 pub use idempotency::{IdempotencyRecord, IdempotencyStore};
 pub use job::{Deliveries, Delivery, DeliveryHandle, Job, JobQueue, QueuedJob};
-pub use quota::{Admission, QuotaGate, QuotaLimits, QuotaStore};
+pub use quota::{Admission, AdmitRequest, QuotaGate, QuotaLimits, QuotaStore};
 pub use writer::{EventWriter, WriteError, WriteFailure};

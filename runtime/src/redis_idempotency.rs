@@ -25,20 +25,12 @@ return 0
 ";
 
 /// See the module docs.
-#[derive(Clone)]
+#[derive(Clone, derive_more::Debug)]
 pub struct RedisIdempotencyStore {
+    #[debug(skip)]
     conn: ConnectionManager,
     prefix: String,
     ttl: Duration,
-}
-
-impl std::fmt::Debug for RedisIdempotencyStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisIdempotencyStore")
-            .field("prefix", &self.prefix)
-            .field("ttl", &self.ttl)
-            .finish_non_exhaustive()
-    }
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {

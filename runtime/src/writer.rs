@@ -42,7 +42,7 @@ use protocol::{ExecutionId, RuntimeEvent, Sequence, Tenant, Timestamp};
 use tokio::sync::Notify;
 
 use crate::error::StoreError;
-use crate::event_store::{EventRecord, EventStore, RunError, WriterId};
+use crate::event_store::{EventRecord, EventStore, LogHead, RunError, WriterId};
 
 /// The acceptance time of a new execution: the time of its `execution.accepted` event. The
 /// submission takes it before the log exists because the job and the idempotency record carry
@@ -81,18 +81,25 @@ pub const RUN_MAX_EVENTS: usize = 64;
 pub const RUN_MAX_BYTES: usize = 256 * 1024;
 
 /// See the module docs.
+#[derive(derive_more::Debug)]
 pub struct EventWriter {
+    #[debug(skip)]
     store: Arc<dyn EventStore>,
     /// Identifies this writer's appends, so its own retries are recognised after a lost ack.
+    #[debug(skip)]
     writer_id: WriterId,
     id: ExecutionId,
     last: Sequence,
+    #[debug(skip)]
     last_time: Timestamp,
+    #[debug(skip)]
     output_exposed: bool,
     /// `mrt_event_append_duration_seconds`, resolved once per writer (a registry lookup per
     /// append would cost more than a memory append).
+    #[debug(skip)]
     append_duration: metrics::Histogram,
     /// The appender of a pipelined writer.
+    #[debug(skip)]
     pipeline: Option<Pipeline>,
 }
 
@@ -261,15 +268,6 @@ async fn append_run(
     }
 }
 
-impl std::fmt::Debug for EventWriter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EventWriter")
-            .field("id", &self.id)
-            .field("last", &self.last)
-            .finish_non_exhaustive()
-    }
-}
-
 impl EventWriter {
     /// Creates the log of a new execution, owned by `owner`, with `execution.accepted`
     /// (sequence 1) at `accepted_at`, and returns the writer that continues it. Store errors are returned as
@@ -303,6 +301,11 @@ impl EventWriter {
             append_duration: metrics::histogram!(telemetry::metric::EVENT_APPEND_DURATION_SECONDS),
             pipeline: None,
         }
+    }
+
+    /// A writer continuing the log whose last event `head` describes.
+    pub fn from_head(store: Arc<dyn EventStore>, id: ExecutionId, head: LogHead) -> Self {
+        Self::resume(store, id, head.last_sequence, head.last_time)
     }
 
     /// This writer, pipelined if its store's appends are worth overlapping

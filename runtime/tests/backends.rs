@@ -10,7 +10,7 @@ use protocol::{ExecutionId, RuntimeError, RuntimeEvent, Sequence, Tenant, Timest
 use runtime::nats::{NatsCancelBus, NatsJobQueue};
 use runtime::quota::RedisQuotaStore;
 use runtime::redis_idempotency::RedisIdempotencyStore;
-use runtime::{Admission, QuotaLimits, QuotaStore};
+use runtime::{Admission, AdmitRequest, QuotaLimits, QuotaStore};
 use runtime::{CancelBus, EventStore, JobQueue, StoreError, contract};
 use testkit::{NatsServer, RedisServer, unique_namespace};
 
@@ -99,7 +99,13 @@ async fn redis_quotas_hold_across_connections_and_stay_in_their_namespace() {
             let acme = acme.clone();
             tokio::spawn(async move {
                 let id = ExecutionId::new_random();
-                (id, store.admit(&acme, &limits, id, hold).await.unwrap())
+                let request = AdmitRequest {
+                    tenant: &acme,
+                    limits: &limits,
+                    execution: id,
+                    hold,
+                };
+                (id, store.admit(request).await.unwrap())
             })
         })
         .collect();
@@ -113,15 +119,20 @@ async fn redis_quotas_hold_across_connections_and_stay_in_their_namespace() {
     assert_eq!(admitted.len(), 5);
     // A slot taken through one connection is released through the other.
     stores[1].release(&acme, &admitted[..1]).await.unwrap();
-    let id = ExecutionId::new_random();
-    assert_eq!(
-        stores[0].admit(&acme, &limits, id, hold).await.unwrap(),
-        Admission::Admitted
-    );
+    let request = AdmitRequest {
+        tenant: &acme,
+        limits: &limits,
+        execution: ExecutionId::new_random(),
+        hold,
+    };
+    assert_eq!(stores[0].admit(request).await.unwrap(), Admission::Admitted);
     let elsewhere = redis_quota_store(&server, &unique_namespace("t")).await;
     assert_eq!(
         elsewhere
-            .admit(&acme, &limits, ExecutionId::new_random(), hold)
+            .admit(AdmitRequest {
+                execution: ExecutionId::new_random(),
+                ..request
+            })
             .await
             .unwrap(),
         Admission::Admitted,

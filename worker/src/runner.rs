@@ -80,21 +80,18 @@ impl Default for RunnerSettings {
 }
 
 /// See the module docs.
+#[derive(derive_more::Debug)]
 pub struct Runner {
+    #[debug(skip)]
     registry: Arc<ProviderRegistry>,
+    #[debug(skip)]
     store: Arc<dyn EventStore>,
+    #[debug(skip)]
     cancel_bus: Arc<dyn CancelBus>,
     settings: RunnerSettings,
     /// Cancels every running execution (shutdown after the grace period).
+    #[debug(skip)]
     abort_all: CancellationToken,
-}
-
-impl std::fmt::Debug for Runner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runner")
-            .field("settings", &self.settings)
-            .finish_non_exhaustive()
-    }
 }
 
 /// Why routing stopped without success.
@@ -197,13 +194,7 @@ impl Runner {
         if delivered > 1 {
             instrument::redelivered();
         }
-        let mut writer = EventWriter::resume(
-            Arc::clone(&self.store),
-            id,
-            head.last_sequence,
-            head.last_time,
-        )
-        .pipelined();
+        let mut writer = EventWriter::from_head(Arc::clone(&self.store), id, head).pipelined();
         if head.last_sequence.get() > 1 {
             if delivered <= 1 {
                 // A duplicate job while another attempt owns the log.

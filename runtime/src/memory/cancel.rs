@@ -2,7 +2,6 @@
 
 use async_trait::async_trait;
 use protocol::ExecutionId;
-use tokio_util::sync::CancellationToken;
 
 use crate::cancel::{CancelBus, Watches};
 use crate::error::StoreError;
@@ -26,12 +25,8 @@ impl MemoryCancelBus {
 
 #[async_trait]
 impl CancelBus for MemoryCancelBus {
-    fn watch(&self, id: ExecutionId) -> CancellationToken {
-        self.watches.watch(id)
-    }
-
-    fn unwatch(&self, id: ExecutionId) {
-        self.watches.unwatch(id);
+    fn watches(&self) -> &Watches {
+        &self.watches
     }
 
     async fn request(&self, id: ExecutionId) -> Result<(), StoreError> {

@@ -21,7 +21,7 @@ use protocol::{ExecutionId, RuntimeEvent, Sequence, Tenant};
 use tokio::sync::Notify;
 
 use crate::error::StoreError;
-use crate::event_store::{EventRecord, EventStore, EventStream, LogHead, WriterId};
+use crate::event_store::{EventRecord, EventStore, LogHead, ReadResult, SubscribeResult, WriterId};
 
 /// Bounds of the memory store. Memory use is bounded by
 /// `max_executions × max_execution_bytes` and `max_total_bytes`, whichever is smaller.
@@ -76,26 +76,22 @@ struct Registry {
 /// Called with an execution's id once its terminal event is stored; must not block.
 pub type TerminalHook = Arc<dyn Fn(ExecutionId) + Send + Sync>;
 
+#[derive(derive_more::Debug)]
 struct Inner {
     limits: MemoryLimits,
+    #[debug(skip)]
     on_terminal: RwLock<Option<TerminalHook>>,
+    #[debug(skip)]
     executions: RwLock<HashMap<ExecutionId, Arc<Entry>>>,
+    #[debug(skip)]
     registry: Mutex<Registry>,
     total_bytes: AtomicUsize,
 }
 
 /// See the module docs.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct MemoryEventStore {
     inner: Arc<Inner>,
-}
-
-impl std::fmt::Debug for MemoryEventStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryEventStore")
-            .field("limits", &self.inner.limits)
-            .finish_non_exhaustive()
-    }
 }
 
 impl MemoryEventStore {
@@ -286,12 +282,7 @@ impl EventStore for MemoryEventStore {
         }))
     }
 
-    async fn read(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-        limit: usize,
-    ) -> Result<Option<Vec<Arc<EventRecord>>>, StoreError> {
+    async fn read(&self, id: ExecutionId, after: Sequence, limit: usize) -> ReadResult {
         let Some(entry) = self.entry(id) else {
             return Ok(None);
         };
@@ -304,11 +295,7 @@ impl EventStore for MemoryEventStore {
         ))
     }
 
-    async fn subscribe(
-        &self,
-        id: ExecutionId,
-        after: Sequence,
-    ) -> Result<Option<EventStream>, StoreError> {
+    async fn subscribe(&self, id: ExecutionId, after: Sequence) -> SubscribeResult {
         let Some(entry) = self.entry(id) else {
             return Ok(None);
         };

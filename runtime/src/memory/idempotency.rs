@@ -17,17 +17,11 @@ struct Keys {
 }
 
 /// See the module docs.
+#[derive(derive_more::Debug)]
 pub struct MemoryIdempotencyStore {
     ttl: Duration,
+    #[debug(skip)]
     keys: Mutex<Keys>,
-}
-
-impl std::fmt::Debug for MemoryIdempotencyStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryIdempotencyStore")
-            .field("ttl", &self.ttl)
-            .finish_non_exhaustive()
-    }
 }
 
 impl MemoryIdempotencyStore {

@@ -41,11 +41,7 @@ mod tests {
 
     #[tokio::test]
     async fn memory_event_store_limits_runs_like_events() {
-        let limits = MemoryLimits {
-            max_events: 5,
-            ..MemoryLimits::default()
-        };
-        contract::run_limit_suite(Arc::new(MemoryEventStore::new(limits))).await;
+        contract::run_limit_suite(Arc::new(store_with(|l| l.max_events = 5))).await;
     }
 
     #[tokio::test]
@@ -68,6 +64,13 @@ mod tests {
         assert_eq!(bus.watched(), 0);
     }
 
+    /// A memory event store with the default limits but for what `set` changes.
+    fn store_with(set: impl FnOnce(&mut MemoryLimits)) -> MemoryEventStore {
+        let mut limits = MemoryLimits::default();
+        set(&mut limits);
+        MemoryEventStore::new(limits)
+    }
+
     fn done(id: ExecutionId, seq: u64) -> RuntimeEvent {
         ev(
             id,
@@ -80,10 +83,7 @@ mod tests {
 
     #[tokio::test]
     async fn admission_counts_active_executions_only() {
-        let store = MemoryEventStore::new(MemoryLimits {
-            max_active: 2,
-            ..MemoryLimits::default()
-        });
+        let store = store_with(|l| l.max_active = 2);
         let a = accepted(&store).await;
         accepted(&store).await;
         let c = ExecutionId::new_random();
@@ -102,10 +102,7 @@ mod tests {
 
     #[tokio::test]
     async fn evicts_oldest_terminal_and_never_active() {
-        let store = MemoryEventStore::new(MemoryLimits {
-            max_executions: 3,
-            ..MemoryLimits::default()
-        });
+        let store = store_with(|l| l.max_executions = 3);
         let mut ids = Vec::new();
         for _ in 0..3 {
             ids.push(accepted(&store).await);
@@ -144,10 +141,7 @@ mod tests {
 
     #[tokio::test]
     async fn terminal_executions_expire_after_retention() {
-        let store = MemoryEventStore::new(MemoryLimits {
-            retention: Duration::from_millis(1),
-            ..MemoryLimits::default()
-        });
+        let store = store_with(|l| l.retention = Duration::from_millis(1));
         let a = accepted(&store).await;
         store.append(done(a, 2)).await.unwrap();
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -158,10 +152,7 @@ mod tests {
 
     #[tokio::test]
     async fn per_execution_limits_stop_non_terminal_appends_but_admit_the_terminal() {
-        let store = MemoryEventStore::new(MemoryLimits {
-            max_events: 3,
-            ..MemoryLimits::default()
-        });
+        let store = store_with(|l| l.max_events = 3);
         let id = accepted(&store).await;
         store.append(ev(id, 2, route_selected())).await.unwrap();
         store.append(ev(id, 3, delta("a"))).await.unwrap();

@@ -140,13 +140,9 @@ async fn recheck(kv: kv::Store, tokens: Tokens, stop: CancellationToken) {
 
 #[async_trait]
 impl CancelBus for NatsCancelBus {
-    fn watch(&self, id: ExecutionId) -> CancellationToken {
-        // A cancel requested before this watch began is caught by the next re-check.
-        self.tokens.watch(id)
-    }
-
-    fn unwatch(&self, id: ExecutionId) {
-        self.tokens.unwatch(id);
+    /// A cancel requested before a watch began is caught by the next re-check.
+    fn watches(&self) -> &Watches {
+        &self.tokens
     }
 
     async fn request(&self, id: ExecutionId) -> Result<(), StoreError> {

@@ -5,7 +5,7 @@
 //!   `max_age` = retention, file storage, direct get allowed. Appends are compare-and-set with
 //!   `Nats-Expected-Last-Subject-Sequence` and deduplicated with `Nats-Msg-Id =
 //!   {execution_id}:{sequence}:{writer}` (`{execution_id}:{first}-{last}:{writer}` for a message
-//!   holding a run of events, header `Mrt-Format: 2`; see `event_store`). The stream republishes
+//!   holding a run of events, header `Mrt-Format: 2`; see `event_store::format`). The stream republishes
 //!   each stored message on
 //!   `{ns}.stored.{id}`, which live readers follow (never the write subject, which also carries
 //!   appends the stream refuses).
@@ -117,19 +117,13 @@ impl NatsSettings {
 }
 
 /// A connection to NATS with the namespace's streams verified.
-#[derive(Clone)]
+#[derive(Clone, derive_more::Debug)]
 pub struct NatsBackend {
+    #[debug(skip)]
     pub client: async_nats::Client,
+    #[debug(skip)]
     pub jetstream: jetstream::Context,
     pub settings: NatsSettings,
-}
-
-impl std::fmt::Debug for NatsBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsBackend")
-            .field("settings", &self.settings)
-            .finish_non_exhaustive()
-    }
 }
 
 pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> StoreError {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use protocol::{ExecutionId, Tenant};
 
-use super::{Admission, QuotaLimits, QuotaStore};
+use super::{Admission, AdmitRequest, QuotaLimits, QuotaStore};
 use crate::contract::spawn_each;
 
 /// Generous bound for anything that should happen "promptly" on a busy 2-core machine.
@@ -40,6 +40,7 @@ pub async fn quota_suite(store: Arc<dyn QuotaStore>) {
     concurrent_admits_never_exceed_the_bucket(Arc::clone(&store)).await;
 }
 
+/// Admits a new random execution.
 async fn admit(
     store: &dyn QuotaStore,
     tenant: &Tenant,
@@ -47,7 +48,24 @@ async fn admit(
     hold: Duration,
 ) -> (ExecutionId, Admission) {
     let id = ExecutionId::new_random();
-    (id, store.admit(tenant, limits, id, hold).await.unwrap())
+    (id, admit_execution(store, tenant, limits, id, hold).await)
+}
+
+/// Admits `execution`.
+async fn admit_execution(
+    store: &dyn QuotaStore,
+    tenant: &Tenant,
+    limits: &QuotaLimits,
+    execution: ExecutionId,
+    hold: Duration,
+) -> Admission {
+    let request = AdmitRequest {
+        tenant,
+        limits,
+        execution,
+        hold,
+    };
+    store.admit(request).await.unwrap()
 }
 
 async fn unlimited_admits_and_holds_nothing(store: &dyn QuotaStore) {
@@ -81,7 +99,7 @@ async fn active_cap_holds_until_release(store: &dyn QuotaStore) {
     store.release(&t, &[a]).await.unwrap();
     assert_eq!(store.holders(&t, 10).await.unwrap(), vec![b]);
     assert_eq!(
-        store.admit(&t, &l, c, LONG).await.unwrap(),
+        admit_execution(store, &t, &l, c, LONG).await,
         Admission::Admitted
     );
     let (_, over) = admit(store, &t, &l, LONG).await;
@@ -104,7 +122,7 @@ async fn rejections_consume_nothing(store: &dyn QuotaStore) {
     );
     store.release(&t, &[a]).await.unwrap();
     assert_eq!(
-        store.admit(&t, &l, b, LONG).await.unwrap(),
+        admit_execution(store, &t, &l, b, LONG).await,
         Admission::Admitted,
         "the admit refused at the cap took no token: the second token is still there"
     );
@@ -116,7 +134,7 @@ async fn rejections_consume_nothing(store: &dyn QuotaStore) {
     );
     // A free slot but an empty bucket: still rate limited, and the slot stays free.
     store.release(&t, &[b]).await.unwrap();
-    let refused = store.admit(&t, &l, c, LONG).await.unwrap();
+    let refused = admit_execution(store, &t, &l, c, LONG).await;
     assert!(
         matches!(refused, Admission::RateLimited { .. }),
         "{refused:?}"
@@ -165,7 +183,7 @@ async fn readmitting_a_holder_takes_nothing(store: &dyn QuotaStore) {
     assert_eq!(first, Admission::Admitted);
     // The bucket is empty and the cap reached, yet the holder is admitted again.
     assert_eq!(
-        store.admit(&t, &l, a, LONG).await.unwrap(),
+        admit_execution(store, &t, &l, a, LONG).await,
         Admission::Admitted
     );
     assert_eq!(store.holders(&t, 10).await.unwrap(), vec![a]);
@@ -179,7 +197,7 @@ async fn slots_expire_after_their_hold(store: &dyn QuotaStore) {
     let b = ExecutionId::new_random();
     let started = Instant::now();
     loop {
-        match store.admit(&t, &l, b, LONG).await.unwrap() {
+        match admit_execution(store, &t, &l, b, LONG).await {
             Admission::Admitted => break,
             Admission::ActiveLimit { .. } => {}
             other => panic!("{other:?}"),

@@ -21,7 +21,7 @@ use futures_util::StreamExt;
 use protocol::{ExecutionId, Tenant, Timestamp};
 use tokio::time::Instant;
 
-use super::{Admission, MemoryQuotaStore, QuotaLimits, QuotaStore};
+use super::{Admission, AdmitRequest, MemoryQuotaStore, QuotaLimits, QuotaStore};
 use crate::error::StoreError;
 use crate::event_store::EventStore;
 use crate::memory::{MemoryEventStore, MemoryLimits};
@@ -53,13 +53,17 @@ impl Default for GateSettings {
 }
 
 /// See the module docs.
+#[derive(derive_more::Debug)]
 pub struct QuotaGate {
+    #[debug(skip)]
     store: Arc<dyn QuotaStore>,
+    #[debug(skip)]
     events: Arc<dyn EventStore>,
     /// Tenants with at least one limit.
     tenants: HashMap<Tenant, QuotaLimits>,
     settings: GateSettings,
     /// One per tenant with a cap.
+    #[debug(skip)]
     reconcilers: HashMap<Tenant, Reconciler>,
 }
 
@@ -72,15 +76,6 @@ struct Reconciler {
     /// When this gate last reconciled the tenant. Held during a reconciliation, so admits
     /// refused meanwhile wait for its outcome.
     last: tokio::sync::Mutex<Option<Instant>>,
-}
-
-impl std::fmt::Debug for QuotaGate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QuotaGate")
-            .field("tenants", &self.tenants)
-            .field("settings", &self.settings)
-            .finish_non_exhaustive()
-    }
 }
 
 impl QuotaGate {
@@ -153,12 +148,18 @@ impl QuotaGate {
             .saturating_add(self.settings.grace);
         let reconciler = self.reconcilers.get(tenant);
         let seen = reconciler.map(|r| r.released.load(Ordering::SeqCst));
-        let mut answer = self.store.admit(tenant, limits, execution, hold).await;
+        let request = AdmitRequest {
+            tenant,
+            limits,
+            execution,
+            hold,
+        };
+        let mut answer = self.store.admit(request).await;
         if let (Ok(Admission::ActiveLimit { .. }), Some(reconciler), Some(seen)) =
             (&answer, reconciler, seen)
             && self.reconcile(tenant, reconciler, seen).await
         {
-            answer = self.store.admit(tenant, limits, execution, hold).await;
+            answer = self.store.admit(request).await;
         }
         if answer.is_err() && limits.max_active.is_some() {
             let store = Arc::clone(&self.store);
@@ -272,15 +273,9 @@ mod tests {
 
     #[async_trait]
     impl QuotaStore for Probe {
-        async fn admit(
-            &self,
-            tenant: &Tenant,
-            limits: &QuotaLimits,
-            execution: ExecutionId,
-            hold: Duration,
-        ) -> Result<Admission, StoreError> {
+        async fn admit(&self, request: AdmitRequest<'_>) -> Result<Admission, StoreError> {
             self.admits.fetch_add(1, Ordering::SeqCst);
-            let answer = self.inner.admit(tenant, limits, execution, hold).await;
+            let answer = self.inner.admit(request).await;
             if self.lose_answers {
                 return Err(StoreError::Unavailable("answer lost".into()));
             }
@@ -312,16 +307,22 @@ mod tests {
         )
     }
 
-    fn gate(store: Arc<Probe>, events: Arc<MemoryEventStore>, settings: GateSettings) -> QuotaGate {
-        QuotaGate::new(
-            store,
-            events,
-            [
-                (t("capped"), QuotaLimits::new(Some(1), None, None).unwrap()),
-                (t("free"), QuotaLimits::default()),
-            ],
-            settings,
-        )
+    /// A gate over `probe` and an empty memory event store for the tenants `capped` (one
+    /// active execution) and `free` (no limits), with the default settings but for what `set`
+    /// changes; the probe and the event store come back beside it.
+    fn gate_with(
+        probe: Probe,
+        set: impl FnOnce(&mut GateSettings),
+    ) -> (Arc<Probe>, Arc<MemoryEventStore>, QuotaGate) {
+        let (store, events) = stores(probe);
+        let mut settings = GateSettings::default();
+        set(&mut settings);
+        let tenants = [
+            (t("capped"), QuotaLimits::new(Some(1), None, None).unwrap()),
+            (t("free"), QuotaLimits::default()),
+        ];
+        let gate = QuotaGate::new(store.clone(), events.clone(), tenants, settings);
+        (store, events, gate)
     }
 
     fn t(name: &str) -> Tenant {
@@ -357,8 +358,7 @@ mod tests {
 
     #[tokio::test]
     async fn tenants_without_limits_never_reach_the_store() {
-        let (store, events) = stores(Probe::default());
-        let gate = gate(store.clone(), events, GateSettings::default());
+        let (store, _, gate) = gate_with(Probe::default(), |_| {});
         for tenant in ["free", "unknown"] {
             let a = gate
                 .admit(&t(tenant), ExecutionId::new_random(), later())
@@ -373,12 +373,8 @@ mod tests {
 
     #[tokio::test]
     async fn at_the_cap_terminal_holders_are_reconciled_and_live_ones_kept() {
-        let (store, events) = stores(Probe::default());
-        let settings = GateSettings {
-            reconcile_interval: Duration::ZERO,
-            ..GateSettings::default()
-        };
-        let gate = gate(store.clone(), events.clone(), settings);
+        let (store, events, gate) =
+            gate_with(Probe::default(), |s| s.reconcile_interval = Duration::ZERO);
         // A holder without a log (its submit may still be creating it) is kept.
         let unlogged = ExecutionId::new_random();
         assert!(admits(&gate, "capped", unlogged, later()).await);
@@ -439,12 +435,9 @@ mod tests {
 
     #[tokio::test]
     async fn reconciliation_is_throttled_per_tenant() {
-        let (store, events) = stores(Probe::default());
-        let settings = GateSettings {
-            reconcile_interval: Duration::from_secs(3600),
-            ..GateSettings::default()
-        };
-        let gate = gate(store.clone(), events.clone(), settings);
+        let (store, events, gate) = gate_with(Probe::default(), |s| {
+            s.reconcile_interval = Duration::from_secs(3600)
+        });
         let a = open_log(&events).await;
         assert!(admits(&gate, "capped", a, later()).await);
         let b = ExecutionId::new_random();
@@ -460,11 +453,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_admit_gives_back_the_slot_it_may_have_taken() {
-        let (store, events) = stores(Probe {
+        let probe = Probe {
             lose_answers: true,
             ..Probe::default()
-        });
-        let gate = gate(store.clone(), events, GateSettings::default());
+        };
+        let (store, _, gate) = gate_with(probe, |_| {});
         let id = ExecutionId::new_random();
         assert!(gate.admit(&t("capped"), id, later()).await.is_err());
         let started = std::time::Instant::now();
@@ -476,12 +469,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_slot_is_held_until_the_deadline_plus_the_grace() {
-        let (store, events) = stores(Probe::default());
-        let settings = GateSettings {
-            grace: Duration::from_millis(200),
-            ..GateSettings::default()
-        };
-        let gate = gate(store.clone(), events, settings);
+        let (_, _, gate) = gate_with(Probe::default(), |s| s.grace = Duration::from_millis(200));
         // Deadline already passed: the slot lives for the grace only.
         let past = Timestamp::from_unix_millis(Timestamp::now().unix_millis() - 1000);
         assert!(admits(&gate, "capped", ExecutionId::new_random(), past).await);

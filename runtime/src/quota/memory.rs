@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use protocol::{ExecutionId, Tenant};
 
-use super::{ACTIVE_RETRY_AFTER, Admission, QuotaLimits, QuotaStore, RateLimit};
+use super::{ACTIVE_RETRY_AFTER, Admission, AdmitRequest, QuotaStore, RateLimit};
 use crate::error::StoreError;
 
 #[derive(Debug, Clone, Copy)]
@@ -78,14 +78,13 @@ impl MemoryQuotaStore {
     }
 }
 
-fn admit_locked(
-    state: &mut State,
-    tenant: &Tenant,
-    limits: &QuotaLimits,
-    execution: ExecutionId,
-    hold: Duration,
-    now: Instant,
-) -> Admission {
+fn admit_locked(state: &mut State, request: AdmitRequest<'_>, now: Instant) -> Admission {
+    let AdmitRequest {
+        tenant,
+        limits,
+        execution,
+        hold,
+    } = request;
     let State { tenants, owners } = state;
     let t = tenants.entry(tenant.clone()).or_default();
     if t.slots.contains_key(&execution) {
@@ -134,22 +133,9 @@ fn admit_locked(
 
 #[async_trait]
 impl QuotaStore for MemoryQuotaStore {
-    async fn admit(
-        &self,
-        tenant: &Tenant,
-        limits: &QuotaLimits,
-        execution: ExecutionId,
-        hold: Duration,
-    ) -> Result<Admission, StoreError> {
+    async fn admit(&self, request: AdmitRequest<'_>) -> Result<Admission, StoreError> {
         let mut state = self.state.lock();
-        Ok(admit_locked(
-            &mut state,
-            tenant,
-            limits,
-            execution,
-            hold,
-            Instant::now(),
-        ))
+        Ok(admit_locked(&mut state, request, Instant::now()))
     }
 
     async fn release(&self, tenant: &Tenant, executions: &[ExecutionId]) -> Result<(), StoreError> {
@@ -186,7 +172,7 @@ mod tests {
     use super::*;
     use crate::event_store::EventStore;
     use crate::memory::{MemoryEventStore, MemoryLimits};
-    use crate::quota::contract;
+    use crate::quota::{QuotaLimits, contract};
 
     #[tokio::test]
     async fn memory_quota_store_passes_the_contract() {
@@ -210,10 +196,13 @@ mod tests {
         let hold = Duration::from_secs(600);
         let (q, tenant, limits) = (&quotas, &tenant, &limits);
         let admits = |id| async move {
-            q.admit(tenant, limits, id, hold)
-                .await
-                .unwrap()
-                .is_admitted()
+            let request = AdmitRequest {
+                tenant,
+                limits,
+                execution: id,
+                hold,
+            };
+            q.admit(request).await.unwrap().is_admitted()
         };
         assert!(admits(id).await);
         let at = Timestamp::now();

@@ -138,6 +138,16 @@ impl Admission {
     }
 }
 
+/// One admit asked of a [`QuotaStore`]: `execution` would hold one of `tenant`'s active slots
+/// for at most `hold`, and take a token of its bucket, within `limits`.
+#[derive(Debug, Clone, Copy)]
+pub struct AdmitRequest<'a> {
+    pub tenant: &'a Tenant,
+    pub limits: &'a QuotaLimits,
+    pub execution: ExecutionId,
+    pub hold: Duration,
+}
+
 /// How long to wait after an `ActiveLimit`: slots free when executions end, which no store can
 /// foresee, so a short fixed hint.
 pub const ACTIVE_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -166,13 +176,7 @@ pub const ACTIVE_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// - On `Err` (backend unreachable) the admit's outcome is unknown; the slot, if taken, expires.
 #[async_trait]
 pub trait QuotaStore: Send + Sync + 'static {
-    async fn admit(
-        &self,
-        tenant: &Tenant,
-        limits: &QuotaLimits,
-        execution: ExecutionId,
-        hold: Duration,
-    ) -> Result<Admission, StoreError>;
+    async fn admit(&self, request: AdmitRequest<'_>) -> Result<Admission, StoreError>;
 
     async fn release(&self, tenant: &Tenant, executions: &[ExecutionId]) -> Result<(), StoreError>;
 

@@ -20,7 +20,7 @@ use protocol::{ExecutionId, Tenant};
 use redis::Script;
 use redis::aio::ConnectionManager;
 
-use super::{ACTIVE_RETRY_AFTER, Admission, QuotaLimits, QuotaStore};
+use super::{ACTIVE_RETRY_AFTER, Admission, AdmitRequest, QuotaStore};
 use crate::error::StoreError;
 use crate::redis_idempotency::bounded;
 
@@ -78,19 +78,13 @@ return {0, 0}
 ";
 
 /// See the module docs.
-#[derive(Clone)]
+#[derive(Clone, derive_more::Debug)]
 pub struct RedisQuotaStore {
+    #[debug(skip)]
     conn: ConnectionManager,
     prefix: String,
+    #[debug(skip)]
     admit: Script,
-}
-
-impl std::fmt::Debug for RedisQuotaStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisQuotaStore")
-            .field("prefix", &self.prefix)
-            .finish_non_exhaustive()
-    }
 }
 
 fn millis(d: Duration) -> u64 {
@@ -122,24 +116,20 @@ impl RedisQuotaStore {
 
 #[async_trait]
 impl QuotaStore for RedisQuotaStore {
-    async fn admit(
-        &self,
-        tenant: &Tenant,
-        limits: &QuotaLimits,
-        execution: ExecutionId,
-        hold: Duration,
-    ) -> Result<Admission, StoreError> {
-        let max_active = limits
+    async fn admit(&self, request: AdmitRequest<'_>) -> Result<Admission, StoreError> {
+        let max_active = request
+            .limits
             .max_active
             .map_or(-1, |m| i64::try_from(m).unwrap_or(i64::MAX));
-        let (per_second, burst) = limits
+        let (per_second, burst) = request
+            .limits
             .rate
             .map_or((0.0, 0), |r| (r.per_second(), r.burst()));
-        let mut invocation = self.admit.key(self.active_key(tenant));
+        let mut invocation = self.admit.key(self.active_key(request.tenant));
         invocation
-            .key(self.bucket_key(tenant))
-            .arg(execution.to_string())
-            .arg(millis(hold).max(1))
+            .key(self.bucket_key(request.tenant))
+            .arg(request.execution.to_string())
+            .arg(millis(request.hold).max(1))
             .arg(max_active)
             .arg(per_second.to_string())
             .arg(burst);

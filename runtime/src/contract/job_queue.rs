@@ -1,0 +1,186 @@
+//! The job queue's contract ([`JobQueue`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use protocol::{ExecutionId, ExecutionRequest, Timestamp};
+
+use super::PROMPT;
+use crate::job::{Delivery, Job, JobQueue};
+
+/// A job for `id` with a minimal text-generation request.
+pub fn job(id: ExecutionId) -> Job {
+    let request: ExecutionRequest = serde_json::from_str(
+        r#"{"ability":"text-generation","input":[{"type":"text","text":"hi"}]}"#,
+    )
+    .unwrap();
+    Job {
+        execution_id: id,
+        request,
+        accepted_at: Timestamp::now(),
+        deadline_at: Timestamp::now(),
+        traceparent: None,
+    }
+}
+
+/// Runs every job-queue check. Closes the queue at the end.
+pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
+    queue.ready().await.unwrap();
+    let a = job(ExecutionId::new_random());
+    let b = job(ExecutionId::new_random());
+    queue.publish(&a).await.unwrap();
+    queue.publish(&a).await.unwrap(); // absorbed by the dedupe window
+    queue.publish(&b).await.unwrap();
+    // A scan lists held jobs in publish order without taking them, and continues after a
+    // position.
+    let held = queue.scan(0, 10).await.unwrap();
+    let held_ids: Vec<_> = held.iter().map(|j| j.execution_id).collect();
+    assert_eq!(held_ids, [a.execution_id, b.execution_id]);
+    assert!(held[0].position < held[1].position);
+    assert_eq!(held[0].deadline_at, a.deadline_at);
+    assert_eq!(queue.scan(0, 1).await.unwrap().len(), 1, "the limit holds");
+    let after_first = queue.scan(held[0].position, 10).await.unwrap();
+    assert_eq!(after_first.len(), 1);
+    assert_eq!(after_first[0].execution_id, b.execution_id);
+    let first = receive_promptly(&*queue).await;
+    first.handle.in_progress().await.unwrap();
+    assert!(!first.handle.withdrawn().await.unwrap());
+    first.handle.ack().await.unwrap();
+    let second = receive_promptly(&*queue).await;
+    second.handle.ack().await.unwrap();
+    // Acknowledged jobs leave the scan.
+    let until = tokio::time::Instant::now() + PROMPT;
+    while !queue.scan(0, 10).await.unwrap().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "acked jobs still scanned"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut got = vec![first.job.execution_id, second.job.execution_id];
+    got.sort();
+    let mut want = vec![a.execution_id, b.execution_id];
+    want.sort();
+    assert_eq!(got, want, "each job delivered once");
+    assert_eq!(first.delivered, 1);
+    assert_eq!(
+        first.job,
+        if first.job.execution_id == a.execution_id {
+            a.clone()
+        } else {
+            b.clone()
+        }
+    );
+    // The duplicate publish is not delivered.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), queue.receive())
+            .await
+            .is_err()
+    );
+    // Withdrawing: a delivery of the job learns it, a waiting job is never delivered, and a
+    // job never published stays so.
+    let (c, d, e) = (
+        job(ExecutionId::new_random()),
+        job(ExecutionId::new_random()),
+        job(ExecutionId::new_random()),
+    );
+    queue.publish(&c).await.unwrap();
+    queue.publish(&d).await.unwrap();
+    let held_c = receive_promptly(&*queue).await;
+    assert_eq!(held_c.job.execution_id, c.execution_id);
+    for withdrawn in [&c, &d, &e, &d] {
+        queue.withdraw(withdrawn).await.unwrap();
+    }
+    assert!(held_c.handle.withdrawn().await.unwrap());
+    held_c.handle.ack().await.unwrap();
+    assert!(
+        queue.scan(0, 10).await.unwrap().is_empty(),
+        "withdrawn jobs are not held"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), queue.receive())
+            .await
+            .is_err(),
+        "withdrawn jobs are not delivered"
+    );
+    // Concurrent receivers share jobs without duplicates.
+    let ids: Vec<_> = (0..20).map(|_| ExecutionId::new_random()).collect();
+    let mut receivers = Vec::new();
+    for _ in 0..4 {
+        let queue = Arc::clone(&queue);
+        receivers.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            while let Ok(Ok(Some(d))) =
+                tokio::time::timeout(Duration::from_millis(1500), queue.receive()).await
+            {
+                d.handle.ack().await.unwrap();
+                mine.push(d.job.execution_id);
+            }
+            mine
+        }));
+    }
+    for id in &ids {
+        queue.publish(&job(*id)).await.unwrap();
+    }
+    let mut received = Vec::new();
+    for r in receivers {
+        received.extend(r.await.unwrap());
+    }
+    received.sort();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(received, expected);
+    // One request for up to three jobs yields at most three, each job is delivered once, and
+    // what a request did not take is left for the next.
+    let batch: Vec<_> = (0..5).map(|_| job(ExecutionId::new_random())).collect();
+    for j in &batch {
+        queue.publish(j).await.unwrap();
+    }
+    let mut taken = Vec::new();
+    let until = tokio::time::Instant::now() + 4 * PROMPT;
+    while taken.len() < batch.len() {
+        assert!(tokio::time::Instant::now() < until, "jobs left undelivered");
+        let mut deliveries = tokio::time::timeout(PROMPT, queue.receive_up_to(3))
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let mut in_request = 0;
+        while let Some(delivery) = deliveries.next().await {
+            let delivery = delivery.unwrap();
+            delivery.handle.ack().await.unwrap();
+            taken.push(delivery.job.execution_id);
+            in_request += 1;
+        }
+        assert!(in_request <= 3, "{in_request} jobs for a request of 3");
+    }
+    taken.sort();
+    let mut published: Vec<_> = batch.iter().map(|j| j.execution_id).collect();
+    published.sort();
+    assert_eq!(taken, published);
+    // Closing ends pending receives.
+    let pending = {
+        let queue = Arc::clone(&queue);
+        tokio::spawn(async move { queue.receive().await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    queue.close();
+    assert!(
+        tokio::time::timeout(PROMPT, pending)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+            .is_none()
+    );
+}
+
+/// The next delivery of `queue`, which must come promptly.
+async fn receive_promptly(queue: &dyn JobQueue) -> Delivery {
+    tokio::time::timeout(PROMPT, queue.receive())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+}

@@ -1,0 +1,132 @@
+//! The append path: a run published as one message, compare-and-set on the subject's last
+//! stream sequence (cached per open execution, re-read when unknown or refused), with a retry
+//! after a lost acknowledgement recognised by its message id.
+
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::message::PublishMessage;
+use protocol::Tenant;
+
+use super::format::{FORMAT_HEADER, FORMAT_RUN, HEADER_ALLOWANCE, encode_run, msg_id};
+use super::{Fetched, Head, NatsEventStore, OWNER_HEADER};
+use crate::error::StoreError;
+use crate::event_store::{EventRecord, WriterId};
+use crate::nats::unavailable;
+
+impl NatsEventStore {
+    /// Publishes `run` as one message (format 1 for one event, else format 2) expecting the
+    /// subject's last stream sequence to be `expected`.
+    pub(super) async fn publish(
+        &self,
+        run: &[EventRecord],
+        expected: u64,
+        writer: WriterId,
+        owner: Option<&Tenant>,
+    ) -> Result<Result<u64, PublishErrorKind>, StoreError> {
+        self.backend.check_connected()?;
+        let id = run[0].event.execution_id;
+        let mut message = if run.len() == 1 {
+            PublishMessage::build().payload(run[0].json.clone())
+        } else {
+            PublishMessage::build()
+                .payload(encode_run(run))
+                .header(FORMAT_HEADER, FORMAT_RUN)
+        };
+        message = message
+            .message_id(msg_id(run, writer))
+            .expected_last_subject_sequence(expected);
+        if let Some(owner) = owner {
+            message = message.header(OWNER_HEADER, owner.as_str());
+        }
+        let ack = match self
+            .backend
+            .jetstream
+            .send_publish(self.subject(id), message)
+            .await
+        {
+            Ok(ack) => ack,
+            Err(e) => return Err(unavailable("publish", e)),
+        };
+        match ack.await {
+            // A duplicate is this writer's own earlier attempt (the msg id names the writer).
+            Ok(ack) => Ok(Ok(ack.sequence)),
+            Err(e) => match e.kind() {
+                kind @ PublishErrorKind::WrongLastSequence => Ok(Err(kind)),
+                _ => Err(unavailable("publish ack", e)),
+            },
+        }
+    }
+
+    /// The largest body a message of a run may have: the stream's message size and the
+    /// server's payload limit, less room for headers.
+    pub(super) fn message_budget(&self) -> usize {
+        let max_message = usize::try_from(self.backend.settings.max_event_bytes).unwrap_or(0);
+        let max_payload = self.backend.client.server_info().max_payload;
+        let limit = if max_payload == 0 {
+            max_message
+        } else {
+            max_message.min(max_payload)
+        };
+        limit.saturating_sub(HEADER_ALLOWANCE)
+    }
+
+    /// Appends `run` (checked, contiguous, non-empty) as one message, compare-and-set on the
+    /// subject's last stream sequence.
+    pub(super) async fn append_message(
+        &self,
+        run: &[EventRecord],
+        writer: WriterId,
+    ) -> Result<(), StoreError> {
+        let first = &run[0].event;
+        let last = &run[run.len() - 1].event;
+        let id = first.execution_id;
+        let cached = self.heads.lock().get(&id).copied();
+        let (head, last_msg_id) = match cached {
+            Some(h) if h.sequence.next() == first.sequence => (h, None),
+            _ => match self.fetch_head(id).await? {
+                Some(f) => (f.head, f.msg_id),
+                None => return Err(StoreError::NotFound),
+            },
+        };
+        if head.terminal || head.sequence.next() != first.sequence {
+            self.remember(id, head);
+            if last_msg_id.as_deref() == Some(msg_id(run, writer).as_str()) {
+                // Our write is the last one: a retry after a lost ack.
+                return Ok(());
+            }
+            return Err(StoreError::Conflict {
+                last: head.sequence,
+                terminal: head.terminal,
+            });
+        }
+        let appended = |stream_sequence| Head {
+            sequence: last.sequence,
+            stream_sequence,
+            terminal: last.is_terminal(),
+            time: last.time,
+        };
+        match self
+            .publish(run, head.stream_sequence, writer, None)
+            .await?
+        {
+            Ok(stream_sequence) => {
+                self.remember(id, appended(stream_sequence));
+                Ok(())
+            }
+            Err(_) => {
+                self.heads.lock().remove(&id);
+                match self.fetch_head(id).await? {
+                    Some(f) if f.msg_id.as_deref() == Some(msg_id(run, writer).as_str()) => {
+                        // Our write landed earlier (a retry after a lost ack).
+                        self.remember(id, f.head);
+                        Ok(())
+                    }
+                    Some(Fetched { head: h, .. }) => Err(StoreError::Conflict {
+                        last: h.sequence,
+                        terminal: h.terminal,
+                    }),
+                    None => Err(StoreError::NotFound),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! The stored format of the events stream.
+//!
+//! A message without the `Mrt-Format` header is format 1: its body is one event's JSON (every
+//! log written before runs existed stays readable). `Mrt-Format: 2`: the body is a JSON array
+//! holding a contiguous run of events, each element exactly the event's JSON, with
+//! `Nats-Msg-Id = {execution_id}:{first}-{last}:{writer}`.
+//! [`EventStore::append_run_as`](crate::EventStore::append_run_as) packs a run into as few
+//! messages as the stream's message size allows (a run of one is written in format 1, as
+//! before), each still compare-and-set on the subject's last stream sequence; a retried
+//! identical run is absorbed by deduplication (or recognised by its msg id on a wrong last
+//! sequence), while another writer's run of the same sequences has another id and is fenced.
+//! Every reader expands a message into its events and skips those at or before its cursor, so
+//! a cursor may fall inside a run; the head of a log is the last event of its last message. A
+//! message is stored (and republished) as a unit, so gap detection on the live path works per
+//! message: a message whose first event is past the next expected one means a message was
+//! missed, and the stream is re-read.
+
+use async_nats::HeaderMap;
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::error::StoreError;
+use crate::event_store::{EventRecord, WriterId};
+
+/// The header naming a message's stored format (see the module docs); absent means format 1.
+pub(super) const FORMAT_HEADER: &str = "Mrt-Format";
+
+/// Format 2: a JSON array holding a contiguous run of events.
+pub(super) const FORMAT_RUN: &str = "2";
+
+/// Room left in a message for its headers when packing a run (msg id, expected sequence,
+/// format, and what the server adds), so a run never exceeds the stream's message size.
+pub(super) const HEADER_ALLOWANCE: usize = 1024;
+
+/// The events of one stored message, or `None` when it is not a message of a format this
+/// process reads.
+pub(super) fn decode_message(
+    headers: Option<&HeaderMap>,
+    payload: Bytes,
+) -> Option<Vec<EventRecord>> {
+    match headers
+        .and_then(|h| h.get(FORMAT_HEADER))
+        .map(|v| v.as_str())
+    {
+        None => Some(vec![EventRecord::decode(payload)?]),
+        Some(FORMAT_RUN) => {
+            let raws: Vec<&serde_json::value::RawValue> = serde_json::from_slice(&payload).ok()?;
+            let mut records = Vec::with_capacity(raws.len());
+            for raw in raws {
+                // Each record keeps exactly its element's bytes, shared with the payload.
+                let json = payload.slice_ref(raw.get().as_bytes());
+                let record = EventRecord::decode(json)?;
+                if let Some(previous) = records.last().map(EventRecord::sequence)
+                    && record.sequence() != previous.next()
+                {
+                    return None;
+                }
+                records.push(record);
+            }
+            (!records.is_empty()).then_some(records)
+        }
+        Some(_) => None,
+    }
+}
+
+pub(super) fn undecodable() -> StoreError {
+    StoreError::Unavailable("undecodable message in the events stream".into())
+}
+
+/// The body of a format-2 message: the events' JSON as one array.
+pub(super) fn encode_run(run: &[EventRecord]) -> Bytes {
+    let size = run.iter().map(|r| r.json.len() + 1).sum::<usize>() + 1;
+    let mut body = BytesMut::with_capacity(size);
+    body.put_u8(b'[');
+    for (i, record) in run.iter().enumerate() {
+        if i > 0 {
+            body.put_u8(b',');
+        }
+        body.put_slice(&record.json);
+    }
+    body.put_u8(b']');
+    body.freeze()
+}
+
+/// The end of the first message of `run[start..end]`: as many events as fit in `budget` bytes
+/// of body, at least one.
+pub(super) fn pack(run: &[EventRecord], start: usize, end: usize, budget: usize) -> usize {
+    let mut size = 1 + run[start].json.len() + 1;
+    let mut next = start + 1;
+    while next < end {
+        size += run[next].json.len() + 1;
+        if size > budget {
+            break;
+        }
+        next += 1;
+    }
+    next
+}
+
+/// The `Nats-Msg-Id` of a message holding `run`: `{execution_id}:{sequence}:{writer}` for one
+/// event (format 1, as ever), `{execution_id}:{first}-{last}:{writer}` for a run. The writer
+/// part keeps two writers of the same sequences apart even when their events serialize
+/// identically (two duplicate deliveries selecting the same route in the same millisecond), so
+/// deduplication only ever absorbs a writer's own retry and compare-and-set decides between
+/// writers.
+pub(super) fn msg_id(run: &[EventRecord], writer: WriterId) -> String {
+    let (first, last) = (&run[0].event, &run[run.len() - 1].event);
+    let id = first.execution_id;
+    if run.len() == 1 {
+        format!("{id}:{}:{writer}", first.sequence)
+    } else {
+        format!("{id}:{}-{}:{writer}", first.sequence, last.sequence)
+    }
+}

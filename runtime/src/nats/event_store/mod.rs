@@ -1,0 +1,367 @@
+//! The JetStream event store: one subject per execution in `{NS}_EVENTS`.
+//!
+//! Appends are compare-and-set on the subject's last stream sequence, which this process caches
+//! per open execution (and re-reads with a direct get when it does not know it), so a stale or
+//! duplicate writer in any process is refused by the server itself. `Nats-Msg-Id =
+//! {execution_id}:{sequence}` makes a retried append idempotent: when the server reports a
+//! wrong last sequence, the last message is re-read, and if it carries our id, our write landed.
+//!
+//! The owner of an execution travels in the [`OWNER_HEADER`] header of its first message
+//! (`execution.accepted`); a first message without it (stored before executions had owners)
+//! belongs to the default tenant. Reading a whole short log reads that message anyway, so
+//! `owned_state` costs nothing extra; `owner` alone is one direct get of the subject's first
+//! message.
+//!
+//! By concern:
+//! - this module: [`NatsEventStore`], its cache of log heads (the last message of a subject,
+//!   read by direct get and confirmed by the leader on a miss), and the [`EventStore`] impl;
+//! - [`format`]: the stored format (one event per message, or a run of events in one message)
+//!   and the message ids that make retries idempotent;
+//! - [`append`]: publishing a run, compare-and-set on the subject's last stream sequence;
+//! - [`read`]: reading a log (direct gets for short logs, an ordered consumer for long ones)
+//!   and following it live.
+
+mod append;
+mod format;
+mod read;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use parking_lot::Mutex;
+use protocol::materialize::{Materializer, check_event};
+use protocol::{ExecutionId, RuntimeEvent, Sequence, Tenant};
+
+use self::format::{decode_message, pack, undecodable};
+use self::read::DIRECT_READ_MAX;
+use super::{NatsBackend, unavailable};
+use crate::error::StoreError;
+use crate::event_store::{
+    EventRecord, EventStore, LogHead, ReadResult, RunError, SubscribeResult, WriterId, check_run,
+};
+
+/// What this process knows about the end of a log.
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    sequence: Sequence,
+    stream_sequence: u64,
+    terminal: bool,
+    time: protocol::Timestamp,
+}
+
+/// The last message of a subject as read from the server.
+struct Fetched {
+    head: Head,
+    msg_id: Option<String>,
+}
+
+/// Which message of an execution's subject a leader read confirms.
+#[derive(Debug, Clone, Copy)]
+enum Edge {
+    First,
+    Last,
+}
+
+/// The header of an execution's first message naming its owner.
+pub const OWNER_HEADER: &str = "Mrt-Tenant";
+
+/// The owner named by the headers of an execution's first message.
+fn owner_of(headers: &async_nats::HeaderMap) -> Result<Tenant, StoreError> {
+    match headers.get(OWNER_HEADER) {
+        None => Ok(Tenant::default()),
+        Some(value) => value.as_str().parse().map_err(|_| {
+            StoreError::Unavailable("invalid owner header in the events stream".into())
+        }),
+    }
+}
+
+/// The materialized state of a whole log.
+fn materialize(records: &[Arc<EventRecord>]) -> Result<Option<Materializer>, StoreError> {
+    Materializer::from_events(records.iter().map(|r| &r.event))
+        .map_err(|e| StoreError::Unavailable(format!("event log violates its rules: {e}")))
+}
+
+/// Most heads cached; beyond this the cache is cleared (it only saves a round trip).
+const MAX_CACHED_HEADS: usize = 65_536;
+
+/// See the module docs.
+#[derive(Clone, derive_more::Debug)]
+pub struct NatsEventStore {
+    backend: NatsBackend,
+    #[debug(skip)]
+    stream: Stream,
+    #[debug(skip)]
+    heads: Arc<Mutex<HashMap<ExecutionId, Head>>>,
+    max_events: u64,
+}
+
+impl NatsEventStore {
+    /// `max_events`: non-terminal events allowed per execution [R 84].
+    pub async fn new(backend: NatsBackend, max_events: u64) -> Result<Self, StoreError> {
+        let stream = backend
+            .jetstream
+            .get_stream(backend.settings.events_stream())
+            .await
+            .map_err(|e| unavailable("events stream", e))?;
+        Ok(Self {
+            backend,
+            stream,
+            heads: Arc::new(Mutex::new(HashMap::new())),
+            max_events,
+        })
+    }
+
+    fn subject(&self, id: ExecutionId) -> String {
+        self.backend.settings.events_subject(&id)
+    }
+
+    fn remember(&self, id: ExecutionId, head: Head) {
+        let mut heads = self.heads.lock();
+        if head.terminal {
+            heads.remove(&id);
+            return;
+        }
+        if heads.len() >= MAX_CACHED_HEADS {
+            heads.clear();
+        }
+        heads.insert(id, head);
+    }
+
+    /// Reads the last message of the execution's subject from the server.
+    async fn fetch_head(&self, id: ExecutionId) -> Result<Option<Fetched>, StoreError> {
+        self.backend.check_connected()?;
+        let found = match self
+            .stream
+            .direct_get_last_for_subject(self.subject(id))
+            .await
+        {
+            Ok(message) => Some(message),
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => {
+                self.confirm_missing(id, Edge::Last).await?
+            }
+            Err(e) => return Err(unavailable("direct get", e)),
+        };
+        match found {
+            Some(message) => {
+                let msg_id = message
+                    .headers
+                    .get("Nats-Msg-Id")
+                    .map(|v| v.as_str().to_owned());
+                let records = decode_message(Some(&message.headers), message.payload)
+                    .ok_or_else(undecodable)?;
+                // The head of the log is the last event of its last message.
+                let record = records.last().ok_or_else(undecodable)?;
+                let head = Head {
+                    sequence: record.sequence(),
+                    stream_sequence: message.sequence,
+                    terminal: record.event.is_terminal(),
+                    time: record.event.time,
+                };
+                Ok(Some(Fetched { head, msg_id }))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// A direct get found no message for the execution. With replicas, any of them may answer a
+    /// direct get, and a follower may not have applied a message the leader has acknowledged
+    /// (a log created a moment ago would read as unknown: a 404 right after its 202). So a miss
+    /// is confirmed by the leader (the stream's message-get API) before it counts: one more
+    /// round trip, only for a miss and only with replicas.
+    async fn confirm_missing(
+        &self,
+        id: ExecutionId,
+        edge: Edge,
+    ) -> Result<Option<async_nats::jetstream::message::StreamMessage>, StoreError> {
+        if self.backend.settings.replicas <= 1 {
+            return Ok(None);
+        }
+        let subject = self.subject(id);
+        let got = match edge {
+            Edge::First => {
+                self.stream
+                    .get_first_raw_message_by_subject(&subject, 1)
+                    .await
+            }
+            Edge::Last => self.stream.get_last_raw_message_by_subject(&subject).await,
+        };
+        match got {
+            Ok(message) => Ok(Some(message)),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(unavailable("message get", e)),
+        }
+    }
+}
+
+#[async_trait]
+impl EventStore for NatsEventStore {
+    async fn create_owned(&self, accepted: RuntimeEvent, owner: &Tenant) -> Result<(), StoreError> {
+        check_event(&accepted)?;
+        let id = accepted.execution_id;
+        let time = accepted.time;
+        let record = EventRecord::new(accepted);
+        match self
+            .publish(
+                std::slice::from_ref(&record),
+                0,
+                WriterId::random(),
+                Some(owner),
+            )
+            .await?
+        {
+            Ok(stream_sequence) => {
+                self.remember(
+                    id,
+                    Head {
+                        sequence: Sequence(1),
+                        stream_sequence,
+                        terminal: false,
+                        time,
+                    },
+                );
+                Ok(())
+            }
+            // The subject already has events (another creator of this id won).
+            Err(_) => Err(StoreError::AlreadyExists),
+        }
+    }
+
+    async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError> {
+        self.append_run_as(&[EventRecord::new(event)], writer)
+            .await
+            .map_err(|e| e.error)
+    }
+
+    async fn append_run_as(&self, run: &[EventRecord], writer: WriterId) -> Result<(), RunError> {
+        check_run(run).map_err(|e| RunError {
+            stored: 0,
+            error: e.into(),
+        })?;
+        // Limits apply per event: the run stops before the first non-terminal event beyond
+        // them; the terminal event is always admitted.
+        let admitted = run
+            .iter()
+            .position(|r| !r.event.is_terminal() && r.sequence().get() > self.max_events)
+            .unwrap_or(run.len());
+        let mut stored = 0;
+        while stored < admitted {
+            let end = pack(run, stored, admitted, self.message_budget());
+            self.append_message(&run[stored..end], writer)
+                .await
+                .map_err(|error| RunError { stored, error })?;
+            stored = end;
+        }
+        if stored < run.len() {
+            return Err(RunError {
+                stored,
+                error: StoreError::ExecutionLimit,
+            });
+        }
+        Ok(())
+    }
+
+    fn pipelines_appends(&self) -> bool {
+        true
+    }
+
+    async fn head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
+        Ok(self.fetch_head(id).await?.map(|Fetched { head: h, .. }| {
+            self.remember(id, h);
+            LogHead {
+                last_sequence: h.sequence,
+                terminal: h.terminal,
+                last_time: h.time,
+            }
+        }))
+    }
+
+    async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, StoreError> {
+        let Some((records, _)) = self.read_all(id, Sequence::ZERO, usize::MAX).await? else {
+            return Ok(None);
+        };
+        materialize(&records)
+    }
+
+    async fn owner(&self, id: ExecutionId) -> Result<Option<Tenant>, StoreError> {
+        self.backend.check_connected()?;
+        let first = match self
+            .stream
+            .direct_get_next_for_subject(self.subject(id), Some(1))
+            .await
+        {
+            Ok(message) => Some(message),
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => {
+                self.confirm_missing(id, Edge::First).await?
+            }
+            Err(e) => return Err(unavailable("direct get", e)),
+        };
+        first.map(|message| owner_of(&message.headers)).transpose()
+    }
+
+    async fn owned_state(
+        &self,
+        id: ExecutionId,
+    ) -> Result<Option<(Materializer, Tenant)>, StoreError> {
+        let Some((records, owner)) = self.read_all(id, Sequence::ZERO, usize::MAX).await? else {
+            return Ok(None);
+        };
+        let Some(materializer) = materialize(&records)? else {
+            return Ok(None);
+        };
+        // Long logs are read by an ordered consumer, which does not keep headers here.
+        let owner = match owner {
+            Some(owner) => owner,
+            None => match self.owner(id).await? {
+                Some(owner) => owner,
+                None => return Ok(None),
+            },
+        };
+        Ok(Some((materializer, owner)))
+    }
+
+    async fn read(&self, id: ExecutionId, after: Sequence, limit: usize) -> ReadResult {
+        Ok(self
+            .read_all(id, after, limit)
+            .await?
+            .map(|(records, _)| records))
+    }
+
+    async fn subscribe(&self, id: ExecutionId, after: Sequence) -> SubscribeResult {
+        // Subscribed before the head is read, so that head bounds a short log's history (see
+        // `live`); dropped again (unsubscribed) on every other path.
+        let subscriber = self
+            .backend
+            .client
+            .subscribe(self.backend.settings.stored_events_subject(&id))
+            .await
+            .map_err(|e| unavailable("subscribe", e))?;
+        let Some(Fetched { head, .. }) = self.fetch_head(id).await? else {
+            return Ok(None);
+        };
+        if head.terminal && head.sequence <= after {
+            return Ok(Some(futures_util::stream::empty().boxed()));
+        }
+        if head.sequence.get() <= DIRECT_READ_MAX {
+            let live = self.live(id, after, subscriber, head).await?;
+            return Ok(Some(live.fuse().boxed()));
+        }
+        drop(subscriber);
+        let stream = self.ordered(id).await?;
+        let filtered = stream.filter(move |item| {
+            let keep = match item {
+                Ok(record) => record.sequence() > after,
+                Err(_) => true,
+            };
+            std::future::ready(keep)
+        });
+        Ok(Some(filtered.fuse().boxed()))
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.backend.check_connected()
+    }
+}

@@ -1,0 +1,360 @@
+//! The read path: whole logs and subscriptions.
+//!
+//! Reads of short logs (up to 64 events, the common case) use direct gets, and subscriptions
+//! to them subscribe to the stream's republish of the execution (`{ns}.stored.{id}`) first,
+//! then read the history up to the head read after subscribing and merge by sequence,
+//! re-reading the stream on a gap (up to the message that showed it) or after a quiet second:
+//! no consumer state on the server per reader. No read chases the end of a log being written.
+//! Longer logs use an ordered consumer, which batches deliveries. (An ordered consumer for every reader cost the server most of a
+//! core at ~800 executions/s; see BENCHMARKS.md.)
+//!
+//! Readers never follow the write subject `{ns}.events.{id}`: core NATS delivers every publish
+//! there, including appends the stream refuses (a fenced writer's failed compare-and-set) or
+//! never stores (its leader was lost), so a reader would show events the log does not hold.
+//! The server republishes a message only once it is stored, so everything a reader sees comes
+//! from the log.
+
+use std::sync::Arc;
+
+use async_nats::jetstream::consumer::{self, DeliverPolicy};
+use async_nats::jetstream::stream::DirectGetErrorKind;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use protocol::{ExecutionId, Sequence, Tenant};
+
+use super::format::{decode_message, undecodable};
+use super::{Fetched, Head, NatsEventStore, owner_of};
+use crate::error::StoreError;
+use crate::event_store::{EventRecord, EventStream};
+use crate::nats::unavailable;
+
+/// Logs up to this many events are read by direct gets and followed with a plain subscription;
+/// longer ones by an ordered consumer, which batches deliveries.
+pub(super) const DIRECT_READ_MAX: u64 = 64;
+
+/// How long the live path may stay quiet before the stream is re-read.
+const LIVE_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The stream sequence the server stamped on a republished (stored) message.
+fn stored_sequence(message: &async_nats::Message) -> Option<u64> {
+    message
+        .headers
+        .as_ref()?
+        .get_last("Nats-Sequence")?
+        .as_str()
+        .parse()
+        .ok()
+}
+
+impl NatsEventStore {
+    /// Reads every event of the execution after `after`, in order (`None`: unknown execution),
+    /// and its owner when the first message was read on the way (short logs).
+    pub(super) async fn read_all(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+        limit: usize,
+    ) -> Result<Option<(Vec<Arc<EventRecord>>, Option<Tenant>)>, StoreError> {
+        let Some(Fetched { head, .. }) = self.fetch_head(id).await? else {
+            return Ok(None);
+        };
+        if head.sequence <= after || limit == 0 {
+            return Ok(Some((Vec::new(), None)));
+        }
+        let wanted_last = head
+            .sequence
+            .min(Sequence(after.get().saturating_add(limit as u64)));
+        if head.sequence.get() <= DIRECT_READ_MAX {
+            let mut owner = None;
+            let records = self
+                .history_from_owned(id, 1, Some(wanted_last), Some(&mut owner))
+                .await?;
+            let records = records
+                .into_iter()
+                .map(|(_, r)| r)
+                .filter(|r| r.sequence() > after && r.sequence() <= wanted_last)
+                .map(Arc::new)
+                .collect();
+            return Ok(Some((records, owner)));
+        }
+        let mut stream = self.ordered(id).await?;
+        let mut out = Vec::new();
+        while let Some(item) = stream.next().await {
+            let record = item?;
+            if record.sequence() > after {
+                let done = record.sequence() >= wanted_last;
+                out.push(record);
+                if done {
+                    break;
+                }
+            }
+        }
+        Ok(Some((out, None)))
+    }
+
+    /// Records of the execution's subject from stream sequence `from` on, by direct get (one
+    /// round trip each), stopping after execution sequence `stop_after` if given.
+    async fn history_from(
+        &self,
+        id: ExecutionId,
+        from: u64,
+        stop_after: Option<Sequence>,
+    ) -> Result<Vec<(u64, EventRecord)>, StoreError> {
+        self.history_from_owned(id, from, stop_after, None).await
+    }
+
+    /// [`Self::history_from`], also setting `owner` from the first message's headers if it is
+    /// among those read.
+    async fn history_from_owned(
+        &self,
+        id: ExecutionId,
+        mut from: u64,
+        stop_after: Option<Sequence>,
+        mut owner: Option<&mut Option<Tenant>>,
+    ) -> Result<Vec<(u64, EventRecord)>, StoreError> {
+        self.backend.check_connected()?;
+        let subject = self.subject(id);
+        let mut out = Vec::new();
+        loop {
+            match self
+                .stream
+                .direct_get_next_for_subject(subject.clone(), Some(from))
+                .await
+            {
+                Ok(message) => {
+                    let stream_sequence = message.sequence;
+                    let records = decode_message(Some(&message.headers), message.payload)
+                        .ok_or_else(undecodable)?;
+                    if let Some(owner) = owner.as_deref_mut()
+                        && records.first().is_some_and(|r| r.sequence() == Sequence(1))
+                    {
+                        *owner = Some(owner_of(&message.headers)?);
+                    }
+                    let done = records
+                        .last()
+                        .is_some_and(|r| stop_after.is_some_and(|s| r.sequence() >= s));
+                    from = stream_sequence + 1;
+                    out.extend(records.into_iter().map(|r| (stream_sequence, r)));
+                    if done {
+                        return Ok(out);
+                    }
+                }
+                Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(out),
+                Err(e) => return Err(unavailable("direct get", e)),
+            }
+        }
+    }
+
+    /// Short logs: the subscription to the stream's republish of the execution (stored events
+    /// only) is made first, then `head` is read, then the history up to it by direct get, and
+    /// both are merged by sequence. No server-side consumer is created, so streams cost the
+    /// server one subscription each. A gap on the live path (republish is at most once), or a
+    /// quiet second, triggers a re-read from the stream, so a message missed on the live path is
+    /// still delivered.
+    ///
+    /// Every message stored once the subscription is in place reaches it (the server takes this
+    /// connection's requests in order), so the history is read up to `head`, read after
+    /// subscribing: not to the end of the stream, which a log being written moves on faster
+    /// than reads keep up under load, and not to a head read before subscribing, which would
+    /// miss what was appended in between. A head from a lagging replica only shortens the
+    /// history: the live path's gap check reads the rest.
+    pub(super) async fn live(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+        subscriber: async_nats::Subscriber,
+        head: Head,
+    ) -> Result<EventStream, StoreError> {
+        let history = self.history_from(id, 1, Some(head.sequence)).await?;
+        let mut merge = LiveMerge {
+            store: self.clone(),
+            id,
+            subscriber,
+            expected: after.next(),
+            last_stream_sequence: 0,
+            ready: std::collections::VecDeque::new(),
+            finished: false,
+        };
+        merge.absorb(history)?;
+        let stream = futures_util::stream::unfold(merge, |mut merge| async move {
+            let item = merge.next().await?;
+            Some((item, merge))
+        });
+        Ok(stream.boxed())
+    }
+
+    /// Every event of the execution from the start, live, in order; ends after the terminal.
+    pub(super) async fn ordered(&self, id: ExecutionId) -> Result<EventStream, StoreError> {
+        self.backend.check_connected()?;
+        let consumer = self
+            .stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                filter_subject: self.subject(id),
+                deliver_policy: DeliverPolicy::All,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| unavailable("create ordered consumer", e))?;
+        let messages = consumer
+            .messages()
+            .await
+            .map_err(|e| unavailable("consume", e))?;
+        let state = Ordered {
+            messages,
+            pending: std::collections::VecDeque::new(),
+            last: Sequence::ZERO,
+            done: false,
+        };
+        let stream = futures_util::stream::unfold(state, |mut state| async move {
+            let item = state.next().await?;
+            Some((item, state))
+        });
+        Ok(stream.boxed())
+    }
+}
+
+/// State of a merged history + live subscription.
+struct LiveMerge {
+    store: NatsEventStore,
+    id: ExecutionId,
+    subscriber: async_nats::Subscriber,
+    /// The next execution sequence to deliver.
+    expected: Sequence,
+    /// Stream sequence of the last record read from the stream.
+    last_stream_sequence: u64,
+    ready: std::collections::VecDeque<Arc<EventRecord>>,
+    finished: bool,
+}
+
+impl LiveMerge {
+    /// Queues the records that continue the log; skips ones already delivered.
+    fn accept(&mut self, record: EventRecord) {
+        if record.sequence() == self.expected && !self.finished {
+            self.expected = self.expected.next();
+            self.finished = record.event.is_terminal();
+            self.ready.push_back(Arc::new(record));
+        }
+    }
+
+    fn absorb(&mut self, records: Vec<(u64, EventRecord)>) -> Result<(), StoreError> {
+        for (stream_sequence, record) in records {
+            self.last_stream_sequence = self.last_stream_sequence.max(stream_sequence);
+            if record.sequence() > self.expected {
+                return Err(StoreError::Unavailable("gap in event log".into()));
+            }
+            self.accept(record);
+        }
+        Ok(())
+    }
+
+    /// Reads the stream after the last message delivered, up to the end of the log or, given
+    /// `stop_after`, up to the message holding that event (a bound, so a re-read never chases
+    /// the end of a log still being written).
+    async fn reread(&mut self, stop_after: Option<Sequence>) -> Result<(), StoreError> {
+        let records = self
+            .store
+            .history_from(self.id, self.last_stream_sequence + 1, stop_after)
+            .await?;
+        self.absorb(records)
+    }
+
+    async fn next(&mut self) -> Option<Result<Arc<EventRecord>, StoreError>> {
+        loop {
+            if let Some(record) = self.ready.pop_front() {
+                return Some(Ok(record));
+            }
+            if self.finished {
+                return None;
+            }
+            let message = match tokio::time::timeout(LIVE_RECHECK, self.subscriber.next()).await {
+                Ok(Some(message)) => Some(message),
+                Ok(None) => {
+                    return Some(Err(StoreError::Unavailable("subscription closed".into())));
+                }
+                Err(_) => None,
+            };
+            let decoded = message.and_then(|m| {
+                let records = decode_message(m.headers.as_ref(), m.payload.clone())?;
+                Some((stored_sequence(&m), records))
+            });
+            // An undecodable message or a quiet second: read what the stream has.
+            let Some((stream_sequence, records)) = decoded else {
+                if let Err(e) = self.reread(None).await {
+                    self.finished = true;
+                    return Some(Err(e));
+                }
+                continue;
+            };
+            // A message is stored as a unit: it continues what was delivered when its first
+            // event is not past the next expected one (earlier events are skipped). Past it, a
+            // message was missed on the live path: the stream is read up to this one.
+            let first = records[0].sequence();
+            if first > self.expected
+                && let Err(e) = self.reread(Some(Sequence(first.get() - 1))).await
+            {
+                self.finished = true;
+                return Some(Err(e));
+            }
+            if first <= self.expected {
+                // Everything of this execution up to here has been delivered, so a re-read
+                // may start after it.
+                if let Some(s) = stream_sequence {
+                    self.last_stream_sequence = self.last_stream_sequence.max(s);
+                }
+                for record in records {
+                    self.accept(record);
+                }
+            }
+            // Otherwise the re-read came short (a lagging replica answered): the next message
+            // or the next quiet second reads again.
+        }
+    }
+}
+
+/// State of an ordered-consumer read: the messages, the events of the current message not yet
+/// yielded, the last sequence yielded.
+struct Ordered {
+    messages: consumer::pull::Ordered,
+    pending: std::collections::VecDeque<EventRecord>,
+    last: Sequence,
+    done: bool,
+}
+
+impl Ordered {
+    async fn next(&mut self) -> Option<Result<Arc<EventRecord>, StoreError>> {
+        loop {
+            if self.done {
+                return None;
+            }
+            let Some(record) = self.pending.pop_front() else {
+                let message = match self.messages.next().await? {
+                    Ok(m) => m,
+                    Err(e) => {
+                        self.done = true;
+                        return Some(Err(unavailable("ordered consumer", e)));
+                    }
+                };
+                let payload: Bytes = message.message.payload.clone();
+                match decode_message(message.message.headers.as_ref(), payload) {
+                    Some(records) => self.pending.extend(records),
+                    None => {
+                        self.done = true;
+                        return Some(Err(undecodable()));
+                    }
+                }
+                continue;
+            };
+            let seq = record.sequence();
+            if seq <= self.last {
+                continue; // redelivered after a consumer reset
+            }
+            if seq != self.last.next() {
+                self.done = true;
+                return Some(Err(StoreError::Unavailable("gap in event log".into())));
+            }
+            self.last = seq;
+            self.done = record.event.is_terminal();
+            return Some(Ok(Arc::new(record)));
+        }
+    }
+}
