@@ -460,18 +460,30 @@ async fn get_events(
 ) -> Result<Response, ApiError> {
     principal.require(Scope::Read)?;
     let id = execution_id(path, &uri)?.ok_or(EXECUTION_NOT_FOUND)?;
-    // Existence (and ownership) is checked before the cursor [R 52]; the owner and the end of
-    // the log are all we need.
+    // Existence (and ownership) is checked before the cursor [R 52]: the cursor is parsed now
+    // but its error is answered only for an execution the caller may see.
+    let after = cursor(query.as_deref(), &headers);
+    // A resume past the end of a finished log is answered at once, without a stream: that
+    // needs the end of the log, read beside the owner (a request, not a round trip). A stream
+    // from the start, the common case, needs no head here (every log has events after 0).
+    let resuming = matches!(after, Ok(after) if after > Sequence::ZERO);
     let store = &state.backend().store;
-    // Both reads at once: ownership costs a request, not a round trip.
-    let (owner, head) = tokio::join!(store.owner(id), store.head(id));
+    let (owner, head) = tokio::join!(store.owner(id), async {
+        if resuming {
+            store.head(id).await.map(Some)
+        } else {
+            Ok(None)
+        }
+    });
     if owner? != Some(principal.tenant.clone()) {
         return Err(EXECUTION_NOT_FOUND);
     }
-    let head = head?.ok_or(EXECUTION_NOT_FOUND)?;
-    let after = cursor(query.as_deref(), &headers)?;
-    if head.terminal && after >= head.last_sequence {
-        return Ok(empty_sse_response());
+    let after = after?;
+    if let Some(head) = head? {
+        let head = head.ok_or(EXECUTION_NOT_FOUND)?;
+        if head.terminal && after >= head.last_sequence {
+            return Ok(empty_sse_response());
+        }
     }
     events_response(&state, id, after, stream_permit(&state)?).await
 }
