@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use runtime::{Delivery, JobQueue, StoreError};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -137,7 +137,15 @@ async fn receive_loop(
         loop {
             let next = tokio::select! {
                 biased;
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => {
+                    // What the request already delivered still runs (a memory queue would never
+                    // deliver it again); the shutdown grace decides for how long.
+                    while let Some(Some(Ok(delivery))) = deliveries.next().now_or_never() {
+                        let Some(permit) = permits.pop() else { break };
+                        start(&tracker, &runner, delivery, permit, config.heartbeat);
+                    }
+                    return;
+                }
                 next = deliveries.next() => next,
             };
             let delivery = match next {
@@ -157,14 +165,24 @@ async fn receive_loop(
                 tracing::error!("job queue yielded more jobs than asked for");
                 break;
             };
-            let runner = Arc::clone(&runner);
-            let heartbeat = config.heartbeat;
-            tracker.spawn(async move {
-                run_delivery(&runner, delivery, heartbeat).await;
-                drop(permit);
-            });
+            start(&tracker, &runner, delivery, permit, config.heartbeat);
         }
     }
+}
+
+/// Runs `delivery` in the slot `permit` holds, tracked so shutdown can wait for it.
+fn start(
+    tracker: &TaskTracker,
+    runner: &Arc<Runner>,
+    delivery: Delivery,
+    permit: OwnedSemaphorePermit,
+    heartbeat: Duration,
+) {
+    let runner = Arc::clone(runner);
+    tracker.spawn(async move {
+        run_delivery(&runner, delivery, heartbeat).await;
+        drop(permit);
+    });
 }
 
 /// Logs a failed receive and waits `backoff` (doubling it, up to 5 s) before the next request;

@@ -1554,3 +1554,84 @@ async fn a_pipelined_execution_past_its_deadline_is_closed_after_its_output() {
     )
     .await;
 }
+
+/// A memory queue whose batch request holds its second job until `gate` opens: a request the
+/// pool has taken one delivery from while the next is still on its way.
+struct SecondHeld {
+    inner: Arc<MemoryJobQueue>,
+    gate: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait::async_trait]
+impl JobQueue for SecondHeld {
+    async fn publish(&self, job: &runtime::Job) -> Result<(), StoreError> {
+        self.inner.publish(job).await
+    }
+    async fn withdraw(&self, job: &runtime::Job) -> Result<(), StoreError> {
+        self.inner.withdraw(job).await
+    }
+    async fn receive(&self) -> Result<Option<runtime::Delivery>, StoreError> {
+        self.inner.receive().await
+    }
+    async fn receive_up_to(&self, max: usize) -> Result<Option<runtime::Deliveries>, StoreError> {
+        use futures_util::StreamExt;
+        assert!(max >= 2, "two free slots");
+        let (Some(first), Some(second)) =
+            (self.inner.receive().await?, self.inner.receive().await?)
+        else {
+            return Ok(None);
+        };
+        let gate = Arc::clone(&self.gate);
+        let second = futures_util::stream::once(async move {
+            gate.notified().await;
+            Ok(second)
+        });
+        Ok(Some(
+            futures_util::stream::iter([Ok(first)])
+                .chain(second)
+                .boxed(),
+        ))
+    }
+    fn close(&self) {
+        self.inner.close();
+    }
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.inner.ready().await
+    }
+    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<runtime::QueuedJob>, StoreError> {
+        self.inner.scan(after, limit).await
+    }
+}
+
+// One thread: opening the gate and stopping the pool happen in one poll of the test, so the
+// pool sees both at once (the case where a stop finds a delivered job not yet started).
+#[tokio::test(flavor = "current_thread")]
+async fn shutdown_still_runs_the_jobs_a_request_already_delivered() {
+    let (a, h) = succeeding_a();
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let queue = Arc::new(SecondHeld {
+        inner: Arc::new(MemoryJobQueue::new()),
+        gate: Arc::clone(&gate),
+    });
+    let pool = WorkerPool::spawn(
+        Arc::clone(&queue) as Arc<dyn JobQueue>,
+        Arc::clone(&h.runner),
+        PoolConfig {
+            concurrency: 2,
+            heartbeat: Duration::from_secs(10),
+        },
+    );
+    let first = h.submit(&text_request(""), LONG).await;
+    let second = h.submit(&text_request(""), LONG).await;
+    queue.publish(&first).await.unwrap();
+    queue.publish(&second).await.unwrap();
+    wait_until("the first job ran", PATIENCE, || {
+        h.is_terminal(first.execution_id)
+    })
+    .await;
+
+    gate.notify_one();
+    assert!(within("shutdown", PATIENCE, pool.shutdown(PATIENCE)).await);
+    h.assert_log(second.execution_id, &success_log("a")).await;
+    assert_eq!(a.calls(), 2);
+}
