@@ -108,8 +108,7 @@ pub trait JobQueue: Send + Sync + 'static {
     async fn withdraw(&self, job: &Job) -> Result<(), StoreError>;
     async fn receive(&self) -> Result<Option<Delivery>, StoreError>;
     /// Up to `max` deliveries from one request (see the contract above); `Ok(None)`: closed.
-    async fn receive_up_to(&self, max: usize) -> Result<Option<Deliveries>, StoreError> {
-        let _ = max;
+    async fn receive_up_to(&self, _max: usize) -> Result<Option<Deliveries>, StoreError> {
         Ok(self
             .receive()
             .await?

@@ -111,18 +111,19 @@ async fn receive_loop(
             () = stop.cancelled() => return,
             permit = Arc::clone(&slots).acquire_owned() => match permit { Ok(p) => p, Err(_) => return },
         };
-        // Every slot free now; those the request does not fill are released when it ends.
-        let mut permits = vec![first];
-        while permits.len() < MAX_PULL {
-            match Arc::clone(&slots).try_acquire_owned() {
-                Ok(permit) => permits.push(permit),
-                Err(_) => break,
-            }
+        // Every slot free now, in one permit; a delivery splits its slot off, and those the
+        // request does not fill are released when it ends.
+        let mut permits = first;
+        let more = slots.available_permits().min(MAX_PULL - 1);
+        if let Ok(extra) =
+            Arc::clone(&slots).try_acquire_many_owned(u32::try_from(more).unwrap_or(0))
+        {
+            permits.merge(extra);
         }
         let deliveries = tokio::select! {
             biased;
             () = stop.cancelled() => return,
-            d = queue.receive_up_to(permits.len()) => d,
+            d = queue.receive_up_to(permits.num_permits()) => d,
         };
         let mut deliveries = match deliveries {
             Ok(Some(d)) => d,
@@ -141,7 +142,7 @@ async fn receive_loop(
                     // What the request already delivered still runs (a memory queue would never
                     // deliver it again); the shutdown grace decides for how long.
                     while let Some(Some(Ok(delivery))) = deliveries.next().now_or_never() {
-                        let Some(permit) = permits.pop() else { break };
+                        let Some(permit) = permits.split(1) else { break };
                         start(&tracker, &runner, delivery, permit, config.heartbeat);
                     }
                     return;
@@ -161,7 +162,7 @@ async fn receive_loop(
             backoff = Duration::from_millis(100);
             // A queue never yields more deliveries than asked for; one that did would only
             // lose this job to redelivery, never overfill the slots.
-            let Some(permit) = permits.pop() else {
+            let Some(permit) = permits.split(1) else {
                 tracing::error!("job queue yielded more jobs than asked for");
                 break;
             };

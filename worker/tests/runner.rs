@@ -236,15 +236,30 @@ fn spawn_pool(
     heartbeat: Duration,
 ) -> (Arc<MemoryJobQueue>, WorkerPool) {
     let queue = Arc::new(MemoryJobQueue::new());
-    let pool = WorkerPool::spawn(
+    let pool = spawn_pool_on(
+        h,
         Arc::clone(&queue) as Arc<dyn JobQueue>,
+        concurrency,
+        heartbeat,
+    );
+    (queue, pool)
+}
+
+/// [`spawn_pool`] over a given queue.
+fn spawn_pool_on(
+    h: &Harness,
+    queue: Arc<dyn JobQueue>,
+    concurrency: usize,
+    heartbeat: Duration,
+) -> WorkerPool {
+    WorkerPool::spawn(
+        queue,
         Arc::clone(&h.runner),
         PoolConfig {
             concurrency,
             heartbeat,
         },
-    );
-    (queue, pool)
+    )
 }
 
 /// Provider `a` streams 20 deltas (fallback `b` after it) into a store that holds 4 events
@@ -1613,13 +1628,11 @@ async fn shutdown_still_runs_the_jobs_a_request_already_delivered() {
         inner: Arc::new(MemoryJobQueue::new()),
         gate: Arc::clone(&gate),
     });
-    let pool = WorkerPool::spawn(
+    let pool = spawn_pool_on(
+        &h,
         Arc::clone(&queue) as Arc<dyn JobQueue>,
-        Arc::clone(&h.runner),
-        PoolConfig {
-            concurrency: 2,
-            heartbeat: Duration::from_secs(10),
-        },
+        2,
+        Duration::from_secs(10),
     );
     let first = h.submit(&text_request(""), LONG).await;
     let second = h.submit(&text_request(""), LONG).await;

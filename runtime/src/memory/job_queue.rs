@@ -145,41 +145,15 @@ impl JobQueue for MemoryJobQueue {
     }
 
     async fn receive(&self) -> Result<Option<Delivery>, StoreError> {
-        let mut rx = tokio::select! {
-            rx = self.rx.lock() => rx,
-            () = self.closed.cancelled() => return Ok(None),
-        };
-        loop {
-            let received = tokio::select! {
-                job = rx.recv() => job,
-                () = self.closed.cancelled() => return Ok(None),
-            };
-            let Some((position, job)) = received else {
-                return Ok(None);
-            };
-            if let Some(delivery) = self.deliver(position, job) {
-                return Ok(Some(delivery));
-            }
-        }
+        Ok(self.take(1).await?.and_then(|mut taken| taken.pop()))
     }
 
     /// The next job as `receive` waits for it, then every job already waiting, up to `max`.
     async fn receive_up_to(&self, max: usize) -> Result<Option<Deliveries>, StoreError> {
-        let Some(first) = self.receive().await? else {
-            return Ok(None);
-        };
-        let mut deliveries = vec![Ok(first)];
-        if let Ok(mut rx) = self.rx.try_lock() {
-            while deliveries.len() < max {
-                let Ok((position, job)) = rx.try_recv() else {
-                    break;
-                };
-                if let Some(delivery) = self.deliver(position, job) {
-                    deliveries.push(Ok(delivery));
-                }
-            }
-        }
-        Ok(Some(futures_util::stream::iter(deliveries).boxed()))
+        Ok(self
+            .take(max)
+            .await?
+            .map(|taken| futures_util::stream::iter(taken.into_iter().map(Ok)).boxed()))
     }
 
     fn close(&self) {
@@ -206,6 +180,33 @@ impl JobQueue for MemoryJobQueue {
 }
 
 impl MemoryJobQueue {
+    /// Waits for the next job not withdrawn, then takes every job already waiting, up to `max`
+    /// in all (at least one); `None` once the queue is closed.
+    async fn take(&self, max: usize) -> Result<Option<Vec<Delivery>>, StoreError> {
+        let mut rx = tokio::select! {
+            rx = self.rx.lock() => rx,
+            () = self.closed.cancelled() => return Ok(None),
+        };
+        let mut taken = Vec::new();
+        while taken.is_empty() {
+            let received = tokio::select! {
+                job = rx.recv() => job,
+                () = self.closed.cancelled() => return Ok(None),
+            };
+            let Some((position, job)) = received else {
+                return Ok(None);
+            };
+            taken.extend(self.deliver(position, job));
+        }
+        while taken.len() < max {
+            let Ok((position, job)) = rx.try_recv() else {
+                break;
+            };
+            taken.extend(self.deliver(position, job));
+        }
+        Ok(Some(taken))
+    }
+
     /// The delivery of a received job; `None` for a withdrawn one (dropped).
     fn deliver(&self, position: u64, job: Job) -> Option<Delivery> {
         if self.held.lock().withdrawn.remove(&job.execution_id) {
