@@ -463,11 +463,27 @@ async fn get_events(
     // Existence (and ownership) is checked before the cursor [R 52]: the cursor is parsed now
     // but its error is answered only for an execution the caller may see.
     let after = cursor(query.as_deref(), &headers);
-    // A resume past the end of a finished log is answered at once, without a stream: that
-    // needs the end of the log, read beside the owner (a request, not a round trip). A stream
-    // from the start, the common case, needs no head here (every log has events after 0).
-    let resuming = matches!(after, Ok(after) if after > Sequence::ZERO);
     let store = &state.backend().store;
+    if matches!(after, Ok(after) if after == Sequence::ZERO)
+        && let Ok(permit) = stream_permit(&state)
+    {
+        // From the start, the common case: the owner comes with the log's first read (one
+        // request for a short log); the subscription is dropped unused if the caller may not
+        // see the execution.
+        let (owner, records) = store
+            .owned_subscribe(id, Sequence::ZERO)
+            .await?
+            .ok_or(EXECUTION_NOT_FOUND)?;
+        if owner != principal.tenant {
+            return Err(EXECUTION_NOT_FOUND);
+        }
+        return Ok(sse_response(&state, records, permit));
+    }
+    // A resume, a cursor error, or no stream slot left (answered 429 only to a caller who may
+    // see the execution). A resume past the end of a finished log is answered at once, without
+    // a stream: that needs the end of the log, read beside the owner (a request, not a round
+    // trip).
+    let resuming = matches!(after, Ok(after) if after > Sequence::ZERO);
     let (owner, head) = tokio::join!(store.owner(id), async {
         if resuming {
             store.head(id).await.map(Some)

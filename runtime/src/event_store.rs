@@ -173,9 +173,10 @@ pub type SubscribeResult = Result<Option<EventStream>, StoreError>;
 ///   more on its behalf (readers pull from the log).
 /// - `owner` returns the tenant the log was created for; a log stored without an owner (before
 ///   executions had owners) belongs to the default tenant. `owned_state` is `state` together
-///   with `owner`, in one read where the backend can.
-/// - `state`/`read`/`subscribe`/`owner`/`owned_state` return `Ok(None)` for an unknown
-///   execution.
+///   with `owner`, and `owned_subscribe` is `subscribe` together with `owner`, each in one read
+///   where the backend can.
+/// - `state`/`read`/`subscribe`/`owner`/`owned_state`/`owned_subscribe` return `Ok(None)` for
+///   an unknown execution.
 /// - Retention: a terminal execution may be dropped after the retention period or evicted
 ///   (oldest terminal first) when capacity is needed; active executions are never evicted.
 #[async_trait]
@@ -243,6 +244,24 @@ pub trait EventStore: Send + Sync + 'static {
 
     /// Replay after `after`, then live, ending after the terminal event.
     async fn subscribe(&self, id: ExecutionId, after: Sequence) -> SubscribeResult;
+
+    /// [`EventStore::subscribe`] and [`EventStore::owner`] together (`None`: unknown
+    /// execution). The default makes two reads; implementations that see the owner while
+    /// reading the log override it. The subscription exists before the caller checks the
+    /// owner: a caller that refuses it drops it, which changes nothing.
+    async fn owned_subscribe(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+    ) -> Result<Option<(Tenant, EventStream)>, StoreError> {
+        let Some(owner) = self.owner(id).await? else {
+            return Ok(None);
+        };
+        Ok(self
+            .subscribe(id, after)
+            .await?
+            .map(|stream| (owner, stream)))
+    }
 
     /// Whether the backend is reachable and writable.
     async fn ready(&self) -> Result<(), StoreError>;

@@ -526,8 +526,9 @@ async fn a_run_is_one_message_and_single_event_messages_of_old_logs_stay_readabl
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn long_logs_of_runs_read_through_the_ordered_consumer() {
-    // Past 64 events readers use an ordered consumer: it expands runs too.
+async fn long_logs_of_runs_read_in_one_batch_and_long_logs_of_messages_by_the_ordered_consumer() {
+    // Up to 64 messages a log is read in one batched direct get, however many events its runs
+    // hold; past 64 messages readers use an ordered consumer, which expands runs too.
     let (_server, _, backend, store) = node().await;
     let id = routed(&store).await;
     let writer = WriterId::random();
@@ -550,6 +551,39 @@ async fn long_logs_of_runs_read_through_the_ordered_consumer() {
         sequences(&drain(from_inside).await),
         (71..=99).collect::<Vec<_>>()
     );
+
+    // 72 messages: 34 runs of two, then single events; every cursor reads the same log.
+    let id = routed(&store).await;
+    for start in (3..=70u64).step_by(2) {
+        let run: Vec<EventRecord> = (start..start + 2)
+            .map(|s| EventRecord::new(ev(id, s, delta("x"))))
+            .collect();
+        store.append_run_as(&run, writer).await.unwrap();
+    }
+    for seq in 71..=105u64 {
+        store.append(ev(id, seq, delta("x"))).await.unwrap();
+    }
+    store.append(ev(id, 106, completed())).await.unwrap();
+    let all = store
+        .read(id, Sequence(0), usize::MAX)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(sequences(&all), (1..=106).collect::<Vec<_>>());
+    for after in [0u64, 3, 70, 104] {
+        let stream = store.subscribe(id, Sequence(after)).await.unwrap().unwrap();
+        assert_eq!(
+            sequences(&drain(stream).await),
+            (after + 1..=106).collect::<Vec<_>>()
+        );
+    }
+    let (owner, stream) = store
+        .owned_subscribe(id, Sequence(0))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(owner.is_default());
+    assert_eq!(sequences(&drain(stream).await).len(), 106);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

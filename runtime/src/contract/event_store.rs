@@ -331,12 +331,20 @@ async fn executions_belong_to_their_creator(store: &dyn EventStore) {
     let (state, owner) = store.owned_state(id).await.unwrap().unwrap();
     assert_eq!((state.last_sequence(), owner), (Sequence(2), acme.clone()));
     assert_eq!(store.owner(id).await.unwrap(), Some(acme.clone()));
+    assert_eq!(
+        owned_subscribe(store, id, 0, 2).await,
+        (acme.clone(), vec![1, 2])
+    );
     // Past the length where backends switch read strategies, the owner is still known.
     for seq in 3..=70 {
         store.append(event(id, seq, delta("x"))).await.unwrap();
     }
     let (state, owner) = store.owned_state(id).await.unwrap().unwrap();
-    assert_eq!((state.last_sequence(), owner), (Sequence(70), acme));
+    assert_eq!((state.last_sequence(), owner), (Sequence(70), acme.clone()));
+    assert_eq!(
+        owned_subscribe(store, id, 67, 3).await,
+        (acme, vec![68, 69, 70])
+    );
     // `create` is the default tenant's.
     let anonymous = accepted(store).await;
     assert_eq!(
@@ -345,9 +353,45 @@ async fn executions_belong_to_their_creator(store: &dyn EventStore) {
     );
     let (_, owner) = store.owned_state(anonymous).await.unwrap().unwrap();
     assert!(owner.is_default());
+    assert_eq!(
+        owned_subscribe(store, anonymous, 0, 1).await,
+        (Tenant::default(), vec![1])
+    );
     let unknown = ExecutionId::new_random();
     assert_eq!(store.owner(unknown).await.unwrap(), None);
     assert!(store.owned_state(unknown).await.unwrap().is_none());
+    assert!(
+        store
+            .owned_subscribe(unknown, Sequence(0))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+/// The owner `owned_subscribe` reports for the known execution `id`, and the sequences of the
+/// first `n` events its subscription after `after` yields.
+async fn owned_subscribe(
+    store: &dyn EventStore,
+    id: ExecutionId,
+    after: u64,
+    n: usize,
+) -> (Tenant, Vec<u64>) {
+    let (owner, mut stream) = store
+        .owned_subscribe(id, Sequence(after))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < n {
+        let record = tokio::time::timeout(PROMPT, stream.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        seen.push(record.sequence().get());
+    }
+    (owner, seen)
 }
 
 async fn create_and_append_in_order(store: &dyn EventStore) {

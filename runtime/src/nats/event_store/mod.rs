@@ -22,6 +22,7 @@
 //!   and following it live.
 
 mod append;
+mod direct;
 mod format;
 mod read;
 
@@ -37,11 +38,12 @@ use protocol::materialize::{Materializer, check_event};
 use protocol::{ExecutionId, RuntimeEvent, Sequence, Tenant};
 
 use self::format::{decode_message, pack, undecodable};
-use self::read::DIRECT_READ_MAX;
+use self::read::Opened;
 use super::{NatsBackend, unavailable};
 use crate::error::StoreError;
 use crate::event_store::{
-    EventRecord, EventStore, LogHead, ReadResult, RunError, SubscribeResult, WriterId, check_run,
+    EventRecord, EventStore, EventStream, LogHead, ReadResult, RunError, SubscribeResult, WriterId,
+    check_run,
 };
 
 /// What this process knows about the end of a log.
@@ -195,6 +197,52 @@ impl NatsEventStore {
             Err(e) => Err(unavailable("message get", e)),
         }
     }
+
+    /// A subscription to the log after `after`, and the owner when the read brought it (short
+    /// logs). Subscribed before the log is read, so that one read bounds a short log's history
+    /// (see `read::live`); dropped again (unsubscribed) on every other path.
+    async fn open_stream(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+    ) -> Result<Option<(EventStream, Option<Tenant>)>, StoreError> {
+        let subscriber = self
+            .backend
+            .client
+            .subscribe(self.backend.settings.stored_events_subject(&id))
+            .await
+            .map_err(|e| unavailable("subscribe", e))?;
+        let Some(opened) = self.open(id).await? else {
+            return Ok(None);
+        };
+        if let Opened::Short((history, owner)) = opened {
+            let ended = history
+                .last()
+                .is_some_and(|(_, r)| r.event.is_terminal() && r.sequence() <= after);
+            let stream = if ended {
+                futures_util::stream::empty().boxed()
+            } else {
+                self.live(id, after, subscriber, history)?.fuse().boxed()
+            };
+            return Ok(Some((stream, owner)));
+        }
+        drop(subscriber);
+        let Some(Fetched { head, .. }) = self.fetch_head(id).await? else {
+            return Ok(None);
+        };
+        if head.terminal && head.sequence <= after {
+            return Ok(Some((futures_util::stream::empty().boxed(), None)));
+        }
+        let stream = self.ordered(id).await?;
+        let filtered = stream.filter(move |item| {
+            let keep = match item {
+                Ok(record) => record.sequence() > after,
+                Err(_) => true,
+            };
+            std::future::ready(keep)
+        });
+        Ok(Some((filtered.fuse().boxed(), None)))
+    }
 }
 
 #[async_trait]
@@ -331,34 +379,26 @@ impl EventStore for NatsEventStore {
     }
 
     async fn subscribe(&self, id: ExecutionId, after: Sequence) -> SubscribeResult {
-        // Subscribed before the head is read, so that head bounds a short log's history (see
-        // `live`); dropped again (unsubscribed) on every other path.
-        let subscriber = self
-            .backend
-            .client
-            .subscribe(self.backend.settings.stored_events_subject(&id))
-            .await
-            .map_err(|e| unavailable("subscribe", e))?;
-        let Some(Fetched { head, .. }) = self.fetch_head(id).await? else {
+        Ok(self.open_stream(id, after).await?.map(|(stream, _)| stream))
+    }
+
+    async fn owned_subscribe(
+        &self,
+        id: ExecutionId,
+        after: Sequence,
+    ) -> Result<Option<(Tenant, EventStream)>, StoreError> {
+        let Some((stream, owner)) = self.open_stream(id, after).await? else {
             return Ok(None);
         };
-        if head.terminal && head.sequence <= after {
-            return Ok(Some(futures_util::stream::empty().boxed()));
-        }
-        if head.sequence.get() <= DIRECT_READ_MAX {
-            let live = self.live(id, after, subscriber, head).await?;
-            return Ok(Some(live.fuse().boxed()));
-        }
-        drop(subscriber);
-        let stream = self.ordered(id).await?;
-        let filtered = stream.filter(move |item| {
-            let keep = match item {
-                Ok(record) => record.sequence() > after,
-                Err(_) => true,
-            };
-            std::future::ready(keep)
-        });
-        Ok(Some(filtered.fuse().boxed()))
+        let owner = match owner {
+            Some(owner) => owner,
+            // A long log, read by an ordered consumer: its first message is one more read.
+            None => match self.owner(id).await? {
+                Some(owner) => owner,
+                None => return Ok(None),
+            },
+        };
+        Ok(Some((owner, stream)))
     }
 
     async fn ready(&self) -> Result<(), StoreError> {

@@ -1,12 +1,13 @@
 //! The read path: whole logs and subscriptions.
 //!
-//! Reads of short logs (up to 64 events, the common case) use direct gets, and subscriptions
-//! to them subscribe to the stream's republish of the execution (`{ns}.stored.{id}`) first,
-//! then read the history up to the head read after subscribing and merge by sequence,
-//! re-reading the stream on a gap (up to the message that showed it) or after a quiet second:
-//! no consumer state on the server per reader. No read chases the end of a log being written.
-//! Longer logs use an ordered consumer, which batches deliveries. (An ordered consumer for every reader cost the server most of a
-//! core at ~800 executions/s; see BENCHMARKS.md.)
+//! Short logs (up to 64 messages, the common case) are read in one batched direct get
+//! ([`super::direct`]), which also brings the owner from the first message's headers.
+//! Subscriptions to them subscribe to the stream's republish of the execution
+//! (`{ns}.stored.{id}`) first, then read that batch and merge by sequence, re-reading the
+//! stream on a gap (up to the message that showed it) or after a quiet second: no consumer
+//! state on the server per reader. No read chases the end of a log being written. Longer logs
+//! use an ordered consumer, which batches deliveries. (An ordered consumer for every reader
+//! cost the server most of a core at ~800 executions/s; see BENCHMARKS.md.)
 //!
 //! Readers never follow the write subject `{ns}.events.{id}`: core NATS delivers every publish
 //! there, including appends the stream refuses (a fenced writer's failed compare-and-set) or
@@ -17,20 +18,20 @@
 use std::sync::Arc;
 
 use async_nats::jetstream::consumer::{self, DeliverPolicy};
-use async_nats::jetstream::stream::DirectGetErrorKind;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use protocol::{ExecutionId, Sequence, Tenant};
 
+use super::direct::Batch;
 use super::format::{decode_message, undecodable};
-use super::{Fetched, Head, NatsEventStore, owner_of};
+use super::{Edge, Fetched, NatsEventStore, owner_of};
 use crate::error::StoreError;
 use crate::event_store::{EventRecord, EventStream};
 use crate::nats::unavailable;
 
-/// Logs up to this many events are read by direct gets and followed with a plain subscription;
-/// longer ones by an ordered consumer, which batches deliveries.
-pub(super) const DIRECT_READ_MAX: u64 = 64;
+/// Logs up to this many messages are read by one batched direct get and followed with a plain
+/// subscription; longer ones by an ordered consumer, which batches deliveries.
+pub(super) const DIRECT_READ_MAX: usize = 64;
 
 /// How long the live path may stay quiet before the stream is re-read.
 const LIVE_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
@@ -46,7 +47,52 @@ fn stored_sequence(message: &async_nats::Message) -> Option<u64> {
         .ok()
 }
 
+/// The records of a batch with the stream sequence of the message each came in, and the owner
+/// if the batch holds the log's first message.
+type Decoded = (Vec<(u64, EventRecord)>, Option<Tenant>);
+
+fn decode_batch(batch: Batch) -> Result<Decoded, StoreError> {
+    let mut owner = None;
+    let mut out = Vec::new();
+    for message in batch.messages {
+        let records =
+            decode_message(Some(&message.headers), message.payload).ok_or_else(undecodable)?;
+        if records.first().is_some_and(|r| r.sequence() == Sequence(1)) {
+            owner = Some(owner_of(&message.headers)?);
+        }
+        out.extend(records.into_iter().map(|r| (message.stream_sequence, r)));
+    }
+    Ok((out, owner))
+}
+
+/// How a log opened for reading is read.
+pub(super) enum Opened {
+    /// A short log, whole as the server saw it, with its owner.
+    Short(Decoded),
+    /// A long log (more than [`DIRECT_READ_MAX`] messages), or one a lagging replica did not
+    /// have yet: read by an ordered consumer, which the stream leader serves.
+    Long,
+}
+
 impl NatsEventStore {
+    /// Reads the start of the execution's log in one request: a short log whole, with its
+    /// owner (`None`: unknown execution).
+    pub(super) async fn open(&self, id: ExecutionId) -> Result<Option<Opened>, StoreError> {
+        let subject = self.subject(id);
+        let batch = self.direct_batch(&subject, 1, DIRECT_READ_MAX).await?;
+        if batch.messages.is_empty() {
+            // A follower may not have applied a log the leader acknowledged: the leader decides.
+            return Ok(self
+                .confirm_missing(id, Edge::First)
+                .await?
+                .map(|_| Opened::Long));
+        }
+        if batch.more {
+            return Ok(Some(Opened::Long));
+        }
+        Ok(Some(Opened::Short(decode_batch(batch)?)))
+    }
+
     /// Reads every event of the execution after `after`, in order (`None`: unknown execution),
     /// and its owner when the first message was read on the way (short logs).
     pub(super) async fn read_all(
@@ -55,20 +101,11 @@ impl NatsEventStore {
         after: Sequence,
         limit: usize,
     ) -> Result<Option<(Vec<Arc<EventRecord>>, Option<Tenant>)>, StoreError> {
-        let Some(Fetched { head, .. }) = self.fetch_head(id).await? else {
+        let Some(opened) = self.open(id).await? else {
             return Ok(None);
         };
-        if head.sequence <= after || limit == 0 {
-            return Ok(Some((Vec::new(), None)));
-        }
-        let wanted_last = head
-            .sequence
-            .min(Sequence(after.get().saturating_add(limit as u64)));
-        if head.sequence.get() <= DIRECT_READ_MAX {
-            let mut owner = None;
-            let records = self
-                .history_from_owned(id, 1, Some(wanted_last), Some(&mut owner))
-                .await?;
+        let wanted_last = Sequence(after.get().saturating_add(limit as u64));
+        if let Opened::Short((records, owner)) = opened {
             let records = records
                 .into_iter()
                 .map(|(_, r)| r)
@@ -76,6 +113,14 @@ impl NatsEventStore {
                 .map(Arc::new)
                 .collect();
             return Ok(Some((records, owner)));
+        }
+        // A long log: its end as the leader has it bounds the read.
+        let Some(Fetched { head, .. }) = self.fetch_head(id).await? else {
+            return Ok(None);
+        };
+        let wanted_last = head.sequence.min(wanted_last);
+        if head.sequence <= after || limit == 0 {
+            return Ok(Some((Vec::new(), None)));
         }
         let mut stream = self.ordered(id).await?;
         let mut out = Vec::new();
@@ -92,80 +137,54 @@ impl NatsEventStore {
         Ok(Some((out, None)))
     }
 
-    /// Records of the execution's subject from stream sequence `from` on, by direct get (one
-    /// round trip each), stopping after execution sequence `stop_after` if given.
+    /// Records of the execution's subject from stream sequence `from` on, in batches of
+    /// [`DIRECT_READ_MAX`] messages, until the end of the subject or, given `stop_after`, until
+    /// the batch holding that event (a bound: a re-read never chases the end of a log being
+    /// written).
     async fn history_from(
-        &self,
-        id: ExecutionId,
-        from: u64,
-        stop_after: Option<Sequence>,
-    ) -> Result<Vec<(u64, EventRecord)>, StoreError> {
-        self.history_from_owned(id, from, stop_after, None).await
-    }
-
-    /// [`Self::history_from`], also setting `owner` from the first message's headers if it is
-    /// among those read.
-    async fn history_from_owned(
         &self,
         id: ExecutionId,
         mut from: u64,
         stop_after: Option<Sequence>,
-        mut owner: Option<&mut Option<Tenant>>,
     ) -> Result<Vec<(u64, EventRecord)>, StoreError> {
-        self.backend.check_connected()?;
         let subject = self.subject(id);
         let mut out = Vec::new();
         loop {
-            match self
-                .stream
-                .direct_get_next_for_subject(subject.clone(), Some(from))
-                .await
-            {
-                Ok(message) => {
-                    let stream_sequence = message.sequence;
-                    let records = decode_message(Some(&message.headers), message.payload)
-                        .ok_or_else(undecodable)?;
-                    if let Some(owner) = owner.as_deref_mut()
-                        && records.first().is_some_and(|r| r.sequence() == Sequence(1))
-                    {
-                        *owner = Some(owner_of(&message.headers)?);
-                    }
-                    let done = records
-                        .last()
-                        .is_some_and(|r| stop_after.is_some_and(|s| r.sequence() >= s));
-                    from = stream_sequence + 1;
-                    out.extend(records.into_iter().map(|r| (stream_sequence, r)));
-                    if done {
-                        return Ok(out);
-                    }
-                }
-                Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(out),
-                Err(e) => return Err(unavailable("direct get", e)),
+            let batch = self.direct_batch(&subject, from, DIRECT_READ_MAX).await?;
+            let more = batch.more;
+            let (records, _) = decode_batch(batch)?;
+            let reached = records.last().is_some_and(|(stream_sequence, r)| {
+                from = stream_sequence + 1;
+                stop_after.is_some_and(|s| r.sequence() >= s)
+            });
+            let empty = records.is_empty();
+            out.extend(records);
+            if reached || !more || empty {
+                return Ok(out);
             }
         }
     }
 
     /// Short logs: the subscription to the stream's republish of the execution (stored events
-    /// only) is made first, then `head` is read, then the history up to it by direct get, and
-    /// both are merged by sequence. No server-side consumer is created, so streams cost the
-    /// server one subscription each. A gap on the live path (republish is at most once), or a
-    /// quiet second, triggers a re-read from the stream, so a message missed on the live path is
-    /// still delivered.
+    /// only) is made first, then the log is read in one batched direct get (`history`, see
+    /// [`Self::open`]), and both are merged by sequence. No server-side consumer is created, so
+    /// streams cost the server one subscription each. A gap on the live path (republish is at
+    /// most once), or a quiet second, triggers a re-read from the stream, so a message missed on
+    /// the live path is still delivered.
     ///
     /// Every message stored once the subscription is in place reaches it (the server takes this
-    /// connection's requests in order), so the history is read up to `head`, read after
-    /// subscribing: not to the end of the stream, which a log being written moves on faster
-    /// than reads keep up under load, and not to a head read before subscribing, which would
-    /// miss what was appended in between. A head from a lagging replica only shortens the
+    /// connection's requests in order), so the history is what one batch read after subscribing
+    /// returned: one bounded request, which never chases the end of a log being written (a log
+    /// moves on faster than one-by-one reads keep up with under load), and never misses what was
+    /// appended before the subscription. A batch from a lagging replica only shortens the
     /// history: the live path's gap check reads the rest.
-    pub(super) async fn live(
+    pub(super) fn live(
         &self,
         id: ExecutionId,
         after: Sequence,
         subscriber: async_nats::Subscriber,
-        head: Head,
+        history: Vec<(u64, EventRecord)>,
     ) -> Result<EventStream, StoreError> {
-        let history = self.history_from(id, 1, Some(head.sequence)).await?;
         let mut merge = LiveMerge {
             store: self.clone(),
             id,

@@ -1,0 +1,136 @@
+//! Batched direct gets (ADR-31, nats-server 2.11 and newer): up to `batch` messages of one
+//! subject from a stream sequence on, in one request. async-nats offers single direct gets only,
+//! so the request is made here on the wire: the server answers with one message per stored
+//! message (the stored headers plus `Nats-Sequence` and the like, as a single direct get), then
+//! an end-of-batch status (`204 EOB`) whose `Nats-Num-Pending` says how many messages of the
+//! subject it did not send; a subject with nothing from that sequence on is one `404`.
+//!
+//! The replies go to an inbox subscribed for the one request (the client's request multiplexer
+//! takes a single reply per request), subscribed before the request is sent on the same
+//! connection, so no reply can arrive before it.
+
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde::Serialize;
+
+use super::NatsEventStore;
+use crate::error::StoreError;
+use crate::nats::unavailable;
+
+/// Most bytes one batch may carry; a log past this is read in further batches (or, past the
+/// short-log bound, by an ordered consumer).
+const BATCH_MAX_BYTES: usize = 8 * 1024 * 1024;
+
+/// The status of the end-of-batch reply.
+const END_OF_BATCH: u16 = 204;
+/// The status of the one reply for a subject without messages from the requested sequence on.
+const NOT_FOUND: u16 = 404;
+
+/// One message of a batch.
+pub(super) struct BatchMessage {
+    pub stream_sequence: u64,
+    pub headers: HeaderMap,
+    pub payload: Bytes,
+}
+
+/// What one batched direct get returned.
+pub(super) struct Batch {
+    /// The subject's messages from the requested sequence on, in stream order.
+    pub messages: Vec<BatchMessage>,
+    /// The subject had messages after these when the server answered (the batch was full).
+    pub more: bool,
+}
+
+/// The request body (ADR-31's `next_by_subj` with `batch`).
+#[derive(Serialize)]
+struct BatchRequest<'a> {
+    seq: u64,
+    next_by_subj: &'a str,
+    batch: usize,
+    max_bytes: usize,
+}
+
+fn header_u64(headers: Option<&HeaderMap>, name: &str) -> Option<u64> {
+    headers?.get(name)?.as_str().parse().ok()
+}
+
+impl NatsEventStore {
+    /// Up to `max` messages of `subject` from stream sequence `from` on, in one request. An
+    /// empty batch means the subject has no message from `from` on (as this server saw it: a
+    /// follower may lag its leader).
+    pub(super) async fn direct_batch(
+        &self,
+        subject: &str,
+        from: u64,
+        max: usize,
+    ) -> Result<Batch, StoreError> {
+        self.backend.check_connected()?;
+        let client = &self.backend.client;
+        let inbox = client.new_inbox();
+        let mut replies = client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| unavailable("direct get", e))?;
+        let body = serde_json::to_vec(&BatchRequest {
+            seq: from.max(1),
+            next_by_subj: subject,
+            batch: max,
+            max_bytes: BATCH_MAX_BYTES,
+        })
+        .map_err(|e| unavailable("direct get", e))?;
+        client
+            .publish_with_reply(
+                format!(
+                    "$JS.API.DIRECT.GET.{}",
+                    self.backend.settings.events_stream()
+                ),
+                inbox,
+                body.into(),
+            )
+            .await
+            .map_err(|e| unavailable("direct get", e))?;
+        let collect = async {
+            let mut messages = Vec::new();
+            while let Some(reply) = replies.next().await {
+                match reply.status.map(|s| s.as_u16()) {
+                    None | Some(200) => {
+                        let stream_sequence = header_u64(reply.headers.as_ref(), "Nats-Sequence")
+                            .ok_or_else(|| {
+                            StoreError::Unavailable("direct get: reply without sequence".into())
+                        })?;
+                        messages.push(BatchMessage {
+                            stream_sequence,
+                            headers: reply.headers.unwrap_or_default(),
+                            payload: reply.payload,
+                        });
+                    }
+                    Some(END_OF_BATCH) => {
+                        let pending = header_u64(reply.headers.as_ref(), "Nats-Num-Pending");
+                        return Ok(Batch {
+                            more: pending.is_some_and(|p| p > 0),
+                            messages,
+                        });
+                    }
+                    Some(NOT_FOUND) if messages.is_empty() => {
+                        return Ok(Batch {
+                            messages,
+                            more: false,
+                        });
+                    }
+                    Some(status) => {
+                        return Err(StoreError::Unavailable(format!(
+                            "direct get: status {status}"
+                        )));
+                    }
+                }
+            }
+            Err(StoreError::Unavailable(
+                "direct get: subscription closed".into(),
+            ))
+        };
+        tokio::time::timeout(self.backend.settings.request_timeout, collect)
+            .await
+            .map_err(|_| StoreError::Unavailable("direct get: timed out".into()))?
+    }
+}
