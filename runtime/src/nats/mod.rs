@@ -121,6 +121,13 @@ impl NatsSettings {
 pub struct NatsBackend {
     #[debug(skip)]
     pub client: async_nats::Client,
+    /// A second connection, for live readers: the subscriptions to stored events and the
+    /// batched reads that start them (which must share a connection, so the server takes the
+    /// subscription before the read). Under load a gateway receives every stored event of its
+    /// streams; on a connection of their own, that flow never queues ahead of the replies to
+    /// its submissions' publishes (BENCHMARKS.md section g).
+    #[debug(skip)]
+    pub readers: async_nats::Client,
     #[debug(skip)]
     pub jetstream: jetstream::Context,
     pub settings: NatsSettings,
@@ -163,17 +170,20 @@ impl NatsBackend {
         let access = access.resolve(credentials, tls_url)?;
         let deadline = tokio::time::Instant::now() + connect_timeout;
         let unreachable = || StoreError::Unavailable("NATS is unreachable".into());
+        let options = |role: &str| {
+            access.apply(
+                async_nats::ConnectOptions::new()
+                    .name(format!("model-runtime-{}{role}", settings.namespace))
+                    .connection_timeout(Duration::from_secs(2))
+                    .request_timeout(Some(settings.request_timeout)),
+            )
+        };
         let mut attempt = 0u32;
         // Attempts are made here rather than by the client's own retry, which would retry
         // refused credentials forever.
         let client = loop {
             attempt += 1;
-            let options = access.apply(
-                async_nats::ConnectOptions::new()
-                    .name(format!("model-runtime-{}", settings.namespace))
-                    .connection_timeout(Duration::from_secs(2))
-                    .request_timeout(Some(settings.request_timeout)),
-            )?;
+            let options = options("")?;
             let connected = tokio::time::timeout_at(deadline, async {
                 let client = options.connect(servers.clone()).await?;
                 client.flush().await.map_err(|e| {
@@ -203,10 +213,22 @@ impl NatsBackend {
                 },
             }
         };
+        // The same servers just accepted these credentials: one attempt within the bound.
+        let readers = tokio::time::timeout_at(deadline, async {
+            let readers = options("-readers")?
+                .connect(servers.clone())
+                .await
+                .map_err(|_| unreachable())?;
+            readers.flush().await.map_err(|_| unreachable())?;
+            Ok::<_, StoreError>(readers)
+        })
+        .await
+        .map_err(|_| unreachable())??;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(settings.request_timeout);
         let backend = Self {
             client,
+            readers,
             jetstream: js,
             settings,
         };
@@ -230,6 +252,7 @@ impl NatsBackend {
     /// Whether the client is connected now (cheap; no round trip).
     pub fn connected(&self) -> bool {
         self.client.connection_state() == async_nats::connection::State::Connected
+            && self.readers.connection_state() == async_nats::connection::State::Connected
     }
 
     pub(crate) fn check_connected(&self) -> Result<(), StoreError> {

@@ -66,7 +66,7 @@ impl NatsEventStore {
         max: usize,
     ) -> Result<Batch, StoreError> {
         self.backend.check_connected()?;
-        let client = &self.backend.client;
+        let client = &self.backend.readers;
         let inbox = client.new_inbox();
         let mut replies = client
             .subscribe(inbox.clone())

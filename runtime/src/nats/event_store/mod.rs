@@ -208,7 +208,7 @@ impl NatsEventStore {
     ) -> Result<Option<(EventStream, Option<Tenant>)>, StoreError> {
         let subscriber = self
             .backend
-            .client
+            .readers
             .subscribe(self.backend.settings.stored_events_subject(&id))
             .await
             .map_err(|e| unavailable("subscribe", e))?;
