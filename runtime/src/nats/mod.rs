@@ -133,6 +133,23 @@ pub struct NatsBackend {
     pub settings: NatsSettings,
 }
 
+/// The oldest nats-server (major, minor) this backend works with: batched direct gets (ADR-31),
+/// which every event stream starts with, came in 2.11.
+const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
+
+/// Refuses a server older than [`MIN_SERVER_VERSION`] at startup, with its version, rather than
+/// failing every event stream later.
+fn check_server_version(version: &str) -> Result<(), StoreError> {
+    let mut parts = version.split(['.', '-']).map(str::parse::<u64>);
+    match (parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) if (major, minor) >= MIN_SERVER_VERSION => Ok(()),
+        _ => Err(StoreError::Misconfigured(format!(
+            "nats-server {version} is not supported: {}.{} or newer is required",
+            MIN_SERVER_VERSION.0, MIN_SERVER_VERSION.1
+        ))),
+    }
+}
+
 pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("{what}: {e}"))
 }
@@ -213,6 +230,7 @@ impl NatsBackend {
                 },
             }
         };
+        check_server_version(&client.server_info().version)?;
         // The same servers just accepted these credentials: one attempt within the bound.
         let readers = tokio::time::timeout_at(deadline, async {
             let readers = options("-readers")?
@@ -307,5 +325,23 @@ impl NatsBackend {
         )
         .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_older_than_2_11_are_refused_by_version() {
+        for supported in ["2.11.0", "2.12.8", "2.12.0-beta.1", "3.0.0"] {
+            assert!(check_server_version(supported).is_ok(), "{supported}");
+        }
+        for refused in ["2.9.20", "2.10.24", "1.4.1", "", "unknown"] {
+            let Err(StoreError::Misconfigured(message)) = check_server_version(refused) else {
+                panic!("{refused} accepted");
+            };
+            assert!(message.contains("2.11 or newer"), "{message}");
+        }
     }
 }
