@@ -198,6 +198,19 @@ impl NatsEventStore {
         }
     }
 
+    /// The owner a read brought, or else (a long log, read by an ordered consumer, which does
+    /// not keep headers here) one more read of the log's first message.
+    async fn owner_unless_read(
+        &self,
+        id: ExecutionId,
+        read: Option<Tenant>,
+    ) -> Result<Option<Tenant>, StoreError> {
+        match read {
+            Some(owner) => Ok(Some(owner)),
+            None => self.owner(id).await,
+        }
+    }
+
     /// A subscription to the log after `after`, and the owner when the read brought it (short
     /// logs). Subscribed before the log is read, so that one read bounds a short log's history
     /// (see `read::live`); dropped again (unsubscribed) on every other path.
@@ -360,15 +373,10 @@ impl EventStore for NatsEventStore {
         let Some(materializer) = materialize(&records)? else {
             return Ok(None);
         };
-        // Long logs are read by an ordered consumer, which does not keep headers here.
-        let owner = match owner {
-            Some(owner) => owner,
-            None => match self.owner(id).await? {
-                Some(owner) => owner,
-                None => return Ok(None),
-            },
-        };
-        Ok(Some((materializer, owner)))
+        Ok(self
+            .owner_unless_read(id, owner)
+            .await?
+            .map(|owner| (materializer, owner)))
     }
 
     async fn read(&self, id: ExecutionId, after: Sequence, limit: usize) -> ReadResult {
@@ -390,15 +398,10 @@ impl EventStore for NatsEventStore {
         let Some((stream, owner)) = self.open_stream(id, after).await? else {
             return Ok(None);
         };
-        let owner = match owner {
-            Some(owner) => owner,
-            // A long log, read by an ordered consumer: its first message is one more read.
-            None => match self.owner(id).await? {
-                Some(owner) => owner,
-                None => return Ok(None),
-            },
-        };
-        Ok(Some((owner, stream)))
+        Ok(self
+            .owner_unless_read(id, owner)
+            .await?
+            .map(|owner| (owner, stream)))
     }
 
     async fn ready(&self) -> Result<(), StoreError> {
