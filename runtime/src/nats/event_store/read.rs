@@ -114,7 +114,7 @@ impl NatsEventStore {
                 .collect();
             return Ok(Some((records, owner)));
         }
-        // A long log: its end as the leader has it bounds the read.
+        // A long log: its head, read now, bounds the read (the ordered consumer follows it live).
         let Some(Fetched { head, .. }) = self.fetch_head(id).await? else {
             return Ok(None);
         };
