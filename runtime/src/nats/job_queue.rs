@@ -1,8 +1,9 @@
 //! The JetStream job queue: a WorkQueue stream with one durable pull consumer shared by all
 //! workers. Each `receive` is one pull request for one job, and `receive_up_to(n)` one for at
 //! most `n` (a worker asks for as many as it has free slots, so under load one round trip
-//! brings several jobs and a worker still never holds jobs it has no free slot for); unacknowledged jobs are redelivered after `ack_wait` (worker loss), and running
-//! executions extend their lease with progress acks.
+//! brings several jobs and a worker still never holds jobs it has no free slot for).
+//! Unacknowledged jobs are redelivered after `ack_wait` (worker loss), and running executions
+//! extend their lease with progress acks.
 //!
 //! The lease is the consumer's `ack_wait` as the server holds it, read back when the consumer is
 //! created or updated and re-read while deliveries heartbeat: another worker started with a
@@ -213,9 +214,7 @@ impl NatsJobQueue {
             Err(e) => Err(unavailable("publish job ack", e)),
         }
     }
-}
 
-impl NatsJobQueue {
     /// Sends one pull request for up to `max` jobs (at least one; it returns as soon as any
     /// are there, or empty after [`FETCH_EXPIRES`]), with what their deliveries need.
     /// `None`: the queue was closed.

@@ -80,14 +80,7 @@ impl NatsEventStore {
         })
         .map_err(|e| unavailable("direct get", e))?;
         client
-            .publish_with_reply(
-                format!(
-                    "$JS.API.DIRECT.GET.{}",
-                    self.backend.settings.events_stream()
-                ),
-                inbox,
-                body.into(),
-            )
+            .publish_with_reply(self.direct_get_subject.clone(), inbox, body.into())
             .await
             .map_err(|e| unavailable("direct get", e))?;
         let collect = async {

@@ -99,6 +99,8 @@ pub struct NatsEventStore {
     #[debug(skip)]
     heads: Arc<Mutex<HashMap<ExecutionId, Head>>>,
     max_events: u64,
+    /// The stream's direct-get API subject (batched reads, [`direct`]).
+    direct_get_subject: async_nats::Subject,
 }
 
 impl NatsEventStore {
@@ -109,11 +111,16 @@ impl NatsEventStore {
             .get_stream(backend.settings.events_stream())
             .await
             .map_err(|e| unavailable("events stream", e))?;
+        let direct_get_subject = async_nats::Subject::from(format!(
+            "$JS.API.DIRECT.GET.{}",
+            backend.settings.events_stream()
+        ));
         Ok(Self {
             backend,
             stream,
             heads: Arc::new(Mutex::new(HashMap::new())),
             max_events,
+            direct_get_subject,
         })
     }
 

@@ -153,13 +153,13 @@ impl NatsEventStore {
             let batch = self.direct_batch(&subject, from, DIRECT_READ_MAX).await?;
             let more = batch.more;
             let (records, _) = decode_batch(batch)?;
-            let reached = records.last().is_some_and(|(stream_sequence, r)| {
-                from = stream_sequence + 1;
-                stop_after.is_some_and(|s| r.sequence() >= s)
-            });
-            let empty = records.is_empty();
+            let Some((last_stream_sequence, last)) = records.last() else {
+                return Ok(out);
+            };
+            from = last_stream_sequence + 1;
+            let reached = stop_after.is_some_and(|s| last.sequence() >= s);
             out.extend(records);
-            if reached || !more || empty {
+            if reached || !more {
                 return Ok(out);
             }
         }
