@@ -40,8 +40,49 @@ use std::time::{Duration, Instant};
 /// How long a server may take to start on a busy machine.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A free loopback port (bound then released).
+/// A free loopback port for a server a test starts: picked at random below the kernel's
+/// ephemeral range, checked free by binding it, then released; never the same port twice in
+/// one process.
+///
+/// Below the ephemeral range, because that is where a port the kernel hands out (`bind` to
+/// port 0, the local end of an outgoing connection) never lands: between this release and the
+/// server's own bind, the busy machine's other tests can take a port of that range, but not
+/// this one. Only another test's random pick could, and its own bind check sees the server.
 pub fn free_port() -> u16 {
+    use std::collections::BTreeSet;
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::Mutex;
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let low = ephemeral_low();
+    let Some(base) = low.checked_sub(PORT_SPAN).filter(|b| *b >= 1024) else {
+        return kernel_port();
+    };
+    let random = RandomState::new();
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    for attempt in 0u32..1000 {
+        let port = base + (random.hash_one(attempt) % u64::from(PORT_SPAN)) as u16;
+        if handed_out.contains(&port) || TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
+        handed_out.insert(port);
+        return port;
+    }
+    kernel_port()
+}
+
+/// How many ports below the ephemeral range [`free_port`] picks from.
+const PORT_SPAN: u16 = 12_000;
+
+/// The first port of the kernel's ephemeral range (Linux's default if it cannot be read).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
+}
+
+/// A port the kernel picks (bound then released).
+fn kernel_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -106,7 +147,9 @@ impl Drop for KillOnDrop {
     }
 }
 
-fn wait_for_port(port: u16, child: &mut Child, what: &str) {
+/// Waits (bounded) until `child` listens on `port`; a panic names how it ended, with the tail
+/// of its `log`.
+fn wait_for_port(port: u16, child: &mut Child, what: &str, log: &Path) {
     let deadline = Instant::now() + START_TIMEOUT;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     while Instant::now() < deadline {
@@ -114,11 +157,34 @@ fn wait_for_port(port: u16, child: &mut Child, what: &str) {
             return;
         }
         if let Ok(Some(status)) = child.try_wait() {
-            panic!("{what} exited during startup: {status}");
+            panic!(
+                "{what} exited during startup: {status}; its log ends with:\n{}",
+                log_tail(log)
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    panic!("{what} did not listen on port {port} within {START_TIMEOUT:?}");
+    panic!(
+        "{what} did not listen on port {port} within {START_TIMEOUT:?}; its log ends with:\n{}",
+        log_tail(log)
+    );
+}
+
+/// A server's log file (stdout and stderr, appended across restarts).
+fn server_log(path: &Path) -> Stdio {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map(Stdio::from)
+        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()))
+}
+
+/// The last 20 lines of the log at `path`.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
 /// Whether `nats-server --version` output (`nats-server: v2.12.8`) names 2.12 or newer (what
@@ -188,7 +254,7 @@ pub struct LocalServer {
     port: u16,
     child: Option<Child>,
     // The last field: dropped after `Drop::drop` killed the process.
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl LocalServer {
@@ -210,21 +276,22 @@ impl LocalServer {
             args: args(&port.to_string(), dir.path()),
             port,
             child: None,
-            _dir: dir,
+            dir,
         };
         server.spawn();
         server
     }
 
     fn spawn(&mut self) {
+        let log = self.dir.path().join("server.log");
         let mut child = Command::new(&self.program)
             .args(&self.args)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(server_log(&log))
+            .stderr(server_log(&log))
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {} ({e}): {}", self.name, self.hint));
-        wait_for_port(self.port, &mut child, self.name);
+        wait_for_port(self.port, &mut child, self.name, &log);
         self.child = Some(child);
     }
 
@@ -349,15 +416,8 @@ impl NatsCluster {
     pub fn start(size: usize) -> Self {
         assert!(size >= 1, "a cluster has at least one node");
         let run = unique_namespace("");
-        // All ports bound at once, so that no two of them coincide.
-        let listeners: Vec<TcpListener> = (0..size * 3)
-            .map(|_| TcpListener::bind("127.0.0.1:0").expect("free port"))
-            .collect();
-        let ports: Vec<u16> = listeners
-            .iter()
-            .map(|l| l.local_addr().expect("local addr").port())
-            .collect();
-        drop(listeners);
+        // `free_port` never hands out the same port twice, so no two of these coincide.
+        let ports: Vec<u16> = (0..size * 3).map(|_| free_port()).collect();
         let nodes = (0..size)
             .map(|i| ClusterNode {
                 name: format!("n{i}"),
@@ -497,6 +557,8 @@ impl NatsCluster {
             .collect::<Vec<_>>()
             .join(",");
         let node = &self.nodes[i];
+        // Next to the `jetstream` directory the server keeps in its store directory.
+        let log = node.dir.path().join("server.log");
         let mut child = Command::new(&self.program)
             .args(["-a", "127.0.0.1", "-n", &node.name])
             .args(["-p", &node.client_port.to_string()])
@@ -508,13 +570,18 @@ impl NatsCluster {
             .args(["-js", "-sd"])
             .arg(node.dir.path())
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(server_log(&log))
+            .stderr(server_log(&log))
             .spawn()
             .unwrap_or_else(|e| {
                 panic!("cannot start nats-server ({e}): run scripts/test.sh or set MRT_NATS_SERVER")
             });
-        wait_for_port(node.client_port, &mut child, "nats-server (cluster node)");
+        wait_for_port(
+            node.client_port,
+            &mut child,
+            "nats-server (cluster node)",
+            &log,
+        );
         self.nodes[i].child = Some(child);
     }
 }
