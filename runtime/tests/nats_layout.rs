@@ -652,6 +652,61 @@ async fn a_retried_run_after_a_lost_ack_is_absorbed_and_another_writers_run_is_f
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn msg_ids_stay_out_of_the_servers_duplicate_state_and_older_writes_are_recognised() {
+    let (server, settings, backend, store) = node().await;
+    let id = ExecutionId::new_random();
+    store.create(ev(id, 1, EventBody::Accepted)).await.unwrap();
+    let writer = WriterId::random();
+    store.append_as(ev(id, 2, route()), writer).await.unwrap();
+    // The server keeps state for every `Nats-Msg-Id` it stores; appends send none.
+    let last = last_message(&backend, settings.events_subject(&id)).await;
+    assert!(
+        last.headers.get("Nats-Msg-Id").is_none(),
+        "{:?}",
+        last.headers
+    );
+    assert_eq!(
+        last.headers
+            .get("Mrt-Msg-Id")
+            .map(|v| v.as_str().to_owned()),
+        Some(format!("{id}:2:{writer}"))
+    );
+    // A write stored by an earlier version (its id in `Nats-Msg-Id`) whose acknowledgement was
+    // lost: its writer's retry, in a process that never saw it land, is recognised.
+    let third = EventRecord::new(ev(id, 3, delta("d3")));
+    backend
+        .jetstream
+        .send_publish(
+            settings.events_subject(&id),
+            jetstream::message::PublishMessage::build()
+                .payload(third.json.clone())
+                .message_id(format!("{id}:3:{writer}")),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let restarted = event_store(&server, settings.clone()).await;
+    restarted
+        .append_as(ev(id, 3, delta("d3")), writer)
+        .await
+        .unwrap();
+    // The same sequence from another writer is fenced, and nothing was stored twice.
+    assert!(matches!(
+        restarted
+            .append_as(ev(id, 3, delta("d3")), WriterId::random())
+            .await,
+        Err(StoreError::Conflict { last, .. }) if last == Sequence(3)
+    ));
+    assert_eq!(stored_messages(&backend).await, 3);
+    restarted.append(ev(id, 4, completed())).await.unwrap();
+    assert_eq!(
+        sequences(&store.read(id, Sequence(0), 10).await.unwrap().unwrap()),
+        [1, 2, 3, 4]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_larger_than_a_message_are_split_to_fit_it() {
     let (_server, _, backend, store) = node_with_small_messages().await;
     let id = ExecutionId::new_random();

@@ -3,12 +3,13 @@
 //! Layout (every name under the deployment's namespace `ns`, uppercased for streams):
 //! - `{NS}_EVENTS`: subjects `{ns}.events.*`, one subject per execution, Limits retention with
 //!   `max_age` = retention, file storage, direct get allowed. Appends are compare-and-set with
-//!   `Nats-Expected-Last-Subject-Sequence` and deduplicated with `Nats-Msg-Id =
+//!   `Nats-Expected-Last-Subject-Sequence` and carry `Mrt-Msg-Id =
 //!   {execution_id}:{sequence}:{writer}` (`{execution_id}:{first}-{last}:{writer}` for a message
-//!   holding a run of events, header `Mrt-Format: 2`; see `event_store::format`). The stream republishes
-//!   each stored message on
-//!   `{ns}.stored.{id}`, which live readers follow (never the write subject, which also carries
-//!   appends the stream refuses).
+//!   holding a run of events, header `Mrt-Format: 2`), by which a writer recognises its own
+//!   write after a lost acknowledgement (not `Nats-Msg-Id`: no server-side duplicate state; see
+//!   `event_store::format`). The stream republishes each stored message on `{ns}.stored.{id}`,
+//!   which live readers follow (never the write subject, which also carries appends the stream
+//!   refuses).
 //! - `{NS}_JOBS`: subject `{ns}.jobs`, WorkQueue retention, file storage; `Nats-Msg-Id` = the
 //!   execution id, so a republish within the duplicate window is absorbed. One durable pull
 //!   consumer `{ns}_workers` shared by every worker, explicit acks, `ack_wait` with progress
@@ -296,6 +297,9 @@ impl NatsBackend {
                 max_age: s.retention,
                 max_message_size: s.max_event_bytes,
                 allow_direct: true,
+                // Appends of this version send no `Nats-Msg-Id` (see `event_store::format`), so
+                // the window holds nothing of theirs; it stays for writers of earlier versions
+                // during an upgrade.
                 duplicate_window: window,
                 num_replicas: s.replicas,
                 // Live readers follow this copy: the server sends it only once the event is

@@ -6,7 +6,9 @@ use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
 use protocol::Tenant;
 
-use super::format::{FORMAT_HEADER, FORMAT_RUN, HEADER_ALLOWANCE, encode_run, msg_id};
+use super::format::{
+    FORMAT_HEADER, FORMAT_RUN, HEADER_ALLOWANCE, MSG_ID_HEADER, encode_run, msg_id,
+};
 use super::{Fetched, Head, NatsEventStore, OWNER_HEADER};
 use crate::error::StoreError;
 use crate::event_store::{EventRecord, WriterId};
@@ -32,7 +34,7 @@ impl NatsEventStore {
                 .header(FORMAT_HEADER, FORMAT_RUN)
         };
         message = message
-            .message_id(msg_id(run, writer))
+            .header(MSG_ID_HEADER, msg_id(run, writer).as_str())
             .expected_last_subject_sequence(expected);
         if let Some(owner) = owner {
             message = message.header(OWNER_HEADER, owner.as_str());
@@ -47,7 +49,6 @@ impl NatsEventStore {
             Err(e) => return Err(unavailable("publish", e)),
         };
         match ack.await {
-            // A duplicate is this writer's own earlier attempt (the msg id names the writer).
             Ok(ack) => Ok(Ok(ack.sequence)),
             Err(e) => match e.kind() {
                 kind @ PublishErrorKind::WrongLastSequence => Ok(Err(kind)),

@@ -3,12 +3,12 @@
 //! A message without the `Mrt-Format` header is format 1: its body is one event's JSON (every
 //! log written before runs existed stays readable). `Mrt-Format: 2`: the body is a JSON array
 //! holding a contiguous run of events, each element exactly the event's JSON, with
-//! `Nats-Msg-Id = {execution_id}:{first}-{last}:{writer}`.
+//! `Mrt-Msg-Id = {execution_id}:{first}-{last}:{writer}` ([`MSG_ID_HEADER`]).
 //! [`EventStore::append_run_as`](crate::EventStore::append_run_as) packs a run into as few
 //! messages as the stream's message size allows (a run of one is written in format 1, as
 //! before), each still compare-and-set on the subject's last stream sequence; a retried
-//! identical run is absorbed by deduplication (or recognised by its msg id on a wrong last
-//! sequence), while another writer's run of the same sequences has another id and is fenced.
+//! identical run fails that compare-and-set and is recognised by its msg id as the last message,
+//! while another writer's run of the same sequences has another id and is fenced.
 //! Every reader expands a message into its events and skips those at or before its cursor, so
 //! a cursor may fall inside a run; the head of a log is the last event of its last message. A
 //! message is stored (and republished) as a unit, so gap detection on the live path works per
@@ -26,6 +26,24 @@ pub(super) const FORMAT_HEADER: &str = "Mrt-Format";
 
 /// Format 2: a JSON array holding a contiguous run of events.
 pub(super) const FORMAT_RUN: &str = "2";
+
+/// The header carrying a message's [`msg_id`].
+///
+/// Not `Nats-Msg-Id`: the server keeps every `Nats-Msg-Id` it stored for the duplicate window,
+/// one entry per message, and on the events stream (every append of every execution) that
+/// state grew to millions of entries whose garbage collection stalled the stream's appends
+/// (BENCHMARKS.md section h). Compare-and-set already refuses a second copy of a message, so
+/// the id only has to be readable on the last message. Logs written before carry it as
+/// `Nats-Msg-Id`, which [`written_id`] still reads.
+pub(super) const MSG_ID_HEADER: &str = "Mrt-Msg-Id";
+
+/// The msg id a stored message was written with (see [`MSG_ID_HEADER`]).
+pub(super) fn written_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(MSG_ID_HEADER)
+        .or_else(|| headers.get("Nats-Msg-Id"))
+        .map(|v| v.as_str().to_owned())
+}
 
 /// Room left in a message for its headers when packing a run (msg id, expected sequence,
 /// format, and what the server adds), so a run never exceeds the stream's message size.
@@ -96,12 +114,12 @@ pub(super) fn pack(run: &[EventRecord], start: usize, end: usize, budget: usize)
     next
 }
 
-/// The `Nats-Msg-Id` of a message holding `run`: `{execution_id}:{sequence}:{writer}` for one
-/// event (format 1, as ever), `{execution_id}:{first}-{last}:{writer}` for a run. The writer
-/// part keeps two writers of the same sequences apart even when their events serialize
+/// The msg id of a message holding `run` ([`MSG_ID_HEADER`]): `{execution_id}:{sequence}:{writer}`
+/// for one event (format 1, as ever), `{execution_id}:{first}-{last}:{writer}` for a run. The
+/// writer part keeps two writers of the same sequences apart even when their events serialize
 /// identically (two duplicate deliveries selecting the same route in the same millisecond), so
-/// deduplication only ever absorbs a writer's own retry and compare-and-set decides between
-/// writers.
+/// recognising a landed write only ever absorbs a writer's own retry and compare-and-set
+/// decides between writers.
 pub(super) fn msg_id(run: &[EventRecord], writer: WriterId) -> String {
     let (first, last) = (&run[0].event, &run[run.len() - 1].event);
     let id = first.execution_id;

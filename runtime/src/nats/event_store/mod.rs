@@ -2,9 +2,10 @@
 //!
 //! Appends are compare-and-set on the subject's last stream sequence, which this process caches
 //! per open execution (and re-reads with a direct get when it does not know it), so a stale or
-//! duplicate writer in any process is refused by the server itself. `Nats-Msg-Id =
-//! {execution_id}:{sequence}` makes a retried append idempotent: when the server reports a
-//! wrong last sequence, the last message is re-read, and if it carries our id, our write landed.
+//! duplicate writer in any process is refused by the server itself. A msg id naming the events
+//! and the writer (`Mrt-Msg-Id`, [`format`]) makes a retried append idempotent: when the server
+//! reports a wrong last sequence, the last message is re-read, and if it carries our id, our
+//! write landed.
 //!
 //! The owner of an execution travels in the [`OWNER_HEADER`] header of its first message
 //! (`execution.accepted`); a first message without it (stored before executions had owners)
@@ -37,7 +38,7 @@ use parking_lot::Mutex;
 use protocol::materialize::{Materializer, check_event};
 use protocol::{ExecutionId, RuntimeEvent, Sequence, Tenant};
 
-use self::format::{decode_message, pack, undecodable};
+use self::format::{decode_message, pack, undecodable, written_id};
 use self::read::Opened;
 use super::{NatsBackend, unavailable};
 use crate::error::StoreError;
@@ -156,10 +157,7 @@ impl NatsEventStore {
         };
         match found {
             Some(message) => {
-                let msg_id = message
-                    .headers
-                    .get("Nats-Msg-Id")
-                    .map(|v| v.as_str().to_owned());
+                let msg_id = written_id(&message.headers);
                 let records = decode_message(Some(&message.headers), message.payload)
                     .ok_or_else(undecodable)?;
                 // The head of the log is the last event of its last message.
