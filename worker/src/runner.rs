@@ -13,15 +13,15 @@
 //!   calling the provider again. Failure messages name the cause: a worker that stopped
 //!   heartbeating, or an event store that was unreachable;
 //! - a job whose log does not exist yet: the gateway creates the log and publishes the job
-//!   concurrently, so a job can arrive first. The runner waits for the log (polling its head with
-//!   backoff from 1 ms to 500 ms, heartbeating the delivery meanwhile) for at most
-//!   [`RunnerSettings::log_wait`], then drops the job: a log that has not appeared by then was
-//!   never created (the gateway answered 503 and withdrew the job). When the log does appear
-//!   after a wait, the runner first asks the queue whether the job was withdrawn (the gateway
-//!   withdraws the job of a submission whose create failed or whose outcome it could not learn)
-//!   and never claims a withdrawn job (it also asks on every poll while waiting, so a withdrawn
-//!   job does not hold a slot). A job whose log is there at the first look is claimed at once:
-//!   no extra round trip on the common path.
+//!   concurrently, so a job can arrive first. The runner waits for the log (polling its head 1 ms
+//!   apart a few times, then with backoff up to 500 ms, heartbeating the delivery meanwhile) for
+//!   at most [`RunnerSettings::log_wait`], then drops the job: a log that has not appeared by
+//!   then was never created (the gateway answered 503 and withdrew the job). When the log does
+//!   appear after a wait, the runner first asks the queue whether the job was withdrawn (the
+//!   gateway withdraws the job of a submission whose create failed or whose outcome it could not
+//!   learn) and never claims a withdrawn job (it also asks on every poll past the first quick
+//!   ones, so a withdrawn job does not hold a slot). A job whose log is there at the first look
+//!   is claimed at once: no extra round trip on the common path.
 //!
 //! Events are written through a pipelined [`EventWriter`] where the store's appends take a round
 //! trip (JetStream): provider output is handed over without waiting for each acknowledgement
@@ -296,6 +296,7 @@ impl Runner {
     ) -> Result<LogHead, RunOutcome> {
         let started = Instant::now();
         let mut delay = Duration::from_millis(1);
+        let mut polls = 0u32;
         let mut waited = false;
         loop {
             match self.store.head(id).await {
@@ -316,8 +317,11 @@ impl Runner {
                     return Ok(head);
                 }
                 Ok(None) if started.elapsed() < self.settings.log_wait => {
-                    // A withdrawn job's log may never come: stop waiting at once.
-                    if let Some(held) = held
+                    polls += 1;
+                    // A withdrawn job's log may never come: once the quick polls are spent,
+                    // stop waiting as soon as the job is found withdrawn.
+                    if polls > QUICK_POLLS
+                        && let Some(held) = held
                         && let Ok(true) = withdrawn(id, held).await
                     {
                         return Err(RunOutcome::Dropped);
@@ -328,7 +332,9 @@ impl Runner {
                         // Shutting down: leave the job to another worker.
                         () = self.abort_all.cancelled() => return Err(RunOutcome::Abandoned),
                     }
-                    delay = (delay * 2).min(Duration::from_millis(500));
+                    if polls >= QUICK_POLLS {
+                        delay = (delay * 2).min(Duration::from_millis(500));
+                    }
                 }
                 Ok(None) => {
                     tracing::info!(execution_id = %id, "job without a log; dropped");
@@ -514,6 +520,13 @@ enum Ending {
 }
 
 /// Whether the submitter of the job `held` delivers withdrew it (logged as a drop when it did).
+/// Polls of a missing log 1 ms apart, without asking the queue about the job, before the
+/// backoff starts: a job usually reaches the worker only a few milliseconds before its log
+/// (the gateway publishes both at once, and the jobs stream answers faster under load), and
+/// each of these polls is one direct get. Past them, every poll also asks whether the job was
+/// withdrawn, and the final check before a claim after any wait is always made.
+const QUICK_POLLS: u32 = 8;
+
 async fn withdrawn(
     id: protocol::ExecutionId,
     held: &dyn DeliveryHandle,

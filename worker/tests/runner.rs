@@ -1237,6 +1237,26 @@ async fn a_job_that_arrives_before_its_log_waits_for_it_and_runs() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_withdrawn_job_whose_log_never_comes_frees_its_slot_long_before_the_log_wait() {
+    let (a, h) = succeeding_a();
+    let job = job(&text_request(""), LONG);
+    let handle = Withdrawable(Arc::new(std::sync::atomic::AtomicBool::new(true)));
+    let waited = tokio::time::Instant::now();
+    assert_eq!(
+        h.runner.run_delivery(&job, 1, Some(&handle)).await,
+        RunOutcome::Dropped
+    );
+    // Asked after the quick polls (about 10 ms of paused time), not at the end of the 10 s.
+    assert!(
+        waited.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        waited.elapsed()
+    );
+    assert!(h.store.state(job.execution_id).await.unwrap().is_none());
+    assert_eq!(a.calls(), 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_withdrawn_job_is_never_claimed_when_its_log_appears_late() {
     let (a, h, job, outcome) = run_before_the_log(true).await;
     assert_eq!(outcome, RunOutcome::Dropped);
