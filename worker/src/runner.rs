@@ -519,7 +519,6 @@ enum Ending {
     WriteFailed(WriteError),
 }
 
-/// Whether the submitter of the job `held` delivers withdrew it (logged as a drop when it did).
 /// Polls of a missing log 1 ms apart, without asking the queue about the job, before the
 /// backoff starts: a job usually reaches the worker only a few milliseconds before its log
 /// (the gateway publishes both at once, and the jobs stream answers faster under load), and
@@ -527,6 +526,7 @@ enum Ending {
 /// withdrawn, and the final check before a claim after any wait is always made.
 const QUICK_POLLS: u32 = 8;
 
+/// Whether the submitter of the job `held` delivers withdrew it (logged as a drop when it did).
 async fn withdrawn(
     id: protocol::ExecutionId,
     held: &dyn DeliveryHandle,
