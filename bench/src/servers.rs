@@ -10,7 +10,6 @@
 //! installs), else `nats-server` on the `PATH`. Redis is `MRT_REDIS_SERVER` or `redis-server`.
 
 use std::io::{BufRead, BufReader, Read};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -101,17 +100,10 @@ pub fn unique_namespace() -> String {
     format!("b{}x{:x}", std::process::id(), nanos & 0xffff_ffff_ffff)
 }
 
-/// `n` distinct free loopback ports (all bound at once, then released).
-pub fn free_ports(n: usize) -> Result<Vec<u16>, String> {
-    let listeners = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("cannot find a free port: {e}"))?;
-    listeners
-        .iter()
-        .map(|l| l.local_addr().map(|a| a.port()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("cannot find a free port: {e}"))
+/// `n` distinct free loopback ports, picked the way the tests pick theirs
+/// ([`testkit::free_port`]: below the kernel's ephemeral range, never twice).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    (0..n).map(|_| testkit::free_port()).collect()
 }
 
 /// The nats-server to run (see the module docs): `testkit`'s search, the one the tests use.
@@ -192,7 +184,7 @@ impl Stack {
         };
         let nats_bin = nats_server_binary(plan.nats_server.as_deref())?;
         let n = plan.nats_nodes.max(1);
-        let ports = free_ports(3 * n + 1)?;
+        let ports = free_ports(3 * n + 1);
         let nodes: Vec<NodePorts> = (0..n)
             .map(|i| NodePorts {
                 client: ports[3 * i],
@@ -499,7 +491,7 @@ mod tests {
 
     #[test]
     fn free_ports_are_distinct() {
-        let ports = free_ports(7).unwrap();
+        let ports = free_ports(7);
         let mut sorted = ports.clone();
         sorted.sort_unstable();
         sorted.dedup();

@@ -454,6 +454,25 @@ async fn stored_messages(backend: &NatsBackend) -> u64 {
         .messages
 }
 
+/// Deltas `sequences` appended by `writer` in runs of `len` events (the last run may be
+/// shorter).
+async fn append_in_runs(
+    store: &NatsEventStore,
+    id: ExecutionId,
+    writer: WriterId,
+    sequences: std::ops::RangeInclusive<u64>,
+    len: usize,
+) {
+    let all: Vec<u64> = sequences.collect();
+    for chunk in all.chunks(len) {
+        let run: Vec<EventRecord> = chunk
+            .iter()
+            .map(|&s| EventRecord::new(ev(id, s, delta("x"))))
+            .collect();
+        store.append_run_as(&run, writer).await.unwrap();
+    }
+}
+
 /// The last message of `subject` in the events stream, read directly.
 async fn last_message(backend: &NatsBackend, subject: String) -> jetstream::message::StreamMessage {
     backend
@@ -532,12 +551,7 @@ async fn long_logs_of_runs_read_in_one_batch_and_long_logs_of_messages_by_the_or
     let (_server, _, backend, store) = node().await;
     let id = routed(&store).await;
     let writer = WriterId::random();
-    for start in (3..=98u64).step_by(32) {
-        let run: Vec<EventRecord> = (start..start + 32)
-            .map(|s| EventRecord::new(ev(id, s, delta("x"))))
-            .collect();
-        store.append_run_as(&run, writer).await.unwrap();
-    }
+    append_in_runs(&store, id, writer, 3..=98, 32).await;
     store.append(ev(id, 99, completed())).await.unwrap();
     assert_eq!(stored_messages(&backend).await, 6);
     let all = store
@@ -554,12 +568,7 @@ async fn long_logs_of_runs_read_in_one_batch_and_long_logs_of_messages_by_the_or
 
     // 72 messages: 34 runs of two, then single events; every cursor reads the same log.
     let id = routed(&store).await;
-    for start in (3..=70u64).step_by(2) {
-        let run: Vec<EventRecord> = (start..start + 2)
-            .map(|s| EventRecord::new(ev(id, s, delta("x"))))
-            .collect();
-        store.append_run_as(&run, writer).await.unwrap();
-    }
+    append_in_runs(&store, id, writer, 3..=70, 2).await;
     for seq in 71..=105u64 {
         store.append(ev(id, seq, delta("x"))).await.unwrap();
     }
