@@ -503,7 +503,7 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         (Some((js, before)), Some(stack)) => {
             let after: StreamCounts = servers::stream_counts(js, &stack.namespace).await?;
             Some(JetStreamReport::new(
-                format!("{}_EVENTS", stack.namespace.to_ascii_uppercase()),
+                format!("{}_EVENTS*", stack.namespace.to_ascii_uppercase()),
                 after.events_last_seq.saturating_sub(before.events_last_seq),
                 after.jobs_last_seq.saturating_sub(before.jobs_last_seq),
                 outcome.settled_all,

@@ -53,6 +53,7 @@ pub struct Setup {
 /// terminal event over the same span.
 #[derive(Debug, Clone, Serialize)]
 pub struct JetStreamReport {
+    /// The events streams counted (`{NS}_EVENTS*`: the first and every other shard).
     pub events_stream: String,
     pub events_messages: u64,
     pub jobs_messages: u64,

@@ -404,34 +404,43 @@ fn watch_for_line(stdout: std::process::ChildStdout, line: &'static str) -> mpsc
 /// Message counts of the namespace's JetStream streams at one instant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamCounts {
-    /// Last sequence of `{NS}_EVENTS` (every message ever stored, whatever retention removed).
+    /// Last sequences of every events stream (shard), summed: every message ever stored,
+    /// whatever retention removed.
     pub events_last_seq: u64,
     /// Last sequence of `{NS}_JOBS`.
     pub jobs_last_seq: u64,
 }
 
-/// Reads [`StreamCounts`] through `js`; `None` if a stream does not exist (yet).
+/// The last sequence of stream `name`.
+async fn last_sequence(js: &async_nats::jetstream::Context, name: &str) -> Result<u64, String> {
+    let mut stream = js
+        .get_stream(name)
+        .await
+        .map_err(|e| format!("cannot read stream {name}: {e}"))?;
+    let info = stream
+        .info()
+        .await
+        .map_err(|e| format!("cannot read stream {name}: {e}"))?;
+    Ok(info.state.last_sequence)
+}
+
+/// Reads [`StreamCounts`] through `js`; an error if a stream does not exist (yet).
 pub async fn stream_counts(
     js: &async_nats::jetstream::Context,
     namespace: &str,
 ) -> Result<StreamCounts, String> {
-    let upper = namespace.to_ascii_uppercase();
-    let mut last = [0u64; 2];
-    for (slot, suffix) in last.iter_mut().zip(["EVENTS", "JOBS"]) {
-        let name = format!("{upper}_{suffix}");
-        let mut stream = js
-            .get_stream(&name)
-            .await
-            .map_err(|e| format!("cannot read stream {name}: {e}"))?;
-        let info = stream
-            .info()
-            .await
-            .map_err(|e| format!("cannot read stream {name}: {e}"))?;
-        *slot = info.state.last_sequence;
+    let shards = runtime::nats::recorded_event_shards(js, namespace)
+        .await
+        .map_err(|e| format!("cannot read the events streams: {e}"))?
+        .ok_or_else(|| format!("namespace {namespace} has no events stream"))?;
+    let mut events_last_seq = 0;
+    for name in shards.streams() {
+        events_last_seq += last_sequence(js, &name).await?;
     }
+    let jobs = format!("{}_JOBS", namespace.to_ascii_uppercase());
     Ok(StreamCounts {
-        events_last_seq: last[0],
-        jobs_last_seq: last[1],
+        events_last_seq,
+        jobs_last_seq: last_sequence(js, &jobs).await?,
     })
 }
 

@@ -61,6 +61,12 @@ pub struct CommonArgs {
     #[arg(long, env = "MODEL_RUNTIME_REPLICAS", default_value_t = 1,
           value_parser = clap::value_parser!(u8).range(1..=5))]
     pub replicas: u8,
+    /// Shards (streams) the event logs of a new namespace are spread over (1-64; default 1).
+    /// Fixed when the namespace is created: left out, a process uses the namespace's count;
+    /// given and different from it, the process refuses to start.
+    #[arg(long, env = "MODEL_RUNTIME_EVENT_SHARDS",
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub event_shards: Option<u16>,
     /// Prefix of every stream, consumer, subject and Redis key.
     #[arg(long, env = "MODEL_RUNTIME_NAMESPACE", default_value = "mrt", value_parser = parse_namespace)]
     pub namespace: String,

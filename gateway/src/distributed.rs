@@ -46,6 +46,7 @@ pub fn nats_settings<P>(args: &CommonArgs, deployment: &DeploymentConfig<P>) -> 
         max_jobs: i64::try_from(deployment.max_active_executions).unwrap_or(i64::MAX),
         ack_wait: args.ack_wait(),
         replicas: usize::from(args.replicas),
+        event_shards: args.event_shards,
         ..NatsSettings::new(args.namespace.clone())
     }
 }

@@ -68,7 +68,7 @@ async fn readers_never_see_appends_the_stream_refused_or_never_stored() {
     // Readers on their own connection (another gateway), subscribed before the ghosts.
     let reader_side = event_store(&server, settings.clone()).await;
     let readers = Readers::subscribe(&reader_side, id).await;
-    let subject = settings.events_subject(&id);
+    let subject = backend.events.subject(&id);
     let ghost = |text: &str| EventRecord::new(ev(id, 3, delta(text))).json;
 
     // A fenced writer: its compare-and-set names a stream sequence that is no longer the last
@@ -191,6 +191,142 @@ async fn an_events_stream_created_without_republish_gets_it_at_startup() {
     store.append(ev(id, 2, route())).await.unwrap();
     store.append(ev(id, 3, completed())).await.unwrap();
     assert_eq!(drain(live).await.len(), 2);
+}
+
+/// The events stream as versions before sharding created it (one stream, the republish of
+/// later versions of those, no shard record).
+fn unsharded_events_stream(settings: &NatsSettings) -> stream::Config {
+    stream::Config {
+        name: settings.events_stream(),
+        subjects: vec![format!("{}.events.*", settings.namespace)],
+        storage: stream::StorageType::File,
+        max_age: settings.retention,
+        allow_direct: true,
+        republish: Some(stream::Republish {
+            source: format!("{}.events.*", settings.namespace),
+            destination: format!("{}.stored.{{{{wildcard(1)}}}}", settings.namespace),
+            headers_only: false,
+        }),
+        ..Default::default()
+    }
+}
+
+/// What connecting with `event_shards` gives: the connection, or why it was refused.
+async fn connect_asking(
+    server: &NatsServer,
+    settings: &NatsSettings,
+    event_shards: Option<u16>,
+) -> Result<NatsBackend, StoreError> {
+    let settings = NatsSettings {
+        event_shards,
+        ..settings.clone()
+    };
+    NatsBackend::connect(&server.url(), settings, Duration::from_secs(30)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_created_before_sharding_keeps_its_one_stream_and_its_logs() {
+    let (server, settings, js) = stream_made_elsewhere(unsharded_events_stream).await;
+    // A log as those versions wrote it: one event per message on `{ns}.events.{id}`.
+    let id = ExecutionId::new_random();
+    let subject = format!("{}.events.{id}", settings.namespace);
+    let mut expected_last = 0;
+    for event in [ev(id, 1, EventBody::Accepted), ev(id, 2, route())] {
+        let ack = js
+            .send_publish(
+                subject.clone(),
+                jetstream::message::PublishMessage::build()
+                    .payload(EventRecord::new(event.clone()).json)
+                    .message_id(format!("{id}:{}:0123456789abcdef", event.sequence))
+                    .expected_last_subject_sequence(expected_last),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        expected_last = ack.sequence;
+    }
+
+    // A process asking for no count adopts the namespace's one stream, and the log is there.
+    let backend = connect_asking(&server, &settings, None).await.unwrap();
+    assert_eq!(backend.events.count(), 1);
+    assert_eq!(backend.events.subject(&id), subject);
+    let store = NatsEventStore::new(backend.clone(), 100).await.unwrap();
+    let live = store.subscribe(id, Sequence(0)).await.unwrap().unwrap();
+    store.append(ev(id, 3, completed())).await.unwrap();
+    assert_eq!(sequences(&drain(live).await), [1, 2, 3]);
+    assert_eq!(
+        store.owner(id).await.unwrap(),
+        Some(protocol::Tenant::default())
+    );
+    assert!(
+        js.get_stream(format!("{}_1", settings.events_stream()))
+            .await
+            .is_err(),
+        "no other events stream was created"
+    );
+    // Asking for the same count explicitly is fine; another count is refused, naming both.
+    connect_asking(&server, &settings, Some(1)).await.unwrap();
+    let Err(StoreError::Misconfigured(message)) = connect_asking(&server, &settings, Some(4)).await
+    else {
+        panic!("a one-stream namespace accepted a process asking for 4 shards");
+    };
+    assert!(message.contains("has 1 event-log shard(s)"), "{message}");
+    assert!(message.contains("asks for 4"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_namespace_records_one_shard_count_that_every_process_uses() {
+    let server = NatsServer::start();
+    let settings = fresh_settings();
+    // Two processes create the namespace at once, asking for different counts: one wins, the
+    // other is refused; neither ever uses a count the namespace does not record.
+    let (two, three) = tokio::join!(
+        connect_asking(&server, &settings, Some(2)),
+        connect_asking(&server, &settings, Some(3)),
+    );
+    let winner = match (two, three) {
+        (Ok(won), Err(StoreError::Misconfigured(_)))
+        | (Err(StoreError::Misconfigured(_)), Ok(won)) => won,
+        (two, three) => panic!("both or neither started: {two:?} / {three:?}"),
+    };
+    let count = winner.events.count();
+    let js = testkit::jetstream::connect(&server.url()).await;
+    let record = js
+        .get_stream(settings.events_stream())
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .metadata
+        .get(runtime::nats::SHARDS_METADATA_KEY)
+        .cloned();
+    assert_eq!(record, Some(count.to_string()));
+    // A process asking for nothing uses the recorded count.
+    let other = connect_asking(&server, &settings, None).await.unwrap();
+    assert_eq!(other.events, winner.events);
+
+    // Logs spread over every shard, each in its own shard's stream, and a process on another
+    // connection reads each one, whole and live.
+    let writer = NatsEventStore::new(winner, 100).await.unwrap();
+    let reader = NatsEventStore::new(other.clone(), 100).await.unwrap();
+    let mut per_shard = vec![0; usize::from(count)];
+    // 48 executions: a shard left empty by chance has odds below 1e-7.
+    for _ in 0..48 {
+        let id = routed(&writer).await;
+        per_shard[usize::from(other.events.shard_of(&id))] += 1;
+        let live = reader.subscribe(id, Sequence(1)).await.unwrap().unwrap();
+        writer.append(ev(id, 3, delta("x"))).await.unwrap();
+        writer.append(ev(id, 4, completed())).await.unwrap();
+        assert_eq!(sequences(&drain(live).await), [2, 3, 4]);
+        assert_eq!(
+            sequences(&reader.read(id, Sequence(0), 10).await.unwrap().unwrap()),
+            [1, 2, 3, 4]
+        );
+        let last = last_message(&other, id).await;
+        assert_eq!(last.subject.as_str(), other.events.subject(&id));
+    }
+    assert!(per_shard.iter().all(|&n| n > 0), "{per_shard:?}");
 }
 
 /// The workers' consumer as the server holds it.
@@ -417,11 +553,11 @@ async fn replicas_are_applied_on_creation_and_reconciled_on_restart() {
         let settings = settings.clone();
         async move {
             let mut out = Vec::new();
-            for name in [
-                settings.events_stream(),
+            let names = backend.events.streams().chain([
                 settings.jobs_stream(),
                 format!("KV_{}", settings.cancel_bucket()),
-            ] {
+            ]);
+            for name in names.collect::<Vec<_>>() {
                 let stream = backend.jetstream.get_stream(&name).await.unwrap();
                 out.push(stream.cached_info().config.num_replicas);
             }
@@ -440,18 +576,20 @@ async fn replicas_are_applied_on_creation_and_reconciled_on_restart() {
         NatsCancelBus::new(backend.clone()).await.unwrap();
         assert_eq!(
             replicas_on_server(backend).await,
-            vec![replicas; 3],
+            vec![replicas; usize::from(runtime::nats::DEFAULT_EVENT_SHARDS) + 2],
             "after a start with {replicas} replicas"
         );
     }
 }
 
-/// Messages stored in the namespace's events stream (one execution per namespace in these
+/// Messages stored in the namespace's events streams (one execution per namespace in these
 /// tests, so: the execution's messages).
 async fn stored_messages(backend: &NatsBackend) -> u64 {
-    stream_state(&backend.jetstream, &backend.settings.events_stream())
-        .await
-        .messages
+    let mut messages = 0;
+    for name in backend.events.streams() {
+        messages += stream_state(&backend.jetstream, &name).await.messages;
+    }
+    messages
 }
 
 /// Deltas `sequences` appended by `writer` in runs of `len` events (the last run may be
@@ -473,14 +611,14 @@ async fn append_in_runs(
     }
 }
 
-/// The last message of `subject` in the events stream, read directly.
-async fn last_message(backend: &NatsBackend, subject: String) -> jetstream::message::StreamMessage {
+/// The last message of the execution's log, read directly from its events stream.
+async fn last_message(backend: &NatsBackend, id: ExecutionId) -> jetstream::message::StreamMessage {
     backend
         .jetstream
-        .get_stream(backend.settings.events_stream())
+        .get_stream(backend.events.stream_of(&id))
         .await
         .unwrap()
-        .direct_get_last_for_subject(subject)
+        .direct_get_last_for_subject(backend.events.subject(&id))
         .await
         .unwrap()
 }
@@ -491,9 +629,9 @@ fn sequences(records: &[Arc<EventRecord>]) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_is_one_message_and_single_event_messages_of_old_logs_stay_readable() {
-    let (_server, settings, backend, store) = node().await;
+    let (_server, _settings, backend, store) = node().await;
     let id = ExecutionId::new_random();
-    let subject = settings.events_subject(&id);
+    let subject = backend.events.subject(&id);
     // The log as the previous version wrote it: one event per message, no format header.
     let mut expected_last = 0;
     for event in [ev(id, 1, EventBody::Accepted), ev(id, 2, route())] {
@@ -519,7 +657,7 @@ async fn a_run_is_one_message_and_single_event_messages_of_old_logs_stay_readabl
         .collect();
     store.append_run_as(&run, WriterId::random()).await.unwrap();
     assert_eq!(stored_messages(&backend).await, 3, "the run is one message");
-    let last = last_message(&backend, subject.clone()).await;
+    let last = last_message(&backend, id).await;
     assert_eq!(
         last.headers.get("Mrt-Format").map(|v| v.as_str()),
         Some("2")
@@ -528,7 +666,7 @@ async fn a_run_is_one_message_and_single_event_messages_of_old_logs_stay_readabl
     assert_eq!(body.len(), 4, "format 2 holds the run as a JSON array");
     // A run of one is written in the old format.
     store.append(ev(id, 7, completed())).await.unwrap();
-    let last = last_message(&backend, subject).await;
+    let last = last_message(&backend, id).await;
     assert!(last.headers.get("Mrt-Format").is_none());
     assert_eq!(stored_messages(&backend).await, 4);
     // Old and new messages read alike, by direct get, live and from inside the run.
@@ -597,7 +735,7 @@ async fn long_logs_of_runs_read_in_one_batch_and_long_logs_of_messages_by_the_or
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_of_an_unknown_format_is_refused_not_misread() {
-    let (_server, settings, backend, store) = node().await;
+    let (_server, _settings, backend, store) = node().await;
     let id = accepted(&store).await;
     let body = format!(
         "[{}]",
@@ -606,7 +744,7 @@ async fn a_message_of_an_unknown_format_is_refused_not_misread() {
     backend
         .jetstream
         .send_publish(
-            settings.events_subject(&id),
+            backend.events.subject(&id),
             jetstream::message::PublishMessage::build()
                 .payload(body.into())
                 .header("Mrt-Format", "9"),
@@ -668,7 +806,7 @@ async fn msg_ids_stay_out_of_the_servers_duplicate_state_and_older_writes_are_re
     let writer = WriterId::random();
     store.append_as(ev(id, 2, route()), writer).await.unwrap();
     // The server keeps state for every `Nats-Msg-Id` it stores; appends send none.
-    let last = last_message(&backend, settings.events_subject(&id)).await;
+    let last = last_message(&backend, id).await;
     assert!(
         last.headers.get("Nats-Msg-Id").is_none(),
         "{:?}",
@@ -686,7 +824,7 @@ async fn msg_ids_stay_out_of_the_servers_duplicate_state_and_older_writes_are_re
     backend
         .jetstream
         .send_publish(
-            settings.events_subject(&id),
+            backend.events.subject(&id),
             jetstream::message::PublishMessage::build()
                 .payload(third.json.clone())
                 .message_id(format!("{id}:3:{writer}")),
@@ -779,14 +917,14 @@ async fn a_pipelined_writer_stores_the_mock_execution_in_at_most_four_messages()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_stored_before_owners_existed_belong_to_the_default_tenant() {
-    let (_server, settings, backend, store) = node().await;
+    let (_server, _settings, backend, store) = node().await;
     // `execution.accepted` as earlier versions stored it: no owner header.
     let id = ExecutionId::new_random();
     let accepted = EventRecord::new(ev(id, 1, EventBody::Accepted));
     backend
         .jetstream
         .send_publish(
-            settings.events_subject(&id),
+            backend.events.subject(&id),
             jetstream::message::PublishMessage::build()
                 .payload(accepted.json.clone())
                 .expected_last_subject_sequence(0),
@@ -814,10 +952,10 @@ async fn logs_stored_before_owners_existed_belong_to_the_default_tenant() {
     store.append(ev(owned, 2, route())).await.unwrap();
     let first = backend
         .jetstream
-        .get_stream(settings.events_stream())
+        .get_stream(backend.events.stream_of(&owned))
         .await
         .unwrap()
-        .direct_get_next_for_subject(settings.events_subject(&owned), Some(1))
+        .direct_get_next_for_subject(backend.events.subject(&owned), Some(1))
         .await
         .unwrap();
     assert_eq!(

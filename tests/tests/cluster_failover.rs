@@ -119,13 +119,26 @@ impl Stack {
         }
     }
 
-    fn streams(&self) -> [String; 3] {
+    /// The events streams: the processes start without `--event-shards`, so the namespace
+    /// gets the default count (the test reads every stream there is, whatever that count).
+    fn event_streams(&self) -> Vec<String> {
+        runtime::nats::EventShards::new(self.namespace.clone(), runtime::nats::DEFAULT_EVENT_SHARDS)
+            .unwrap()
+            .streams()
+            .collect()
+    }
+
+    fn jobs_stream(&self) -> String {
+        format!("{}_JOBS", self.namespace.to_ascii_uppercase())
+    }
+
+    /// Every stream of the namespace: the events streams, the jobs stream and the cancel
+    /// bucket's.
+    fn streams(&self) -> Vec<String> {
         let upper = self.namespace.to_ascii_uppercase();
-        [
-            format!("{upper}_EVENTS"),
-            format!("{upper}_JOBS"),
-            format!("KV_{upper}_CANCEL"),
-        ]
+        let mut all = self.event_streams();
+        all.extend([self.jobs_stream(), format!("KV_{upper}_CANCEL")]);
+        all
     }
 
     /// Every log line of the gateways and workers that mentions `needle`.
@@ -426,9 +439,13 @@ async fn restart_whole_cluster(
     js: &async_nats::jetstream::Context,
     observed: &Observed,
 ) {
-    let [events, _, _] = stack.streams();
-    let stored_before = stream_state(js, &events).await.messages;
-    eprintln!("stopping the whole cluster ({stored_before} events stored)");
+    let events = stack.event_streams();
+    let mut stored_before = HashMap::new();
+    for stream in &events {
+        stored_before.insert(stream.clone(), stream_state(js, stream).await.messages);
+    }
+    let stored_before_all: u64 = stored_before.values().sum();
+    eprintln!("stopping the whole cluster ({stored_before_all} events stored)");
     for i in 0..stack.nats.size() {
         stack.nats.stop(i);
     }
@@ -441,14 +458,19 @@ async fn restart_whole_cluster(
     );
     wait_terminals(observed, CLIENTS, stack).await;
     wait_all_current(js, stack).await;
-    let stored_after = stream_state(js, &events).await;
-    // Events are never deleted within the retention: the stream only grows, and the audit
+    // Events are never deleted within the retention: each stream only grows, and the audit
     // compares every event clients saw before the restart with the log after it.
-    assert_eq!(stored_after.first_sequence, 1, "events lost in the restart");
-    assert!(
-        stored_after.messages >= stored_before,
-        "events lost in the restart"
-    );
+    for stream in &events {
+        let stored_after = stream_state(js, stream).await;
+        assert_eq!(
+            stored_after.first_sequence, 1,
+            "{stream}: events lost in the restart"
+        );
+        assert!(
+            stored_after.messages >= stored_before[stream],
+            "{stream}: events lost in the restart"
+        );
+    }
 }
 
 /// Every stored event, per execution id, in stream order: (sequence in the event, JSON bytes).
@@ -456,35 +478,34 @@ async fn stored_logs(
     js: &async_nats::jetstream::Context,
     stack: &Stack,
 ) -> BTreeMap<String, Vec<(u64, String)>> {
-    let mut stream = js.get_stream(&stack.streams()[0]).await.unwrap();
-    let last = stream.info().await.unwrap().state.last_sequence;
     let prefix = format!("{}.events.", stack.namespace);
     let mut logs: BTreeMap<String, Vec<(u64, String)>> = BTreeMap::new();
-    for sequence in 1..=last {
-        let message = stream.get_raw_message(sequence).await.unwrap();
-        let id = message
-            .subject
-            .as_str()
-            .strip_prefix(&prefix)
-            .unwrap()
-            .to_owned();
-        // Format 1 holds one event, format 2 (`Mrt-Format: 2`) a JSON array of a run of them
-        // (docs/event-log.md): audit every event either way.
-        let text = std::str::from_utf8(&message.payload).unwrap();
-        let events: Vec<&str> = if text.starts_with('[') {
-            serde_json::from_str::<Vec<&serde_json::value::RawValue>>(text)
-                .unwrap()
-                .into_iter()
-                .map(|raw| raw.get())
-                .collect()
-        } else {
-            vec![text]
-        };
-        for data in events {
-            let event: Value = serde_json::from_str(data).unwrap();
-            logs.entry(id.clone())
-                .or_default()
-                .push((event["sequence"].as_u64().unwrap(), data.to_owned()));
+    for name in stack.event_streams() {
+        let mut stream = js.get_stream(&name).await.unwrap();
+        let last = stream.info().await.unwrap().state.last_sequence;
+        for sequence in 1..=last {
+            let message = stream.get_raw_message(sequence).await.unwrap();
+            // `{ns}.events.{id}` in the first shard, `{ns}.events.{k}.{id}` in the others.
+            let rest = message.subject.as_str().strip_prefix(&prefix).unwrap();
+            let id = rest.rsplit('.').next().unwrap().to_owned();
+            // Format 1 holds one event, format 2 (`Mrt-Format: 2`) a JSON array of a run of them
+            // (docs/event-log.md): audit every event either way.
+            let text = std::str::from_utf8(&message.payload).unwrap();
+            let events: Vec<&str> = if text.starts_with('[') {
+                serde_json::from_str::<Vec<&serde_json::value::RawValue>>(text)
+                    .unwrap()
+                    .into_iter()
+                    .map(|raw| raw.get())
+                    .collect()
+            } else {
+                vec![text]
+            };
+            for data in events {
+                let event: Value = serde_json::from_str(data).unwrap();
+                logs.entry(id.clone())
+                    .or_default()
+                    .push((event["sequence"].as_u64().unwrap(), data.to_owned()));
+            }
         }
     }
     logs
@@ -507,10 +528,18 @@ async fn killing_any_node_loses_nothing_and_every_execution_ends() {
         .collect();
     wait_terminals(&observed, CLIENTS, &stack).await;
 
-    let [events, jobs, _] = stack.streams();
+    let events = stack.event_streams().remove(0);
+    let jobs = stack.jobs_stream();
     let mut killed = Vec::new();
     let victim = leader_of(&js, &stack.nats, &events).await;
-    kill_and_recover("events stream leader", victim, &mut stack, &js, &observed).await;
+    kill_and_recover(
+        "first events stream's leader",
+        victim,
+        &mut stack,
+        &js,
+        &observed,
+    )
+    .await;
     killed.push(victim);
     let victim = leader_of(&js, &stack.nats, &jobs).await;
     kill_and_recover("jobs stream leader", victim, &mut stack, &js, &observed).await;

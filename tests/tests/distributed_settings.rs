@@ -83,3 +83,86 @@ async fn a_worker_started_after_a_shorter_lease_keeps_healthy_executions_alive()
     let snap = wait_terminal(&gateway.url, &id).await;
     assert_eq!(snap["status"], "succeeded", "{snap}");
 }
+
+/// Runs `binary` on the cluster's namespace with `extra` env and waits for it to exit (it must,
+/// within the bound): its exit code and log.
+fn run_to_exit(cluster: &Cluster, binary_name: &str, extra: (&str, &str)) -> (Option<i32>, String) {
+    let log = cluster
+        .dir
+        .path()
+        .join(format!("{binary_name}-refused.log"));
+    let mut command = std::process::Command::new(binary(binary_name));
+    command
+        .env_clear()
+        .envs(cluster.env())
+        .env(extra.0, extra.1)
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .args(if binary_name == "gateway" {
+            &["--port", "0"][..]
+        } else {
+            &[]
+        })
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut child = command.spawn().unwrap();
+    let deadline = Instant::now() + PROMPT;
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!(
+                "{binary_name} kept running: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (code, std::fs::read_to_string(&log).unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_with_several_event_streams_serves_every_gateway_and_keeps_its_count() {
+    const SHARDS: &str = "MODEL_RUNTIME_EVENT_SHARDS";
+    let mut cluster = Cluster::start(&chunked_mock(2, 4));
+    cluster.extra_env.push((SHARDS.into(), "3".into()));
+    let ([g1, g2], _workers) = cluster.processes::<2, 1>();
+    // 30 executions: each of the three streams holds some (odds of one left empty < 1e-4).
+    for _ in 0..30 {
+        let id = submit_accepted(&g1.url, &text_request("hi")).await;
+        let all = events(&g2.url, &id, 0).await;
+        assert_log_well_formed(&all);
+        let deltas = all.iter().filter(|e| e["type"] == "output.delta").count();
+        assert_eq!(deltas, 4);
+        assert_eq!(all.last().unwrap()["type"], "execution.completed");
+    }
+    let js = testkit::jetstream::connect(&cluster.nats.url()).await;
+    let upper = cluster.namespace.to_ascii_uppercase();
+    for name in [
+        format!("{upper}_EVENTS"),
+        format!("{upper}_EVENTS_1"),
+        format!("{upper}_EVENTS_2"),
+    ] {
+        let state = testkit::jetstream::stream_state(&js, &name).await;
+        assert!(state.messages > 0, "{name} holds no log");
+    }
+    // Processes asking for no count use the namespace's; another count stops the start, and
+    // the message says why.
+    cluster.extra_env.clear();
+    let g3 = cluster.gateway();
+    let id = submit_accepted(&g3.url, &text_request("hi")).await;
+    assert_eq!(
+        events(&g1.url, &id, 0).await.last().unwrap()["type"],
+        "execution.completed"
+    );
+    for binary_name in ["gateway", "worker"] {
+        let (code, log) = run_to_exit(&cluster, binary_name, (SHARDS, "2"));
+        assert_ne!(code, Some(0), "{binary_name}: {log}");
+        assert!(
+            log.contains("has 3 event-log shard(s) and this process asks for 2"),
+            "{binary_name}: {log}"
+        );
+    }
+}

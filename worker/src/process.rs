@@ -79,6 +79,7 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
             max_jobs: i64::try_from(deployment.max_active_executions).unwrap_or(i64::MAX),
             ack_wait: common.ack_wait(),
             replicas: usize::from(common.replicas),
+            event_shards: common.event_shards,
             ..NatsSettings::new(common.namespace.clone())
         },
         max_events: deployment.event_store.max_events as u64,

@@ -1,8 +1,11 @@
 //! NATS JetStream implementations of the event store, job queue and cancel bus.
 //!
 //! Layout (every name under the deployment's namespace `ns`, uppercased for streams):
-//! - `{NS}_EVENTS`: subjects `{ns}.events.*`, one subject per execution, Limits retention with
-//!   `max_age` = retention, file storage, direct get allowed. Appends are compare-and-set with
+//! - the events streams, `{NS}_EVENTS` and, with more than one shard, `{NS}_EVENTS_{k}`: an
+//!   execution's log is one subject in one of them (`{ns}.events.{id}` or `{ns}.events.{k}.{id}`;
+//!   see `shards`, which also says how the namespace's processes agree on the count). Each has
+//!   Limits retention with `max_age` = retention, file storage, direct get allowed. Appends are
+//!   compare-and-set with
 //!   `Nats-Expected-Last-Subject-Sequence` and carry `Mrt-Msg-Id =
 //!   {execution_id}:{sequence}:{writer}` (`{execution_id}:{first}-{last}:{writer}` for a message
 //!   holding a run of events, header `Mrt-Format: 2`), by which a writer recognises its own
@@ -27,6 +30,7 @@ mod event_store;
 mod job_queue;
 mod reconcile;
 mod services;
+mod shards;
 
 use std::time::Duration;
 
@@ -37,6 +41,7 @@ pub use cancel::NatsCancelBus;
 pub use event_store::{NatsEventStore, OWNER_HEADER};
 pub use job_queue::NatsJobQueue;
 pub use services::{NatsConnectSettings, NatsServices};
+pub use shards::{DEFAULT_EVENT_SHARDS, EventShards, MAX_EVENT_SHARDS, SHARDS_METADATA_KEY};
 
 use crate::error::StoreError;
 
@@ -64,6 +69,10 @@ pub struct NatsSettings {
     /// Replicas of every stream and of the cancel bucket (1-5; 3 on a 3-node cluster survives
     /// the loss of any one node).
     pub replicas: usize,
+    /// Shards of the events stream a new namespace gets (`None`: [`DEFAULT_EVENT_SHARDS`]);
+    /// an existing namespace keeps its own, and a different explicit count is a startup error
+    /// (see `shards`).
+    pub event_shards: Option<u16>,
 }
 
 impl NatsSettings {
@@ -76,6 +85,7 @@ impl NatsSettings {
             request_timeout: Duration::from_millis(1500),
             max_event_bytes: 1024 * 1024 + 4096,
             replicas: 1,
+            event_shards: None,
         }
     }
 
@@ -83,6 +93,7 @@ impl NatsSettings {
         self.namespace.to_ascii_uppercase()
     }
 
+    /// The first events stream, which records the namespace's shard count (see `shards`).
     pub fn events_stream(&self) -> String {
         format!("{}_EVENTS", self.upper())
     }
@@ -93,10 +104,6 @@ impl NatsSettings {
 
     pub fn cancel_bucket(&self) -> String {
         format!("{}_CANCEL", self.upper())
-    }
-
-    pub fn events_subject(&self, id: &protocol::ExecutionId) -> String {
-        format!("{}.events.{id}", self.namespace)
     }
 
     /// Where the events stream republishes an execution's events once stored (live readers).
@@ -133,6 +140,8 @@ pub struct NatsBackend {
     #[debug(skip)]
     pub jetstream: jetstream::Context,
     pub settings: NatsSettings,
+    /// Where each execution's log lives, as the namespace records it.
+    pub events: EventShards,
 }
 
 /// The oldest nats-server (major, minor) this backend works with: batched direct gets (ADR-31),
@@ -246,27 +255,27 @@ impl NatsBackend {
         .map_err(|_| unreachable())??;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(settings.request_timeout);
-        let backend = Self {
-            client,
-            readers,
-            jetstream: js,
-            settings,
-        };
         // A cluster that is still electing its JetStream leaders (all nodes starting together,
         // or a replicated stream being placed) times out API requests for a while: retry those
         // until the connect bound, but not a setting the server refuses.
         let started = std::time::Instant::now();
-        loop {
-            match backend.ensure_streams().await {
-                Ok(()) => break,
+        let events = loop {
+            match ensure_streams(&js, &settings).await {
+                Ok(events) => break events,
                 Err(StoreError::Unavailable(e)) if started.elapsed() < connect_timeout => {
                     tracing::info!(error = %e, "JetStream not ready; retrying");
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
                 Err(e) => return Err(e),
             }
-        }
-        Ok(backend)
+        };
+        Ok(Self {
+            client,
+            readers,
+            jetstream: js,
+            settings,
+            events,
+        })
     }
 
     /// Whether the client is connected now (cheap; no round trip).
@@ -282,55 +291,118 @@ impl NatsBackend {
             Err(StoreError::Unavailable("NATS is disconnected".into()))
         }
     }
+}
 
-    /// Creates the streams or reconciles them with these settings (see [`reconcile`]).
-    async fn ensure_streams(&self) -> Result<(), StoreError> {
-        let s = &self.settings;
-        let window = reconcile::duplicate_window(DUPLICATE_WINDOW, s.retention);
-        reconcile::stream(
-            &self.jetstream,
-            stream::Config {
-                name: s.events_stream(),
-                subjects: vec![format!("{}.events.*", s.namespace)],
-                retention: stream::RetentionPolicy::Limits,
-                storage: stream::StorageType::File,
-                max_age: s.retention,
-                max_message_size: s.max_event_bytes,
-                allow_direct: true,
-                // Appends of this version send no `Nats-Msg-Id` (see `event_store::format`), so
-                // the window holds nothing of theirs; it stays for writers of earlier versions
-                // during an upgrade.
-                duplicate_window: window,
-                num_replicas: s.replicas,
-                // Live readers follow this copy: the server sends it only once the event is
-                // stored, so a rejected or lost append never reaches a reader.
-                republish: Some(stream::Republish {
-                    source: format!("{}.events.*", s.namespace),
-                    destination: format!("{}.stored.{{{{wildcard(1)}}}}", s.namespace),
-                    headers_only: false,
-                }),
-                ..Default::default()
-            },
-        )
-        .await?;
-        reconcile::stream(
-            &self.jetstream,
-            stream::Config {
-                name: s.jobs_stream(),
-                subjects: vec![s.jobs_subject()],
-                retention: stream::RetentionPolicy::WorkQueue,
-                storage: stream::StorageType::File,
-                max_messages: s.max_jobs,
-                discard: stream::DiscardPolicy::New,
-                max_age: s.retention,
-                duplicate_window: window,
-                num_replicas: s.replicas,
-                ..Default::default()
-            },
-        )
-        .await?;
-        Ok(())
+/// The event shards of `namespace` as the server records them (`None`: the namespace has no
+/// events stream yet). For tools that read the streams themselves (benchmarks, audits).
+pub async fn recorded_event_shards(
+    js: &jetstream::Context,
+    namespace: &str,
+) -> Result<Option<EventShards>, StoreError> {
+    let settings = NatsSettings::new(namespace);
+    match recorded_shards(js, &settings).await? {
+        None => Ok(None),
+        recorded => {
+            let count = shards::agree(namespace, recorded.as_ref().map(Option::as_deref), None)?;
+            EventShards::new(namespace, count).map(Some)
+        }
     }
+}
+
+/// The shard count `{NS}_EVENTS` records, as `shards::agree` takes it.
+async fn recorded_shards(
+    js: &jetstream::Context,
+    s: &NatsSettings,
+) -> Result<Option<Option<String>>, StoreError> {
+    reconcile::stream_metadata(js, &s.events_stream(), SHARDS_METADATA_KEY).await
+}
+
+/// The settings of shard `shard`'s events stream; `record` adds the shard count to the
+/// metadata (shard 0 of a namespace being created).
+fn events_stream_config(
+    s: &NatsSettings,
+    events: &EventShards,
+    shard: u16,
+    record: bool,
+) -> stream::Config {
+    let subjects = events.subjects(shard);
+    let mut metadata = std::collections::HashMap::new();
+    if record {
+        metadata.insert(SHARDS_METADATA_KEY.to_owned(), events.count().to_string());
+    }
+    stream::Config {
+        name: events.stream(shard),
+        subjects: vec![subjects.clone()],
+        retention: stream::RetentionPolicy::Limits,
+        storage: stream::StorageType::File,
+        max_age: s.retention,
+        max_message_size: s.max_event_bytes,
+        allow_direct: true,
+        // Appends of this version send no `Nats-Msg-Id` (see `event_store::format`), so the
+        // window holds nothing of theirs; it stays for writers of earlier versions during an
+        // upgrade.
+        duplicate_window: reconcile::duplicate_window(DUPLICATE_WINDOW, s.retention),
+        num_replicas: s.replicas,
+        // Live readers follow this copy: the server sends it only once the event is stored, so
+        // a rejected or lost append never reaches a reader. Every shard republishes on the same
+        // subjects (the execution id is the last token of each).
+        republish: Some(stream::Republish {
+            source: subjects,
+            destination: format!("{}.stored.{{{{wildcard(1)}}}}", s.namespace),
+            headers_only: false,
+        }),
+        metadata,
+        ..Default::default()
+    }
+}
+
+/// Creates the streams or reconciles them with these settings (see [`reconcile`]), and returns
+/// the namespace's event shards as recorded in `{NS}_EVENTS` (see `shards`).
+async fn ensure_streams(
+    js: &jetstream::Context,
+    s: &NatsSettings,
+) -> Result<EventShards, StoreError> {
+    let recorded = recorded_shards(js, s).await?;
+    let count = shards::agree(
+        &s.namespace,
+        recorded.as_ref().map(Option::as_deref),
+        s.event_shards,
+    )?;
+    let proposed = EventShards::new(s.namespace.clone(), count)?;
+    reconcile::stream(
+        js,
+        events_stream_config(s, &proposed, 0, recorded.is_none()),
+    )
+    .await?;
+    // Another process may have created the namespace between the read and the create, with a
+    // count of its own: what the stream records now decides.
+    let recorded = recorded_shards(js, s).await?;
+    let count = shards::agree(
+        &s.namespace,
+        recorded.as_ref().map(Option::as_deref),
+        s.event_shards,
+    )?;
+    let events = EventShards::new(s.namespace.clone(), count)?;
+    for shard in 1..events.count() {
+        reconcile::stream(js, events_stream_config(s, &events, shard, false)).await?;
+    }
+    reconcile::stream(
+        js,
+        stream::Config {
+            name: s.jobs_stream(),
+            subjects: vec![s.jobs_subject()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            max_messages: s.max_jobs,
+            discard: stream::DiscardPolicy::New,
+            max_age: s.retention,
+            duplicate_window: reconcile::duplicate_window(DUPLICATE_WINDOW, s.retention),
+            num_replicas: s.replicas,
+            ..Default::default()
+        },
+    )
+    .await?;
+    Ok(events)
 }
 
 #[cfg(test)]

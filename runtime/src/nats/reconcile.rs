@@ -154,6 +154,29 @@ pub(crate) async fn stream(
     )))
 }
 
+/// The stream's metadata value under `key`: `None` when the stream does not exist,
+/// `Some(None)` when it exists without that key.
+pub(crate) async fn stream_metadata(
+    js: &jetstream::Context,
+    name: &str,
+    key: &str,
+) -> Result<Option<Option<String>>, StoreError> {
+    match js.get_stream(name).await {
+        Ok(existing) => Ok(Some(
+            existing.cached_info().config.metadata.get(key).cloned(),
+        )),
+        Err(e)
+            if matches!(
+                e.kind(),
+                jetstream::context::GetStreamErrorKind::JetStream(_)
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(StoreError::Unavailable(format!("get stream {name}: {e}"))),
+    }
+}
+
 /// Names of the managed consumer settings where the server differs from `desired`.
 fn consumer_differences(
     current: &consumer::Config,

@@ -18,9 +18,15 @@ pub async fn connect(server: &NatsServer, settings: NatsSettings) -> NatsBackend
         .unwrap()
 }
 
-/// A connection to `server` in a namespace of its own.
+/// A connection to `server` in a namespace of its own, whose logs are spread over three events
+/// streams: the contract suites run on it, so every store operation is checked against logs in
+/// every shard (the tests of `fresh_settings` namespaces cover the one-stream layout).
 pub async fn backend(server: &NatsServer) -> NatsBackend {
-    connect(server, NatsSettings::new(unique_namespace("t"))).await
+    let settings = NatsSettings {
+        event_shards: Some(3),
+        ..NatsSettings::new(unique_namespace("t"))
+    };
+    connect(server, settings).await
 }
 
 /// An event store on `backend` allowing `max_events` events per execution.

@@ -12,6 +12,7 @@
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use futures_util::StreamExt;
+use protocol::ExecutionId;
 use serde::Serialize;
 
 use super::NatsEventStore;
@@ -56,16 +57,17 @@ fn header_u64(headers: Option<&HeaderMap>, name: &str) -> Option<u64> {
 }
 
 impl NatsEventStore {
-    /// Up to `max` messages of `subject` from stream sequence `from` on, in one request. An
-    /// empty batch means the subject has no message from `from` on (as this server saw it: a
-    /// follower may lag its leader).
+    /// Up to `max` messages of the execution's subject from stream sequence `from` on, in one
+    /// request. An empty batch means the subject has no message from `from` on (as this server
+    /// saw it: a follower may lag its leader).
     pub(super) async fn direct_batch(
         &self,
-        subject: &str,
+        id: ExecutionId,
         from: u64,
         max: usize,
     ) -> Result<Batch, StoreError> {
         self.backend.check_connected()?;
+        let subject = self.subject(id);
         let client = &self.backend.readers;
         let inbox = client.new_inbox();
         let mut replies = client
@@ -74,13 +76,17 @@ impl NatsEventStore {
             .map_err(|e| unavailable("direct get", e))?;
         let body = serde_json::to_vec(&BatchRequest {
             seq: from.max(1),
-            next_by_subj: subject,
+            next_by_subj: &subject,
             batch: max,
             max_bytes: BATCH_MAX_BYTES,
         })
         .map_err(|e| unavailable("direct get", e))?;
         client
-            .publish_with_reply(self.direct_get_subject.clone(), inbox, body.into())
+            .publish_with_reply(
+                self.shard(id).direct_get_subject.clone(),
+                inbox,
+                body.into(),
+            )
             .await
             .map_err(|e| unavailable("direct get", e))?;
         let collect = async {

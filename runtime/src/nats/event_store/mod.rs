@@ -1,4 +1,5 @@
-//! The JetStream event store: one subject per execution in `{NS}_EVENTS`.
+//! The JetStream event store: one subject per execution in one of the namespace's events
+//! streams (its shard: see `nats::shards`).
 //!
 //! Appends are compare-and-set on the subject's last stream sequence, which this process caches
 //! per open execution (and re-reads with a direct get when it does not know it), so a stale or
@@ -91,42 +92,57 @@ fn materialize(records: &[Arc<EventRecord>]) -> Result<Option<Materializer>, Sto
 /// Most heads cached; beyond this the cache is cleared (it only saves a round trip).
 const MAX_CACHED_HEADS: usize = 65_536;
 
+/// One events stream (shard) of the namespace.
+struct Shard {
+    stream: Stream,
+    /// The stream's direct-get API subject (batched reads, [`direct`]).
+    direct_get_subject: async_nats::Subject,
+}
+
 /// See the module docs.
 #[derive(Clone, derive_more::Debug)]
 pub struct NatsEventStore {
     backend: NatsBackend,
+    /// Indexed by shard number.
     #[debug(skip)]
-    stream: Stream,
+    shards: Arc<[Shard]>,
     #[debug(skip)]
     heads: Arc<Mutex<HashMap<ExecutionId, Head>>>,
     max_events: u64,
-    /// The stream's direct-get API subject (batched reads, [`direct`]).
-    direct_get_subject: async_nats::Subject,
 }
 
 impl NatsEventStore {
     /// `max_events`: non-terminal events allowed per execution [R 84].
     pub async fn new(backend: NatsBackend, max_events: u64) -> Result<Self, StoreError> {
-        let stream = backend
-            .jetstream
-            .get_stream(backend.settings.events_stream())
-            .await
-            .map_err(|e| unavailable("events stream", e))?;
-        let direct_get_subject = async_nats::Subject::from(format!(
-            "$JS.API.DIRECT.GET.{}",
-            backend.settings.events_stream()
-        ));
+        let mut shards = Vec::with_capacity(usize::from(backend.events.count()));
+        for name in backend.events.streams() {
+            let stream = backend
+                .jetstream
+                .get_stream(&name)
+                .await
+                .map_err(|e| unavailable("events stream", e))?;
+            let direct_get_subject =
+                async_nats::Subject::from(format!("$JS.API.DIRECT.GET.{name}"));
+            shards.push(Shard {
+                stream,
+                direct_get_subject,
+            });
+        }
         Ok(Self {
             backend,
-            stream,
+            shards: shards.into(),
             heads: Arc::new(Mutex::new(HashMap::new())),
             max_events,
-            direct_get_subject,
         })
     }
 
     fn subject(&self, id: ExecutionId) -> String {
-        self.backend.settings.events_subject(&id)
+        self.backend.events.subject(&id)
+    }
+
+    /// The events stream holding the execution's log.
+    fn shard(&self, id: ExecutionId) -> &Shard {
+        &self.shards[usize::from(self.backend.events.shard_of(&id))]
     }
 
     fn remember(&self, id: ExecutionId, head: Head) {
@@ -145,6 +161,7 @@ impl NatsEventStore {
     async fn fetch_head(&self, id: ExecutionId) -> Result<Option<Fetched>, StoreError> {
         self.backend.check_connected()?;
         let found = match self
+            .shard(id)
             .stream
             .direct_get_last_for_subject(self.subject(id))
             .await
@@ -190,11 +207,17 @@ impl NatsEventStore {
         let subject = self.subject(id);
         let got = match edge {
             Edge::First => {
-                self.stream
+                self.shard(id)
+                    .stream
                     .get_first_raw_message_by_subject(&subject, 1)
                     .await
             }
-            Edge::Last => self.stream.get_last_raw_message_by_subject(&subject).await,
+            Edge::Last => {
+                self.shard(id)
+                    .stream
+                    .get_last_raw_message_by_subject(&subject)
+                    .await
+            }
         };
         match got {
             Ok(message) => Ok(Some(message)),
@@ -355,6 +378,7 @@ impl EventStore for NatsEventStore {
     async fn owner(&self, id: ExecutionId) -> Result<Option<Tenant>, StoreError> {
         self.backend.check_connected()?;
         let first = match self
+            .shard(id)
             .stream
             .direct_get_next_for_subject(self.subject(id), Some(1))
             .await

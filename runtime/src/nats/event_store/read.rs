@@ -78,8 +78,7 @@ impl NatsEventStore {
     /// Reads the start of the execution's log in one request: a short log whole, with its
     /// owner (`None`: unknown execution).
     pub(super) async fn open(&self, id: ExecutionId) -> Result<Option<Opened>, StoreError> {
-        let subject = self.subject(id);
-        let batch = self.direct_batch(&subject, 1, DIRECT_READ_MAX).await?;
+        let batch = self.direct_batch(id, 1, DIRECT_READ_MAX).await?;
         if batch.messages.is_empty() {
             // A follower may not have applied a log the leader acknowledged: the leader decides.
             return Ok(self
@@ -147,10 +146,9 @@ impl NatsEventStore {
         mut from: u64,
         stop_after: Option<Sequence>,
     ) -> Result<Vec<(u64, EventRecord)>, StoreError> {
-        let subject = self.subject(id);
         let mut out = Vec::new();
         loop {
-            let batch = self.direct_batch(&subject, from, DIRECT_READ_MAX).await?;
+            let batch = self.direct_batch(id, from, DIRECT_READ_MAX).await?;
             let more = batch.more;
             let (records, _) = decode_batch(batch)?;
             let Some((last_stream_sequence, last)) = records.last() else {
@@ -206,6 +204,7 @@ impl NatsEventStore {
     pub(super) async fn ordered(&self, id: ExecutionId) -> Result<EventStream, StoreError> {
         self.backend.check_connected()?;
         let consumer = self
+            .shard(id)
             .stream
             .create_consumer(consumer::pull::OrderedConfig {
                 filter_subject: self.subject(id),

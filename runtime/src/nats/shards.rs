@@ -1,0 +1,214 @@
+//! The shards of the events stream: which stream holds an execution's log.
+//!
+//! One JetStream stream processes its appends one at a time, so with every execution's log in
+//! one stream, appends of unrelated executions queue behind each other. A namespace may
+//! therefore spread its logs over `n` streams (one by default: on a machine whose cores are
+//! already saturated, more streams measured no better; BENCHMARKS.md section i):
+//!
+//! | shard | stream | subjects |
+//! | --- | --- | --- |
+//! | 0 | `{NS}_EVENTS` | `{ns}.events.{id}` |
+//! | k ≥ 1 | `{NS}_EVENTS_{k}` | `{ns}.events.{k}.{id}` |
+//!
+//! An execution's shard is its id (a UUID) read as a 128-bit big-endian integer, modulo `n`:
+//! every process computes it alone, and it never changes. Every shard republishes what it
+//! stores on the same `{ns}.stored.{id}`, so live readers do not care where a log lives.
+//!
+//! `n` is chosen when the namespace is created and recorded in the metadata of `{NS}_EVENTS`
+//! ([`SHARDS_METADATA_KEY`]); every process adopts the recorded value, so processes can never
+//! disagree on where a log lives. A namespace created before sharding has no record and one
+//! shard: its logs stay where they are (shard 0's stream and subjects are the layout of those
+//! versions). The count of an existing namespace cannot be changed (logs would move): a process
+//! asking for another count explicitly refuses to start, naming both counts.
+
+use protocol::ExecutionId;
+
+use crate::error::StoreError;
+
+/// Shards of a namespace created without an explicit count: the layout of versions before
+/// sharding.
+pub const DEFAULT_EVENT_SHARDS: u16 = 1;
+
+/// Most shards a namespace may have.
+pub const MAX_EVENT_SHARDS: u16 = 64;
+
+/// The metadata key of `{NS}_EVENTS` recording the namespace's shard count.
+pub const SHARDS_METADATA_KEY: &str = "mrt_event_shards";
+
+/// Where the logs of one namespace live (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventShards {
+    namespace: String,
+    count: u16,
+}
+
+impl EventShards {
+    /// The layout of `namespace` with `count` shards (1 to [`MAX_EVENT_SHARDS`]).
+    pub fn new(namespace: impl Into<String>, count: u16) -> Result<Self, StoreError> {
+        if !(1..=MAX_EVENT_SHARDS).contains(&count) {
+            return Err(StoreError::Misconfigured(format!(
+                "the events stream may have 1 to {MAX_EVENT_SHARDS} shards, not {count}"
+            )));
+        }
+        Ok(Self {
+            namespace: namespace.into(),
+            count,
+        })
+    }
+
+    /// How many shards (streams) the namespace has.
+    pub fn count(&self) -> u16 {
+        self.count
+    }
+
+    /// The shard holding the execution's log.
+    pub fn shard_of(&self, id: &ExecutionId) -> u16 {
+        // Lossless: the remainder is below `count`, a u16.
+        (id.as_uuid().as_u128() % u128::from(self.count)) as u16
+    }
+
+    /// The name of shard `shard`'s stream.
+    pub fn stream(&self, shard: u16) -> String {
+        let upper = self.namespace.to_ascii_uppercase();
+        match shard {
+            0 => format!("{upper}_EVENTS"),
+            k => format!("{upper}_EVENTS_{k}"),
+        }
+    }
+
+    /// The prefix of shard `shard`'s subjects (before the execution id).
+    fn prefix(&self, shard: u16) -> String {
+        match shard {
+            0 => format!("{}.events", self.namespace),
+            k => format!("{}.events.{k}", self.namespace),
+        }
+    }
+
+    /// The subjects of shard `shard`'s stream (one per execution).
+    pub fn subjects(&self, shard: u16) -> String {
+        format!("{}.*", self.prefix(shard))
+    }
+
+    /// The subject of the execution's log.
+    pub fn subject(&self, id: &ExecutionId) -> String {
+        format!("{}.{id}", self.prefix(self.shard_of(id)))
+    }
+
+    /// The stream holding the execution's log.
+    pub fn stream_of(&self, id: &ExecutionId) -> String {
+        self.stream(self.shard_of(id))
+    }
+
+    /// Every shard's stream, shard 0 first.
+    pub fn streams(&self) -> impl Iterator<Item = String> + '_ {
+        (0..self.count).map(|shard| self.stream(shard))
+    }
+}
+
+/// The shard count a process uses, from what `{NS}_EVENTS` records (`None`: no stream yet;
+/// `Some(None)`: a stream of a version before sharding) and what the process asks for
+/// (`None`: whatever the namespace has).
+pub(crate) fn agree(
+    namespace: &str,
+    recorded: Option<Option<&str>>,
+    wanted: Option<u16>,
+) -> Result<u16, StoreError> {
+    let recorded = match recorded {
+        None => return Ok(wanted.unwrap_or(DEFAULT_EVENT_SHARDS)),
+        Some(None) => 1,
+        Some(Some(text)) => text.parse::<u16>().map_err(|_| {
+            StoreError::Misconfigured(format!(
+                "the events stream of namespace {namespace} records an invalid shard count"
+            ))
+        })?,
+    };
+    match wanted {
+        Some(wanted) if wanted != recorded => Err(StoreError::Misconfigured(format!(
+            "namespace {namespace} has {recorded} event-log shard(s) and this process asks for \
+             {wanted}; the count is fixed when a namespace is created (leave the setting out to \
+             use the namespace's, or use another namespace)"
+        ))),
+        _ => Ok(recorded),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn id(hex: &str) -> ExecutionId {
+        ExecutionId::from_uuid(Uuid::parse_str(hex).unwrap())
+    }
+
+    #[test]
+    fn a_single_shard_is_the_layout_of_versions_before_sharding() {
+        let one = EventShards::new("mrt", 1).unwrap();
+        let exec = id("6f1c2a9e-0d4b-4c1e-9a57-3b2d8e4f7a10");
+        assert_eq!(one.shard_of(&exec), 0);
+        assert_eq!(one.stream_of(&exec), "MRT_EVENTS");
+        assert_eq!(one.subject(&exec), format!("mrt.events.{exec}"));
+        assert_eq!(one.subjects(0), "mrt.events.*");
+        assert_eq!(one.streams().collect::<Vec<_>>(), ["MRT_EVENTS"]);
+    }
+
+    #[test]
+    fn the_shard_is_the_id_modulo_the_count_and_names_follow_it() {
+        let four = EventShards::new("mrt", 4).unwrap();
+        // The last byte (0x13 = 19) decides modulo 4: 19 % 4 = 3. Pinned: a change would move
+        // every stored log.
+        let exec = id("00000000-0000-4000-8000-000000000013");
+        assert_eq!(four.shard_of(&exec), 3);
+        assert_eq!(four.stream_of(&exec), "MRT_EVENTS_3");
+        assert_eq!(four.subject(&exec), format!("mrt.events.3.{exec}"));
+        assert_eq!(four.subjects(3), "mrt.events.3.*");
+        let zero = id("00000000-0000-4000-8000-000000000014");
+        assert_eq!(four.subject(&zero), format!("mrt.events.{zero}"));
+        assert_eq!(
+            four.streams().collect::<Vec<_>>(),
+            ["MRT_EVENTS", "MRT_EVENTS_1", "MRT_EVENTS_2", "MRT_EVENTS_3"]
+        );
+        let three = EventShards::new("mrt", 3).unwrap();
+        let big = id("ffffffff-ffff-4fff-bfff-ffffffffffff");
+        assert_eq!(
+            u128::from(three.shard_of(&big)),
+            big.as_uuid().as_u128() % 3
+        );
+    }
+
+    #[test]
+    fn random_ids_spread_over_every_shard() {
+        let four = EventShards::new("mrt", 4).unwrap();
+        let mut counts = [0u32; 4];
+        for _ in 0..4000 {
+            counts[usize::from(four.shard_of(&ExecutionId::new_random()))] += 1;
+        }
+        assert!(
+            counts.iter().all(|&c| (800..1200).contains(&c)),
+            "{counts:?}"
+        );
+    }
+
+    #[test]
+    fn counts_out_of_range_are_refused() {
+        assert!(EventShards::new("mrt", 0).is_err());
+        assert!(EventShards::new("mrt", MAX_EVENT_SHARDS + 1).is_err());
+        assert!(EventShards::new("mrt", MAX_EVENT_SHARDS).is_ok());
+    }
+
+    #[test]
+    fn the_recorded_count_wins_and_an_explicit_other_count_is_refused() {
+        assert_eq!(agree("ns", None, None).unwrap(), DEFAULT_EVENT_SHARDS);
+        assert_eq!(agree("ns", None, Some(2)).unwrap(), 2);
+        assert_eq!(agree("ns", Some(None), None).unwrap(), 1);
+        assert_eq!(agree("ns", Some(None), Some(1)).unwrap(), 1);
+        assert_eq!(agree("ns", Some(Some("8")), None).unwrap(), 8);
+        let Err(StoreError::Misconfigured(message)) = agree("ns", Some(None), Some(4)) else {
+            panic!("a pre-sharding namespace accepted 4 shards");
+        };
+        assert!(message.contains("has 1 event-log shard(s)"), "{message}");
+        assert!(message.contains("asks for 4"), "{message}");
+        assert!(agree("ns", Some(Some("x")), None).is_err());
+    }
+}
