@@ -76,22 +76,20 @@ impl EventShards {
         }
     }
 
-    /// The prefix of shard `shard`'s subjects (before the execution id).
-    fn prefix(&self, shard: u16) -> String {
+    /// The subjects of shard `shard`'s stream (one per execution).
+    pub fn subjects(&self, shard: u16) -> String {
         match shard {
-            0 => format!("{}.events", self.namespace),
-            k => format!("{}.events.{k}", self.namespace),
+            0 => format!("{}.events.*", self.namespace),
+            k => format!("{}.events.{k}.*", self.namespace),
         }
     }
 
-    /// The subjects of shard `shard`'s stream (one per execution).
-    pub fn subjects(&self, shard: u16) -> String {
-        format!("{}.*", self.prefix(shard))
-    }
-
-    /// The subject of the execution's log.
+    /// The subject of the execution's log (one allocation: it is built for every append).
     pub fn subject(&self, id: &ExecutionId) -> String {
-        format!("{}.{id}", self.prefix(self.shard_of(id)))
+        match self.shard_of(id) {
+            0 => format!("{}.events.{id}", self.namespace),
+            k => format!("{}.events.{k}.{id}", self.namespace),
+        }
     }
 
     /// The stream holding the execution's log.
