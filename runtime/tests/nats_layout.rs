@@ -211,6 +211,27 @@ fn unsharded_events_stream(settings: &NatsSettings) -> stream::Config {
     }
 }
 
+/// `execution.accepted` and `route.selected` of `id` on `subject`, as versions before runs
+/// and shards wrote them: one event per message, the msg id in `Nats-Msg-Id`.
+async fn write_as_earlier_versions(js: &jetstream::Context, subject: &str, id: ExecutionId) {
+    let mut expected_last = 0;
+    for event in [ev(id, 1, EventBody::Accepted), ev(id, 2, route())] {
+        let ack = js
+            .send_publish(
+                subject.to_owned(),
+                jetstream::message::PublishMessage::build()
+                    .payload(EventRecord::new(event.clone()).json)
+                    .message_id(format!("{id}:{}:0123456789abcdef", event.sequence))
+                    .expected_last_subject_sequence(expected_last),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        expected_last = ack.sequence;
+    }
+}
+
 /// What connecting with `event_shards` gives: the connection, or why it was refused.
 async fn connect_asking(
     server: &NatsServer,
@@ -230,22 +251,7 @@ async fn a_namespace_created_before_sharding_keeps_its_one_stream_and_its_logs()
     // A log as those versions wrote it: one event per message on `{ns}.events.{id}`.
     let id = ExecutionId::new_random();
     let subject = format!("{}.events.{id}", settings.namespace);
-    let mut expected_last = 0;
-    for event in [ev(id, 1, EventBody::Accepted), ev(id, 2, route())] {
-        let ack = js
-            .send_publish(
-                subject.clone(),
-                jetstream::message::PublishMessage::build()
-                    .payload(EventRecord::new(event.clone()).json)
-                    .message_id(format!("{id}:{}:0123456789abcdef", event.sequence))
-                    .expected_last_subject_sequence(expected_last),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-        expected_last = ack.sequence;
-    }
+    write_as_earlier_versions(&js, &subject, id).await;
 
     // A process asking for no count adopts the namespace's one stream, and the log is there.
     let backend = connect_asking(&server, &settings, None).await.unwrap();
@@ -633,23 +639,7 @@ async fn a_run_is_one_message_and_single_event_messages_of_old_logs_stay_readabl
     let id = ExecutionId::new_random();
     let subject = backend.events.subject(&id);
     // The log as the previous version wrote it: one event per message, no format header.
-    let mut expected_last = 0;
-    for event in [ev(id, 1, EventBody::Accepted), ev(id, 2, route())] {
-        let ack = backend
-            .jetstream
-            .send_publish(
-                subject.clone(),
-                jetstream::message::PublishMessage::build()
-                    .payload(EventRecord::new(event.clone()).json)
-                    .message_id(format!("{id}:{}:0123456789abcdef", event.sequence))
-                    .expected_last_subject_sequence(expected_last),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-        expected_last = ack.sequence;
-    }
+    write_as_earlier_versions(&backend.jetstream, &subject, id).await;
     let live = store.subscribe(id, Sequence(0)).await.unwrap().unwrap();
     let live_inside = store.subscribe(id, Sequence(4)).await.unwrap().unwrap();
     let run: Vec<EventRecord> = (3..=6)

@@ -5,12 +5,11 @@
 //!   execution's log is one subject in one of them (`{ns}.events.{id}` or `{ns}.events.{k}.{id}`;
 //!   see `shards`, which also says how the namespace's processes agree on the count). Each has
 //!   Limits retention with `max_age` = retention, file storage, direct get allowed. Appends are
-//!   compare-and-set with
-//!   `Nats-Expected-Last-Subject-Sequence` and carry `Mrt-Msg-Id =
+//!   compare-and-set with `Nats-Expected-Last-Subject-Sequence` and carry `Mrt-Msg-Id =
 //!   {execution_id}:{sequence}:{writer}` (`{execution_id}:{first}-{last}:{writer}` for a message
 //!   holding a run of events, header `Mrt-Format: 2`), by which a writer recognises its own
 //!   write after a lost acknowledgement (not `Nats-Msg-Id`: no server-side duplicate state; see
-//!   `event_store::format`). The stream republishes each stored message on `{ns}.stored.{id}`,
+//!   `event_store::format`). Each republishes every stored message on `{ns}.stored.{id}`,
 //!   which live readers follow (never the write subject, which also carries appends the stream
 //!   refuses).
 //! - `{NS}_JOBS`: subject `{ns}.jobs`, WorkQueue retention, file storage; `Nats-Msg-Id` = the
@@ -299,22 +298,26 @@ pub async fn recorded_event_shards(
     js: &jetstream::Context,
     namespace: &str,
 ) -> Result<Option<EventShards>, StoreError> {
-    let settings = NatsSettings::new(namespace);
-    match recorded_shards(js, &settings).await? {
-        None => Ok(None),
-        recorded => {
-            let count = shards::agree(namespace, recorded.as_ref().map(Option::as_deref), None)?;
-            EventShards::new(namespace, count).map(Some)
-        }
-    }
+    let (events, exists) = agreed_shards(js, &NatsSettings::new(namespace)).await?;
+    Ok(exists.then_some(events))
 }
 
-/// The shard count `{NS}_EVENTS` records, as `shards::agree` takes it.
-async fn recorded_shards(
+/// The shards `{NS}_EVENTS` records (see `shards::agree`), checked against what `s` asks for,
+/// and whether that stream exists yet.
+async fn agreed_shards(
     js: &jetstream::Context,
     s: &NatsSettings,
-) -> Result<Option<Option<String>>, StoreError> {
-    reconcile::stream_metadata(js, &s.events_stream(), SHARDS_METADATA_KEY).await
+) -> Result<(EventShards, bool), StoreError> {
+    let recorded = reconcile::stream_metadata(js, &s.events_stream(), SHARDS_METADATA_KEY).await?;
+    let count = shards::agree(
+        &s.namespace,
+        recorded.as_ref().map(Option::as_deref),
+        s.event_shards,
+    )?;
+    Ok((
+        EventShards::new(s.namespace.clone(), count)?,
+        recorded.is_some(),
+    ))
 }
 
 /// The settings of shard `shard`'s events stream; `record` adds the shard count to the
@@ -362,27 +365,11 @@ async fn ensure_streams(
     js: &jetstream::Context,
     s: &NatsSettings,
 ) -> Result<EventShards, StoreError> {
-    let recorded = recorded_shards(js, s).await?;
-    let count = shards::agree(
-        &s.namespace,
-        recorded.as_ref().map(Option::as_deref),
-        s.event_shards,
-    )?;
-    let proposed = EventShards::new(s.namespace.clone(), count)?;
-    reconcile::stream(
-        js,
-        events_stream_config(s, &proposed, 0, recorded.is_none()),
-    )
-    .await?;
+    let (proposed, exists) = agreed_shards(js, s).await?;
+    reconcile::stream(js, events_stream_config(s, &proposed, 0, !exists)).await?;
     // Another process may have created the namespace between the read and the create, with a
     // count of its own: what the stream records now decides.
-    let recorded = recorded_shards(js, s).await?;
-    let count = shards::agree(
-        &s.namespace,
-        recorded.as_ref().map(Option::as_deref),
-        s.event_shards,
-    )?;
-    let events = EventShards::new(s.namespace.clone(), count)?;
+    let (events, _) = agreed_shards(js, s).await?;
     for shard in 1..events.count() {
         reconcile::stream(js, events_stream_config(s, &events, shard, false)).await?;
     }
