@@ -367,9 +367,14 @@ async fn ensure_streams(
 ) -> Result<EventShards, StoreError> {
     let (proposed, exists) = agreed_shards(js, s).await?;
     reconcile::stream(js, events_stream_config(s, &proposed, 0, !exists)).await?;
-    // Another process may have created the namespace between the read and the create, with a
-    // count of its own: what the stream records now decides.
-    let (events, _) = agreed_shards(js, s).await?;
+    // A namespace that did not exist may have been created by another process between the read
+    // and the create, with a count of its own: what the stream records then decides. An
+    // existing record never changes, so it is read once.
+    let events = if exists {
+        proposed
+    } else {
+        agreed_shards(js, s).await?.0
+    };
     for shard in 1..events.count() {
         reconcile::stream(js, events_stream_config(s, &events, shard, false)).await?;
     }
