@@ -2,7 +2,8 @@
 //! as many jobs as slots are free then (at most [`MAX_PULL`]) in one request, so no worker
 //! buffers jobs it cannot start and under load one round trip brings several jobs. Each job
 //! runs in its slot, heartbeating the delivery while the execution runs, and is acknowledged
-//! once the log is terminal.
+//! once the log is terminal. The slot is freed when the execution ends, before that
+//! acknowledgement's round trip, so a busy worker takes its next job one round trip sooner.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -181,8 +182,7 @@ fn start(
 ) {
     let runner = Arc::clone(runner);
     tracker.spawn(async move {
-        run_delivery(&runner, delivery, heartbeat).await;
-        drop(permit);
+        run_delivery(&runner, delivery, permit, heartbeat).await;
     });
 }
 
@@ -203,7 +203,15 @@ fn heartbeat_interval(lease: Duration) -> Duration {
     (lease / 3).max(Duration::from_millis(100))
 }
 
-async fn run_delivery(runner: &Runner, delivery: Delivery, heartbeat: Duration) {
+/// Runs `delivery` in the slot `permit` holds. The slot is freed as soon as the execution has
+/// ended, before the job's acknowledgement round trip: the next job can start meanwhile (the
+/// task stays tracked until the ack is sent, so shutdown still waits for it).
+async fn run_delivery(
+    runner: &Runner,
+    delivery: Delivery,
+    permit: OwnedSemaphorePermit,
+    heartbeat: Duration,
+) {
     let Delivery {
         job,
         delivered,
@@ -249,6 +257,7 @@ async fn run_delivery(runner: &Runner, delivery: Delivery, heartbeat: Duration) 
             }
         }
     };
+    drop(permit);
     match outcome {
         RunOutcome::Finished | RunOutcome::Dropped => {
             if let Err(e) = handle.ack().await {

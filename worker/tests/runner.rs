@@ -1668,3 +1668,102 @@ async fn shutdown_still_runs_the_jobs_a_request_already_delivered() {
     h.assert_log(second.execution_id, &success_log("a")).await;
     assert_eq!(a.calls(), 2);
 }
+
+/// A memory queue whose deliveries' acknowledgements wait until `gate` opens (a slow ack
+/// round trip), counting the acks that completed.
+struct AckHeld {
+    inner: Arc<MemoryJobQueue>,
+    gate: Arc<Semaphore>,
+    acked: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+struct HeldAck {
+    inner: Box<dyn runtime::DeliveryHandle>,
+    gate: Arc<Semaphore>,
+    acked: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl runtime::DeliveryHandle for HeldAck {
+    async fn ack(&self) -> Result<(), StoreError> {
+        self.gate.acquire().await.unwrap().forget();
+        self.acked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.ack().await
+    }
+    async fn in_progress(&self) -> Result<(), StoreError> {
+        self.inner.in_progress().await
+    }
+}
+
+#[async_trait::async_trait]
+impl JobQueue for AckHeld {
+    async fn publish(&self, job: &runtime::Job) -> Result<(), StoreError> {
+        self.inner.publish(job).await
+    }
+    async fn withdraw(&self, job: &runtime::Job) -> Result<(), StoreError> {
+        self.inner.withdraw(job).await
+    }
+    async fn receive(&self) -> Result<Option<runtime::Delivery>, StoreError> {
+        let Some(delivery) = self.inner.receive().await? else {
+            return Ok(None);
+        };
+        Ok(Some(runtime::Delivery {
+            handle: Box::new(HeldAck {
+                inner: delivery.handle,
+                gate: Arc::clone(&self.gate),
+                acked: Arc::clone(&self.acked),
+            }),
+            ..delivery
+        }))
+    }
+    async fn receive_up_to(&self, _max: usize) -> Result<Option<runtime::Deliveries>, StoreError> {
+        use futures_util::StreamExt;
+        Ok(self
+            .receive()
+            .await?
+            .map(|d| futures_util::stream::iter([Ok(d)]).boxed()))
+    }
+    fn close(&self) {
+        self.inner.close();
+    }
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.inner.ready().await
+    }
+    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<runtime::QueuedJob>, StoreError> {
+        self.inner.scan(after, limit).await
+    }
+}
+
+#[tokio::test]
+async fn a_slot_is_free_for_the_next_job_while_the_last_one_is_still_being_acknowledged() {
+    let (a, h) = succeeding_a();
+    let queue = Arc::new(AckHeld {
+        inner: Arc::new(MemoryJobQueue::new()),
+        gate: Arc::new(Semaphore::new(0)),
+        acked: Arc::default(),
+    });
+    // One slot.
+    let pool = spawn_pool_on(
+        &h,
+        Arc::clone(&queue) as Arc<dyn JobQueue>,
+        1,
+        Duration::from_secs(10),
+    );
+    let first = h.submit(&text_request(""), LONG).await;
+    let second = h.submit(&text_request(""), LONG).await;
+    queue.publish(&first).await.unwrap();
+    queue.publish(&second).await.unwrap();
+    // The first job's ack hangs; its ended execution no longer holds the only slot.
+    wait_until("the second job ran", PATIENCE, || {
+        h.is_terminal(second.execution_id)
+    })
+    .await;
+    assert_eq!(queue.acked.load(std::sync::atomic::Ordering::SeqCst), 0);
+    // Shutdown still waits for the acks of both.
+    queue.gate.add_permits(2);
+    assert!(within("shutdown", PATIENCE, pool.shutdown(PATIENCE)).await);
+    assert_eq!(queue.acked.load(std::sync::atomic::Ordering::SeqCst), 2);
+    h.assert_log(first.execution_id, &success_log("a")).await;
+    h.assert_log(second.execution_id, &success_log("a")).await;
+    assert_eq!(a.calls(), 2);
+}
