@@ -83,6 +83,11 @@ pub struct ExecTiming {
     pub submit: Duration,
     /// Until the first `output.delta` was parsed; `None` if the execution produced none.
     pub first_delta: Option<Duration>,
+    /// Until the `time` stamped on `route.selected`, read against the wall clock at the start
+    /// (see `stats::LatencySet::route_stamped`); `None` without one.
+    pub route_stamped: Option<Duration>,
+    /// Until the `time` stamped on the first `output.delta` (as `route_stamped`).
+    pub first_delta_stamped: Option<Duration>,
     /// Until the last `output.delta` was parsed; `None` if the execution produced none.
     pub last_delta: Option<Duration>,
     /// How many `output.delta` events the stream carried.
@@ -191,6 +196,8 @@ impl Api {
     /// One full execution from `start`: submit, then read every event up to the terminal one
     /// and drain the stream.
     pub async fn execute(&self, start: Instant, mode: StreamMode) -> Result<ExecTiming, ExecError> {
+        let start_wall = protocol::Timestamp::now().unix_millis()
+            - i64::try_from(start.elapsed().as_millis()).unwrap_or(0);
         let (response, submit) = match mode {
             StreamMode::Get => {
                 let id = self.submit().await?;
@@ -219,15 +226,28 @@ impl Api {
                 (response, submit)
             }
         };
-        read_stream(response, start, submit).await
+        read_stream(response, start, start_wall, submit).await
     }
 }
 
 async fn read_stream(
     mut response: reqwest::Response,
     start: Instant,
+    start_wall: i64,
     submit: Duration,
 ) -> Result<ExecTiming, ExecError> {
+    // An event's `time` stamp as an offset from the start's wall clock.
+    let stamped = |event: &SseEvent| -> Option<Duration> {
+        #[derive(Deserialize)]
+        struct Stamp {
+            time: protocol::Timestamp,
+        }
+        let stamp: Stamp = serde_json::from_str(&event.data).ok()?;
+        let ms = u64::try_from(stamp.time.unix_millis() - start_wall).unwrap_or(0);
+        Some(Duration::from_millis(ms))
+    };
+    let mut route_stamped = None;
+    let mut first_delta_stamped = None;
     let mut parser = SseParser::new();
     let mut events: Vec<SseEvent> = Vec::with_capacity(8);
     let mut first_delta = None;
@@ -252,12 +272,16 @@ async fn read_stream(
                     let now = start.elapsed();
                     if first_delta.is_none() {
                         first_delta = Some(now);
+                        first_delta_stamped = stamped(&event);
                     }
                     if let Some(previous) = last_delta {
                         gaps_us.push(gap_us(previous, now));
                     }
                     last_delta = Some(now);
                     deltas += 1;
+                }
+                "route.selected" if route_stamped.is_none() => {
+                    route_stamped = stamped(&event);
                 }
                 "execution.completed" if terminal.is_none() => {
                     terminal = Some((start.elapsed(), true));
@@ -275,6 +299,8 @@ async fn read_stream(
     Ok(ExecTiming {
         submit,
         first_delta,
+        route_stamped,
+        first_delta_stamped,
         last_delta,
         deltas,
         terminal,

@@ -276,6 +276,14 @@ impl Report {
                 &self.latency.submit,
             ),
             (format!("first delta ({from}→)"), &self.latency.first_delta),
+            (
+                format!("route stamped ({from}→)"),
+                &self.latency.route_stamped,
+            ),
+            (
+                format!("delta stamped ({from}→)"),
+                &self.latency.first_delta_stamped,
+            ),
             (format!("terminal ({from}→)"), &self.latency.terminal),
             ("dispatch lag".to_string(), &self.latency.dispatch_lag),
         ];

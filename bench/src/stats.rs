@@ -38,6 +38,14 @@ pub struct LatencySet<T> {
     pub submit: T,
     /// → first `output.delta` parsed.
     pub first_delta: T,
+    /// → the `time` the worker stamped on `route.selected` (the gateway's and worker's wall
+    /// clock against the client's, so only meaningful with everything on one machine; event
+    /// times have millisecond resolution). With `first_delta_stamped`, it tells where the
+    /// first-delta time goes: before the route was chosen (submit and dispatch), before the
+    /// delta existed (routing and the provider), or after (append and delivery).
+    pub route_stamped: T,
+    /// → the `time` stamped on the first `output.delta` (see `route_stamped`).
+    pub first_delta_stamped: T,
     /// → `execution.completed` / `execution.failed` parsed.
     pub terminal: T,
     /// Open loop only: actual dispatch − scheduled arrival (harness timer granularity and
@@ -57,6 +65,8 @@ impl<T> LatencySet<T> {
         LatencySet {
             submit: f(&self.submit),
             first_delta: f(&self.first_delta),
+            route_stamped: f(&self.route_stamped),
+            first_delta_stamped: f(&self.first_delta_stamped),
             terminal: f(&self.terminal),
             dispatch_lag: f(&self.dispatch_lag),
             per_delta_ns: f(&self.per_delta_ns),
@@ -73,6 +83,8 @@ impl Latencies {
         Self {
             submit: histogram(),
             first_delta: histogram(),
+            route_stamped: histogram(),
+            first_delta_stamped: histogram(),
             terminal: histogram(),
             dispatch_lag: histogram(),
             per_delta_ns: histogram(),
@@ -265,6 +277,12 @@ impl Recorder {
                         .record(u64::try_from(gap).unwrap_or(u64::MAX).max(1));
                 }
             }
+            if let Some(d) = t.route_stamped {
+                let _ = l.total.route_stamped.record(micros(d));
+            }
+            if let Some(d) = t.first_delta_stamped {
+                let _ = l.total.first_delta_stamped.record(micros(d));
+            }
             let _ = l.total.terminal.record(micros(t.terminal));
             let _ = l.window.record(micros(t.terminal));
         }
@@ -373,6 +391,8 @@ mod tests {
         let t = ExecTiming {
             submit: Duration::from_micros(100),
             first_delta: Some(Duration::from_micros(200)),
+            route_stamped: None,
+            first_delta_stamped: None,
             last_delta: Some(Duration::from_micros(290)),
             deltas: 4,
             terminal: Duration::from_micros(300),
@@ -383,6 +403,8 @@ mod tests {
         rec.execution(&ExecTiming {
             completed: false,
             first_delta: None,
+            route_stamped: None,
+            first_delta_stamped: None,
             gaps_us: Vec::new(),
             ..t.clone()
         });
