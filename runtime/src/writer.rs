@@ -31,6 +31,18 @@
 //! [`EventWriter::append`] and [`EventWriter::flush`] return once everything submitted so far
 //! is acknowledged: a caller that needs an event durable (a route selection before the
 //! provider call, the terminal event before the job is acknowledged) waits for it there.
+//!
+//! **Pacing** (opt-in, [`EventWriter::paced`]; the worker's `--append-pace-ms`). A token
+//! stream whose deltas come further apart than an append's round trip gets one message per
+//! delta, however busy the store is. A paced writer sends a run holding output no sooner than
+//! `pace` after the previous run holding output was sent, so what the provider emits
+//! meanwhile goes in one message: at most one output message per `pace` per execution, fewer
+//! messages for the store to write and republish and for every reader to decode (BENCHMARKS.md
+//! section j). Nothing else waits: the first output after routing leaves at once (the run
+//! before it holds none), and a queued terminal event or a caller waiting in
+//! [`EventWriter::flush`] (or [`EventWriter::append`]) sends everything queued at once.
+//! Readers see the same events either way; only the moment a held delta becomes visible moves,
+//! by less than `pace`.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -101,6 +113,8 @@ pub struct EventWriter {
     /// The appender of a pipelined writer.
     #[debug(skip)]
     pipeline: Option<Pipeline>,
+    /// See [`EventWriter::paced`]; zero paces nothing.
+    pace: Duration,
 }
 
 /// What the writer and its appender task share.
@@ -120,6 +134,16 @@ struct PipeState {
     stored_time: Timestamp,
     /// Why the pipeline stopped; sticky until [`EventWriter::recover`].
     failure: Option<WriteError>,
+    /// A caller waits in [`EventWriter::flush`]: nothing queued is held back by the pace.
+    flushing: bool,
+}
+
+impl PipeState {
+    /// Whether what is queued must leave now even while paced: a caller waits for it, or it
+    /// ends the log.
+    fn urgent(&self) -> bool {
+        self.flushing || self.queue.back().is_some_and(|r| r.event.is_terminal())
+    }
 }
 
 impl Shared {
@@ -136,6 +160,23 @@ impl Shared {
             }
             notified.await;
         }
+    }
+}
+
+/// Marks a pipeline flushed (see [`PipeState::flushing`]) while it lives.
+struct Flushing<'a>(&'a Shared);
+
+impl<'a> Flushing<'a> {
+    fn start(shared: &'a Shared) -> Self {
+        shared.state.lock().flushing = true;
+        shared.wake_appender.notify_one();
+        Self(shared)
+    }
+}
+
+impl Drop for Flushing<'_> {
+    fn drop(&mut self) {
+        self.0.state.lock().flushing = false;
     }
 }
 
@@ -174,24 +215,45 @@ impl WriteFailure {
     }
 }
 
-/// The appender task of a pipelined writer: sends what is queued as runs, one at a time.
+/// The appender task of a pipelined writer: sends what is queued as runs, one at a time, a
+/// run holding output no sooner than `pace` after the previous one (see the module docs).
 async fn run_appender(
     shared: Arc<Shared>,
     store: Arc<dyn EventStore>,
     writer_id: WriterId,
     append_duration: metrics::Histogram,
+    pace: Duration,
 ) {
+    // Until when queued events wait (unless urgent): `pace` after the last run holding output.
+    let mut held_until: Option<tokio::time::Instant> = None;
     loop {
         let run = loop {
             let woken = shared.wake_appender.notified();
-            {
+            let hold = {
                 let mut state = shared.state.lock();
-                if state.failure.is_none() && !state.queue.is_empty() {
-                    break take_run(&mut state);
+                if state.failure.is_some() || state.queue.is_empty() {
+                    None
+                } else {
+                    match held_until {
+                        Some(until) if !state.urgent() && tokio::time::Instant::now() < until => {
+                            Some(until)
+                        }
+                        _ => break take_run(&mut state),
+                    }
                 }
+            };
+            match hold {
+                Some(until) => {
+                    tokio::select! {
+                        () = woken => {}
+                        () = tokio::time::sleep_until(until) => held_until = None,
+                    }
+                }
+                None => woken.await,
             }
-            woken.await;
         };
+        held_until = (!pace.is_zero() && run.iter().any(|r| r.event.body.exposes_output()))
+            .then(|| tokio::time::Instant::now() + pace);
         let result = append_run(&*store, &run, writer_id, &append_duration).await;
         {
             let mut state = shared.state.lock();
@@ -300,6 +362,7 @@ impl EventWriter {
             output_exposed: false,
             append_duration: metrics::histogram!(telemetry::metric::EVENT_APPEND_DURATION_SECONDS),
             pipeline: None,
+            pace: Duration::ZERO,
         }
     }
 
@@ -318,6 +381,14 @@ impl EventWriter {
         }
     }
 
+    /// This writer with its output paced by `pace` once pipelined (see the module docs); zero
+    /// paces nothing. Call it before [`EventWriter::pipelined`]: a running pipeline keeps the
+    /// pace it started with.
+    pub fn paced(mut self, pace: Duration) -> Self {
+        self.pace = pace;
+        self
+    }
+
     /// This writer, pipelined whatever the store.
     fn start_pipeline(mut self) -> Self {
         if self.pipeline.is_some() {
@@ -330,6 +401,7 @@ impl EventWriter {
                 stored: self.last,
                 stored_time: self.last_time,
                 failure: None,
+                flushing: false,
             }),
             wake_appender: Notify::new(),
             progress: Notify::new(),
@@ -339,6 +411,7 @@ impl EventWriter {
             Arc::clone(&self.store),
             self.writer_id,
             self.append_duration.clone(),
+            self.pace,
         ));
         self.pipeline = Some(Pipeline { shared, appender });
         self
@@ -402,8 +475,10 @@ impl EventWriter {
             return Ok(());
         };
         let last = self.last;
-        pipeline
-            .shared
+        let shared = &*pipeline.shared;
+        // Nothing is held back by the pace while a caller waits for it.
+        let _flushing = Flushing::start(shared);
+        shared
             .wait_for(|state| match &state.failure {
                 Some(e) => Some(Err(e.clone())),
                 None if state.stored >= last => Some(Ok(())),
@@ -690,6 +765,96 @@ mod tests {
         writer.submit(delta("mine")).await.unwrap();
         assert!(matches!(failure.failed().await, WriteError::Fenced));
         assert!(matches!(writer.flush().await, Err(WriteError::Fenced)));
+    }
+
+    /// A pipelined writer paced by 40 ms whose log already holds a stored non-output event
+    /// (as after routing), over a store that records its runs; time is paused.
+    async fn paced_writer() -> (Arc<GatedStore>, ExecutionId, EventWriter) {
+        let store = GatedStore::new(MemoryLimits::default(), None);
+        let id = ExecutionId::new_random();
+        let dyn_store: Arc<dyn EventStore> = Arc::clone(&store) as Arc<dyn EventStore>;
+        let mut writer = EventWriter::create(dyn_store, id, Timestamp::now(), &Tenant::default())
+            .await
+            .unwrap()
+            .paced(Duration::from_millis(40))
+            .pipelined();
+        writer.append(progress()).await.unwrap();
+        (store, id, writer)
+    }
+
+    /// Yields until the stored log ends at `sequence` (time does not move meanwhile: this task
+    /// stays runnable, so a paused clock is not advanced).
+    async fn stored_up_to(store: &GatedStore, id: ExecutionId, sequence: u64) {
+        for _ in 0..1000 {
+            if store.head(id).await.unwrap().unwrap().last_sequence == Sequence(sequence) {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the log never reached sequence {sequence}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn paced_output_leaves_at_most_once_per_pace_in_one_run() {
+        let (store, id, mut writer) = paced_writer().await;
+        // The first output after routing is not held.
+        writer.submit(delta("a")).await.unwrap();
+        stored_up_to(&store, id, 3).await;
+        for text in ["b", "c", "d"] {
+            writer.submit(delta(text)).await.unwrap();
+        }
+        tokio::time::advance(Duration::from_millis(39)).await;
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        let head = store.head(id).await.unwrap().unwrap();
+        assert_eq!(head.last_sequence, Sequence(3), "held for the pace");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        stored_up_to(&store, id, 6).await;
+        assert_eq!(*store.runs.lock(), [1, 1, 3], "one run per pace");
+        let texts: Vec<_> = store
+            .read(id, Sequence(2), 10)
+            .await
+            .unwrap()
+            .unwrap()
+            .iter()
+            .map(|r| match &r.event.body {
+                EventBody::OutputDelta { delta, .. } => delta.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(texts, ["a", "b", "c", "d"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_terminal_event_or_a_waiting_caller_is_never_held_by_the_pace() {
+        let (store, id, mut writer) = paced_writer().await;
+        writer.submit(delta("a")).await.unwrap();
+        stored_up_to(&store, id, 3).await;
+        let start = tokio::time::Instant::now();
+        // A caller waiting for durability: a held appender would let the paused clock jump.
+        writer.submit(delta("b")).await.unwrap();
+        writer.flush().await.unwrap();
+        assert_eq!(
+            store.head(id).await.unwrap().unwrap().last_sequence,
+            Sequence(4)
+        );
+        assert_eq!(start.elapsed(), Duration::ZERO, "a flush is not paced");
+        // A terminal event queued behind output sends it all at once, without a flush.
+        writer.submit(delta("c")).await.unwrap();
+        writer
+            .submit(EventBody::Failed {
+                error: protocol::RuntimeError::internal(),
+            })
+            .await
+            .unwrap();
+        stored_up_to(&store, id, 6).await;
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "a terminal event is not paced"
+        );
+        assert_eq!(*store.runs.lock(), [1, 1, 1, 2]);
     }
 
     fn store() -> Arc<dyn EventStore> {

@@ -1,6 +1,7 @@
 //! Distributed mode: settings of an existing namespace follow the processes started on it. A
 //! worker restarted with another `--ack-wait-ms` changes the lease for real (time to detect a
 //! killed worker), and a worker heartbeats at the lease the server holds, never at its flag's.
+//! A worker's `--append-pace-ms` stores a token stream in fewer messages, with the same events.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant};
@@ -165,4 +166,56 @@ async fn a_namespace_with_several_event_streams_serves_every_gateway_and_keeps_i
             "{binary_name}: {log}"
         );
     }
+}
+
+/// Messages the events stream holds for execution `id` (the one-stream layout).
+async fn messages_of(cluster: &Cluster, id: &str) -> usize {
+    use futures_util::TryStreamExt;
+    let js = testkit::jetstream::connect(&cluster.nats.url()).await;
+    let upper = cluster.namespace.to_ascii_uppercase();
+    let stream = js.get_stream(format!("{upper}_EVENTS")).await.unwrap();
+    let subject = format!("{}.events.{id}", cluster.namespace);
+    let counts: Vec<(String, usize)> = stream
+        .info_with_subjects(&subject)
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    counts.into_iter().map(|(_, n)| n).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paced_worker_stores_a_token_stream_in_fewer_messages_with_the_same_events() {
+    const PACE: &str = "MODEL_RUNTIME_APPEND_PACE_MS";
+    // 20 deltas 10 ms apart: without a pace, a round trip shorter than 10 ms stores about one
+    // message per delta (23 messages in all); a 100 ms pace holds each interval's deltas for
+    // one message.
+    let cluster = Cluster::start(&chunked_mock(10, 20));
+    let gateway = cluster.gateway();
+    let _worker = cluster.worker_with(&[(PACE, "100")]);
+    let id = submit_accepted(&gateway.url, &text_request("hi")).await;
+    let all = events(&gateway.url, &id, 0).await;
+    assert_log_well_formed(&all);
+    let texts: Vec<&str> = all
+        .iter()
+        .filter(|e| e["type"] == "output.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    let expected: Vec<String> = (0..20).map(|i| format!("c{i} ")).collect();
+    assert_eq!(texts, expected);
+    assert_eq!(all.last().unwrap()["type"], "execution.completed");
+    // accepted, route.selected, the first delta alone, then one message per 100 ms (the
+    // deltas span about 200 ms) and the last deltas with the terminal events.
+    let messages = messages_of(&cluster, &id).await;
+    eprintln!("{messages} messages for {} events", all.len());
+    assert!(
+        (4..=10).contains(&messages),
+        "{messages} messages for {} events",
+        all.len()
+    );
+    // Resuming inside a stored run gives the same events.
+    let after = all[5]["sequence"].as_u64().unwrap();
+    let resumed = events(&gateway.url, &id, after).await;
+    assert_eq!(resumed, all[5 + 1..].to_vec());
 }

@@ -33,6 +33,14 @@ pub struct WorkerArgs {
     /// `admin listening on http://HOST:PORT`.
     #[arg(long, env = "MODEL_RUNTIME_ADMIN_PORT", default_value_t = 4321)]
     pub admin_port: u16,
+    /// Least milliseconds between two appends of an execution's output (0-1000; 0, the
+    /// default, sends each as soon as the previous append is acknowledged). Deltas the provider
+    /// emits meanwhile go in one message, so a busy deployment writes, stores and reads far
+    /// fewer messages, at the cost of showing some deltas up to this much later. The first
+    /// output and the terminal event are never held.
+    #[arg(long, env = "MODEL_RUNTIME_APPEND_PACE_MS", default_value_t = 0,
+          value_parser = clap::value_parser!(u16).range(0..=1000))]
+    pub append_pace_ms: u16,
 }
 
 /// The NATS credentials and TLS settings of the command line and environment (the gateway
@@ -166,7 +174,10 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         registry,
         store,
         Arc::new(nats.cancel),
-        RunnerSettings::default(),
+        RunnerSettings {
+            append_pace: Duration::from_millis(u64::from(args.append_pace_ms)),
+            ..RunnerSettings::default()
+        },
     ));
     // Deliveries heartbeat at a third of the lease the server holds (see `NatsJobQueue`).
     let heartbeat = queue.lease().unwrap_or_else(|| common.ack_wait()) / 3;

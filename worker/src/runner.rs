@@ -68,6 +68,10 @@ pub struct RunnerSettings {
     /// How long a job whose log does not exist is kept waiting for it before it is dropped
     /// (see the module docs): well beyond a submission's 2 s bound and a JetStream election.
     pub log_wait: Duration,
+    /// The least time between two appends of an execution's output
+    /// ([`EventWriter::paced`]); zero (the default) sends output as soon as the previous append
+    /// is acknowledged.
+    pub append_pace: Duration,
 }
 
 impl Default for RunnerSettings {
@@ -75,6 +79,7 @@ impl Default for RunnerSettings {
         Self {
             cleanup_grace: Duration::from_secs(6),
             log_wait: Duration::from_secs(10),
+            append_pace: Duration::ZERO,
         }
     }
 }
@@ -194,7 +199,9 @@ impl Runner {
         if delivered > 1 {
             instrument::redelivered();
         }
-        let mut writer = EventWriter::from_head(Arc::clone(&self.store), id, head).pipelined();
+        let mut writer = EventWriter::from_head(Arc::clone(&self.store), id, head)
+            .paced(self.settings.append_pace)
+            .pipelined();
         if head.last_sequence.get() > 1 {
             if delivered <= 1 {
                 // A duplicate job while another attempt owns the log.
