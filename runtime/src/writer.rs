@@ -768,7 +768,7 @@ mod tests {
     }
 
     /// A pipelined writer paced by 40 ms whose log already holds a stored non-output event
-    /// (as after routing), over a store that records its runs; time is paused.
+    /// (as after routing), over a store that records its runs (its tests pause time).
     async fn paced_writer() -> (Arc<GatedStore>, ExecutionId, EventWriter) {
         let store = GatedStore::new(MemoryLimits::default(), None);
         let id = ExecutionId::new_random();

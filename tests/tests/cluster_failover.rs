@@ -16,6 +16,11 @@
 //! - a killed node restarts and catches up (every stream reports all replicas current);
 //! - a whole-cluster restart (SIGTERM to all three nodes, then start) loses nothing: the
 //!   audit above runs after it.
+//!
+//! The scenario runs twice: on the default layout (one events stream, output appended as it
+//! comes), and with the logs spread over three events streams (`--event-shards`) and the
+//! workers' output paced (`--append-pace-ms`), so runs of several events are in flight and held
+//! when nodes die; there the first kill takes the leader of the last shard's stream.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -52,9 +57,18 @@ fn deployment() -> Value {
     })
 }
 
+/// What a run of the scenario varies.
+struct Layout {
+    /// `MODEL_RUNTIME_EVENT_SHARDS` of every process; `None`: unset (the default count).
+    shards: Option<u16>,
+    /// `MODEL_RUNTIME_APPEND_PACE_MS` of every process; `None`: unset (no pacing).
+    pace_ms: Option<u16>,
+}
+
 /// NATS cluster, Redis, and the gateway and worker processes, each on one node.
 struct Stack {
     nats: NatsCluster,
+    shards: u16,
     _redis: RedisServer,
     namespace: String,
     gateways: Vec<Gateway>,
@@ -64,7 +78,7 @@ struct Stack {
 }
 
 impl Stack {
-    fn start() -> Self {
+    fn start(layout: &Layout) -> Self {
         let nats = NatsCluster::start(3);
         let redis = RedisServer::start();
         let dir = TempDir::new("mrt-failover-");
@@ -86,6 +100,18 @@ impl Stack {
                 // Three workers on one machine: each admin endpoint on a free port.
                 ("MODEL_RUNTIME_ADMIN_PORT".into(), "0".into()),
             ]
+            .into_iter()
+            .chain(
+                layout
+                    .shards
+                    .map(|n| ("MODEL_RUNTIME_EVENT_SHARDS".into(), n.to_string())),
+            )
+            .chain(
+                layout
+                    .pace_ms
+                    .map(|ms| ("MODEL_RUNTIME_APPEND_PACE_MS".into(), ms.to_string())),
+            )
+            .collect()
         };
         let gateways = [1, 2]
             .into_iter()
@@ -111,6 +137,7 @@ impl Stack {
             .collect();
         Self {
             nats,
+            shards: layout.shards.unwrap_or(runtime::nats::DEFAULT_EVENT_SHARDS),
             _redis: redis,
             namespace,
             gateways,
@@ -119,10 +146,9 @@ impl Stack {
         }
     }
 
-    /// The events streams: the processes start without `--event-shards`, so the namespace
-    /// gets the default count (the test reads every stream there is, whatever that count).
+    /// The events streams of the namespace (the audit reads every one).
     fn event_streams(&self) -> Vec<String> {
-        runtime::nats::EventShards::new(self.namespace.clone(), runtime::nats::DEFAULT_EVENT_SHARDS)
+        runtime::nats::EventShards::new(self.namespace.clone(), self.shards)
             .unwrap()
             .streams()
             .collect()
@@ -474,12 +500,15 @@ async fn restart_whole_cluster(
 }
 
 /// Every stored event, per execution id, in stream order: (sequence in the event, JSON bytes).
+/// Every stored log by execution id (each event with its sequence), and how many stored
+/// messages held a run of several events.
 async fn stored_logs(
     js: &async_nats::jetstream::Context,
     stack: &Stack,
-) -> BTreeMap<String, Vec<(u64, String)>> {
+) -> (BTreeMap<String, Vec<(u64, String)>>, usize) {
     let prefix = format!("{}.events.", stack.namespace);
     let mut logs: BTreeMap<String, Vec<(u64, String)>> = BTreeMap::new();
+    let mut runs = 0;
     for name in stack.event_streams() {
         let mut stream = js.get_stream(&name).await.unwrap();
         let last = stream.info().await.unwrap().state.last_sequence;
@@ -500,6 +529,9 @@ async fn stored_logs(
             } else {
                 vec![text]
             };
+            if events.len() > 1 {
+                runs += 1;
+            }
             for data in events {
                 let event: Value = serde_json::from_str(data).unwrap();
                 logs.entry(id.clone())
@@ -508,7 +540,7 @@ async fn stored_logs(
             }
         }
     }
-    logs
+    (logs, runs)
 }
 
 // A submit whose job publish or log creation times out in an election is settled before it
@@ -517,8 +549,27 @@ async fn stored_logs(
 // a job that was stored and later ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_any_node_loses_nothing_and_every_execution_ends() {
+    kills_lose_nothing(Layout {
+        shards: None,
+        pace_ms: None,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_any_node_loses_nothing_with_sharded_logs_and_paced_output() {
+    // Deltas 200 ms apart, paced to one message per 500 ms: most output goes in runs.
+    kills_lose_nothing(Layout {
+        shards: Some(3),
+        pace_ms: Some(500),
+    })
+    .await;
+}
+
+/// The scenario of the module docs on `layout`.
+async fn kills_lose_nothing(layout: Layout) {
     let test_started = Instant::now();
-    let mut stack = Stack::start();
+    let mut stack = Stack::start(&layout);
     let js = jetstream(&stack).await;
     wait_all_current(&js, &stack).await;
     let observed = Arc::new(Observed::default());
@@ -528,12 +579,12 @@ async fn killing_any_node_loses_nothing_and_every_execution_ends() {
         .collect();
     wait_terminals(&observed, CLIENTS, &stack).await;
 
-    let events = stack.event_streams().remove(0);
+    let events = stack.event_streams().pop().unwrap();
     let jobs = stack.jobs_stream();
     let mut killed = Vec::new();
     let victim = leader_of(&js, &stack.nats, &events).await;
     kill_and_recover(
-        "first events stream's leader",
+        "last events stream's leader",
         victim,
         &mut stack,
         &js,
@@ -596,7 +647,11 @@ async fn killing_any_node_loses_nothing_and_every_execution_ends() {
     );
 
     // --- logs ---
-    let logs = stored_logs(&js, &stack).await;
+    let (logs, runs) = stored_logs(&js, &stack).await;
+    eprintln!("{runs} stored messages held a run of events");
+    if layout.pace_ms.is_some() {
+        assert!(runs > 0, "paced output was never stored as a run");
+    }
     for id in &accepted {
         let log = logs
             .get(id)
