@@ -1590,6 +1590,21 @@ async fn a_pipelined_execution_past_its_deadline_is_closed_after_its_output() {
     .await;
 }
 
+/// A pool of `slots` over `queue`, and two jobs for plain text requests, their logs created,
+/// published to it.
+async fn two_jobs_on(
+    h: &Harness,
+    queue: Arc<dyn JobQueue>,
+    slots: usize,
+) -> (WorkerPool, runtime::Job, runtime::Job) {
+    let pool = spawn_pool_on(h, Arc::clone(&queue), slots, Duration::from_secs(10));
+    let first = h.submit(&text_request(""), LONG).await;
+    let second = h.submit(&text_request(""), LONG).await;
+    queue.publish(&first).await.unwrap();
+    queue.publish(&second).await.unwrap();
+    (pool, first, second)
+}
+
 /// A memory queue whose batch request holds its second job until `gate` opens: a request the
 /// pool has taken one delivery from while the next is still on its way.
 struct SecondHeld {
@@ -1648,16 +1663,7 @@ async fn shutdown_still_runs_the_jobs_a_request_already_delivered() {
         inner: Arc::new(MemoryJobQueue::new()),
         gate: Arc::clone(&gate),
     });
-    let pool = spawn_pool_on(
-        &h,
-        Arc::clone(&queue) as Arc<dyn JobQueue>,
-        2,
-        Duration::from_secs(10),
-    );
-    let first = h.submit(&text_request(""), LONG).await;
-    let second = h.submit(&text_request(""), LONG).await;
-    queue.publish(&first).await.unwrap();
-    queue.publish(&second).await.unwrap();
+    let (pool, first, second) = two_jobs_on(&h, Arc::clone(&queue) as Arc<dyn JobQueue>, 2).await;
     wait_until("the first job ran", PATIENCE, || {
         h.is_terminal(first.execution_id)
     })
@@ -1743,16 +1749,7 @@ async fn a_slot_is_free_for_the_next_job_while_the_last_one_is_still_being_ackno
         acked: Arc::default(),
     });
     // One slot.
-    let pool = spawn_pool_on(
-        &h,
-        Arc::clone(&queue) as Arc<dyn JobQueue>,
-        1,
-        Duration::from_secs(10),
-    );
-    let first = h.submit(&text_request(""), LONG).await;
-    let second = h.submit(&text_request(""), LONG).await;
-    queue.publish(&first).await.unwrap();
-    queue.publish(&second).await.unwrap();
+    let (pool, first, second) = two_jobs_on(&h, Arc::clone(&queue) as Arc<dyn JobQueue>, 1).await;
     // The first job's ack hangs; its ended execution no longer holds the only slot.
     wait_until("the second job ran", PATIENCE, || {
         h.is_terminal(second.execution_id)
