@@ -189,8 +189,8 @@ async fn messages_of(cluster: &Cluster, id: &str) -> usize {
 async fn a_paced_worker_stores_a_token_stream_in_fewer_messages_with_the_same_events() {
     const PACE: &str = "MODEL_RUNTIME_APPEND_PACE_MS";
     // 20 deltas 10 ms apart: without a pace, a round trip shorter than 10 ms stores about one
-    // message per delta (23 messages in all); a 100 ms pace holds each interval's deltas for
-    // one message.
+    // message per delta (22 messages in all when measured); a 100 ms pace holds each interval's
+    // deltas for one message.
     let cluster = Cluster::start(&chunked_mock(10, 20));
     let gateway = cluster.gateway();
     let _worker = cluster.worker_with(&[(PACE, "100")]);
