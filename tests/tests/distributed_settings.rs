@@ -206,11 +206,12 @@ async fn a_paced_worker_stores_a_token_stream_in_fewer_messages_with_the_same_ev
     assert_eq!(texts, expected);
     assert_eq!(all.last().unwrap()["type"], "execution.completed");
     // accepted, route.selected, the first delta alone, then one message per 100 ms (the
-    // deltas span about 200 ms) and the last deltas with the terminal events.
+    // deltas span about 200 ms; up to twice that leaves room for a busy machine) and the last
+    // deltas with the terminal events: 6 when measured.
     let messages = messages_of(&cluster, &id).await;
     eprintln!("{messages} messages for {} events", all.len());
     assert!(
-        (4..=10).contains(&messages),
+        (4..=12).contains(&messages),
         "{messages} messages for {} events",
         all.len()
     );
