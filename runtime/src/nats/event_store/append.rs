@@ -61,7 +61,8 @@ impl NatsEventStore {
     /// server's payload limit, less room for headers.
     pub(super) fn message_budget(&self) -> usize {
         let max_message = usize::try_from(self.backend.settings.max_event_bytes).unwrap_or(0);
-        let max_payload = self.backend.client.server_info().max_payload;
+        // An atomic read: `server_info()` would clone the whole server info on every append.
+        let max_payload = self.backend.client.max_payload();
         let limit = if max_payload == 0 {
             max_message
         } else {
