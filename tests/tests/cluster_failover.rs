@@ -61,7 +61,8 @@ fn deployment() -> Value {
 struct Layout {
     /// `MODEL_RUNTIME_EVENT_SHARDS` of every process; `None`: unset (the default count).
     shards: Option<u16>,
-    /// `MODEL_RUNTIME_APPEND_PACE_MS` of every process; `None`: unset (no pacing).
+    /// `MODEL_RUNTIME_APPEND_PACE_MS` of the workers (set for every process; only workers
+    /// read it); `None`: unset (no pacing).
     pace_ms: Option<u16>,
 }
 
@@ -499,9 +500,8 @@ async fn restart_whole_cluster(
     }
 }
 
-/// Every stored event, per execution id, in stream order: (sequence in the event, JSON bytes).
-/// Every stored log by execution id (each event with its sequence), and how many stored
-/// messages held a run of several events.
+/// Every stored event, per execution id, in stream order: (sequence in the event, JSON bytes);
+/// and how many stored messages held a run of several events.
 async fn stored_logs(
     js: &async_nats::jetstream::Context,
     stack: &Stack,
