@@ -100,6 +100,14 @@ impl Stack {
                 ("MODEL_RUNTIME_SHUTDOWN_GRACE_MS".into(), "5000".into()),
                 // Three workers on one machine: each admin endpoint on a free port.
                 ("MODEL_RUNTIME_ADMIN_PORT".into(), "0".into()),
+                // What a failed audit prints about an execution includes how its submission
+                // was settled, where its job was delivered and withdrawn, and how its log was
+                // found.
+                (
+                    "RUST_LOG".into(),
+                    "info,gateway::submit=debug,worker::runner=debug,runtime::nats::job_queue=debug"
+                        .into(),
+                ),
             ]
             .into_iter()
             .chain(

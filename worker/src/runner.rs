@@ -321,6 +321,7 @@ impl Runner {
                             }
                         }
                     }
+                    tracing::debug!(execution_id = %id, waited, last_sequence = head.last_sequence.0, "log found");
                     return Ok(head);
                 }
                 Ok(None) if started.elapsed() < self.settings.log_wait => {

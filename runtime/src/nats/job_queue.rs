@@ -256,6 +256,7 @@ async fn delivery(
     let (message, acker) = message.split();
     match serde_json::from_slice::<Job>(&message.payload) {
         Ok(mut job) => {
+            tracing::debug!(execution_id = %job.execution_id, stream_sequence, delivered, "job delivered");
             job.traceparent = message
                 .headers
                 .as_ref()
@@ -335,6 +336,7 @@ impl JobQueue for NatsJobQueue {
             Err(e) => return Err(e),
         };
         let stream = self.stream().await?;
+        tracing::debug!(execution_id = %job.execution_id, sequence, "withdrawing job");
         match stream.delete_message(sequence).await {
             Ok(_) => Ok(()),
             // Gone already: acknowledged (a worker ran or dropped it) or deleted before.
