@@ -18,10 +18,13 @@
 //! acknowledgement timed out (a leader election) may have been stored. The rule kept here: a
 //! 503 is answered only once nothing of the execution can run; a 202 only once the execution
 //! is queued. So when either step fails, the submission settles the other before answering:
-//! - the create failed (refused, or outcome unknown): the job is withdrawn from the queue
-//!   (`JobQueue::withdraw`: found by its msg id, deleted), then, if the create's outcome is
-//!   unknown, the log is created-or-found and closed with the unqueued failure, so a create
-//!   that lands late finds the subject taken;
+//! - the create failed (refused, or outcome unknown): if its outcome is unknown, the log is
+//!   closed first: created already closed, in one write (`execution.accepted` and the unqueued
+//!   failure: no worker ever finds it open), or, when the create landed after all, closed by
+//!   compare-and-set on `execution.accepted`. Then the job is withdrawn from the queue
+//!   (`JobQueue::withdraw`: found by its msg id, deleted). The closed log is what stops every
+//!   worker (a worker drops a job whose log is terminal); the withdrawal frees the queue and
+//!   is all a refused create needs;
 //! - the publish failed with its outcome unknown: the log is closed with the unqueued failure
 //!   by compare-and-set on `execution.accepted`. A stored job then finds the log terminal and is
 //!   dropped. If a worker claimed the execution first, the close loses, the job was stored
@@ -29,7 +32,7 @@
 //! - the queue refused the job (admission limit): the log is closed; 429.
 //!
 //! Settling is bounded so every submit is answered within 2 s ([`SETTLE_BOUND`]). When the
-//! outcome is still unknown then (both streams unreachable), the answer is 503, a background
+//! outcome is still unknown then (a stream still unreachable), the answer is 503, a background
 //! task keeps settling, and the idempotency key stays bound: a keyed retry replays the same
 //! execution (which then shows the unqueued failure) rather than creating a second one, so
 //! one key still means at most one execution (invariant 3). The alternative, answering 202 and
@@ -38,9 +41,10 @@
 //! covers logs without jobs (the deadline sweeper follows the queue).
 //!
 //! Known residual window: a create whose acknowledgement was lost although it was stored, a
-//! worker that found that log at its first look and claimed it before the job was withdrawn,
-//! and an event store that stays unreachable for this gateway until [`SETTLE_BOUND`]: the
-//! submission is answered 503 and the execution runs. Each of the three is needed.
+//! worker handed the job that claims that log before this gateway's close lands, and an event
+//! store that stays unreachable for this gateway until [`SETTLE_BOUND`]: the submission is
+//! answered 503 and the execution runs (logged as "an execution answered 503 was claimed by a
+//! worker"). Each of the three is needed.
 //!
 //! Store errors stay typed here until the flow has decided what they mean: `AlreadyExists` while
 //! healing a crash window is the one expected outcome (a concurrent retry healed it first);
@@ -192,6 +196,11 @@ const SETTLE_BOUND: Duration = Duration::from_millis(1750);
 /// unknown (a JetStream election lasts seconds; the duplicate window, which `withdraw` relies
 /// on, is two minutes).
 const BACKGROUND_SETTLE: Duration = Duration::from_secs(60);
+
+/// The longest pause between two background settling attempts. Short: when the streams come
+/// back after an election, a worker may be handed the job at once, and the first of the two
+/// to write after `execution.accepted` decides whether the execution runs.
+const BACKGROUND_RETRY_CAP: Duration = Duration::from_millis(500);
 
 /// Creates the log of an execution whose id was just minted, within its tenant's quotas
 /// ([`crate::quota`]): an existing log is a failure.
@@ -362,51 +371,85 @@ impl Settle {
         }
     }
 
-    /// One attempt; a store error means "not known yet, try again".
+    /// One attempt; a store error means "not known yet, try again". The log is closed before
+    /// the job is withdrawn: the closed log is what keeps every worker from running the
+    /// execution (a worker drops a job whose log is terminal), whatever became of the job;
+    /// withdrawing it only frees the queue.
     async fn step(&mut self, state: &AppState, job: &Job) -> Result<Settled, StoreError> {
-        let backend = &state.inner.backend;
+        if self.close_log {
+            if let Settled::Claimed = self.close(state, job).await? {
+                return Ok(Settled::Claimed);
+            }
+            self.close_log = false;
+        }
         if self.withdraw {
-            backend.queue.withdraw(job).await?;
+            state.inner.backend.queue.withdraw(job).await?;
             self.withdraw = false;
         }
-        if !self.close_log {
-            return Ok(Settled::Closed);
-        }
+        Ok(Settled::Closed)
+    }
+
+    /// Closes the log with the unqueued failure unless a worker claimed the execution first.
+    async fn close(&mut self, state: &AppState, job: &Job) -> Result<Settled, StoreError> {
+        let store = &state.inner.backend.store;
         let writer = match &mut self.writer {
             Some(writer) => writer,
             None => {
-                let store = backend.store.clone();
-                let writer = match EventWriter::create(
+                // Created closed, in one write: a worker holding the job never finds this log
+                // open. When the create landed after all, its `execution.accepted` is there and
+                // the failure follows it by compare-and-set.
+                match EventWriter::create_closed(
                     store.clone(),
                     job.execution_id,
                     job.accepted_at,
                     &self.owner,
+                    unqueued_failure(),
                 )
                 .await
                 {
-                    Ok(writer) => writer,
-                    Err(StoreError::AlreadyExists) => {
-                        let Some(head) = backend.store.head(job.execution_id).await? else {
-                            return Err(StoreError::Unavailable("log not readable yet".into()));
-                        };
-                        if head.terminal || head.last_sequence > Sequence(1) {
-                            return Ok(Settled::Claimed);
-                        }
-                        EventWriter::from_head(store, job.execution_id, head)
+                    Ok(()) => {
+                        tracing::info!(execution_id = %job.execution_id, "closed the log of an unqueued execution");
+                        return Ok(Settled::Closed);
                     }
+                    Err(StoreError::AlreadyExists) => {}
                     Err(e) => return Err(e),
+                }
+                let Some(head) = store.head(job.execution_id).await? else {
+                    return Err(StoreError::Unavailable("log not readable yet".into()));
                 };
-                self.writer.insert(writer)
+                if let Some(settled) = Settled::from_head(head.last_sequence, head.terminal) {
+                    return Ok(settled);
+                }
+                self.writer.insert(EventWriter::from_head(
+                    store.clone(),
+                    job.execution_id,
+                    head,
+                ))
             }
         };
         match writer.append_once(unqueued_failure()).await {
             Ok(()) => {
                 tracing::info!(execution_id = %job.execution_id, "closed the log of an unqueued execution");
-                self.close_log = false;
                 Ok(Settled::Closed)
             }
-            Err(StoreError::Conflict { .. }) => Ok(Settled::Claimed),
+            Err(StoreError::Conflict { last, terminal }) => {
+                Ok(Settled::from_head(last, terminal).unwrap_or(Settled::Claimed))
+            }
             Err(e) => Err(e),
+        }
+    }
+}
+
+impl Settled {
+    /// What a log that ends at `last` says, or `None` while it holds only `execution.accepted`.
+    /// A log closed right after `execution.accepted` never ran (closed by an earlier attempt
+    /// whose acknowledgement was lost, a cancellation, or the deadline): nothing will run.
+    /// Anything else after it is a worker's claim.
+    fn from_head(last: Sequence, terminal: bool) -> Option<Self> {
+        match (last, terminal) {
+            (Sequence(1), false) => None,
+            (Sequence(2), true) => Some(Settled::Closed),
+            _ => Some(Settled::Claimed),
         }
     }
 }
@@ -465,7 +508,7 @@ fn spawn_settle(state: &AppState, job: &Job, mut attempt: Settle) {
                 Err(e) if started.elapsed() < BACKGROUND_SETTLE => {
                     tracing::debug!(execution_id = %job.execution_id, error = %e, "settling in the background");
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(2));
+                    delay = (delay * 2).min(BACKGROUND_RETRY_CAP);
                 }
                 Err(e) => {
                     tracing::error!(execution_id = %job.execution_id, error = %e, "could not settle a failed submission");

@@ -189,6 +189,22 @@ pub trait EventStore: Send + Sync + 'static {
     /// Creates the log with its `execution.accepted` event, owned by `owner`.
     async fn create_owned(&self, accepted: RuntimeEvent, owner: &Tenant) -> Result<(), StoreError>;
 
+    /// Creates the log already closed: `accepted` (sequence 1) and the terminal event
+    /// `terminal` (sequence 2), owned by `owner`, as one write where the store has an unknown
+    /// write outcome (so no reader or writer ever finds this log open: a worker holding the
+    /// execution's job finds it terminal and drops the job). `AlreadyExists` when the log has
+    /// events. The default creates, then appends: two writes, enough for stores whose writes
+    /// always answer (the memory store).
+    async fn create_closed(
+        &self,
+        accepted: RuntimeEvent,
+        terminal: RuntimeEvent,
+        owner: &Tenant,
+    ) -> Result<(), StoreError> {
+        self.create_owned(accepted, owner).await?;
+        self.append(terminal).await
+    }
+
     /// The tenant that owns the execution, or `None` for an unknown execution.
     async fn owner(&self, id: ExecutionId) -> Result<Option<Tenant>, StoreError>;
 

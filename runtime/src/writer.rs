@@ -346,6 +346,23 @@ impl EventWriter {
         Ok(Self::resume(store, id, Sequence(1), accepted_at))
     }
 
+    /// Creates the log of an execution that must not run, already closed: `execution.accepted`
+    /// at `accepted_at` and `terminal` after it, in one write where the store allows
+    /// ([`EventStore::create_closed`]). `AlreadyExists` when the log exists.
+    pub async fn create_closed(
+        store: Arc<dyn EventStore>,
+        id: ExecutionId,
+        accepted_at: Timestamp,
+        owner: &Tenant,
+        terminal: EventBody,
+    ) -> Result<(), StoreError> {
+        let accepted = RuntimeEvent::new(id, Sequence(1), accepted_at, EventBody::Accepted);
+        // Event times never go backwards (as in `next_event`).
+        let terminal =
+            RuntimeEvent::new(id, Sequence(2), Timestamp::now().max(accepted_at), terminal);
+        store.create_closed(accepted, terminal, owner).await
+    }
+
     /// A writer continuing a log whose last event is `last`.
     pub fn resume(
         store: Arc<dyn EventStore>,

@@ -77,6 +77,7 @@ pub async fn event_store_suite(store: Arc<dyn EventStore>) {
     runs_are_fenced_like_events(Arc::clone(&store)).await;
     bad_runs_change_nothing(&*store).await;
     executions_belong_to_their_creator(&*store).await;
+    logs_created_closed_read_closed(&*store).await;
 }
 
 /// Runs and the per-execution limit, for a store built to hold 5 non-terminal events per
@@ -367,6 +368,63 @@ async fn executions_belong_to_their_creator(store: &dyn EventStore) {
             .unwrap()
             .is_none()
     );
+}
+
+/// `create_closed`: the log holds `execution.accepted` and the terminal event, belongs to its
+/// creator, reads terminal from its first read on, and admits nothing after it; an existing log
+/// is `AlreadyExists` and unchanged.
+async fn logs_created_closed_read_closed(store: &dyn EventStore) {
+    let acme: Tenant = "acme".parse().unwrap();
+    let failed = || EventBody::Failed {
+        error: RuntimeError::internal(),
+    };
+    let id = ExecutionId::new_random();
+    store
+        .create_closed(
+            event(id, 1, EventBody::Accepted),
+            event(id, 2, failed()),
+            &acme,
+        )
+        .await
+        .unwrap();
+    let head = store.head(id).await.unwrap().unwrap();
+    assert_eq!((head.last_sequence, head.terminal), (Sequence(2), true));
+    let sequences: Vec<u64> = read(store, id, 0, 10)
+        .await
+        .iter()
+        .map(|r| r.sequence().get())
+        .collect();
+    assert_eq!(sequences, [1, 2]);
+    let subscribed: Vec<u64> = drain(store.subscribe(id, Sequence(0)).await.unwrap().unwrap())
+        .await
+        .iter()
+        .map(|r| r.sequence().get())
+        .collect();
+    assert_eq!(subscribed, [1, 2], "a subscription replays both and ends");
+    let (state, owner) = store.owned_state(id).await.unwrap().unwrap();
+    assert_eq!(
+        (state.status(), state.last_sequence(), owner),
+        (ExecutionStatus::Failed, Sequence(2), acme.clone())
+    );
+    assert!(matches!(
+        store.append(event(id, 3, delta("x"))).await,
+        Err(StoreError::Conflict { terminal: true, .. })
+    ));
+    // On an existing log: refused, nothing written.
+    let open = accepted(store).await;
+    assert!(matches!(
+        store
+            .create_closed(
+                event(open, 1, EventBody::Accepted),
+                event(open, 2, failed()),
+                &acme,
+            )
+            .await,
+        Err(StoreError::AlreadyExists)
+    ));
+    let head = store.head(open).await.unwrap().unwrap();
+    assert_eq!((head.last_sequence, head.terminal), (Sequence(1), false));
+    assert_eq!(store.owner(open).await.unwrap(), Some(Tenant::default()));
 }
 
 /// The owner `owned_subscribe` reports for the known execution `id`, and the sequences of the

@@ -319,6 +319,37 @@ impl EventStore for NatsEventStore {
         }
     }
 
+    async fn create_closed(
+        &self,
+        accepted: RuntimeEvent,
+        terminal: RuntimeEvent,
+        owner: &Tenant,
+    ) -> Result<(), StoreError> {
+        // One message (a run of two) on an empty subject: the log is never seen open.
+        let run = [EventRecord::new(accepted), EventRecord::new(terminal)];
+        check_run(&run)?;
+        let id = run[0].event.execution_id;
+        let time = run[1].event.time;
+        match self
+            .publish(&run, 0, WriterId::random(), Some(owner))
+            .await?
+        {
+            Ok(stream_sequence) => {
+                self.remember(
+                    id,
+                    Head {
+                        sequence: Sequence(2),
+                        stream_sequence,
+                        terminal: true,
+                        time,
+                    },
+                );
+                Ok(())
+            }
+            Err(_) => Err(StoreError::AlreadyExists),
+        }
+    }
+
     async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError> {
         self.append_run_as(&[EventRecord::new(event)], writer)
             .await
