@@ -127,6 +127,8 @@ impl runtime::intercept::Intercept for FaultyStore {
 struct FaultyQueue {
     inner: Arc<MemoryJobQueue>,
     publishes: Faults,
+    /// Every withdrawal fails while set.
+    withdraw_outage: AtomicBool,
 }
 
 #[async_trait]
@@ -142,6 +144,9 @@ impl JobQueue for FaultyQueue {
         }
     }
     async fn withdraw(&self, job: &Job) -> Result<(), StoreError> {
+        if self.withdraw_outage.load(Ordering::SeqCst) {
+            return Err(unavailable());
+        }
         self.inner.withdraw(job).await
     }
     async fn receive(&self) -> Result<Option<Delivery>, StoreError> {
@@ -163,6 +168,7 @@ struct Harness {
     store: Arc<MemoryEventStore>,
     queue: Arc<MemoryJobQueue>,
     gateway_store: Arc<FaultyStore>,
+    gateway_queue: Arc<FaultyQueue>,
     provider: FakeProvider,
     pool: Option<WorkerPool>,
 }
@@ -213,12 +219,14 @@ async fn harness(create_fault: (Fault, usize), publish_fault: (Fault, usize)) ->
         creates: Faults::new(create_fault.0, create_fault.1),
         outage: AtomicBool::new(false),
     });
+    let gateway_queue = Arc::new(FaultyQueue {
+        inner: queue.clone(),
+        publishes: Faults::new(publish_fault.0, publish_fault.1),
+        withdraw_outage: AtomicBool::new(false),
+    });
     let backend = gateway::Backend {
         store: gateway_store.clone(),
-        queue: Arc::new(FaultyQueue {
-            inner: queue.clone(),
-            publishes: Faults::new(publish_fault.0, publish_fault.1),
-        }),
+        queue: gateway_queue.clone(),
         cancel: cancel.clone(),
         heal_missing: true,
         ..memory_backend()
@@ -246,6 +254,7 @@ async fn harness(create_fault: (Fault, usize), publish_fault: (Fault, usize)) ->
         store,
         queue,
         gateway_store,
+        gateway_queue,
         provider,
         pool: Some(pool),
     }
@@ -437,6 +446,32 @@ async fn a_job_whose_log_creation_failed_never_runs() {
     assert_eq!(log.first(), Some(&"execution.accepted"));
     h.drained().await;
     assert_eq!(h.calls_for("keyed-lost-create"), 1);
+}
+
+/// The log of a create that failed is closed before the job is withdrawn: with the queue
+/// unable to withdraw anything, the log already reads closed, so the worker handed the job
+/// drops it. The answer is 503, the key stays bound (the job could not be withdrawn in time),
+/// and a keyed retry replays the failed execution; nothing reaches the provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_creates_log_is_closed_even_while_its_job_cannot_be_withdrawn() {
+    let h = harness((Fault::Lost, 1), (Fault::Lost, 0)).await;
+    h.gateway_queue
+        .withdraw_outage
+        .store(true, Ordering::SeqCst);
+    let first = h.submit("closed-first", Some("k-closed-first")).await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+    assert!(first.latency <= Duration::from_secs(2), "{first:?}");
+    let retry = h.submit("closed-first", Some("k-closed-first")).await;
+    assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
+    assert_eq!(retry.body["idempotent_replay"], true, "{retry:?}");
+    assert_eq!(retry.body["status"], "failed", "{retry:?}");
+    let id = execution_id(&retry);
+    assert_eq!(
+        h.log_types(id).await,
+        ["execution.accepted", "execution.failed"]
+    );
+    h.drained().await;
+    assert_eq!(h.calls_for("closed-first"), 0, "a 503's job ran");
 }
 
 /// A log creation stored but unacknowledged, with workers racing for the job: each submission
