@@ -190,11 +190,11 @@ pub trait EventStore: Send + Sync + 'static {
     async fn create_owned(&self, accepted: RuntimeEvent, owner: &Tenant) -> Result<(), StoreError>;
 
     /// Creates the log already closed: `accepted` (sequence 1) and the terminal event
-    /// `terminal` (sequence 2), owned by `owner`, as one write where the store has an unknown
-    /// write outcome (so no reader or writer ever finds this log open: a worker holding the
-    /// execution's job finds it terminal and drops the job). `AlreadyExists` when the log has
-    /// events. The default creates, then appends: two writes, enough for stores whose writes
-    /// always answer (the memory store).
+    /// `terminal` (sequence 2), owned by `owner`. Stores whose writes can have an unknown
+    /// outcome (JetStream) write both as one unit, so no reader or writer ever finds this log
+    /// open (a worker holding the execution's job finds it terminal and drops the job).
+    /// `AlreadyExists` when the log has events. The default creates, then appends: two writes,
+    /// enough for stores whose writes always answer (the memory store).
     async fn create_closed(
         &self,
         accepted: RuntimeEvent,

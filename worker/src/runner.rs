@@ -321,7 +321,7 @@ impl Runner {
                             }
                         }
                     }
-                    tracing::debug!(execution_id = %id, waited, last_sequence = head.last_sequence.0, "log found");
+                    tracing::debug!(execution_id = %id, waited, last_sequence = head.last_sequence.get(), "log found");
                     return Ok(head);
                 }
                 Ok(None) if started.elapsed() < self.settings.log_wait => {
