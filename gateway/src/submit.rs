@@ -40,11 +40,14 @@
 //! dies before the republish lands leaves a 202 execution no job will ever run, and no scan
 //! covers logs without jobs (the deadline sweeper follows the queue).
 //!
-//! Known residual window: a create whose acknowledgement was lost although it was stored, a
-//! worker handed the job that claims that log before this gateway's close lands, and an event
-//! store that stays unreachable for this gateway until [`SETTLE_BOUND`]: the submission is
-//! answered 503 and the execution runs (logged as "an execution answered 503 was claimed by a
-//! worker"). Each of the three is needed.
+//! Known residual window: a write of the submission stored although its acknowledgement was
+//! lost (the log's creation, or the job's publish), a worker handed the job that claims the
+//! log before this gateway's close lands, and an event store that stays unreachable for this
+//! gateway until [`SETTLE_BOUND`]: the submission is answered 503 and the execution runs,
+//! once (logged as "an execution answered 503 was claimed by a worker"). Each of the three is
+//! needed: when the gateway cannot reach the event store in time, it cannot know whether a
+//! worker will write after `execution.accepted` first. A create refused outright (no
+//! responders) is not in it: the log is then created closed, and no worker can claim it.
 //!
 //! Store errors stay typed here until the flow has decided what they mean: `AlreadyExists` while
 //! healing a crash window is the one expected outcome (a concurrent retry healed it first);

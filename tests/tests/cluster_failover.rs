@@ -13,6 +13,9 @@
 //!   log is 1..n without gap or repeat, with exactly one terminal event, last;
 //! - a completed execution selected a route exactly once (the mock provider runs inside the
 //!   worker, so `route.selected` in the log is the observable trace of a provider call);
+//! - a submit answered 503 never runs: its log, if any, is closed right after
+//!   `execution.accepted`, except in the residual window `gateway::submit` documents (told
+//!   apart by the gateway's log lines, and then it ran exactly once);
 //! - a killed node restarts and catches up (every stream reports all replicas current);
 //! - a whole-cluster restart (SIGTERM to all three nodes, then start) loses nothing: the
 //!   audit above runs after it.
@@ -234,6 +237,19 @@ struct Observed {
     stuck: Mutex<Vec<String>>,
     terminals: AtomicUsize,
     stop: AtomicBool,
+}
+
+/// Whether the gateway's log lines about a submit answered 503 show the residual window
+/// documented in `gateway::submit`: a write of the submission (the log's creation or the job's
+/// publish) whose acknowledgement timed out, so it may have been stored, and a background
+/// settle that found a worker's claim. A create refused outright (no responders) is not it: the
+/// settle then creates the log closed, and no worker can claim it.
+fn in_residual_window(about: &str) -> bool {
+    let lost_ack = about.lines().any(|line| {
+        (line.contains("log creation failed") || line.contains("job publish failed"))
+            && line.contains("timed out")
+    });
+    lost_ack && about.contains("an execution answered 503 was claimed by a worker")
 }
 
 /// The `type` of an event's JSON.
@@ -690,19 +706,30 @@ async fn kills_lose_nothing(layout: Layout) {
             );
         }
     }
-    // A submit answered 503 leaves its log (if any) closed with `execution.failed`
-    // (gateway::submit settles it before answering, or in the background when the outcome was
-    // still unknown at the 2 s bound): never given to a client, never run. Such logs must be
-    // closed and must not show a provider call.
+    // A submit answered 503 leaves its log (if any) closed with `execution.failed` right after
+    // `execution.accepted` (gateway::submit settles it before answering, or in the background
+    // when the outcome was still unknown at the 2 s bound): never given to a client, never run.
+    // The one exception is the residual window gateway::submit documents, recognised by what
+    // the gateway logged (a write whose acknowledgement timed out, then a worker's claim found
+    // by the background settle); such an execution must still have run exactly once.
+    let mut residual = 0;
     for (id, log) in logs.iter().filter(|(id, _)| !accepted.contains(id)) {
         let kinds: Vec<String> = log.iter().map(|(_, d)| kind(d)).collect();
-        assert_eq!(
-            kinds,
-            ["execution.accepted", "execution.failed"],
-            "{id}: log of a submit answered 503; what the processes logged about it:\n{}",
-            stack.lines_about(id)
+        if kinds == ["execution.accepted", "execution.failed"] {
+            continue;
+        }
+        let about = stack.lines_about(id);
+        assert!(
+            in_residual_window(&about),
+            "{id}: log of a submit answered 503: {kinds:?}; what the processes logged about it:\n{about}"
         );
+        let selected = kinds.iter().filter(|k| *k == "route.selected").count();
+        let terminals = kinds.iter().filter(|k| is_terminal(k)).count();
+        assert_eq!((selected, terminals), (1, 1), "{id}: {kinds:?}");
+        assert!(is_terminal(kinds.last().unwrap()), "{id}: {kinds:?}");
+        residual += 1;
     }
+    eprintln!("{residual} executions answered 503 ran (the residual window of gateway::submit)");
     let failed: Vec<&str> = accepted
         .iter()
         .filter_map(|id| logs[id].last())
