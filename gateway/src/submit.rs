@@ -31,6 +31,9 @@
 //!   and runs: the submission is answered 202 after all;
 //! - the queue refused the job (admission limit): the log is closed; 429.
 //!
+//! A closed log settles the outcome (nothing will run) even while the job cannot be withdrawn
+//! yet: the answer is then a settled 503 and the withdrawal finishes in the background.
+//!
 //! Settling is bounded so every submit is answered within 2 s ([`SETTLE_BOUND`]). When the
 //! outcome is still unknown then (a stream still unreachable), the answer is 503, a background
 //! task keeps settling, and the idempotency key stays bound: a keyed retry replays the same
@@ -323,6 +326,7 @@ async fn create_and_publish(
                     withdraw,
                     writer: None,
                     close_log: false,
+                    log_closed: false,
                     owner: tenant.clone(),
                 };
                 return settle(state, job, attempt, e, started).await;
@@ -334,6 +338,7 @@ async fn create_and_publish(
                 withdraw,
                 writer: None,
                 close_log: true,
+                log_closed: false,
                 owner: tenant.clone(),
             };
             settle(state, job, attempt, e, started).await
@@ -350,14 +355,18 @@ struct Settle {
     writer: Option<EventWriter>,
     /// Whether the log may exist (or appear) and must be closed.
     close_log: bool,
+    /// Whether this settle closed the log: nothing of the execution can run any more, so a
+    /// withdrawal still to do is cleanup (a worker drops a job whose log is terminal).
+    log_closed: bool,
     /// The tenant the log belongs to, should settling have to create it.
     owner: Tenant,
 }
 
 /// What settling found.
 enum Settled {
-    /// Nothing of the execution will run: its job is withdrawn (or was never queued) and its
-    /// log is closed with the unqueued failure (or never existed).
+    /// Nothing of the execution will run: its log is closed with the unqueued failure (its job
+    /// withdrawn, or still to withdraw), or it never existed and its job is withdrawn (or was
+    /// never queued).
     Closed,
     /// A worker appended to the log first: the job was queued and the execution is running
     /// (or done). The submission is accepted.
@@ -370,6 +379,7 @@ impl Settle {
             withdraw: false,
             writer: Some(writer),
             close_log: true,
+            log_closed: false,
             owner: owner.clone(),
         }
     }
@@ -377,17 +387,26 @@ impl Settle {
     /// One attempt; a store error means "not known yet, try again". The log is closed before
     /// the job is withdrawn: the closed log is what keeps every worker from running the
     /// execution (a worker drops a job whose log is terminal), whatever became of the job;
-    /// withdrawing it only frees the queue.
+    /// withdrawing it only frees the queue. So once the log is closed the answer is `Closed`
+    /// even while the withdrawal still fails (`withdraw` stays set for the caller to finish in
+    /// the background).
     async fn step(&mut self, state: &AppState, job: &Job) -> Result<Settled, StoreError> {
         if self.close_log {
             if let Settled::Claimed = self.close(state, job).await? {
                 return Ok(Settled::Claimed);
             }
             self.close_log = false;
+            self.log_closed = true;
         }
         if self.withdraw {
-            state.inner.backend.queue.withdraw(job).await?;
-            self.withdraw = false;
+            match state.inner.backend.queue.withdraw(job).await {
+                Ok(()) => self.withdraw = false,
+                // The outcome is known: closed. The withdrawal finishes in the background.
+                Err(e) if self.log_closed => {
+                    tracing::debug!(execution_id = %job.execution_id, error = %e, "job not withdrawn yet; its log is closed");
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(Settled::Closed)
     }
@@ -474,7 +493,12 @@ async fn settle(
             break;
         }
         match tokio::time::timeout(left, attempt.step(state, job)).await {
-            Ok(Ok(Settled::Closed)) => return Err(Failed::settled(error)),
+            Ok(Ok(Settled::Closed)) => {
+                if attempt.withdraw {
+                    spawn_settle(state, job, attempt);
+                }
+                return Err(Failed::settled(error));
+            }
             Ok(Ok(Settled::Claimed)) => {
                 tracing::info!(execution_id = %job.execution_id, "a worker claimed the execution while its submission failed; accepted");
                 return Ok(Creation::Created);
@@ -502,7 +526,13 @@ fn spawn_settle(state: &AppState, job: &Job, mut attempt: Settle) {
         let started = Instant::now();
         let mut delay = Duration::from_millis(50);
         loop {
-            match attempt.step(&state, &job).await {
+            let step = match attempt.step(&state, &job).await {
+                Ok(Settled::Closed) if attempt.withdraw => {
+                    Err(StoreError::Unavailable("job not withdrawn yet".into()))
+                }
+                step => step,
+            };
+            match step {
                 Ok(Settled::Closed) => return,
                 Ok(Settled::Claimed) => {
                     tracing::warn!(execution_id = %job.execution_id, "an execution answered 503 was claimed by a worker");

@@ -450,8 +450,9 @@ async fn a_job_whose_log_creation_failed_never_runs() {
 
 /// The log of a create that failed is closed before the job is withdrawn: with the queue
 /// unable to withdraw anything, the log already reads closed, so the worker handed the job
-/// drops it. The answer is 503, the key stays bound (the job could not be withdrawn in time),
-/// and a keyed retry replays the failed execution; nothing reaches the provider.
+/// drops it. A closed log settles the outcome: the answer is 503 within the bound, the key is
+/// released, and a keyed retry creates a second execution, which runs; the first never reaches
+/// the provider.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_creates_log_is_closed_even_while_its_job_cannot_be_withdrawn() {
     let h = harness((Fault::Lost, 1), (Fault::Lost, 0)).await;
@@ -461,17 +462,24 @@ async fn a_failed_creates_log_is_closed_even_while_its_job_cannot_be_withdrawn()
     let first = h.submit("closed-first", Some("k-closed-first")).await;
     assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
     assert!(first.latency <= Duration::from_secs(2), "{first:?}");
-    let retry = h.submit("closed-first", Some("k-closed-first")).await;
-    assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
-    assert_eq!(retry.body["idempotent_replay"], true, "{retry:?}");
-    assert_eq!(retry.body["status"], "failed", "{retry:?}");
-    let id = execution_id(&retry);
+    let first_id = *h
+        .gateway_store
+        .creates
+        .seen
+        .lock()
+        .iter()
+        .next()
+        .expect("the failed create's execution");
     assert_eq!(
-        h.log_types(id).await,
+        h.log_types(first_id).await,
         ["execution.accepted", "execution.failed"]
     );
+    let retry = h.submit("closed-first", Some("k-closed-first")).await;
+    assert_eq!(retry.status, StatusCode::ACCEPTED, "{retry:?}");
+    assert_ne!(execution_id(&retry), first_id);
+    h.terminal_log(execution_id(&retry)).await;
     h.drained().await;
-    assert_eq!(h.calls_for("closed-first"), 0, "a 503's job ran");
+    assert_eq!(h.calls_for("closed-first"), 1, "only the retry ran");
 }
 
 /// A log creation stored but unacknowledged, with workers racing for the job: each submission
