@@ -544,7 +544,12 @@ fn spawn_settle(state: &AppState, job: &Job, mut attempt: Settle) {
                     delay = (delay * 2).min(BACKGROUND_RETRY_CAP);
                 }
                 Err(e) => {
-                    tracing::error!(execution_id = %job.execution_id, error = %e, "could not settle a failed submission");
+                    if attempt.log_closed {
+                        // Nothing runs: a worker handed the job drops it (its log is closed).
+                        tracing::warn!(execution_id = %job.execution_id, error = %e, "could not withdraw the job of a failed submission; its log is closed");
+                    } else {
+                        tracing::error!(execution_id = %job.execution_id, error = %e, "could not settle a failed submission");
+                    }
                     return;
                 }
             }
