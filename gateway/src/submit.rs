@@ -327,18 +327,20 @@ async fn create_and_publish(
                     writer: None,
                     close_log: false,
                     log_closed: false,
+                    withdraw_error: None,
                     owner: tenant.clone(),
                 };
                 return settle(state, job, attempt, e, started).await;
             }
-            // The create's outcome is unknown (a timeout may hide a stored event): withdraw
-            // the job, then create-or-find the log and close it, so a create that lands late
-            // finds the log taken (compare-and-set on an empty subject).
+            // The create's outcome is unknown (a timeout may hide a stored event): create the
+            // log closed, or find it and close it, so a create that lands late finds the
+            // subject taken (compare-and-set on an empty subject); then withdraw the job.
             let attempt = Settle {
                 withdraw,
                 writer: None,
                 close_log: true,
                 log_closed: false,
+                withdraw_error: None,
                 owner: tenant.clone(),
             };
             settle(state, job, attempt, e, started).await
@@ -348,7 +350,8 @@ async fn create_and_publish(
 
 /// What is left to do to settle a failed submission.
 struct Settle {
-    /// The job may be queued and must be withdrawn first.
+    /// The job may be queued and must be withdrawn (after the log is closed, see
+    /// [`Settle::step`]).
     withdraw: bool,
     /// The writer of the log (kept across retries, so a close that landed unacknowledged is
     /// recognised as this writer's own).
@@ -358,6 +361,9 @@ struct Settle {
     /// Whether this settle closed the log: nothing of the execution can run any more, so a
     /// withdrawal still to do is cleanup (a worker drops a job whose log is terminal).
     log_closed: bool,
+    /// Why the last withdrawal failed behind a closed log, for the warning should it never
+    /// succeed.
+    withdraw_error: Option<StoreError>,
     /// The tenant the log belongs to, should settling have to create it.
     owner: Tenant,
 }
@@ -380,6 +386,7 @@ impl Settle {
             writer: Some(writer),
             close_log: true,
             log_closed: false,
+            withdraw_error: None,
             owner: owner.clone(),
         }
     }
@@ -404,6 +411,7 @@ impl Settle {
                 // The outcome is known: closed. The withdrawal finishes in the background.
                 Err(e) if self.log_closed => {
                     tracing::debug!(execution_id = %job.execution_id, error = %e, "job not withdrawn yet; its log is closed");
+                    self.withdraw_error = Some(e);
                 }
                 Err(e) => return Err(e),
             }
@@ -527,9 +535,10 @@ fn spawn_settle(state: &AppState, job: &Job, mut attempt: Settle) {
         let mut delay = Duration::from_millis(50);
         loop {
             let step = match attempt.step(&state, &job).await {
-                Ok(Settled::Closed) if attempt.withdraw => {
-                    Err(StoreError::Unavailable("job not withdrawn yet".into()))
-                }
+                Ok(Settled::Closed) if attempt.withdraw => Err(attempt
+                    .withdraw_error
+                    .take()
+                    .unwrap_or_else(|| StoreError::Unavailable("job not withdrawn yet".into()))),
                 step => step,
             };
             match step {
