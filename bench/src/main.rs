@@ -94,6 +94,13 @@ struct Args {
     /// Seconds of load before measuring starts (not recorded).
     #[arg(long, default_value_t = 0.0)]
     warmup: f64,
+    /// Closed and submit modes: spread the clients' starts evenly over this many seconds
+    /// (at most --warmup), so their cycles do not run in step. Executions of nearly equal
+    /// length keep clients that started together in step for the whole run: every cycle
+    /// then begins with all of them submitting at once. One execution's length spreads them
+    /// evenly.
+    #[arg(long, default_value_t = 0.0)]
+    ramp_up: f64,
     /// Reporting window for per-window throughput, seconds.
     #[arg(long, default_value_t = 5.0)]
     window: f64,
@@ -275,6 +282,17 @@ fn validate(args: &Args) -> Result<(), String> {
     }
     if !(args.warmup.is_finite() && args.warmup >= 0.0) {
         return Err("--warmup must be >= 0".into());
+    }
+    if !(args.ramp_up.is_finite() && args.ramp_up >= 0.0) {
+        return Err("--ramp-up must be >= 0".into());
+    }
+    if args.ramp_up > args.warmup {
+        return Err(
+            "--ramp-up must not exceed --warmup: clients still starting would be measured".into(),
+        );
+    }
+    if args.ramp_up > 0.0 && args.mode == Mode::Open {
+        return Err("--ramp-up applies to the closed and submit modes (open mode has its own arrival times)".into());
     }
     if args.executions == Some(0) {
         return Err("--executions must be at least 1".into());
@@ -485,6 +503,7 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         duration_s: duration.map(|d| d.as_secs_f64()),
         executions_limit: args.executions,
         warmup_s: args.warmup,
+        ramp_up_s: args.ramp_up,
         window_s: args.window,
     };
     let plan = Plan {

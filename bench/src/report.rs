@@ -227,13 +227,18 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "  measured {:.1} s (limit: {}{}), warm-up {:.1} s, {} client threads on {} cores (client and gateway share them)",
+            "  measured {:.1} s (limit: {}{}), warm-up {:.1} s{}, {} client threads on {} cores (client and gateway share them)",
             self.elapsed_s,
             load.duration_s
                 .map_or_else(|| "none".into(), |d| format!("{d} s")),
             load.executions_limit
                 .map_or_else(String::new, |n| format!(", {n} executions")),
             load.warmup_s,
+            if load.ramp_up_s > 0.0 {
+                format!(" (client starts spread over {:.1} s)", load.ramp_up_s)
+            } else {
+                String::new()
+            },
             self.params.client_threads,
             self.nproc,
         );
@@ -458,6 +463,7 @@ mod tests {
                 duration_s: Some(5.0),
                 executions_limit: None,
                 warmup_s: 1.0,
+                ramp_up_s: 0.0,
                 window_s: 2.0,
             },
             url: "http://127.0.0.1:1".into(),
@@ -473,6 +479,7 @@ mod tests {
         assert_eq!(json["duration_s"], 5.0);
         assert_eq!(json["executions_limit"], serde_json::Value::Null);
         assert_eq!(json["warmup_s"], 1.0);
+        assert_eq!(json["ramp_up_s"], 0.0);
         assert_eq!(json["window_s"], 2.0);
         assert_eq!(json["url"], "http://127.0.0.1:1");
         assert_eq!(json["client_threads"], 2);

@@ -38,6 +38,10 @@ pub struct Load {
     pub duration_s: Option<f64>,
     pub executions_limit: Option<u64>,
     pub warmup_s: f64,
+    /// Closed and submit modes: client `i` of `c` starts `i * ramp_up_s / c` seconds in, so
+    /// the clients' cycles are spread instead of starting (and, with executions of nearly
+    /// equal length, staying) in step. 0: all start at once.
+    pub ramp_up_s: f64,
     pub window_s: f64,
 }
 
@@ -48,6 +52,12 @@ impl Load {
 
     fn warmup(&self) -> Duration {
         Duration::from_secs_f64(self.warmup_s)
+    }
+
+    /// When client `index` of the closed loop starts, from the run's start.
+    fn client_start(&self, index: usize) -> Duration {
+        let clients = self.concurrency.max(1);
+        Duration::from_secs_f64(self.ramp_up_s * index as f64 / clients as f64)
     }
 
     fn window(&self) -> Duration {
@@ -223,7 +233,8 @@ impl Control {
 /// Runs `plan` against `api`.
 pub async fn run(api: Api, plan: Plan) -> Outcome {
     let api = Arc::new(api);
-    let measure_start = Instant::now() + plan.load.warmup();
+    let run_start = Instant::now();
+    let measure_start = run_start + plan.load.warmup();
     let recorder = Arc::new(Recorder::new(measure_start, plan.timeline_bucket));
     let ctl = Arc::new(Control {
         stop: AtomicBool::new(false),
@@ -238,13 +249,18 @@ pub async fn run(api: Api, plan: Plan) -> Outcome {
     let mut workers = JoinSet::new();
     match plan.load.mode {
         Mode::Closed | Mode::Submit => {
-            for _ in 0..plan.load.concurrency.max(1) {
-                workers.spawn(closed_client(
+            for index in 0..plan.load.concurrency.max(1) {
+                let client = closed_client(
                     Arc::clone(&api),
                     Arc::clone(&ctl),
                     Arc::clone(&recorder),
                     plan.clone(),
-                ));
+                );
+                let starts_at = run_start + plan.load.client_start(index);
+                workers.spawn(async move {
+                    tokio::time::sleep_until(starts_at).await;
+                    client.await;
+                });
             }
         }
         Mode::Open => {
@@ -536,5 +552,27 @@ mod tests {
                 r#""gateway_rss_kb":1024,"gateway_cores":0.75,"bench_cores":null,"system_cores":1.5}"#,
             )
         );
+    }
+
+    #[test]
+    fn a_ramp_up_spreads_the_client_starts_evenly_and_none_means_all_at_once() {
+        let mut load = Load {
+            mode: Mode::Closed,
+            stream: StreamMode::Get,
+            concurrency: 4,
+            rate_per_s: None,
+            duration_s: Some(1.0),
+            executions_limit: None,
+            warmup_s: 2.0,
+            ramp_up_s: 2.0,
+            window_s: 1.0,
+        };
+        let starts: Vec<Duration> = (0..4).map(|i| load.client_start(i)).collect();
+        assert_eq!(
+            starts,
+            [0, 500, 1000, 1500].map(Duration::from_millis).to_vec()
+        );
+        load.ramp_up_s = 0.0;
+        assert!((0..4).all(|i| load.client_start(i).is_zero()));
     }
 }
