@@ -322,27 +322,13 @@ async fn create_and_publish(
             let withdraw = !matches!(published, Err(StoreError::AdmissionFull));
             if !matches!(e, StoreError::Unavailable(_) | StoreError::Closed) {
                 // A refusal: nothing was stored. Only the job must go.
-                let attempt = Settle {
-                    withdraw,
-                    writer: None,
-                    close_log: false,
-                    log_closed: false,
-                    withdraw_error: None,
-                    owner: tenant.clone(),
-                };
+                let attempt = Settle::new(withdraw, None, false, tenant);
                 return settle(state, job, attempt, e, started).await;
             }
             // The create's outcome is unknown (a timeout may hide a stored event): create the
             // log closed, or find it and close it, so a create that lands late finds the
             // subject taken (compare-and-set on an empty subject); then withdraw the job.
-            let attempt = Settle {
-                withdraw,
-                writer: None,
-                close_log: true,
-                log_closed: false,
-                withdraw_error: None,
-                owner: tenant.clone(),
-            };
+            let attempt = Settle::new(withdraw, None, true, tenant);
             settle(state, job, attempt, e, started).await
         }
     }
@@ -380,15 +366,23 @@ enum Settled {
 }
 
 impl Settle {
-    fn closing(writer: EventWriter, owner: &Tenant) -> Self {
+    /// What is left when nothing is done yet: withdraw the job if `withdraw`, close the log
+    /// (with `writer` when this gateway created it) if `close_log`.
+    fn new(withdraw: bool, writer: Option<EventWriter>, close_log: bool, owner: &Tenant) -> Self {
         Self {
-            withdraw: false,
-            writer: Some(writer),
-            close_log: true,
+            withdraw,
+            writer,
+            close_log,
             log_closed: false,
             withdraw_error: None,
             owner: owner.clone(),
         }
+    }
+
+    /// The log this gateway created must be closed; the job was not queued, or a worker that
+    /// is handed it finds the log closed.
+    fn closing(writer: EventWriter, owner: &Tenant) -> Self {
+        Self::new(false, Some(writer), true, owner)
     }
 
     /// One attempt; a store error means "not known yet, try again". The log is closed before
