@@ -100,7 +100,8 @@ pub fn unique_namespace(prefix: &str) -> String {
     format!("{prefix}{}x{n}x{nanos:x}", std::process::id())
 }
 
-/// A fresh private directory under the system temp dir, removed on drop.
+/// A fresh private directory under the system temp dir, removed on drop unless the environment
+/// sets `MRT_KEEP_TEST_DIRS` (to read a failed test's server logs and stores afterwards).
 #[derive(Debug)]
 pub struct TempDir(PathBuf);
 
@@ -118,6 +119,10 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
+        if std::env::var_os("MRT_KEEP_TEST_DIRS").is_some() {
+            eprintln!("kept {}", self.0.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
@@ -471,6 +476,11 @@ impl NatsCluster {
     /// `http://127.0.0.1:PORT` of node `i`'s monitoring endpoint (`/healthz`, `/jsz`, `/connz`).
     pub fn monitor_url(&self, i: usize) -> String {
         format!("http://127.0.0.1:{}", self.nodes[i].monitor_port)
+    }
+
+    /// Everything node `i` logged so far, across its restarts.
+    pub fn log_text(&self, i: usize) -> String {
+        std::fs::read_to_string(self.nodes[i].dir.path().join("server.log")).unwrap_or_default()
     }
 
     /// Whether node `i`'s process runs.

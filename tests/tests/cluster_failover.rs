@@ -195,8 +195,26 @@ impl Stack {
             .join("\n")
     }
 
+    /// What a failure prints: first each NATS node's warnings, errors and elections (the
+    /// cluster's own account of what happened), then the tail of every process's log.
     fn logs(&self) -> String {
         let mut out = String::new();
+        for i in 0..self.nats.size() {
+            let text = self.nats.log_text(i);
+            let notable: Vec<&str> = text
+                .lines()
+                .filter(|l| {
+                    l.contains("[WRN]")
+                        || l.contains("[ERR]")
+                        || l.contains("leader")
+                        || l.contains("Starting nats-server")
+                })
+                .collect();
+            out.push_str(&format!(
+                "--- nats n{i}\n{}\n",
+                notable[notable.len().saturating_sub(30)..].join("\n")
+            ));
+        }
         for g in &self.gateways {
             out.push_str(&format!(
                 "--- gateway {}\n{}\n",
