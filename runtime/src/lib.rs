@@ -1,6 +1,8 @@
 //! Storage and messaging contracts of the execution runtime, and their in-memory implementations.
 //!
 //! Module map:
+//! - [`backoff`]: `Backoff`, the pauses between tries of a transiently failing backend
+//!   operation (short, so a write resumes soon after a JetStream leader election).
 //! - [`error`]: `StoreError`, one error type for every backend, each variant tagged with its
 //!   portable code and retryability where it is created.
 //! - [`event_store`]: the `EventStore` trait (append-only, compare-and-set fenced logs),
@@ -36,6 +38,7 @@
 //! appends are compare-and-set on the expected sequence, so a stale or duplicate writer can never
 //! interleave, whatever process it runs in.
 
+pub mod backoff;
 pub mod cancel;
 #[cfg(any(test, feature = "contract-tests"))]
 pub mod contract;

@@ -53,6 +53,7 @@ use protocol::event::EventBody;
 use protocol::{ExecutionId, RuntimeEvent, Sequence, Tenant, Timestamp};
 use tokio::sync::Notify;
 
+use crate::backoff::Backoff;
 use crate::error::StoreError;
 use crate::event_store::{EventRecord, EventStore, LogHead, RunError, WriterId};
 
@@ -77,9 +78,14 @@ pub enum WriteError {
     Store(StoreError),
 }
 
-/// Attempts for a transiently failing append, with exponential backoff from 50 ms (about 25 s
-/// in all), so a short backend blip does not fail executions.
-const MAX_TRIES: u32 = 10;
+/// The pauses between tries of a transiently failing append: from 50 ms, doubling, at most a
+/// second apart (so an append resumes within a second of a JetStream leader election ending),
+/// for up to 25 s after the first failure (an election round of up to 9 s, a second round, and
+/// the reconnects around them), so a backend blip does not fail executions.
+fn append_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(50), Duration::from_secs(1))
+        .with_budget(Duration::from_secs(25))
+}
 
 /// Most events waiting in a pipelined writer's queue (submitted, not yet sent).
 pub const QUEUE_MAX_EVENTS: usize = 256;
@@ -303,10 +309,8 @@ async fn append_run(
     append_duration: &metrics::Histogram,
 ) -> Result<(), (usize, WriteError)> {
     let mut done = 0;
-    let mut delay = Duration::from_millis(50);
-    let mut tries = 0;
+    let mut backoff = append_backoff();
     loop {
-        tries += 1;
         let started = std::time::Instant::now();
         match store.append_run_as(&run[done..], writer_id).await {
             Ok(()) => {
@@ -318,10 +322,12 @@ async fn append_run(
                 match error {
                     StoreError::Conflict { .. } => return Err((done, WriteError::Fenced)),
                     StoreError::ExecutionLimit => return Err((done, WriteError::Limit)),
-                    e @ (StoreError::Unavailable(_) | StoreError::Closed) if tries < MAX_TRIES => {
+                    e @ (StoreError::Unavailable(_) | StoreError::Closed) => {
+                        let Some(pause) = backoff.next_pause() else {
+                            return Err((done, WriteError::Store(e)));
+                        };
                         tracing::warn!(error = %e, "append failed; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
+                        tokio::time::sleep(pause).await;
                     }
                     e => return Err((done, WriteError::Store(e))),
                 }
@@ -578,10 +584,8 @@ impl EventWriter {
     /// [`EventWriter::append`] of an inline writer.
     async fn append_inline(&mut self, body: EventBody) -> Result<(), WriteError> {
         let event = self.next_event(body);
-        let mut delay = Duration::from_millis(50);
-        let mut tries = 0;
+        let mut backoff = append_backoff();
         loop {
-            tries += 1;
             let started = std::time::Instant::now();
             match self.store.append_as(event.clone(), self.writer_id).await {
                 Ok(()) => {
@@ -590,10 +594,12 @@ impl EventWriter {
                 }
                 Err(StoreError::Conflict { .. }) => return Err(WriteError::Fenced),
                 Err(StoreError::ExecutionLimit) => return Err(WriteError::Limit),
-                Err(e @ (StoreError::Unavailable(_) | StoreError::Closed)) if tries < MAX_TRIES => {
+                Err(e @ (StoreError::Unavailable(_) | StoreError::Closed)) => {
+                    let Some(pause) = backoff.next_pause() else {
+                        return Err(WriteError::Store(e));
+                    };
                     tracing::warn!(execution_id = %self.id, error = %e, "append failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
+                    tokio::time::sleep(pause).await;
                 }
                 Err(e) => return Err(WriteError::Store(e)),
             }
@@ -876,6 +882,97 @@ mod tests {
 
     fn store() -> Arc<dyn EventStore> {
         Arc::new(MemoryEventStore::new(MemoryLimits::default()))
+    }
+
+    /// A memory store out of reach (every operation `Unavailable`, like a stream without a
+    /// leader) from when `outage` is called until the given time.
+    struct OutageStore {
+        inner: MemoryEventStore,
+        until: parking_lot::Mutex<Option<tokio::time::Instant>>,
+        pipelined: bool,
+    }
+
+    impl OutageStore {
+        fn new(pipelined: bool) -> Arc<Self> {
+            Arc::new(Self {
+                inner: MemoryEventStore::new(MemoryLimits::default()),
+                until: parking_lot::Mutex::new(None),
+                pipelined,
+            })
+        }
+
+        fn outage(&self, until: tokio::time::Instant) {
+            *self.until.lock() = Some(until);
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl crate::intercept::Intercept for OutageStore {
+        fn inner(&self) -> &dyn EventStore {
+            &self.inner
+        }
+        fn available(&self) -> Result<(), StoreError> {
+            match *self.until.lock() {
+                Some(until) if tokio::time::Instant::now() < until => {
+                    Err(StoreError::Unavailable("no responders".into()))
+                }
+                _ => Ok(()),
+            }
+        }
+        fn pipelines_appends(&self) -> bool {
+            self.pipelined
+        }
+    }
+
+    /// A writer (inline or pipelined) whose store goes out of reach for `outage` right after
+    /// the log was created; what its next append returned and how long it took.
+    async fn append_through_an_outage(
+        pipelined: bool,
+        outage: Duration,
+    ) -> (Result<(), WriteError>, Duration) {
+        let store = OutageStore::new(pipelined);
+        let dyn_store: Arc<dyn EventStore> = Arc::clone(&store) as Arc<dyn EventStore>;
+        let id = ExecutionId::new_random();
+        let mut writer = EventWriter::create(dyn_store, id, Timestamp::now(), &Tenant::default())
+            .await
+            .unwrap();
+        if pipelined {
+            writer = writer.pipelined();
+        }
+        let start = tokio::time::Instant::now();
+        store.outage(start + outage);
+        let result = writer.append(progress()).await;
+        (result, start.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_append_resumes_within_a_second_of_an_outage_ending() {
+        // An outage as long as a slow JetStream leader election: the append lands within a
+        // second of its end (pauses capped at 1 s), inline and pipelined alike.
+        for pipelined in [false, true] {
+            let outage = Duration::from_millis(7_300);
+            let (result, took) = append_through_an_outage(pipelined, outage).await;
+            assert!(result.is_ok(), "pipelined {pipelined}: {result:?}");
+            assert!(
+                took >= outage && took <= outage + Duration::from_secs(1),
+                "pipelined {pipelined}: appended {took:?} after an outage of {outage:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_append_gives_up_once_the_retry_budget_is_spent() {
+        for pipelined in [false, true] {
+            let (result, took) = append_through_an_outage(pipelined, Duration::from_secs(60)).await;
+            assert!(
+                matches!(result, Err(WriteError::Store(StoreError::Unavailable(_)))),
+                "pipelined {pipelined}: {result:?}"
+            );
+            assert!(
+                took >= Duration::from_secs(24) && took <= Duration::from_secs(25),
+                "pipelined {pipelined}: gave up after {took:?}"
+            );
+        }
     }
 
     fn progress() -> EventBody {
