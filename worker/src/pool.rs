@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
+use runtime::backoff::Backoff;
 use runtime::{Delivery, JobQueue, StoreError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -105,7 +106,7 @@ async fn receive_loop(
     tracker: TaskTracker,
 ) {
     let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = receive_backoff();
     loop {
         let first = tokio::select! {
             biased;
@@ -160,7 +161,7 @@ async fn receive_loop(
                 }
                 None => break,
             };
-            backoff = Duration::from_millis(100);
+            backoff.reset();
             // A queue never yields more deliveries than asked for; one that did would only
             // lose this job to redelivery, never overfill the slots.
             let Some(permit) = permits.split(1) else {
@@ -186,15 +187,24 @@ fn start(
     });
 }
 
-/// Logs a failed receive and waits `backoff` (doubling it, up to 5 s) before the next request;
-/// `false` when the pool stopped meanwhile.
-async fn pause_after(error: &StoreError, backoff: &mut Duration, stop: &CancellationToken) -> bool {
+/// The pauses between failed receives: from 100 ms, doubling, at most a second apart, so jobs
+/// flow again within a second of the jobs stream's leader election ending. A failing request
+/// costs the server next to nothing (no responders, or a timeout), and a worker never stops
+/// asking.
+fn receive_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(1))
+}
+
+/// Logs a failed receive and waits `backoff`'s next pause before the next request; `false`
+/// when the pool stopped meanwhile.
+async fn pause_after(error: &StoreError, backoff: &mut Backoff, stop: &CancellationToken) -> bool {
     tracing::warn!(error = %error, "job queue receive failed; retrying");
+    // Without a budget there is always a next pause.
+    let pause = backoff.next_pause().unwrap_or(Duration::from_secs(1));
     tokio::select! {
-        () = tokio::time::sleep(*backoff) => {}
+        () = tokio::time::sleep(pause) => {}
         () = stop.cancelled() => return false,
     }
-    *backoff = (*backoff * 2).min(Duration::from_secs(5));
     true
 }
 
