@@ -67,6 +67,7 @@ use protocol::{
     ErrorCode, ExecutionId, ExecutionRequest, ExecutionStatus, RuntimeError, Sequence, Tenant,
     Timestamp,
 };
+use runtime::backoff::Backoff;
 use runtime::{EventWriter, IdempotencyRecord, Job, StoreError};
 
 use crate::error::ApiError;
@@ -525,8 +526,8 @@ fn spawn_settle(state: &AppState, job: &Job, mut attempt: Settle) {
     let state = state.clone();
     let job = job.clone();
     tokio::spawn(async move {
-        let started = Instant::now();
-        let mut delay = Duration::from_millis(50);
+        let mut backoff = Backoff::new(Duration::from_millis(50), BACKGROUND_RETRY_CAP)
+            .with_budget(BACKGROUND_SETTLE);
         loop {
             let step = match attempt.step(&state, &job).await {
                 Ok(Settled::Closed) if attempt.withdraw => Err(attempt
@@ -541,12 +542,12 @@ fn spawn_settle(state: &AppState, job: &Job, mut attempt: Settle) {
                     tracing::warn!(execution_id = %job.execution_id, "an execution answered 503 was claimed by a worker");
                     return;
                 }
-                Err(e) if started.elapsed() < BACKGROUND_SETTLE => {
-                    tracing::debug!(execution_id = %job.execution_id, error = %e, "settling in the background");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(BACKGROUND_RETRY_CAP);
-                }
                 Err(e) => {
+                    if let Some(pause) = backoff.next_pause() {
+                        tracing::debug!(execution_id = %job.execution_id, error = %e, "settling in the background");
+                        tokio::time::sleep(pause).await;
+                        continue;
+                    }
                     if attempt.log_closed {
                         // Nothing runs: a worker handed the job drops it (its log is closed).
                         tracing::warn!(execution_id = %job.execution_id, error = %e, "could not withdraw the job of a failed submission; its log is closed");
