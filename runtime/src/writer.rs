@@ -300,6 +300,24 @@ fn take_run(state: &mut PipeState) -> Vec<EventRecord> {
     run
 }
 
+/// What a failed append means: a transient failure within the retry budget is tried again
+/// after the returned pause (the failure comes back for the caller's warning); anything else
+/// ends the append with its [`WriteError`].
+fn retry_or_fail(
+    error: StoreError,
+    backoff: &mut Backoff,
+) -> Result<(Duration, StoreError), WriteError> {
+    match error {
+        StoreError::Conflict { .. } => Err(WriteError::Fenced),
+        StoreError::ExecutionLimit => Err(WriteError::Limit),
+        e @ (StoreError::Unavailable(_) | StoreError::Closed) => match backoff.next_pause() {
+            Some(pause) => Ok((pause, e)),
+            None => Err(WriteError::Store(e)),
+        },
+        e => Err(WriteError::Store(e)),
+    }
+}
+
 /// Appends `run`, retrying transient store failures like [`EventWriter::append`]. On failure,
 /// how many leading events were stored and why it stopped.
 async fn append_run(
@@ -319,18 +337,9 @@ async fn append_run(
             }
             Err(RunError { stored, error }) => {
                 done += stored;
-                match error {
-                    StoreError::Conflict { .. } => return Err((done, WriteError::Fenced)),
-                    StoreError::ExecutionLimit => return Err((done, WriteError::Limit)),
-                    e @ (StoreError::Unavailable(_) | StoreError::Closed) => {
-                        let Some(pause) = backoff.next_pause() else {
-                            return Err((done, WriteError::Store(e)));
-                        };
-                        tracing::warn!(error = %e, "append failed; retrying");
-                        tokio::time::sleep(pause).await;
-                    }
-                    e => return Err((done, WriteError::Store(e))),
-                }
+                let (pause, e) = retry_or_fail(error, &mut backoff).map_err(|e| (done, e))?;
+                tracing::warn!(error = %e, "append failed; retrying");
+                tokio::time::sleep(pause).await;
             }
         }
     }
@@ -592,16 +601,11 @@ impl EventWriter {
                     self.append_duration.record(started.elapsed().as_secs_f64());
                     break;
                 }
-                Err(StoreError::Conflict { .. }) => return Err(WriteError::Fenced),
-                Err(StoreError::ExecutionLimit) => return Err(WriteError::Limit),
-                Err(e @ (StoreError::Unavailable(_) | StoreError::Closed)) => {
-                    let Some(pause) = backoff.next_pause() else {
-                        return Err(WriteError::Store(e));
-                    };
+                Err(error) => {
+                    let (pause, e) = retry_or_fail(error, &mut backoff)?;
                     tracing::warn!(execution_id = %self.id, error = %e, "append failed; retrying");
                     tokio::time::sleep(pause).await;
                 }
-                Err(e) => return Err(WriteError::Store(e)),
             }
         }
         self.appended(&event);

@@ -192,15 +192,18 @@ fn start(
 /// costs the server next to nothing (no responders, or a timeout), and a worker never stops
 /// asking.
 fn receive_backoff() -> Backoff {
-    Backoff::new(Duration::from_millis(100), Duration::from_secs(1))
+    Backoff::new(Duration::from_millis(100), RECEIVE_PAUSE_CAP)
 }
+
+/// The longest pause between failed receives.
+const RECEIVE_PAUSE_CAP: Duration = Duration::from_secs(1);
 
 /// Logs a failed receive and waits `backoff`'s next pause before the next request; `false`
 /// when the pool stopped meanwhile.
 async fn pause_after(error: &StoreError, backoff: &mut Backoff, stop: &CancellationToken) -> bool {
     tracing::warn!(error = %error, "job queue receive failed; retrying");
     // Without a budget there is always a next pause.
-    let pause = backoff.next_pause().unwrap_or(Duration::from_secs(1));
+    let pause = backoff.next_pause().unwrap_or(RECEIVE_PAUSE_CAP);
     tokio::select! {
         () = tokio::time::sleep(pause) => {}
         () = stop.cancelled() => return false,
