@@ -15,6 +15,8 @@
 //!   worker ran them (every gateway and worker process runs one).
 //! - [`writer`]: `EventWriter`, the only place sequences and event times are assigned; the
 //!   worker's runner and the gateway's submission flow both write through it.
+//! - [`pace`]: `Pace`, how long a pipelined writer holds output between appends (off, fixed,
+//!   or adaptive: only while the store's acknowledgements are slow).
 //! - [`memory`]: in-process implementations of all four, used by embedded mode and tests.
 //! - [`nats`]: JetStream event store (split by concern: the store, its stored format, the append
 //!   path, the read path), job queue and cancel bus (distributed mode), connected together by
@@ -52,6 +54,7 @@ pub mod job;
 pub mod memory;
 pub mod nats;
 pub mod nats_url;
+pub mod pace;
 pub mod quota;
 pub mod redis_idempotency;
 pub mod tls;
@@ -65,5 +68,6 @@ pub use event_store::{
 };
 pub use idempotency::{IdempotencyRecord, IdempotencyStore};
 pub use job::{Deliveries, Delivery, DeliveryHandle, Job, JobQueue, QueuedJob};
+pub use pace::Pace;
 pub use quota::{Admission, AdmitRequest, QuotaGate, QuotaLimits, QuotaStore};
 pub use writer::{EventWriter, WriteError, WriteFailure};

@@ -32,17 +32,17 @@
 //! is acknowledged: a caller that needs an event durable (a route selection before the
 //! provider call, the terminal event before the job is acknowledged) waits for it there.
 //!
-//! **Pacing** (opt-in, [`EventWriter::paced`]; the worker's `--append-pace-ms`). A token
-//! stream whose deltas come further apart than an append's round trip gets one message per
-//! delta, however busy the store is. A paced writer sends a run holding output no sooner than
-//! `pace` after the previous run holding output was sent, so what the provider emits
-//! meanwhile goes in one message: at most one output message per `pace` per execution, fewer
-//! messages for the store to write and republish and for every reader to decode (BENCHMARKS.md
-//! section j). Nothing else waits: the first output after routing leaves at once (the run
-//! before it holds none), and a queued terminal event or a caller waiting in
-//! [`EventWriter::flush`] (or [`EventWriter::append`]) sends everything queued at once.
-//! Readers see the same events either way; only the moment a held delta becomes visible moves,
-//! by less than `pace`.
+//! **Pacing** ([`EventWriter::paced`], a [`Pace`]; the worker paces adaptively unless told
+//! otherwise). A token stream whose deltas come further apart than an append's round trip gets
+//! one message per delta. A paced writer sends a run holding output no sooner than the pace's
+//! current hold after the previous run holding output was sent, so what the provider emits
+//! meanwhile goes in one message: fewer messages for the store to write and republish and for
+//! every reader to decode (BENCHMARKS.md sections j and m). Each acknowledged run's time is
+//! reported to the pace ([`Pace::observe`]), which an adaptive pace turns into its hold.
+//! Nothing else waits: the first output after routing leaves at once (the run before it holds
+//! none), and a queued terminal event or a caller waiting in [`EventWriter::flush`] (or
+//! [`EventWriter::append`]) sends everything queued at once. Readers see the same events
+//! either way; only the moment a held delta becomes visible moves, by less than the hold.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -56,6 +56,7 @@ use tokio::sync::Notify;
 use crate::backoff::Backoff;
 use crate::error::StoreError;
 use crate::event_store::{EventRecord, EventStore, LogHead, RunError, WriterId};
+use crate::pace::Pace;
 
 /// The acceptance time of a new execution: the time of its `execution.accepted` event. The
 /// submission takes it before the log exists because the job and the idempotency record carry
@@ -119,8 +120,9 @@ pub struct EventWriter {
     /// The appender of a pipelined writer.
     #[debug(skip)]
     pipeline: Option<Pipeline>,
-    /// See [`EventWriter::paced`]; zero paces nothing.
-    pace: Duration,
+    /// See [`EventWriter::paced`].
+    #[debug(skip)]
+    pace: Pace,
 }
 
 /// What the writer and its appender task share.
@@ -222,15 +224,16 @@ impl WriteFailure {
 }
 
 /// The appender task of a pipelined writer: sends what is queued as runs, one at a time, a
-/// run holding output no sooner than `pace` after the previous one (see the module docs).
+/// run holding output no sooner than the pace's hold after the previous one (see the module
+/// docs).
 async fn run_appender(
     shared: Arc<Shared>,
     store: Arc<dyn EventStore>,
     writer_id: WriterId,
     append_duration: metrics::Histogram,
-    pace: Duration,
+    pace: Pace,
 ) {
-    // Until when queued events wait (unless urgent): `pace` after the last run holding output.
+    // Until when queued events wait (unless urgent): the hold after the last run holding output.
     let mut held_until: Option<tokio::time::Instant> = None;
     loop {
         let run = loop {
@@ -258,9 +261,10 @@ async fn run_appender(
                 None => woken.await,
             }
         };
-        held_until = (!pace.is_zero() && run.iter().any(|r| r.event.body.exposes_output()))
-            .then(|| tokio::time::Instant::now() + pace);
-        let result = append_run(&*store, &run, writer_id, &append_duration).await;
+        let hold = pace.hold();
+        held_until = (!hold.is_zero() && run.iter().any(|r| r.event.body.exposes_output()))
+            .then(|| tokio::time::Instant::now() + hold);
+        let result = append_run(&*store, &run, writer_id, &append_duration, &pace).await;
         {
             let mut state = shared.state.lock();
             let stored = match &result {
@@ -325,14 +329,18 @@ async fn append_run(
     run: &[EventRecord],
     writer_id: WriterId,
     append_duration: &metrics::Histogram,
+    pace: &Pace,
 ) -> Result<(), (usize, WriteError)> {
     let mut done = 0;
     let mut backoff = append_backoff();
     loop {
-        let started = std::time::Instant::now();
+        // Tokio's clock, so tests with a paused clock see the store's delays.
+        let started = tokio::time::Instant::now();
         match store.append_run_as(&run[done..], writer_id).await {
             Ok(()) => {
-                append_duration.record(started.elapsed().as_secs_f64());
+                let took = started.elapsed();
+                append_duration.record(took.as_secs_f64());
+                pace.observe(took);
                 return Ok(());
             }
             Err(RunError { stored, error }) => {
@@ -394,7 +402,7 @@ impl EventWriter {
             output_exposed: false,
             append_duration: metrics::histogram!(telemetry::metric::EVENT_APPEND_DURATION_SECONDS),
             pipeline: None,
-            pace: Duration::ZERO,
+            pace: Pace::Off,
         }
     }
 
@@ -413,10 +421,10 @@ impl EventWriter {
         }
     }
 
-    /// This writer with its output paced by `pace` once pipelined (see the module docs); zero
-    /// paces nothing. Call it before [`EventWriter::pipelined`]: a running pipeline keeps the
-    /// pace it started with.
-    pub fn paced(mut self, pace: Duration) -> Self {
+    /// This writer with its output paced by `pace` once pipelined (see the module docs and
+    /// [`crate::pace`]); a new writer is [`Pace::Off`]. Call it before
+    /// [`EventWriter::pipelined`]: a running pipeline keeps the pace it started with.
+    pub fn paced(mut self, pace: Pace) -> Self {
         self.pace = pace;
         self
     }
@@ -443,7 +451,7 @@ impl EventWriter {
             Arc::clone(&self.store),
             self.writer_id,
             self.append_duration.clone(),
-            self.pace,
+            self.pace.clone(),
         ));
         self.pipeline = Some(Pipeline { shared, appender });
         self
@@ -803,7 +811,7 @@ mod tests {
         let mut writer = EventWriter::create(dyn_store, id, Timestamp::now(), &Tenant::default())
             .await
             .unwrap()
-            .paced(Duration::from_millis(40))
+            .paced(Pace::Fixed(Duration::from_millis(40)))
             .pipelined();
         writer.append(progress()).await.unwrap();
         (store, id, writer)
@@ -882,6 +890,125 @@ mod tests {
             "a terminal event is not paced"
         );
         assert_eq!(*store.runs.lock(), [1, 1, 1, 2]);
+    }
+
+    /// A pipelined writer with `pace` whose log already holds a stored non-output event (as
+    /// after routing), over a store that records its runs.
+    async fn writer_paced_by(pace: Pace) -> (Arc<GatedStore>, ExecutionId, EventWriter) {
+        let store = GatedStore::new(MemoryLimits::default(), None);
+        let id = ExecutionId::new_random();
+        let dyn_store: Arc<dyn EventStore> = Arc::clone(&store) as Arc<dyn EventStore>;
+        let mut writer = EventWriter::create(dyn_store, id, Timestamp::now(), &Tenant::default())
+            .await
+            .unwrap()
+            .paced(pace)
+            .pipelined();
+        writer.append(progress()).await.unwrap();
+        (store, id, writer)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_adaptive_pace_holds_output_only_while_its_store_is_slow() {
+        let pressure = Arc::new(crate::pace::AppendPressure::default());
+        let settle = |took: Duration| {
+            for _ in 0..400 {
+                pressure.observe(took);
+            }
+        };
+        settle(Duration::from_millis(1));
+        let (store, id, mut writer) = writer_paced_by(Pace::Adaptive(Arc::clone(&pressure))).await;
+        let start = tokio::time::Instant::now();
+        for (i, text) in ["a", "b", "c"].into_iter().enumerate() {
+            writer.submit(delta(text)).await.unwrap();
+            stored_up_to(&store, id, 3 + i as u64).await;
+        }
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "a store that keeps up holds nothing"
+        );
+        // The store turns slow (the writers sharing the pressure saw 3 ms acknowledgements):
+        // output after the next run waits twenty times the 2 ms over the threshold.
+        settle(Duration::from_millis(3));
+        let hold = pressure.hold();
+        assert!(hold > Duration::from_millis(39) && hold <= Duration::from_millis(40));
+        writer.submit(delta("d")).await.unwrap();
+        stored_up_to(&store, id, 6).await;
+        writer.submit(delta("e")).await.unwrap();
+        writer.submit(delta("f")).await.unwrap();
+        tokio::time::advance(hold - Duration::from_millis(1)).await;
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        let head = store.head(id).await.unwrap().unwrap();
+        assert_eq!(
+            head.last_sequence,
+            Sequence(6),
+            "held while the store is slow"
+        );
+        // (Tokio's timers fire on whole milliseconds.)
+        tokio::time::advance(Duration::from_millis(2)).await;
+        stored_up_to(&store, id, 8).await;
+        assert_eq!(
+            *store.runs.lock(),
+            [1, 1, 1, 1, 1, 2],
+            "routing, a to d alone, e and f"
+        );
+    }
+
+    /// A memory store whose every append takes `delay` to be acknowledged.
+    struct SlowStore {
+        inner: MemoryEventStore,
+        delay: Duration,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::intercept::Intercept for SlowStore {
+        fn inner(&self) -> &dyn EventStore {
+            &self.inner
+        }
+        async fn append_run_as(
+            &self,
+            run: &[EventRecord],
+            writer: WriterId,
+        ) -> Result<(), RunError> {
+            tokio::time::sleep(self.delay).await;
+            self.inner.append_run_as(run, writer).await
+        }
+        fn pipelines_appends(&self) -> bool {
+            true
+        }
+        async fn ready(&self) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pipelined_writer_reports_how_long_its_appends_take_to_its_pace() {
+        let store: Arc<dyn EventStore> = Arc::new(SlowStore {
+            inner: MemoryEventStore::new(MemoryLimits::default()),
+            delay: Duration::from_millis(25),
+        });
+        let pace = Pace::adaptive();
+        let id = ExecutionId::new_random();
+        let mut writer = EventWriter::create(store, id, Timestamp::now(), &Tenant::default())
+            .await
+            .unwrap()
+            .paced(pace.clone())
+            .pipelined();
+        assert_eq!(pace.hold(), Duration::ZERO);
+        for _ in 0..60 {
+            writer.append(progress()).await.unwrap();
+        }
+        let Pace::Adaptive(pressure) = &pace else {
+            unreachable!()
+        };
+        let average = pressure.average();
+        assert!(
+            average > Duration::from_millis(20) && average <= Duration::from_millis(25),
+            "{average:?}"
+        );
+        assert_eq!(pace.hold(), crate::pace::ADAPTIVE_MAX);
     }
 
     fn store() -> Arc<dyn EventStore> {

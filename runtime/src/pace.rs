@@ -1,0 +1,179 @@
+//! How long a pipelined [`crate::EventWriter`] holds an execution's output between two appends.
+//!
+//! A pipelined writer sends what is queued as soon as the previous append is acknowledged, so a
+//! token stream whose deltas come further apart than an append's round trip is stored one
+//! message per delta. That costs nothing while the store keeps up. On a saturated deployment
+//! every message (stored, republished, read by a gateway) competes for the same cores, and
+//! fewer, larger messages carry the same events for less (BENCHMARKS.md sections j and m). A
+//! [`Pace`] says how long after a run holding output the next run holding output may leave:
+//!
+//! - [`Pace::Off`]: never held.
+//! - [`Pace::Fixed`]: always at least this long apart (the worker's `--append-pace-ms N`).
+//! - [`Pace::Adaptive`] (the worker's default): held only while the store is slow. Every
+//!   writer sharing one [`AppendPressure`] reports how long its appends took to be
+//!   acknowledged; while their moving average is under [`ENGAGE_AT`] nothing is held (no added
+//!   latency while the store keeps up), and from there on output runs are held for
+//!   [`HOLD_FACTOR`] times the average's excess over it, at most [`ADAPTIVE_MAX`] (a 2 ms
+//!   average holds 20 ms, a 3 ms one 40 ms). The hold relieves the store, the acknowledgements get faster and
+//!   the hold shrinks again: it settles where the store keeps up. The rule is continuous, so
+//!   it settles rather than flapping on and off at a threshold.
+//!
+//! What is never held, whatever the pace: the first output after routing, a queued terminal
+//! event and anything a caller flushes (see the writer's module docs). Readers see the same
+//! events either way; only the moment a held delta becomes visible moves.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The average acknowledgement time from which an adaptive pace holds output: several times an
+/// append's round trip on a store that keeps up (0.1–0.3 ms on one machine), so only a
+/// queueing store engages it.
+pub const ENGAGE_AT: Duration = Duration::from_millis(1);
+
+/// How many times the average's excess over [`ENGAGE_AT`] an adaptive pace holds output.
+pub const HOLD_FACTOR: u32 = 20;
+
+/// The longest hold of an adaptive pace: a stream's deltas are never shown later than this by
+/// the pace. Reached only by a store far behind (6 ms acknowledgements on one machine), where
+/// every event is late anyway and fewer messages are what lets it catch up (BENCHMARKS.md
+/// section m: a 50 ms cap left 1,024 streams' first deltas twice as late).
+pub const ADAPTIVE_MAX: Duration = Duration::from_millis(100);
+
+/// How much of each new acknowledgement time enters the moving average (1/16: it follows the
+/// store within a few dozen appends, and a single slow acknowledgement fades as fast).
+const WEIGHT_SHIFT: u32 = 4;
+
+/// The most one acknowledgement counts for (an append retried through an outage takes
+/// seconds, which says nothing about the store's load once it is back).
+const SAMPLE_MAX: Duration = Duration::from_secs(1);
+
+/// See the module docs. Cloning shares the pressure of an adaptive pace.
+#[derive(Debug, Clone, Default)]
+pub enum Pace {
+    /// Output is never held.
+    #[default]
+    Off,
+    /// Output runs at least this far apart (zero is the same as [`Pace::Off`]).
+    Fixed(Duration),
+    /// Output held only while the store is slow, by how slow it is.
+    Adaptive(Arc<AppendPressure>),
+}
+
+impl Pace {
+    /// An adaptive pace with a pressure of its own (share it by cloning the pace).
+    pub fn adaptive() -> Self {
+        Self::Adaptive(Arc::new(AppendPressure::default()))
+    }
+
+    /// How long after a run holding output the next run holding output waits, now.
+    pub fn hold(&self) -> Duration {
+        match self {
+            Self::Off => Duration::ZERO,
+            Self::Fixed(pace) => *pace,
+            Self::Adaptive(pressure) => pressure.hold(),
+        }
+    }
+
+    /// Reports that an append took `took` to be acknowledged (kept only by an adaptive pace).
+    pub fn observe(&self, took: Duration) {
+        if let Self::Adaptive(pressure) = self {
+            pressure.observe(took);
+        }
+    }
+}
+
+/// The moving average of how long appends take to be acknowledged, shared by the writers of
+/// one process (they share the store, so they share its load).
+#[derive(Debug, Default)]
+pub struct AppendPressure {
+    /// The average, in microseconds.
+    average_us: AtomicU64,
+}
+
+impl AppendPressure {
+    /// Adds one acknowledgement time to the average (an exponentially weighted moving average
+    /// with weight 1/16; concurrent updates may overwrite each other, which only drops samples).
+    pub fn observe(&self, took: Duration) {
+        let sample = u64::try_from(took.min(SAMPLE_MAX).as_micros()).unwrap_or(u64::MAX);
+        let old = self.average_us.load(Ordering::Relaxed);
+        let new = if sample >= old {
+            old + ((sample - old) >> WEIGHT_SHIFT)
+        } else {
+            old - ((old - sample) >> WEIGHT_SHIFT)
+        };
+        self.average_us.store(new, Ordering::Relaxed);
+    }
+
+    /// The current average acknowledgement time.
+    pub fn average(&self) -> Duration {
+        Duration::from_micros(self.average_us.load(Ordering::Relaxed))
+    }
+
+    /// The hold this average calls for (see the module docs).
+    pub fn hold(&self) -> Duration {
+        (self.average().saturating_sub(ENGAGE_AT) * HOLD_FACTOR).min(ADAPTIVE_MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settled_at(took: Duration) -> AppendPressure {
+        let pressure = AppendPressure::default();
+        for _ in 0..400 {
+            pressure.observe(took);
+        }
+        pressure
+    }
+
+    #[test]
+    fn a_store_that_keeps_up_holds_nothing() {
+        let pressure = settled_at(Duration::from_micros(800));
+        assert!(pressure.average() > Duration::from_micros(750));
+        assert_eq!(pressure.hold(), Duration::ZERO);
+        assert_eq!(Pace::Off.hold(), Duration::ZERO);
+        assert_eq!(
+            Pace::Fixed(Duration::from_millis(7)).hold(),
+            Duration::from_millis(7)
+        );
+    }
+
+    #[test]
+    fn a_slow_store_holds_output_twenty_times_its_excess_acknowledgement_time_up_to_the_maximum() {
+        let hold = settled_at(Duration::from_millis(3)).hold();
+        assert!(
+            hold > Duration::from_millis(39) && hold <= Duration::from_millis(40),
+            "{hold:?}"
+        );
+        assert_eq!(settled_at(Duration::from_millis(45)).hold(), ADAPTIVE_MAX);
+    }
+
+    #[test]
+    fn one_slow_acknowledgement_engages_it_briefly_and_an_outage_counts_for_a_second_at_most() {
+        let pressure = settled_at(Duration::from_micros(500));
+        pressure.observe(Duration::from_millis(100));
+        assert!(pressure.hold() > Duration::ZERO);
+        for _ in 0..40 {
+            pressure.observe(Duration::from_micros(500));
+        }
+        assert_eq!(pressure.hold(), Duration::ZERO, "{:?}", pressure.average());
+        pressure.observe(Duration::from_secs(30));
+        assert!(pressure.average() < Duration::from_millis(70));
+    }
+
+    #[test]
+    fn the_hold_shrinks_again_once_the_store_catches_up() {
+        let pace = Pace::adaptive();
+        for _ in 0..400 {
+            pace.observe(Duration::from_millis(40));
+        }
+        assert_eq!(pace.hold(), ADAPTIVE_MAX);
+        let shared = pace.clone();
+        for _ in 0..200 {
+            shared.observe(Duration::from_micros(500));
+        }
+        assert_eq!(pace.hold(), Duration::ZERO, "the clone shares the pressure");
+    }
+}
