@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use runtime::Pace;
 use runtime::nats::{NatsAccess, NatsConnectSettings, NatsServices, NatsSettings};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -33,14 +34,46 @@ pub struct WorkerArgs {
     /// `admin listening on http://HOST:PORT`.
     #[arg(long, env = "MODEL_RUNTIME_ADMIN_PORT", default_value_t = 4321)]
     pub admin_port: u16,
-    /// Least milliseconds between two appends of an execution's output (0-1000; 0, the
-    /// default, sends each as soon as the previous append is acknowledged). Deltas the provider
-    /// emits meanwhile go in one message, so a busy deployment writes, stores and reads far
-    /// fewer messages, at the cost of showing some deltas up to this much later. The first
-    /// output and the terminal event are never held.
-    #[arg(long, env = "MODEL_RUNTIME_APPEND_PACE_MS", default_value_t = 0,
-          value_parser = clap::value_parser!(u16).range(0..=1000))]
-    pub append_pace_ms: u16,
+    /// How an execution's output is paced between appends: `auto` (the default) holds it only
+    /// while the event store is slow to acknowledge (an average over 1 ms), twenty times
+    /// the excess, at most 100 ms (`runtime::pace`); `0` never holds it; `N` (1-1000) holds it at
+    /// least N ms.
+    /// Deltas the provider emits meanwhile go in one message, so a busy deployment writes,
+    /// stores and reads far fewer messages, at the cost of showing some deltas that much
+    /// later. The first output and the terminal event are never held.
+    #[arg(long, env = "MODEL_RUNTIME_APPEND_PACE_MS", default_value = "auto",
+          value_parser = parse_append_pace)]
+    pub append_pace_ms: AppendPace,
+}
+
+/// The worker's `--append-pace-ms` (see [`runtime::pace`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendPace {
+    /// Held only while the store is slow ([`runtime::Pace::Adaptive`]).
+    Auto,
+    /// Held at least this many milliseconds; 0 never ([`runtime::Pace::Fixed`]).
+    Millis(u16),
+}
+
+impl AppendPace {
+    /// The pace every runner of this process shares.
+    pub fn pace(self) -> Pace {
+        match self {
+            Self::Auto => Pace::adaptive(),
+            Self::Millis(0) => Pace::Off,
+            Self::Millis(ms) => Pace::Fixed(Duration::from_millis(u64::from(ms))),
+        }
+    }
+}
+
+fn parse_append_pace(value: &str) -> Result<AppendPace, String> {
+    if value.eq_ignore_ascii_case("auto") {
+        return Ok(AppendPace::Auto);
+    }
+    match value.parse::<u16>() {
+        Ok(ms) if ms <= 1000 => Ok(AppendPace::Millis(ms)),
+        _ => Err("expected `auto` or a number of milliseconds from 0 to 1000".into()),
+    }
 }
 
 /// The NATS credentials and TLS settings of the command line and environment (the gateway
@@ -175,7 +208,7 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         store,
         Arc::new(nats.cancel),
         RunnerSettings {
-            append_pace: Duration::from_millis(u64::from(args.append_pace_ms)),
+            append_pace: args.append_pace_ms.pace(),
             ..RunnerSettings::default()
         },
     ));
@@ -259,5 +292,41 @@ pub async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {}
         () = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pace_of(args: &[&str]) -> Result<AppendPace, clap::Error> {
+        let argv = ["worker", "--backend", "nats"].iter().chain(args);
+        WorkerArgs::try_parse_from(argv).map(|a| a.append_pace_ms)
+    }
+
+    #[test]
+    fn the_append_pace_is_adaptive_unless_a_number_of_milliseconds_is_given() {
+        assert_eq!(pace_of(&[]).unwrap(), AppendPace::Auto);
+        assert!(matches!(AppendPace::Auto.pace(), Pace::Adaptive(_)));
+        assert_eq!(
+            pace_of(&["--append-pace-ms", "AUTO"]).unwrap(),
+            AppendPace::Auto
+        );
+        assert!(matches!(
+            pace_of(&["--append-pace-ms", "0"]).unwrap().pace(),
+            Pace::Off
+        ));
+        assert!(matches!(
+            pace_of(&["--append-pace-ms", "40"]).unwrap().pace(),
+            Pace::Fixed(d) if d == Duration::from_millis(40)
+        ));
+        for bad in ["1001", "-1", "fast", ""] {
+            let arg = format!("--append-pace-ms={bad}");
+            let error = pace_of(&[arg.as_str()]).unwrap_err().to_string();
+            assert!(
+                error.contains("expected `auto` or a number of milliseconds from 0 to 1000"),
+                "{bad}: {error}"
+            );
+        }
     }
 }

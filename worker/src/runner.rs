@@ -38,7 +38,7 @@ use async_trait::async_trait;
 use protocol::event::EventBody;
 use protocol::request::RoutingPreferences;
 use protocol::{ErrorCode, RuntimeError, Target, Timestamp};
-use runtime::{CancelBus, DeliveryHandle, EventStore, EventWriter, Job, LogHead, WriteError};
+use runtime::{CancelBus, DeliveryHandle, EventStore, EventWriter, Job, LogHead, Pace, WriteError};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -68,10 +68,10 @@ pub struct RunnerSettings {
     /// How long a job whose log does not exist is kept waiting for it before it is dropped
     /// (see the module docs): well beyond a submission's 2 s bound and a JetStream election.
     pub log_wait: Duration,
-    /// The least time between two appends of an execution's output
-    /// ([`EventWriter::paced`]); zero (the default) sends output as soon as the previous append
-    /// is acknowledged.
-    pub append_pace: Duration,
+    /// How long an execution's output is held between two appends ([`EventWriter::paced`],
+    /// [`runtime::pace`]). Off by default here (output leaves as soon as the previous append
+    /// is acknowledged); the `worker` binary paces adaptively unless told otherwise.
+    pub append_pace: Pace,
 }
 
 impl Default for RunnerSettings {
@@ -79,7 +79,7 @@ impl Default for RunnerSettings {
         Self {
             cleanup_grace: Duration::from_secs(6),
             log_wait: Duration::from_secs(10),
-            append_pace: Duration::ZERO,
+            append_pace: Pace::Off,
         }
     }
 }
@@ -200,7 +200,7 @@ impl Runner {
             instrument::redelivered();
         }
         let mut writer = EventWriter::from_head(Arc::clone(&self.store), id, head)
-            .paced(self.settings.append_pace)
+            .paced(self.settings.append_pace.clone())
             .pipelined();
         if head.last_sequence.get() > 1 {
             if delivered <= 1 {
