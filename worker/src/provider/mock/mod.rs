@@ -1,5 +1,7 @@
 //! The mock provider [R 74-75]: deterministic text chunks with an optional cancellable delay,
-//! for demos, tests and benchmarks. `config.rs` has its settings, which are its section of the
+//! for demos, tests and benchmarks. The delays keep a fixed rate: chunk i is due `delay_ms` ×
+//! (i + 1) after the call, so a busy worker makes chunks late but not the stream slower (a
+//! remote model's tokens do not wait for the runtime either; BENCHMARKS.md section m). `config.rs` has its settings, which are its section of the
 //! deployment file.
 
 pub mod config;
@@ -57,10 +59,16 @@ impl Provider for MockProvider {
                 true,
             ));
         }
+        // Chunk i is due `delay` × (i + 1) after the call, like tokens a remote model produces
+        // at a fixed rate: one emitted late (the process was busy) does not push the rest back;
+        // they come at once until the stream is on time again.
+        let start = tokio::time::Instant::now();
+        let mut due = start;
         for chunk in &self.options.chunks {
             if !self.options.delay.is_zero() {
+                due += self.options.delay;
                 tokio::select! {
-                    () = tokio::time::sleep(self.options.delay) => {}
+                    () = tokio::time::sleep_until(due) => {}
                     () = call.cancel.cancelled() => return Err(RuntimeError::cancelled()),
                 }
             }
@@ -78,5 +86,61 @@ impl Provider for MockProvider {
         .map_err(|_| RuntimeError::internal())?;
         sink.emit(ProviderEvent::Usage(facts)).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Records when each event came; the first emit stalls for `stall` (a busy process).
+    struct StallingSink {
+        start: tokio::time::Instant,
+        stall: Duration,
+        times: Vec<Duration>,
+    }
+
+    #[async_trait]
+    impl ProviderSink for StallingSink {
+        async fn emit(&mut self, event: ProviderEvent) -> Result<(), RuntimeError> {
+            if matches!(event, ProviderEvent::Usage(_)) {
+                return Ok(());
+            }
+            self.times.push(self.start.elapsed());
+            if self.times.len() == 1 {
+                tokio::time::sleep(self.stall).await;
+            }
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn chunks_keep_their_rate_when_one_is_emitted_late() {
+        let provider = MockProvider::new(MockConfig {
+            chunks: (0..5).map(|i| format!("c{i}")).collect(),
+            delay: Duration::from_millis(10),
+            ..MockConfig::default()
+        });
+        let request = protocol::validate::parse_request(
+            br#"{"ability":"text-generation","input":[{"type":"text","text":"hi"}]}"#,
+        )
+        .unwrap();
+        let mut sink = StallingSink {
+            start: tokio::time::Instant::now(),
+            stall: Duration::from_millis(25),
+            times: Vec::new(),
+        };
+        let call = ProviderCall {
+            request: &request,
+            model: "model-alpha",
+            cancel: tokio_util::sync::CancellationToken::new(),
+        };
+        provider.execute(call, &mut sink).await.unwrap();
+        let ms: Vec<u128> = sink.times.iter().map(Duration::as_millis).collect();
+        // Due at 10, 20, 30, 40, 50 ms; the first emit took 25 ms, so the second and third
+        // (due at 20 and 30) come at once at 35, and the rest on time.
+        assert_eq!(ms, [10, 35, 35, 40, 50]);
     }
 }
