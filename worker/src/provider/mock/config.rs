@@ -33,7 +33,8 @@ pub struct MockConfig {
     pub abilities: Vec<String>,
     /// Emitted in order as output deltas; may be empty.
     pub chunks: Vec<String>,
-    /// `delay_ms`: waited before each chunk; cancellation interrupts it.
+    /// `delay_ms`: waited before each chunk, at a fixed rate (chunk i is due (i + 1) × delay
+    /// after the call; see the module docs); cancellation interrupts it.
     pub delay: Duration,
     /// Fail with retryable `provider_unavailable` before any output.
     pub fail_retryably: bool,
