@@ -637,6 +637,8 @@ mod tests {
         gate: Option<Arc<Semaphore>>,
         entered: Notify,
         runs: parking_lot::Mutex<Vec<usize>>,
+        /// How long each run takes to be acknowledged (once through the gate).
+        delay: Duration,
     }
 
     impl GatedStore {
@@ -646,6 +648,15 @@ mod tests {
                 gate,
                 entered: Notify::new(),
                 runs: parking_lot::Mutex::new(Vec::new()),
+                delay: Duration::ZERO,
+            })
+        }
+
+        /// An ungated store whose every run takes `delay` to be acknowledged.
+        fn slow(delay: Duration) -> Arc<Self> {
+            Arc::new(Self {
+                delay,
+                ..Arc::into_inner(Self::new(MemoryLimits::default(), None)).unwrap()
             })
         }
     }
@@ -663,6 +674,9 @@ mod tests {
             self.entered.notify_one();
             if let Some(gate) = &self.gate {
                 gate.acquire().await.unwrap().forget();
+            }
+            if !self.delay.is_zero() {
+                tokio::time::sleep(self.delay).await;
             }
             self.runs.lock().push(run.len());
             self.inner.append_run_as(run, writer).await
@@ -805,16 +819,7 @@ mod tests {
     /// A pipelined writer paced by 40 ms whose log already holds a stored non-output event
     /// (as after routing), over a store that records its runs (its tests pause time).
     async fn paced_writer() -> (Arc<GatedStore>, ExecutionId, EventWriter) {
-        let store = GatedStore::new(MemoryLimits::default(), None);
-        let id = ExecutionId::new_random();
-        let dyn_store: Arc<dyn EventStore> = Arc::clone(&store) as Arc<dyn EventStore>;
-        let mut writer = EventWriter::create(dyn_store, id, Timestamp::now(), &Tenant::default())
-            .await
-            .unwrap()
-            .paced(Pace::Fixed(Duration::from_millis(40)))
-            .pipelined();
-        writer.append(progress()).await.unwrap();
-        (store, id, writer)
+        writer_paced_by(Pace::Fixed(Duration::from_millis(40))).await
     }
 
     /// Yields until the stored log ends at `sequence` (time does not move meanwhile: this task
@@ -956,39 +961,9 @@ mod tests {
         );
     }
 
-    /// A memory store whose every append takes `delay` to be acknowledged.
-    struct SlowStore {
-        inner: MemoryEventStore,
-        delay: Duration,
-    }
-
-    #[async_trait::async_trait]
-    impl crate::intercept::Intercept for SlowStore {
-        fn inner(&self) -> &dyn EventStore {
-            &self.inner
-        }
-        async fn append_run_as(
-            &self,
-            run: &[EventRecord],
-            writer: WriterId,
-        ) -> Result<(), RunError> {
-            tokio::time::sleep(self.delay).await;
-            self.inner.append_run_as(run, writer).await
-        }
-        fn pipelines_appends(&self) -> bool {
-            true
-        }
-        async fn ready(&self) -> Result<(), StoreError> {
-            Ok(())
-        }
-    }
-
     #[tokio::test(start_paused = true)]
     async fn a_pipelined_writer_reports_how_long_its_appends_take_to_its_pace() {
-        let store: Arc<dyn EventStore> = Arc::new(SlowStore {
-            inner: MemoryEventStore::new(MemoryLimits::default()),
-            delay: Duration::from_millis(25),
-        });
+        let store: Arc<dyn EventStore> = GatedStore::slow(Duration::from_millis(25));
         let pace = Pace::adaptive();
         let id = ExecutionId::new_random();
         let mut writer = EventWriter::create(store, id, Timestamp::now(), &Tenant::default())
