@@ -14,9 +14,9 @@
 //!   acknowledged; while their moving average is under [`ENGAGE_AT`] nothing is held (no added
 //!   latency while the store keeps up), and from there on output runs are held for
 //!   [`HOLD_FACTOR`] times the average's excess over it, at most [`ADAPTIVE_MAX`] (a 2 ms
-//!   average holds 20 ms, a 3 ms one 40 ms). The hold relieves the store, the acknowledgements get faster and
-//!   the hold shrinks again: it settles where the store keeps up. The rule is continuous, so
-//!   it settles rather than flapping on and off at a threshold.
+//!   average holds 20 ms, a 3 ms one 40 ms). The hold relieves the store, the
+//!   acknowledgements get faster and the hold shrinks again: it settles where the store keeps
+//!   up. The rule is continuous, so it settles rather than flapping on and off at a threshold.
 //!
 //! What is never held, whatever the pace: the first output after routing, a queued terminal
 //! event and anything a caller flushes (see the writer's module docs). Readers see the same

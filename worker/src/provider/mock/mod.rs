@@ -1,8 +1,8 @@
 //! The mock provider [R 74-75]: deterministic text chunks with an optional cancellable delay,
 //! for demos, tests and benchmarks. The delays keep a fixed rate: chunk i is due `delay_ms` ×
 //! (i + 1) after the call, so a busy worker makes chunks late but not the stream slower (a
-//! remote model's tokens do not wait for the runtime either; BENCHMARKS.md section m). `config.rs` has its settings, which are its section of the
-//! deployment file.
+//! remote model's tokens do not wait for the runtime either; BENCHMARKS.md section m).
+//! `config.rs` has its settings, which are its section of the deployment file.
 
 pub mod config;
 
@@ -62,8 +62,7 @@ impl Provider for MockProvider {
         // Chunk i is due `delay` × (i + 1) after the call, like tokens a remote model produces
         // at a fixed rate: one emitted late (the process was busy) does not push the rest back;
         // they come at once until the stream is on time again.
-        let start = tokio::time::Instant::now();
-        let mut due = start;
+        let mut due = tokio::time::Instant::now();
         for chunk in &self.options.chunks {
             if !self.options.delay.is_zero() {
                 due += self.options.delay;
