@@ -25,7 +25,8 @@
 # SHORT (measured seconds of the c=1 and telemetry rounds, default 10); ROUNDS (group d,
 # default 3); QUIET_MAX (seconds to wait for a quiet machine before each run, default 30; 0:
 # no wait). Settings of the spawned gateways and workers pass through the environment, e.g.
-# MODEL_RUNTIME_APPEND_PACE_MS=40 for paced output appends (BENCHMARKS.md section j).
+# MODEL_RUNTIME_APPEND_PACE_MS=40 for a fixed pace of output appends (BENCHMARKS.md section j)
+# or =0 for none (the workers' default, `auto`, paces only while appends are slow: section m).
 #
 # Before/after: run this script on both builds into two directories, then
 #   bench plot --before OLD/a-nats-c256.json --after NEW/a-nats-c256.json ... --out DIR
