@@ -11,12 +11,15 @@
 //! - [`Pace::Fixed`]: always at least this long apart (the worker's `--append-pace-ms N`).
 //! - [`Pace::Adaptive`] (the worker's default): held only while the store is slow. Every
 //!   writer sharing one [`AppendPressure`] reports how long its appends took to be
-//!   acknowledged; while their moving average is under [`ENGAGE_AT`] nothing is held (no added
+//!   acknowledged; while their moving average is under a threshold nothing is held (no added
 //!   latency while the store keeps up), and from there on output runs are held for
-//!   [`HOLD_FACTOR`] times the average's excess over it, at most [`ADAPTIVE_MAX`] (a 2 ms
-//!   average holds 20 ms, a 3 ms one 40 ms). The hold relieves the store, the
-//!   acknowledgements get faster and the hold shrinks again: it settles where the store keeps
-//!   up. The rule is continuous, so it settles rather than flapping on and off at a threshold.
+//!   [`HOLD_FACTOR`] times the average's excess over it, at most [`ADAPTIVE_MAX`] (with the
+//!   usual 1 ms threshold, a 2 ms average holds 20 ms, a 3 ms one 40 ms). The threshold is
+//!   [`ENGAGE_AT`], or [`FLOOR_FACTOR`] times the fastest acknowledgement seen if that is
+//!   more: a store whose round trip is long even when nothing queues (replicas across zones)
+//!   is not mistaken for a busy one. The hold relieves the store, the acknowledgements get
+//!   faster and the hold shrinks again: it settles where the store keeps up. The rule is
+//!   continuous, so it settles rather than flapping on and off at a threshold.
 //!
 //! What is never held, whatever the pace: the first output after routing, a queued terminal
 //! event and anything a caller flushes (see the writer's module docs). Readers see the same
@@ -30,6 +33,11 @@ use std::time::Duration;
 /// append's round trip on a store that keeps up (0.1–0.3 ms on one machine), so only a
 /// queueing store engages it.
 pub const ENGAGE_AT: Duration = Duration::from_millis(1);
+
+/// How many times the fastest acknowledgement seen (the store's round trip when nothing
+/// queues) the average must exceed before an adaptive pace holds output, where that is more
+/// than [`ENGAGE_AT`].
+pub const FLOOR_FACTOR: u32 = 4;
 
 /// How many times the average's excess over [`ENGAGE_AT`] an adaptive pace holds output.
 pub const HOLD_FACTOR: u32 = 20;
@@ -89,6 +97,8 @@ impl Pace {
 pub struct AppendPressure {
     /// The average, in microseconds.
     average_us: AtomicU64,
+    /// The fastest acknowledgement seen, in microseconds; 0 before the first.
+    floor_us: AtomicU64,
 }
 
 impl AppendPressure {
@@ -103,6 +113,10 @@ impl AppendPressure {
             old - ((old - sample) >> WEIGHT_SHIFT)
         };
         self.average_us.store(new, Ordering::Relaxed);
+        let floor = self.floor_us.load(Ordering::Relaxed);
+        if floor == 0 || sample.max(1) < floor {
+            self.floor_us.store(sample.max(1), Ordering::Relaxed);
+        }
     }
 
     /// The current average acknowledgement time.
@@ -110,9 +124,15 @@ impl AppendPressure {
         Duration::from_micros(self.average_us.load(Ordering::Relaxed))
     }
 
+    /// The average acknowledgement time from which output is held (see the module docs).
+    pub fn threshold(&self) -> Duration {
+        let floor = Duration::from_micros(self.floor_us.load(Ordering::Relaxed));
+        ENGAGE_AT.max(floor * FLOOR_FACTOR)
+    }
+
     /// The hold this average calls for (see the module docs).
     pub fn hold(&self) -> Duration {
-        (self.average().saturating_sub(ENGAGE_AT) * HOLD_FACTOR).min(ADAPTIVE_MAX)
+        (self.average().saturating_sub(self.threshold()) * HOLD_FACTOR).min(ADAPTIVE_MAX)
     }
 }
 
@@ -120,8 +140,11 @@ impl AppendPressure {
 mod tests {
     use super::*;
 
+    /// A pressure on one machine (its fastest acknowledgement took 0.1 ms) whose average has
+    /// settled at `took`.
     fn settled_at(took: Duration) -> AppendPressure {
         let pressure = AppendPressure::default();
+        pressure.observe(Duration::from_micros(100));
         for _ in 0..400 {
             pressure.observe(took);
         }
@@ -164,8 +187,34 @@ mod tests {
     }
 
     #[test]
+    fn a_store_with_a_long_round_trip_is_held_only_beyond_four_times_its_fastest_acknowledgement() {
+        // Replicas across zones: 3 ms even when nothing queues.
+        let far = AppendPressure::default();
+        far.observe(Duration::from_millis(3));
+        for _ in 0..400 {
+            far.observe(Duration::from_millis(5));
+        }
+        assert_eq!(far.threshold(), Duration::from_millis(12));
+        assert_eq!(
+            far.hold(),
+            Duration::ZERO,
+            "5 ms is not busy for this store"
+        );
+        for _ in 0..400 {
+            far.observe(Duration::from_millis(16));
+        }
+        let hold = far.hold();
+        assert!(hold > Duration::from_millis(75) && hold <= Duration::from_millis(80));
+        // One box: a 0.1 ms round trip keeps the 1 ms threshold.
+        let near = settled_at(Duration::from_millis(5));
+        assert_eq!(near.threshold(), ENGAGE_AT);
+        assert!(near.hold() > Duration::from_millis(70));
+    }
+
+    #[test]
     fn the_hold_shrinks_again_once_the_store_catches_up() {
         let pace = Pace::adaptive();
+        pace.observe(Duration::from_micros(100));
         for _ in 0..400 {
             pace.observe(Duration::from_millis(40));
         }
