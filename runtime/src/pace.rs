@@ -113,9 +113,11 @@ impl AppendPressure {
             old - ((old - sample) >> WEIGHT_SHIFT)
         };
         self.average_us.store(new, Ordering::Relaxed);
+        // At least 1 µs, so 0 keeps meaning "none yet".
+        let fastest = sample.max(1);
         let floor = self.floor_us.load(Ordering::Relaxed);
-        if floor == 0 || sample.max(1) < floor {
-            self.floor_us.store(sample.max(1), Ordering::Relaxed);
+        if floor == 0 || fastest < floor {
+            self.floor_us.store(fastest, Ordering::Relaxed);
         }
     }
 
@@ -145,10 +147,15 @@ mod tests {
     fn settled_at(took: Duration) -> AppendPressure {
         let pressure = AppendPressure::default();
         pressure.observe(Duration::from_micros(100));
-        for _ in 0..400 {
-            pressure.observe(took);
-        }
+        feed(|t| pressure.observe(t), took, 400);
         pressure
+    }
+
+    /// Reports `times` acknowledgements of `took` each.
+    fn feed(observe: impl Fn(Duration), took: Duration, times: usize) {
+        for _ in 0..times {
+            observe(took);
+        }
     }
 
     #[test]
@@ -178,9 +185,7 @@ mod tests {
         let pressure = settled_at(Duration::from_micros(500));
         pressure.observe(Duration::from_millis(100));
         assert!(pressure.hold() > Duration::ZERO);
-        for _ in 0..40 {
-            pressure.observe(Duration::from_micros(500));
-        }
+        feed(|t| pressure.observe(t), Duration::from_micros(500), 40);
         assert_eq!(pressure.hold(), Duration::ZERO, "{:?}", pressure.average());
         pressure.observe(Duration::from_secs(30));
         assert!(pressure.average() < Duration::from_millis(70));
@@ -191,18 +196,14 @@ mod tests {
         // Replicas across zones: 3 ms even when nothing queues.
         let far = AppendPressure::default();
         far.observe(Duration::from_millis(3));
-        for _ in 0..400 {
-            far.observe(Duration::from_millis(5));
-        }
+        feed(|t| far.observe(t), Duration::from_millis(5), 400);
         assert_eq!(far.threshold(), Duration::from_millis(12));
         assert_eq!(
             far.hold(),
             Duration::ZERO,
             "5 ms is not busy for this store"
         );
-        for _ in 0..400 {
-            far.observe(Duration::from_millis(16));
-        }
+        feed(|t| far.observe(t), Duration::from_millis(16), 400);
         let hold = far.hold();
         assert!(hold > Duration::from_millis(75) && hold <= Duration::from_millis(80));
         // One box: a 0.1 ms round trip keeps the 1 ms threshold.
@@ -215,14 +216,10 @@ mod tests {
     fn the_hold_shrinks_again_once_the_store_catches_up() {
         let pace = Pace::adaptive();
         pace.observe(Duration::from_micros(100));
-        for _ in 0..400 {
-            pace.observe(Duration::from_millis(40));
-        }
+        feed(|t| pace.observe(t), Duration::from_millis(40), 400);
         assert_eq!(pace.hold(), ADAPTIVE_MAX);
         let shared = pace.clone();
-        for _ in 0..200 {
-            shared.observe(Duration::from_micros(500));
-        }
+        feed(|t| shared.observe(t), Duration::from_micros(500), 200);
         assert_eq!(pace.hold(), Duration::ZERO, "the clone shares the pressure");
     }
 }

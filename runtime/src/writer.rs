@@ -643,20 +643,21 @@ mod tests {
 
     impl GatedStore {
         fn new(limits: MemoryLimits, gate: Option<Arc<Semaphore>>) -> Arc<Self> {
+            Self::with(limits, gate, Duration::ZERO)
+        }
+
+        /// An ungated store whose every run takes `delay` to be acknowledged.
+        fn slow(delay: Duration) -> Arc<Self> {
+            Self::with(MemoryLimits::default(), None, delay)
+        }
+
+        fn with(limits: MemoryLimits, gate: Option<Arc<Semaphore>>, delay: Duration) -> Arc<Self> {
             Arc::new(Self {
                 inner: MemoryEventStore::new(limits),
                 gate,
                 entered: Notify::new(),
                 runs: parking_lot::Mutex::new(Vec::new()),
-                delay: Duration::ZERO,
-            })
-        }
-
-        /// An ungated store whose every run takes `delay` to be acknowledged.
-        fn slow(delay: Duration) -> Arc<Self> {
-            Arc::new(Self {
                 delay,
-                ..Arc::into_inner(Self::new(MemoryLimits::default(), None)).unwrap()
             })
         }
     }
