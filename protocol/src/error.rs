@@ -97,6 +97,17 @@ impl RuntimeError {
         )
     }
 
+    /// The terminal failure of an execution that was accepted but never queued to run: its job
+    /// could not be published, or its submission's idempotency key turned out to be bound to
+    /// another execution. Its id was never given to a caller as a running execution.
+    pub fn unqueued() -> Self {
+        Self::new(
+            ErrorCode::InternalError,
+            "Execution could not be queued",
+            false,
+        )
+    }
+
     /// No configured model serves the request.
     pub fn capability_unavailable() -> Self {
         Self::new(

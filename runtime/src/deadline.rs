@@ -278,6 +278,7 @@ mod tests {
             accepted_at,
             deadline_at: Timestamp::from_unix_millis(accepted_at.unix_millis() + deadline_in_ms),
             traceparent: None,
+            key: None,
         };
         queue.publish(&job).await.unwrap();
         (id, writer)

@@ -7,6 +7,7 @@ use protocol::{ExecutionId, ExecutionRequest, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use crate::error::StoreError;
+use crate::idempotency::IdempotencyRecord;
 
 /// Everything a worker needs to run one execution. Published once per execution, concurrently
 /// with the creation of its log (a worker waits for the log before claiming it); the execution
@@ -24,6 +25,28 @@ pub struct Job {
     /// `traceparent` message header), so tracing never changes the job's bytes.
     #[serde(skip)]
     pub traceparent: Option<String>,
+    /// The idempotency key of a keyed submission, which the worker binds too before it runs
+    /// the execution (see [`KeyClaim`]). Absent for a submission without a key, and in jobs
+    /// published before keys travelled with them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<KeyClaim>,
+}
+
+/// An idempotency key and the binding its submission claims, carried by the job.
+///
+/// A keyed submission binds its key ([`crate::IdempotencyStore::claim`]) while the log is
+/// created and the job published, all at once, so the key costs no round trip of its own. The
+/// job may then reach a worker before the gateway knows whether the key was free. So the
+/// worker makes the same claim, with the same record, before it claims the log: the first of
+/// the two claims binds the key to this execution and the other finds it bound to the same
+/// execution. A worker whose claim finds the key bound to another execution never runs this
+/// one. Only hashes travel: never the raw key or request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyClaim {
+    /// The stored name of the key (tenant-scoped hash, `gateway::submit::idempotency_key_hash`).
+    pub key_hash: String,
+    /// What the key is bound to when this execution holds it.
+    pub record: IdempotencyRecord,
 }
 
 /// Acknowledgement of one delivery.
@@ -119,4 +142,38 @@ pub trait JobQueue: Send + Sync + 'static {
     async fn ready(&self) -> Result<(), StoreError>;
     /// Held jobs after position `after` (see the contract above).
     async fn scan(&self, after: u64, limit: usize) -> Result<Vec<QueuedJob>, StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> Job {
+        crate::contract::job(protocol::ExecutionId::new_random())
+    }
+
+    /// A job without a key is written as before (no `key` member), and a job written before
+    /// keys travelled with jobs reads as unkeyed; a keyed job carries the key's hash and
+    /// binding and nothing else of the key.
+    #[test]
+    fn a_key_travels_with_its_job_only_when_there_is_one() {
+        let unkeyed = job();
+        let text = serde_json::to_string(&unkeyed).unwrap();
+        assert!(!text.contains("\"key\""), "{text}");
+        assert_eq!(serde_json::from_str::<Job>(&text).unwrap(), unkeyed);
+
+        let mut keyed = job();
+        keyed.key = Some(KeyClaim {
+            key_hash: "ab12".into(),
+            record: IdempotencyRecord {
+                fingerprint: "cd34".into(),
+                execution_id: keyed.execution_id,
+                created_at: keyed.accepted_at,
+            },
+        });
+        let value = serde_json::to_value(&keyed).unwrap();
+        assert_eq!(value["key"]["key_hash"], "ab12");
+        assert_eq!(value["key"]["record"]["fingerprint"], "cd34");
+        assert_eq!(serde_json::from_value::<Job>(value).unwrap(), keyed);
+    }
 }

@@ -21,6 +21,7 @@ pub fn job(id: ExecutionId) -> Job {
         accepted_at: Timestamp::now(),
         deadline_at: Timestamp::now(),
         traceparent: None,
+        key: None,
     }
 }
 
