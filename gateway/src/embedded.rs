@@ -56,10 +56,12 @@ impl Embedded {
         let store = Arc::new(MemoryEventStore::new(limits));
         let queue = Arc::new(MemoryJobQueue::new());
         let cancel = Arc::new(MemoryCancelBus::new());
+        let keys: Arc<dyn runtime::IdempotencyStore> =
+            Arc::new(MemoryIdempotencyStore::new(config.retention));
         let backend = Backend {
             store: store.clone(),
             queue: queue.clone(),
-            idempotency: Arc::new(MemoryIdempotencyStore::new(config.retention)),
+            idempotency: keys.clone(),
             cancel: cancel.clone(),
             quotas: Arc::new(crate::quota::embedded_gate(config, &store)),
             heal_missing: false,
@@ -68,6 +70,7 @@ impl Embedded {
             Arc::clone(&registry),
             store.clone(),
             cancel,
+            keys,
             RunnerSettings::default(),
         ));
         let pool = WorkerPool::spawn(

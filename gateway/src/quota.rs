@@ -2,7 +2,8 @@
 //! `runtime::quota`): each tenant's limits from the deployment file, and the one step of the
 //! submission flow that creates an execution only within an admission.
 //!
-//! Where the check sits, and why: after the idempotency key is bound, around the creation of an
+//! Where the check sits, and why: after the idempotency key is bound (for a tenant with limits a
+//! keyed submission binds its key before anything else, not concurrently), around the creation of an
 //! execution (a freshly minted one, or the crash-window heal of a replay), so before its log is
 //! created and its job published. An idempotent replay of an existing execution creates
 //! nothing, so it takes no token and no slot, and a client retrying its own submit at its limit

@@ -75,6 +75,9 @@ pub(crate) struct Inner {
     pub exporter: telemetry::MetricsExporter,
     pub streams: Arc<Semaphore>,
     pub stopping: AtomicBool,
+    /// Whether the last idempotency key claim got an answer: keyed submits then bind their
+    /// key while the execution is created, else first (`crate::submit`).
+    pub keys_reachable: AtomicBool,
     /// Ends every open SSE stream (cleanly, at a frame boundary) at shutdown.
     pub close_streams: CancellationToken,
 }
@@ -110,6 +113,7 @@ impl AppState {
                 exporter,
                 streams,
                 stopping: AtomicBool::new(false),
+                keys_reachable: AtomicBool::new(true),
                 close_streams: CancellationToken::new(),
             }),
         }

@@ -7,6 +7,23 @@
 //! heals to the same execution), and the key is released when creation fails so a retry can
 //! create it [R 14].
 //!
+//! A keyed submission binds its key concurrently with creating the log and publishing the job
+//! (one round trip to Redis and one to each stream, all at once), except for a tenant with
+//! quotas and while Redis is out of reach (see [`claim_and_create`]). The job carries the key's
+//! binding ([`runtime::KeyClaim`]) and the worker that takes it makes the same claim before it
+//! claims the log (`worker::key_guard`), so an execution whose key turns out to be another's
+//! never runs, whichever claim lands first. Then:
+//! - the key was free, or bound to this execution by the worker: the submission is answered
+//!   as if unkeyed (202, or the failure of a failed step, which releases the key when nothing
+//!   will run);
+//! - the key is bound to another execution (a retry): the new execution is discarded in the
+//!   background (its log closed, its job withdrawn, its quota slot given back) and the
+//!   submission is answered with the other execution (a replay, or 422 for another request);
+//! - the claim failed (Redis out of reach), so whether the key is bound is unknown: the log is
+//!   closed unless a worker claimed the execution first (it bound the key to it, so the
+//!   answer is 202), as for a failed publish below; a worker that bound the key before the
+//!   close leaves it bound to the closed execution until the gateway releases it.
+//!
 //! Creating the log and publishing the job run concurrently (one round trip to each stream, at
 //! the same time; before, the publish waited for the create's acknowledgement). That is safe
 //! because a worker can only run an execution by appending `route.selected` to its log with
@@ -58,17 +75,17 @@
 //! through [`runtime::EventWriter`], which assigns their sequences and times.
 
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use protocol::event::EventBody;
 use protocol::fingerprint::{request_fingerprint, sha256_hex};
 use protocol::snapshot::ExecutionSubmission;
 use protocol::{
-    ErrorCode, ExecutionId, ExecutionRequest, ExecutionStatus, RuntimeError, Sequence, Tenant,
-    Timestamp,
+    ExecutionId, ExecutionRequest, ExecutionStatus, RuntimeError, Sequence, Tenant, Timestamp,
 };
 use runtime::backoff::Backoff;
-use runtime::{EventWriter, IdempotencyRecord, Job, StoreError};
+use runtime::{EventWriter, IdempotencyRecord, Job, KeyClaim, StoreError};
 
 use crate::error::ApiError;
 use crate::quota;
@@ -97,7 +114,7 @@ pub async fn submit(
     }
     let id = ExecutionId::new_random();
     let created_at = runtime::writer::acceptance_time();
-    let job = Job {
+    let mut job = Job {
         execution_id: id,
         request,
         accepted_at: created_at,
@@ -107,6 +124,7 @@ pub async fn submit(
                 .saturating_add(i64::try_from(deadline_ms).unwrap_or(i64::MAX)),
         ),
         traceparent,
+        key: None,
     };
     let Some(key) = idempotency_key else {
         create_fresh(state, tenant, &job, started)
@@ -120,23 +138,127 @@ pub async fn submit(
         execution_id: id,
         created_at,
     };
-    let claimed = inner.backend.idempotency.claim(&key_hash, &record).await?;
+    let key = KeyClaim {
+        key_hash: key_hash.clone(),
+        record: record.clone(),
+    };
+    job.key = Some(key.clone());
+    let claimed = claim_and_create(state, tenant, &job, &key, started).await;
     match claimed {
-        None => {
-            if let Err(failed) = create_fresh(state, tenant, &job, started).await {
-                if failed.settled
-                    && let Err(release) = inner.backend.idempotency.release(&key_hash, id).await
-                {
-                    tracing::warn!(error = %release, "could not release idempotency key after a failed submit");
+        (Ok(Bound::This), created) => {
+            if let Some(Err(failed)) = created {
+                if failed.settled {
+                    release_key(state, &key_hash, id).await;
                 }
                 return Err(failed.error);
             }
             Ok(accepted(id, created_at))
         }
-        Some(existing) if existing.fingerprint != record.fingerprint => {
-            Err(ApiError::IdempotencyConflict)
+        (Ok(Bound::Another(existing)), created) => {
+            // A retry: the execution just created must not run. Its worker finds the key
+            // another's and closes its log; this gateway closes it too and withdraws the job.
+            if let Some(Ok(())) = created {
+                spawn_discard(state, tenant, &job);
+            }
+            if existing.fingerprint != record.fingerprint {
+                return Err(ApiError::IdempotencyConflict);
+            }
+            replay(state, tenant, existing, key_hash, job).await
         }
-        Some(existing) => replay(state, tenant, existing, job).await,
+        (Err(unbound), created) => {
+            // Whether the key was bound is unknown, and a worker may bind it and run the
+            // execution: close the log first, unless a worker claimed it already.
+            let failed = match created {
+                None => return Err(unbound.into()),
+                Some(Ok(())) => {
+                    let attempt = Settle::new(true, None, true, tenant);
+                    match settle(state, &job, attempt, unbound, started).await {
+                        Ok(_) => return Ok(accepted(id, created_at)),
+                        Err(failed) => {
+                            if failed.settled {
+                                quota::release(state, tenant, id).await;
+                            }
+                            failed
+                        }
+                    }
+                }
+                Some(Err(failed)) => failed,
+            };
+            if failed.settled {
+                release_key(state, &key_hash, id).await;
+            }
+            Err(failed.error)
+        }
+    }
+}
+
+/// Whom a claimed idempotency key is bound to.
+enum Bound {
+    /// The execution of this submission: the key was free, or a worker that took the job first
+    /// bound it.
+    This,
+    /// Another execution: this submission is a retry of it.
+    Another(IdempotencyRecord),
+}
+
+/// Binds `key`, which `job` carries, and creates the execution ([`create_fresh`]); the creation's
+/// outcome is `None` when it was not attempted.
+///
+/// While the key store answers, both run at once: the job carries its key and the worker that
+/// takes it binds the key too before it runs anything (`worker::key_guard`), so the answer
+/// costs no round trip for the key. The key is claimed first, and nothing is created unless it
+/// is this execution's, for a tenant with quotas (a replay takes no token and no slot) and
+/// after a claim failed (Redis out of reach): while Redis stays down, keyed submits publish
+/// nothing. The first claim that succeeds again restores the concurrent order.
+async fn claim_and_create(
+    state: &AppState,
+    tenant: &Tenant,
+    job: &Job,
+    key: &KeyClaim,
+    started: Instant,
+) -> (Result<Bound, StoreError>, Option<Result<(), Failed>>) {
+    let inner = &state.inner;
+    let bound = |claimed: Result<Option<IdempotencyRecord>, StoreError>| {
+        claimed.map(|existing| match existing {
+            Some(existing) if existing.execution_id != job.execution_id => Bound::Another(existing),
+            _ => Bound::This,
+        })
+    };
+    // A tenant with quotas claims first too: a replay must take no token and no slot
+    // (`crate::quota`), and its admission costs a round trip of its own anyway.
+    let concurrent = inner.keys_reachable.load(Ordering::Relaxed)
+        && inner.backend.quotas.limits(tenant).is_none();
+    let (claimed, created) = if concurrent {
+        let (claimed, created) = tokio::join!(
+            inner.backend.idempotency.claim(&key.key_hash, &key.record),
+            create_fresh(state, tenant, job, started),
+        );
+        (bound(claimed), Some(created))
+    } else {
+        let claimed = bound(
+            inner
+                .backend
+                .idempotency
+                .claim(&key.key_hash, &key.record)
+                .await,
+        );
+        let created = match claimed {
+            Ok(Bound::This) => Some(create_fresh(state, tenant, job, started).await),
+            _ => None,
+        };
+        (claimed, created)
+    };
+    inner
+        .keys_reachable
+        .store(claimed.is_ok(), Ordering::Relaxed);
+    (claimed, created)
+}
+
+/// Frees `key_hash` if it is bound to `id`, an execution of which nothing will run, so that a
+/// retry can create the execution [R 14].
+async fn release_key(state: &AppState, key_hash: &str, id: ExecutionId) {
+    if let Err(e) = state.inner.backend.idempotency.release(key_hash, id).await {
+        tracing::warn!(error = %e, "could not release idempotency key after a failed submit");
     }
 }
 
@@ -522,53 +644,73 @@ async fn settle(
 }
 
 /// Finishes settling in the background, retrying with backoff for [`BACKGROUND_SETTLE`].
-fn spawn_settle(state: &AppState, job: &Job, mut attempt: Settle) {
+fn spawn_settle(state: &AppState, job: &Job, attempt: Settle) {
     let state = state.clone();
     let job = job.clone();
     tokio::spawn(async move {
-        let mut backoff = Backoff::new(Duration::from_millis(50), BACKGROUND_RETRY_CAP)
-            .with_budget(BACKGROUND_SETTLE);
-        loop {
-            let step = match attempt.step(&state, &job).await {
-                Ok(Settled::Closed) if attempt.withdraw => Err(attempt
-                    .withdraw_error
-                    .take()
-                    .unwrap_or_else(|| StoreError::Unavailable("job not withdrawn yet".into()))),
-                step => step,
-            };
-            match step {
-                Ok(Settled::Closed) => return,
-                Ok(Settled::Claimed) => {
-                    tracing::warn!(execution_id = %job.execution_id, "an execution answered 503 was claimed by a worker");
-                    return;
-                }
-                Err(e) => {
-                    if let Some(pause) = backoff.next_pause() {
-                        tracing::debug!(execution_id = %job.execution_id, error = %e, "settling in the background");
-                        tokio::time::sleep(pause).await;
-                        continue;
-                    }
-                    if attempt.log_closed {
-                        // Nothing runs: a worker handed the job drops it (its log is closed).
-                        tracing::warn!(execution_id = %job.execution_id, error = %e, "could not withdraw the job of a failed submission; its log is closed");
-                    } else {
-                        tracing::error!(execution_id = %job.execution_id, error = %e, "could not settle a failed submission");
-                    }
-                    return;
-                }
-            }
+        if let Some(Settled::Claimed) = settle_in_background(&state, &job, attempt).await {
+            tracing::warn!(execution_id = %job.execution_id, "an execution answered 503 was claimed by a worker");
         }
     });
+}
+
+/// Stops, in the background, an execution created for a submission whose idempotency key
+/// turned out to be bound to another execution: its log is closed (unless the worker handed
+/// its job closed it first), its job withdrawn and its quota slot given back. Its id was never
+/// answered.
+fn spawn_discard(state: &AppState, tenant: &Tenant, job: &Job) {
+    let state = state.clone();
+    let tenant = tenant.clone();
+    let job = job.clone();
+    tokio::spawn(async move {
+        let attempt = Settle::new(true, None, true, &tenant);
+        match settle_in_background(&state, &job, attempt).await {
+            Some(Settled::Closed) => quota::release(&state, &tenant, job.execution_id).await,
+            Some(Settled::Claimed) => {
+                // Only a worker that does not claim keys (an older version) runs such a job.
+                tracing::error!(execution_id = %job.execution_id, "an execution whose idempotency key is another's was claimed by a worker");
+            }
+            None => {}
+        }
+    });
+}
+
+/// Settles with backoff for [`BACKGROUND_SETTLE`]; `None` when that was not enough.
+async fn settle_in_background(state: &AppState, job: &Job, mut attempt: Settle) -> Option<Settled> {
+    let mut backoff = Backoff::new(Duration::from_millis(50), BACKGROUND_RETRY_CAP)
+        .with_budget(BACKGROUND_SETTLE);
+    loop {
+        let step = match attempt.step(state, job).await {
+            Ok(Settled::Closed) if attempt.withdraw => Err(attempt
+                .withdraw_error
+                .take()
+                .unwrap_or_else(|| StoreError::Unavailable("job not withdrawn yet".into()))),
+            step => step,
+        };
+        match step {
+            Ok(settled) => return Some(settled),
+            Err(e) => {
+                if let Some(pause) = backoff.next_pause() {
+                    tracing::debug!(execution_id = %job.execution_id, error = %e, "settling in the background");
+                    tokio::time::sleep(pause).await;
+                    continue;
+                }
+                if attempt.log_closed {
+                    // Nothing runs: a worker handed the job drops it (its log is closed).
+                    tracing::warn!(execution_id = %job.execution_id, error = %e, "could not withdraw the job of a failed submission; its log is closed");
+                    return Some(Settled::Closed);
+                }
+                tracing::error!(execution_id = %job.execution_id, error = %e, "could not settle a failed submission");
+                return None;
+            }
+        }
+    }
 }
 
 /// The terminal event of an execution whose job could not be queued.
 fn unqueued_failure() -> EventBody {
     EventBody::Failed {
-        error: RuntimeError::new(
-            ErrorCode::InternalError,
-            "Execution could not be queued",
-            false,
-        ),
+        error: RuntimeError::unqueued(),
     }
 }
 
@@ -577,6 +719,7 @@ async fn replay(
     state: &AppState,
     tenant: &Tenant,
     existing: IdempotencyRecord,
+    key_hash: String,
     job: Job,
 ) -> Result<ExecutionSubmission, ApiError> {
     let inner = &state.inner;
@@ -587,7 +730,8 @@ async fn replay(
         created_at: existing.created_at,
         idempotent_replay: true,
     };
-    // The job as the first submitter built it: same id, same acceptance time, same deadline.
+    // The job as the first submitter built it: same id, same acceptance time, same deadline,
+    // same key binding.
     let span = job.deadline_at.unix_millis() - job.accepted_at.unix_millis();
     let job = Job {
         execution_id: id,
@@ -595,6 +739,10 @@ async fn replay(
         deadline_at: Timestamp::from_unix_millis(
             existing.created_at.unix_millis().saturating_add(span),
         ),
+        key: Some(KeyClaim {
+            key_hash,
+            record: existing.clone(),
+        }),
         ..job
     };
     let waited = Instant::now();

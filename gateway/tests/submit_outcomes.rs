@@ -21,8 +21,13 @@ use axum::http::{Request, StatusCode};
 use config::{BaseUrl, FlowLimits};
 use parking_lot::Mutex;
 use protocol::{ExecutionId, RuntimeEvent, Sequence};
-use runtime::memory::{MemoryCancelBus, MemoryEventStore, MemoryJobQueue, MemoryLimits};
-use runtime::{CancelBus, Delivery, EventStore, Job, JobQueue, LogHead, QueuedJob, StoreError};
+use runtime::memory::{
+    MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
+};
+use runtime::{
+    CancelBus, Delivery, EventStore, IdempotencyRecord, IdempotencyStore, Job, JobQueue, LogHead,
+    QueuedJob, StoreError,
+};
 use serde_json::{Value, json};
 use testkit::fake_provider::{FakeProvider, Reply};
 use testkit::gateway::memory_backend;
@@ -163,12 +168,83 @@ impl JobQueue for FaultyQueue {
     }
 }
 
+/// The gateway's idempotency store: every call fails during an outage, and a claim can be made
+/// to wait for a condition first. The workers bind keys in the inner store directly.
+struct FaultyKeys {
+    inner: Arc<MemoryIdempotencyStore>,
+    outage: AtomicBool,
+    /// While set, a claim first waits until its execution's job was published.
+    after_publish: AtomicBool,
+    /// While set, a claim first waits until its execution's log is terminal.
+    after_close: AtomicBool,
+    queue: Arc<FaultyQueue>,
+    store: Arc<MemoryEventStore>,
+}
+
+impl FaultyKeys {
+    fn check(&self) -> Result<(), StoreError> {
+        if self.outage.load(Ordering::SeqCst) {
+            Err(unavailable())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether `id`'s job was published, or, with `closed`, its log is terminal.
+    async fn reached(&self, id: ExecutionId, closed: bool) -> bool {
+        if closed {
+            matches!(self.store.head(id).await, Ok(Some(head)) if head.terminal)
+        } else {
+            self.queue.publishes.seen.lock().contains(&id)
+        }
+    }
+
+    /// Waits up to 5 s for [`FaultyKeys::reached`]; an error when it never held.
+    async fn wait_for(&self, id: ExecutionId, closed: bool) -> Result<(), StoreError> {
+        let until = Instant::now() + Duration::from_secs(5);
+        while !self.reached(id, closed).await {
+            if Instant::now() >= until {
+                return Err(StoreError::Unavailable("the claim waited in vain".into()));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for FaultyKeys {
+    async fn claim(
+        &self,
+        key_hash: &str,
+        record: &IdempotencyRecord,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        self.check()?;
+        let id = record.execution_id;
+        if self.after_publish.load(Ordering::SeqCst) {
+            self.wait_for(id, false).await?;
+        }
+        if self.after_close.load(Ordering::SeqCst) {
+            self.wait_for(id, true).await?;
+        }
+        self.inner.claim(key_hash, record).await
+    }
+    async fn release(&self, key_hash: &str, execution_id: ExecutionId) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.release(key_hash, execution_id).await
+    }
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.check()
+    }
+}
+
 struct Harness {
     app: axum::Router,
     store: Arc<MemoryEventStore>,
     queue: Arc<MemoryJobQueue>,
     gateway_store: Arc<FaultyStore>,
     gateway_queue: Arc<FaultyQueue>,
+    gateway_keys: Arc<FaultyKeys>,
     provider: FakeProvider,
     pool: Option<WorkerPool>,
 }
@@ -224,9 +300,19 @@ async fn harness(create_fault: (Fault, usize), publish_fault: (Fault, usize)) ->
         publishes: Faults::new(publish_fault.0, publish_fault.1),
         withdraw_outage: AtomicBool::new(false),
     });
+    let keys = Arc::new(MemoryIdempotencyStore::new(Duration::from_secs(600)));
+    let gateway_keys = Arc::new(FaultyKeys {
+        inner: keys.clone(),
+        outage: AtomicBool::new(false),
+        after_publish: AtomicBool::new(false),
+        after_close: AtomicBool::new(false),
+        queue: gateway_queue.clone(),
+        store: store.clone(),
+    });
     let backend = gateway::Backend {
         store: gateway_store.clone(),
         queue: gateway_queue.clone(),
+        idempotency: gateway_keys.clone(),
         cancel: cancel.clone(),
         heal_missing: true,
         ..memory_backend()
@@ -235,6 +321,7 @@ async fn harness(create_fault: (Fault, usize), publish_fault: (Fault, usize)) ->
         Arc::clone(&registry),
         store.clone(),
         cancel as Arc<dyn CancelBus>,
+        keys,
         RunnerSettings::default(),
     ));
     let pool = WorkerPool::spawn(
@@ -255,6 +342,7 @@ async fn harness(create_fault: (Fault, usize), publish_fault: (Fault, usize)) ->
         queue,
         gateway_store,
         gateway_queue,
+        gateway_keys,
         provider,
         pool: Some(pool),
     }
@@ -520,4 +608,112 @@ async fn an_unknown_outcome_keeps_the_key_bound() {
     h.terminal_log(execution_id(&retry)).await;
     h.drained().await;
     assert!(h.calls_for("unknown-outcome") <= 1);
+}
+
+/// A keyed submission binds its key while the job is published, not before: here the key
+/// store answers a claim only once the job of that execution was published. Were the claim
+/// made first (as before), the job would wait for it and the claim would give up: a 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_submission_binds_its_key_while_the_job_is_published() {
+    let h = harness((Fault::Lost, 0), (Fault::Lost, 0)).await;
+    h.gateway_keys.after_publish.store(true, Ordering::SeqCst);
+    let first = h.submit("bound-meanwhile", Some("k-meanwhile")).await;
+    assert_eq!(first.status, StatusCode::ACCEPTED, "{first:?}");
+    let retry = h.submit("bound-meanwhile", Some("k-meanwhile")).await;
+    assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
+    assert_eq!(retry.body["execution_id"], first.body["execution_id"]);
+    h.terminal_log(execution_id(&first)).await;
+    h.drained().await;
+    assert_eq!(h.calls_for("bound-meanwhile"), 1);
+}
+
+/// A retry's own execution is created and its job published before the gateway learns that
+/// the key is bound: here a worker takes that job and finishes with it before the gateway's
+/// claim is answered. The worker binds the key itself, finds it bound to the first execution,
+/// and closes the retry's log unrun; the retry is answered with the first execution, and the
+/// provider is called once in all. A different request under the same key is refused (422)
+/// the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retrys_job_that_reaches_a_worker_first_never_runs() {
+    let h = harness((Fault::Lost, 0), (Fault::Lost, 0)).await;
+    let first = h.submit("runs-once", Some("k-once")).await;
+    assert_eq!(first.status, StatusCode::ACCEPTED, "{first:?}");
+    let first_id = execution_id(&first);
+    h.terminal_log(first_id).await;
+
+    h.gateway_keys.after_close.store(true, Ordering::SeqCst);
+    let retry = h.submit("runs-once", Some("k-once")).await;
+    assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
+    assert_eq!(retry.body["idempotent_replay"], true, "{retry:?}");
+    assert_eq!(execution_id(&retry), first_id);
+    let conflict = h.submit("another request", Some("k-once")).await;
+    assert_eq!(
+        conflict.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{conflict:?}"
+    );
+    assert_eq!(conflict.body["error"]["code"], "idempotency_conflict");
+
+    h.drained().await;
+    assert_eq!(
+        h.calls_for("runs-once"),
+        1,
+        "the retry's execution never ran"
+    );
+    assert_eq!(h.calls_for("another request"), 0);
+    let others: Vec<ExecutionId> = h
+        .gateway_queue
+        .publishes
+        .seen
+        .lock()
+        .iter()
+        .copied()
+        .filter(|id| *id != first_id)
+        .collect();
+    assert_eq!(others.len(), 2, "the retry's and the conflict's jobs");
+    for id in others {
+        let log = h.store.read(id, Sequence::ZERO, 10).await.unwrap().unwrap();
+        let types: Vec<_> = log.iter().map(|r| r.event.type_name()).collect();
+        assert_eq!(types, ["execution.accepted", "execution.failed"], "{id}");
+        let failed = serde_json::to_value(&log[1].event).unwrap();
+        assert_eq!(failed["error"]["message"], "Execution could not be queued");
+    }
+}
+
+/// The key store is out of reach for the gateway but not for the workers: the first keyed
+/// submission, made before the gateway knew, bound its key while creating its execution, so
+/// whether the key was bound is unknown and a worker may bind it and run the execution. It is
+/// settled one way or the other, consistently with what ran: a 503 never ran, a 202 ran once.
+/// The gateway then claims keys first: while claims fail, keyed submissions publish nothing.
+/// Once the store answers again, a submission claims first, and the next binds its key while
+/// its job is published again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_store_out_of_reach_is_settled_consistently() {
+    let h = harness((Fault::Lost, 0), (Fault::Lost, 0)).await;
+    h.gateway_keys.outage.store(true, Ordering::SeqCst);
+    let mut answers = Vec::new();
+    for i in 0..8 {
+        let text = format!("[keys-down-{i}]");
+        answers.push(h.submit(&text, Some(&format!("k-down-{i}"))).await);
+    }
+    let (accepted, refused) = assert_consistent(&h, &answers).await;
+    eprintln!("key store down: {accepted} accepted, {refused} answered 503");
+    assert_eq!(
+        h.gateway_queue.publishes.seen.lock().len(),
+        1,
+        "only the first submission published a job"
+    );
+    assert!(
+        answers[1..]
+            .iter()
+            .all(|a| a.status == StatusCode::SERVICE_UNAVAILABLE),
+        "{answers:?}"
+    );
+
+    h.gateway_keys.outage.store(false, Ordering::SeqCst);
+    let back = h.submit("[keys-back]", Some("k-back")).await;
+    assert_eq!(back.status, StatusCode::ACCEPTED, "{back:?}");
+    h.gateway_keys.after_publish.store(true, Ordering::SeqCst);
+    let concurrent = h.submit("[keys-concurrent]", Some("k-concurrent")).await;
+    assert_eq!(concurrent.status, StatusCode::ACCEPTED, "{concurrent:?}");
 }

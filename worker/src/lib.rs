@@ -13,6 +13,8 @@
 //! - [`flow`]: per-provider concurrency gates with bounded FIFO queues [R 35-37].
 //! - [`runner`]: one execution from job to terminal event: attempts, fallback, deadline,
 //!   cancellation.
+//! - [`key_guard`]: the worker's half of a keyed submission's idempotency claim: a job whose
+//!   key is bound to another execution never runs.
 //! - [`pool`]: N concurrent runner slots pulling from a `JobQueue`, with graceful shutdown.
 //! - [`process`]: the `worker` binary: settings, startup, graceful shutdown.
 //! - [`instrument`]: metrics and spans of executions and provider attempts.
@@ -25,6 +27,7 @@ pub mod admin;
 pub mod deployment;
 pub mod flow;
 pub mod instrument;
+pub mod key_guard;
 pub mod pool;
 pub mod process;
 pub mod provider;

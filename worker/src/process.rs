@@ -1,4 +1,5 @@
-//! The `worker` process: connects to NATS JetStream, pulls jobs and runs them until SIGTERM or
+//! The `worker` process: connects to NATS JetStream and to Redis (where it binds the
+//! idempotency keys of keyed jobs before running them, `crate::key_guard`), pulls jobs and runs them until SIGTERM or
 //! SIGINT, then stops taking jobs, lets running executions finish within the grace period and
 //! cancels the rest. Jobs it never took stay in the queue for other workers.
 
@@ -9,6 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 use runtime::Pace;
 use runtime::nats::{NatsAccess, NatsConnectSettings, NatsServices, NatsSettings};
+use runtime::redis_idempotency::RedisIdempotencyStore;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -147,6 +149,29 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
             );
         }
     };
+    // Keyed jobs are claimed here too before they run (`crate::key_guard`).
+    let keys: Arc<dyn runtime::IdempotencyStore> = match RedisIdempotencyStore::connect_with(
+        &common.redis_url,
+        common.redis_ca.as_deref(),
+        &common.namespace,
+        deployment.retention,
+        Duration::from_secs(15),
+    )
+    .await
+    {
+        Ok(keys) => Arc::new(keys),
+        Err(runtime::StoreError::Misconfigured(detail)) => {
+            tracing::error!(error = %detail, "cannot start with Redis");
+            return startup_error(&format!("cannot start with Redis: {detail}"), 1);
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "backend connection failed");
+            return startup_error(
+                &format!("cannot start with Redis ({e}); check --redis-url"),
+                1,
+            );
+        }
+    };
     let admin = match TcpListener::bind((args.admin_host, args.admin_port)).await {
         Ok(listener) => listener,
         Err(e) => {
@@ -206,6 +231,7 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         registry,
         store,
         Arc::new(nats.cancel),
+        keys,
         RunnerSettings {
             append_pace: args.append_pace_ms.pace(),
             ..RunnerSettings::default()

@@ -22,6 +22,9 @@
 //!   learn) and never claims a withdrawn job (it also asks on every poll past the first quick
 //!   ones, so a withdrawn job does not hold a slot). A job whose log is there at the first look
 //!   is claimed at once: no extra round trip on the common path.
+//! - a job carrying an idempotency key ([`runtime::KeyClaim`]): before the log is claimed the
+//!   runner binds the key too ([`crate::key_guard`]); when it is bound to another execution
+//!   the log is closed with the unqueued failure and the job dropped, never run.
 //!
 //! Events are written through a pipelined [`EventWriter`] where the store's appends take a round
 //! trip (JetStream): provider output is handed over without waiting for each acknowledgement
@@ -38,12 +41,16 @@ use async_trait::async_trait;
 use protocol::event::EventBody;
 use protocol::request::RoutingPreferences;
 use protocol::{ErrorCode, RuntimeError, Target, Timestamp};
-use runtime::{CancelBus, DeliveryHandle, EventStore, EventWriter, Job, LogHead, Pace, WriteError};
+use runtime::{
+    CancelBus, DeliveryHandle, EventStore, EventWriter, IdempotencyStore, Job, LogHead, Pace,
+    WriteError,
+};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::instrument::{self, AttemptMeter};
+use crate::key_guard::{self, KeyHolder};
 use crate::provider::{ProviderCall, ProviderEvent, ProviderSink};
 use crate::registry::ProviderRegistry;
 
@@ -93,6 +100,9 @@ pub struct Runner {
     store: Arc<dyn EventStore>,
     #[debug(skip)]
     cancel_bus: Arc<dyn CancelBus>,
+    /// Where idempotency keys are bound ([`crate::key_guard`]).
+    #[debug(skip)]
+    keys: Arc<dyn IdempotencyStore>,
     settings: RunnerSettings,
     /// Cancels every running execution (shutdown after the grace period).
     #[debug(skip)]
@@ -158,12 +168,14 @@ impl Runner {
         registry: Arc<ProviderRegistry>,
         store: Arc<dyn EventStore>,
         cancel_bus: Arc<dyn CancelBus>,
+        keys: Arc<dyn IdempotencyStore>,
         settings: RunnerSettings,
     ) -> Self {
         Self {
             registry,
             store,
             cancel_bus,
+            keys,
             settings,
             abort_all: CancellationToken::new(),
         }
@@ -217,6 +229,32 @@ impl Runner {
             return self
                 .finish(&mut writer, job.accepted_at, EventBody::Failed { error })
                 .await;
+        }
+        if let Some(claim) = &job.key {
+            // The gateway binds the key while this job travels: bind it here too before the
+            // log is claimed, and never run an execution whose key is another's.
+            match key_guard::claim(&*self.keys, &*self.store, claim, &self.abort_all).await {
+                Ok(KeyHolder::This) => {}
+                Ok(KeyHolder::Closed) => return RunOutcome::Dropped,
+                Ok(KeyHolder::Another) => {
+                    // Whoever closes the log first (this worker or the gateway) wins; the
+                    // other's compare-and-set loses, which is fine.
+                    let unqueued = EventBody::Failed {
+                        error: RuntimeError::unqueued(),
+                    };
+                    if let Err(e) = writer.append(unqueued).await
+                        && !matches!(e, WriteError::Fenced)
+                    {
+                        tracing::warn!(execution_id = %id, error = %e, "cannot close the log of an execution whose key is another's");
+                        return RunOutcome::Abandoned;
+                    }
+                    return RunOutcome::Dropped;
+                }
+                Err(e) => {
+                    tracing::warn!(execution_id = %id, error = %e, "cannot claim the idempotency key; leaving the job to a later delivery");
+                    return RunOutcome::Abandoned;
+                }
+            }
         }
         instrument::queue_wait(job.accepted_at);
         // Watch only once this delivery may claim the log (still before the claim itself): a

@@ -1764,3 +1764,151 @@ async fn a_slot_is_free_for_the_next_job_while_the_last_one_is_still_being_ackno
     h.assert_log(second.execution_id, &success_log("a")).await;
     assert_eq!(a.calls(), 2);
 }
+
+/// The key claim of `job` under `key_hash` (see `runtime::KeyClaim`).
+fn keyed(mut job: runtime::Job, key_hash: &str) -> runtime::Job {
+    job.key = Some(runtime::KeyClaim {
+        key_hash: key_hash.into(),
+        record: runtime::IdempotencyRecord {
+            fingerprint: "f".into(),
+            execution_id: job.execution_id,
+            created_at: job.accepted_at,
+        },
+    });
+    job
+}
+
+/// A keyed job whose key is free or already bound to its own execution runs, and leaves the
+/// key bound to it: the worker's claim is the same as the gateway's, whichever lands first.
+#[tokio::test]
+async fn a_keyed_job_runs_when_its_key_is_free_or_its_own() {
+    let (a, h) = succeeding_a();
+    let free = keyed(h.submit(&text_request(""), LONG).await, "key-free");
+    assert_eq!(h.runner.run(&free, 1).await, RunOutcome::Finished);
+    let claim = free.key.as_ref().unwrap();
+    let bound = h.keys.claim("key-free", &claim.record).await.unwrap();
+    assert_eq!(
+        bound.map(|r| r.execution_id),
+        Some(free.execution_id),
+        "the worker bound the free key to its execution"
+    );
+
+    let own = keyed(h.submit(&text_request(""), LONG).await, "key-own");
+    let own_claim = own.key.as_ref().unwrap();
+    assert_eq!(
+        h.keys.claim("key-own", &own_claim.record).await.unwrap(),
+        None
+    );
+    assert_eq!(h.runner.run(&own, 1).await, RunOutcome::Finished);
+    assert_eq!(a.calls(), 2);
+    assert_eq!(
+        h.state(own.execution_id).await.status(),
+        ExecutionStatus::Succeeded
+    );
+}
+
+/// A keyed job whose key is bound to another execution (its submission was a retry of that
+/// one) never runs: its log is closed unrouted with the unqueued failure and the job dropped.
+/// A log the gateway closed first is left as it is.
+#[tokio::test]
+async fn a_keyed_job_whose_key_is_anothers_never_runs() {
+    let (a, h) = succeeding_a();
+    let first = keyed(h.submit(&text_request(""), LONG).await, "key-taken");
+    assert_eq!(
+        h.keys
+            .claim("key-taken", &first.key.as_ref().unwrap().record)
+            .await
+            .unwrap(),
+        None
+    );
+    let retry = keyed(h.submit(&text_request(""), LONG).await, "key-taken");
+    assert_eq!(h.runner.run(&retry, 1).await, RunOutcome::Dropped);
+    assert_failed_unrouted(&h, retry.execution_id, RuntimeError::unqueued()).await;
+
+    let closed_first = keyed(h.submit(&text_request(""), LONG).await, "key-taken");
+    h.append_foreign(
+        closed_first.execution_id,
+        EventBody::Failed {
+            error: RuntimeError::unqueued(),
+        },
+    )
+    .await;
+    assert_eq!(h.runner.run(&closed_first, 1).await, RunOutcome::Dropped);
+    assert_eq!(h.events(closed_first.execution_id).await.len(), 2);
+    assert_eq!(a.calls(), 0, "no provider call");
+}
+
+/// A key store that is never reachable.
+struct UnreachableKeys;
+
+#[async_trait::async_trait]
+impl runtime::IdempotencyStore for UnreachableKeys {
+    async fn claim(
+        &self,
+        _: &str,
+        _: &runtime::IdempotencyRecord,
+    ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
+        Err(StoreError::Unavailable("keys down".into()))
+    }
+    async fn release(&self, _: &str, _: ExecutionId) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("keys down".into()))
+    }
+    async fn ready(&self) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("keys down".into()))
+    }
+}
+
+/// A keyed job whose key cannot be claimed (the key store is out of reach) is retried for the
+/// claim's budget (tries until a second before it ends, at most a second apart), then left to a
+/// later delivery: not run, its log untouched.
+#[tokio::test(start_paused = true)]
+async fn a_keyed_job_whose_key_cannot_be_claimed_is_left_unrun() {
+    let (a, h) = succeeding_a();
+    let h = h.with_keys(Arc::new(UnreachableKeys));
+    let job = keyed(h.submit(&text_request(""), LONG).await, "key-unreachable");
+    let started = tokio::time::Instant::now();
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Abandoned);
+    let budget = worker::key_guard::KEY_CLAIM_BUDGET;
+    let tried = started.elapsed();
+    assert!(
+        tried + Duration::from_secs(1) >= budget && tried <= budget,
+        "gave up after {tried:?}"
+    );
+    assert_eq!(
+        h.events(job.execution_id).await.len(),
+        1,
+        "the log is untouched"
+    );
+    assert_eq!(a.calls(), 0);
+}
+
+/// A keyed job whose key cannot be claimed is dropped as soon as its log is found closed (the
+/// gateway, out of the key store's reach too, closes the log of the submission it answers
+/// 503), instead of holding its slot for the whole retry budget.
+#[tokio::test(start_paused = true)]
+async fn a_keyed_job_whose_key_cannot_be_claimed_is_dropped_once_its_log_is_closed() {
+    let (a, h) = succeeding_a();
+    let h = Arc::new(h.with_keys(Arc::new(UnreachableKeys)));
+    let job = keyed(h.submit(&text_request(""), LONG).await, "key-unreachable");
+    let started = tokio::time::Instant::now();
+    let run = {
+        let (h, job) = (Arc::clone(&h), job.clone());
+        tokio::spawn(async move { h.runner.run(&job, 1).await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    h.append_foreign(
+        job.execution_id,
+        EventBody::Failed {
+            error: RuntimeError::unqueued(),
+        },
+    )
+    .await;
+    assert_eq!(run.await.unwrap(), RunOutcome::Dropped);
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(h.events(job.execution_id).await.len(), 2);
+    assert_eq!(a.calls(), 0);
+}

@@ -17,8 +17,8 @@ use protocol::{
     ErrorCode, ExecutionId, ExecutionSnapshot, RuntimeError, RuntimeEvent, Sequence, Target,
     Timestamp, UsageFact, UsageSource, UsageUnit,
 };
-use runtime::memory::{MemoryCancelBus, MemoryEventStore, MemoryLimits};
-use runtime::{CancelBus, EventStore, Job};
+use runtime::memory::{MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryLimits};
+use runtime::{CancelBus, EventStore, IdempotencyStore, Job};
 use tokio::sync::Semaphore;
 use worker::ProviderRegistry;
 use worker::provider::{AttemptResult, Provider, ProviderCall, ProviderEvent, ProviderSink};
@@ -353,6 +353,8 @@ pub struct Harness {
     pub bus: Arc<MemoryCancelBus>,
     pub registry: Arc<ProviderRegistry>,
     pub runner: Arc<Runner>,
+    /// Where the runner binds the idempotency keys of keyed jobs.
+    pub keys: Arc<dyn IdempotencyStore>,
     runner_store: Arc<dyn EventStore>,
     settings: RunnerSettings,
 }
@@ -439,10 +441,13 @@ impl Harness {
         }
         let registry = Arc::new(registry);
         let bus = Arc::new(MemoryCancelBus::new());
+        let keys: Arc<dyn IdempotencyStore> =
+            Arc::new(MemoryIdempotencyStore::new(Duration::from_secs(3600)));
         let runner = Arc::new(Runner::new(
             Arc::clone(&registry),
             Arc::clone(&runner_store),
             Arc::clone(&bus) as Arc<dyn CancelBus>,
+            Arc::clone(&keys),
             settings.clone(),
         ));
         Self {
@@ -450,6 +455,7 @@ impl Harness {
             bus,
             registry,
             runner,
+            keys,
             runner_store,
             settings,
         }
@@ -463,11 +469,28 @@ impl Harness {
             Arc::clone(&self.registry),
             Arc::clone(&runner_store),
             Arc::clone(&self.bus) as Arc<dyn CancelBus>,
+            Arc::clone(&self.keys),
             self.settings.clone(),
         ));
         Self {
             runner,
             runner_store,
+            ..self
+        }
+    }
+
+    /// The same harness with a runner that binds idempotency keys in `keys`.
+    pub fn with_keys(self, keys: Arc<dyn IdempotencyStore>) -> Self {
+        let runner = Arc::new(Runner::new(
+            Arc::clone(&self.registry),
+            Arc::clone(&self.runner_store),
+            Arc::clone(&self.bus) as Arc<dyn CancelBus>,
+            Arc::clone(&keys),
+            self.settings.clone(),
+        ));
+        Self {
+            runner,
+            keys,
             ..self
         }
     }
@@ -644,6 +667,7 @@ pub fn job(request_json: &str, deadline: Duration) -> Job {
         accepted_at: now,
         deadline_at: Timestamp::from_unix_millis(now.unix_millis() + deadline_ms),
         traceparent: None,
+        key: None,
     }
 }
 

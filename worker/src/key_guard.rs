@@ -1,0 +1,77 @@
+//! The worker's half of a keyed submission's idempotency claim ([`runtime::KeyClaim`]).
+//!
+//! A keyed submission binds its key while its log is created and its job published, all at
+//! once, so the job can reach a worker before the gateway knows whether the key was free. Before
+//! a worker claims such a log it makes the same claim with the same record:
+//! - the key is free: this claim binds it to the execution (the gateway's then finds it bound
+//!   to the same execution, which is its own);
+//! - the key is bound to this execution (by the gateway, or an earlier delivery): run it;
+//! - the key is bound to another execution: the submission was a retry of that one, and this
+//!   execution must never run. The gateway answers with the other execution and closes this
+//!   one's log; the worker closes it too, whichever comes first.
+//!
+//! So among the executions of one key at most one ever runs, whatever the order in which the
+//! gateway's and the worker's claims land. A key store the worker cannot reach is retried for
+//! [`KEY_CLAIM_BUDGET`], or until the log is found closed (the gateway, which could not reach
+//! the key store either, closes the log of a submission it answers 503); the job then goes back
+//! to the queue unrun, or is dropped.
+
+use std::time::Duration;
+
+use runtime::backoff::Backoff;
+use runtime::{EventStore, IdempotencyStore, KeyClaim, StoreError};
+use tokio_util::sync::CancellationToken;
+
+/// How long a worker keeps trying to reach the key store before it leaves the job to a later
+/// delivery.
+pub const KEY_CLAIM_BUDGET: Duration = Duration::from_secs(10);
+
+/// What the key of a job says about running its execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyHolder {
+    /// The key is bound to this execution: it may run.
+    This,
+    /// The key is bound to another execution: this one must never run.
+    Another,
+    /// The key could not be claimed, and meanwhile the log was closed: nothing to run.
+    Closed,
+}
+
+/// Claims `claim`'s key for its execution (see the module docs), retrying an unreachable store
+/// with backoff for [`KEY_CLAIM_BUDGET`], until the execution's log in `log` is found closed,
+/// or until `stop` is cancelled. Errors: the store could not be reached; nothing may run yet.
+pub async fn claim(
+    keys: &dyn IdempotencyStore,
+    log: &dyn EventStore,
+    claim: &KeyClaim,
+    stop: &CancellationToken,
+) -> Result<KeyHolder, StoreError> {
+    let id = claim.record.execution_id;
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1))
+        .with_budget(KEY_CLAIM_BUDGET);
+    loop {
+        match keys.claim(&claim.key_hash, &claim.record).await {
+            Ok(None) => return Ok(KeyHolder::This),
+            Ok(Some(bound)) if bound.execution_id == id => return Ok(KeyHolder::This),
+            Ok(Some(_)) => {
+                tracing::info!(execution_id = %id, "idempotency key bound to another execution; not run");
+                return Ok(KeyHolder::Another);
+            }
+            Err(e) => {
+                if let Ok(Some(head)) = log.head(id).await
+                    && head.terminal
+                {
+                    return Ok(KeyHolder::Closed);
+                }
+                let Some(pause) = backoff.next_pause() else {
+                    return Err(e);
+                };
+                tracing::warn!(execution_id = %id, error = %e, "cannot claim the idempotency key yet; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = stop.cancelled() => return Err(e),
+                }
+            }
+        }
+    }
+}
