@@ -1,7 +1,8 @@
 //! The `worker` process: connects to NATS JetStream and to Redis (where it binds the
-//! idempotency keys of keyed jobs before running them, `crate::key_guard`), pulls jobs and runs them until SIGTERM or
-//! SIGINT, then stops taking jobs, lets running executions finish within the grace period and
-//! cancels the rest. Jobs it never took stay in the queue for other workers.
+//! idempotency keys of keyed jobs before running them, `crate::key_guard`), pulls jobs and runs
+//! them until SIGTERM or SIGINT, then stops taking jobs, lets running executions finish within
+//! the grace period and cancels the rest. Jobs it never took stay in the queue for other
+//! workers.
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -1809,10 +1809,18 @@ async fn a_keyed_job_runs_when_its_key_is_free_or_its_own() {
 
 /// A keyed job whose key is bound to another execution (its submission was a retry of that
 /// one) never runs: its log is closed unrouted with the unqueued failure and the job dropped.
-/// A log the gateway closed first is left as it is.
+/// A log the gateway closed first is left as it is. The same with a pipelined writer, as
+/// against JetStream.
 #[tokio::test]
 async fn a_keyed_job_whose_key_is_anothers_never_runs() {
-    let (a, h) = succeeding_a();
+    for pipelined in [false, true] {
+        let (a, h) = succeeding_a();
+        let h = if pipelined { h.pipelined() } else { h };
+        a_job_whose_key_is_anothers_never_runs(&a, &h).await;
+    }
+}
+
+async fn a_job_whose_key_is_anothers_never_runs(a: &ScriptedProvider, h: &Harness) {
     let first = keyed(h.submit(&text_request(""), LONG).await, "key-taken");
     assert_eq!(
         h.keys
@@ -1823,7 +1831,7 @@ async fn a_keyed_job_whose_key_is_anothers_never_runs() {
     );
     let retry = keyed(h.submit(&text_request(""), LONG).await, "key-taken");
     assert_eq!(h.runner.run(&retry, 1).await, RunOutcome::Dropped);
-    assert_failed_unrouted(&h, retry.execution_id, RuntimeError::unqueued()).await;
+    assert_failed_unrouted(h, retry.execution_id, RuntimeError::unqueued()).await;
 
     let closed_first = keyed(h.submit(&text_request(""), LONG).await, "key-taken");
     h.append_foreign(
