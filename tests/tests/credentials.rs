@@ -355,7 +355,7 @@ async fn passwords_and_nkeys() {
     let redis_refused = "Redis refused the credentials";
     // Which binary, its environment, the changes to it, what its error line says.
     type Case<'a> = (&'a str, &'a [(String, String)], &'a Changes<'a>, &'a str);
-    let cases: [Case<'_>; 6] = [
+    let cases: [Case<'_>; 7] = [
         (
             "gateway",
             &gateway_env,
@@ -390,6 +390,13 @@ async fn passwords_and_nkeys() {
             "gateway",
             &gateway_env,
             &[("REDIS_URL", Some(&no_redis_password))],
+            redis_refused,
+        ),
+        // Workers bind the keys of keyed jobs, so they check Redis at startup too.
+        (
+            "worker",
+            &worker_env,
+            &[("REDIS_URL", Some(&wrong_redis))],
             redis_refused,
         ),
     ];
