@@ -89,13 +89,18 @@ struct FaultyStore {
     outage: AtomicBool,
 }
 
+/// `Unavailable` while `outage` is set.
+fn check(outage: &AtomicBool) -> Result<(), StoreError> {
+    if outage.load(Ordering::SeqCst) {
+        Err(unavailable())
+    } else {
+        Ok(())
+    }
+}
+
 impl FaultyStore {
     fn check(&self) -> Result<(), StoreError> {
-        if self.outage.load(Ordering::SeqCst) {
-            Err(unavailable())
-        } else {
-            Ok(())
-        }
+        check(&self.outage)
     }
 }
 
@@ -183,11 +188,7 @@ struct FaultyKeys {
 
 impl FaultyKeys {
     fn check(&self) -> Result<(), StoreError> {
-        if self.outage.load(Ordering::SeqCst) {
-            Err(unavailable())
-        } else {
-            Ok(())
-        }
+        check(&self.outage)
     }
 
     /// Whether `id`'s job was published, or, with `closed`, its log is terminal.

@@ -98,6 +98,21 @@ fn startup_error(message: &str, code: u8) -> ExitCode {
     ExitCode::from(code)
 }
 
+/// The exit of a start that could not connect to `backend` (set by `flag`). Refused
+/// credentials, a failed TLS handshake or a setting JetStream refuses are named as such, since
+/// retrying will not help; the message never holds a credential.
+fn backend_failure(backend: &str, flag: &str, error: &runtime::StoreError) -> ExitCode {
+    if let runtime::StoreError::Misconfigured(detail) = error {
+        tracing::error!(error = %detail, "cannot start with {backend}");
+        return startup_error(&format!("cannot start with {backend}: {detail}"), 1);
+    }
+    tracing::error!(error = %error, "backend connection failed");
+    startup_error(
+        &format!("cannot start with {backend} ({error}); check {flag}"),
+        1,
+    )
+}
+
 /// The `worker` binary.
 pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = ()>) -> ExitCode {
     let common = &args.common;
@@ -136,42 +151,19 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
     };
     let nats = match connected.await {
         Ok(nats) => nats,
-        // Refused credentials, a failed TLS handshake or a setting JetStream refuses: the
-        // message names what failed (never a credential).
-        Err(runtime::StoreError::Misconfigured(detail)) => {
-            tracing::error!(error = %detail, "cannot start with NATS");
-            return startup_error(&format!("cannot start with NATS: {detail}"), 1);
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "backend connection failed");
-            return startup_error(
-                &format!("cannot start with NATS ({e}); check --nats-url"),
-                1,
-            );
-        }
+        Err(e) => return backend_failure("NATS", "--nats-url", &e),
     };
     // Keyed jobs are claimed here too before they run (`crate::key_guard`).
-    let keys: Arc<dyn runtime::IdempotencyStore> = match RedisIdempotencyStore::connect_with(
+    let keys = RedisIdempotencyStore::connect_with(
         &common.redis_url,
         common.redis_ca.as_deref(),
         &common.namespace,
         deployment.retention,
         Duration::from_secs(15),
-    )
-    .await
-    {
+    );
+    let keys: Arc<dyn runtime::IdempotencyStore> = match keys.await {
         Ok(keys) => Arc::new(keys),
-        Err(runtime::StoreError::Misconfigured(detail)) => {
-            tracing::error!(error = %detail, "cannot start with Redis");
-            return startup_error(&format!("cannot start with Redis: {detail}"), 1);
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "backend connection failed");
-            return startup_error(
-                &format!("cannot start with Redis ({e}); check --redis-url"),
-                1,
-            );
-        }
+        Err(e) => return backend_failure("Redis", "--redis-url", &e),
     };
     let admin = match TcpListener::bind((args.admin_host, args.admin_port)).await {
         Ok(listener) => listener,
