@@ -21,8 +21,8 @@
 //!   submission is answered with the other execution (a replay, or 422 for another request);
 //! - the claim failed (Redis out of reach), so whether the key is bound is unknown: the log is
 //!   closed unless a worker claimed the execution first (it bound the key to it, so the
-//!   answer is 202), as for a failed publish below; a worker that bound the key before the
-//!   close leaves it bound to the closed execution until the gateway releases it.
+//!   answer is 202), as for a failed publish below; a worker that bound the key meanwhile
+//!   frees it again when it finds the log closed unrun.
 //!
 //! Creating the log and publishing the job run concurrently (one round trip to each stream, at
 //! the same time; before, the publish waited for the create's acknowledgement). That is safe

@@ -10,6 +10,10 @@
 //!   execution must never run. The gateway answers with the other execution and closes this
 //!   one's log; the worker closes it too, whichever comes first.
 //!
+//! A worker that bound a free key and then finds the log closed unrun by its gateway (the
+//! submission was answered 503 meanwhile) frees the key again ([`release_if_unqueued`]), so a
+//! retry can create the execution.
+//!
 //! So among the executions of one key at most one ever runs, whatever the order in which the
 //! gateway's and the worker's claims land. A key store the worker cannot reach is retried for
 //! [`KEY_CLAIM_BUDGET`], or until the log is found closed (the gateway, which could not reach
@@ -29,8 +33,9 @@ pub const KEY_CLAIM_BUDGET: Duration = Duration::from_secs(10);
 /// What the key of a job says about running its execution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyHolder {
-    /// The key is bound to this execution: it may run.
-    This,
+    /// The key is bound to this execution: it may run. `bound_here`: this claim bound it (it
+    /// was free), rather than finding it bound by the gateway or an earlier delivery.
+    This { bound_here: bool },
     /// The key is bound to another execution: this one must never run.
     Another,
     /// The key could not be claimed, and meanwhile the log was closed: nothing to run.
@@ -51,8 +56,10 @@ pub async fn claim(
         .with_budget(KEY_CLAIM_BUDGET);
     loop {
         match keys.claim(&claim.key_hash, &claim.record).await {
-            Ok(None) => return Ok(KeyHolder::This),
-            Ok(Some(bound)) if bound.execution_id == id => return Ok(KeyHolder::This),
+            Ok(None) => return Ok(KeyHolder::This { bound_here: true }),
+            Ok(Some(bound)) if bound.execution_id == id => {
+                return Ok(KeyHolder::This { bound_here: false });
+            }
             Ok(Some(_)) => {
                 tracing::info!(execution_id = %id, "idempotency key bound to another execution; not run");
                 return Ok(KeyHolder::Another);
@@ -72,6 +79,37 @@ pub async fn claim(
                     () = stop.cancelled() => return Err(e),
                 }
             }
+        }
+    }
+}
+
+/// Frees `claim`'s key, which this worker bound, when the execution's log turns out closed
+/// with the unqueued failure right after `execution.accepted`: its gateway gave the submission
+/// up (answered 503, or 429) while this worker was binding the key, and may have released the
+/// key before this worker bound it. Nothing of the execution ran or will run, so a retry must
+/// be free to create the execution. A log closed any other way (a cancellation, the deadline)
+/// keeps its key: a retry replays that execution. Best effort: the binding expires anyway.
+pub async fn release_if_unqueued(
+    keys: &dyn IdempotencyStore,
+    log: &dyn EventStore,
+    claim: &KeyClaim,
+) {
+    let id = claim.record.execution_id;
+    let Ok(Some(state)) = log.state(id).await else {
+        return;
+    };
+    let snapshot = state.snapshot();
+    let unqueued = snapshot.last_sequence.get() == 2
+        && snapshot.error.as_ref() == Some(&protocol::RuntimeError::unqueued());
+    if !unqueued {
+        return;
+    }
+    match keys.release(&claim.key_hash, id).await {
+        Ok(()) => {
+            tracing::info!(execution_id = %id, "released the idempotency key of an execution given up unrun")
+        }
+        Err(e) => {
+            tracing::warn!(execution_id = %id, error = %e, "cannot release the idempotency key of an execution given up unrun")
         }
     }
 }

@@ -230,32 +230,45 @@ impl Runner {
                 .finish(&mut writer, job.accepted_at, EventBody::Failed { error })
                 .await;
         }
-        if let Some(claim) = &job.key {
-            // The gateway binds the key while this job travels: bind it here too before the
-            // log is claimed, and never run an execution whose key is another's.
-            match key_guard::claim(&*self.keys, &*self.store, claim, &self.abort_all).await {
-                Ok(KeyHolder::This) => {}
-                Ok(KeyHolder::Closed) => return RunOutcome::Dropped,
-                Ok(KeyHolder::Another) => {
-                    // Whoever closes the log first (this worker or the gateway) wins; the
-                    // other's compare-and-set loses, which is fine.
-                    let unqueued = EventBody::Failed {
-                        error: RuntimeError::unqueued(),
-                    };
-                    if let Err(e) = writer.append(unqueued).await
-                        && !matches!(e, WriteError::Fenced)
-                    {
-                        tracing::warn!(execution_id = %id, error = %e, "cannot close the log of an execution whose key is another's");
-                        return RunOutcome::Abandoned;
-                    }
-                    return RunOutcome::Dropped;
+        let Some(claim) = &job.key else {
+            return self.run_claimable(job, writer).await;
+        };
+        // The gateway binds the key while this job travels: bind it here too before the log
+        // is claimed, and never run an execution whose key is another's.
+        match key_guard::claim(&*self.keys, &*self.store, claim, &self.abort_all).await {
+            Ok(KeyHolder::This { bound_here }) => {
+                let outcome = self.run_claimable(job, writer).await;
+                if bound_here && outcome == RunOutcome::Dropped {
+                    key_guard::release_if_unqueued(&*self.keys, &*self.store, claim).await;
                 }
-                Err(e) => {
-                    tracing::warn!(execution_id = %id, error = %e, "cannot claim the idempotency key; leaving the job to a later delivery");
+                outcome
+            }
+            Ok(KeyHolder::Closed) => RunOutcome::Dropped,
+            Ok(KeyHolder::Another) => {
+                // Whoever closes the log first (this worker or the gateway) wins; the other's
+                // compare-and-set loses, which is fine.
+                let unqueued = EventBody::Failed {
+                    error: RuntimeError::unqueued(),
+                };
+                if let Err(e) = writer.append(unqueued).await
+                    && !matches!(e, WriteError::Fenced)
+                {
+                    tracing::warn!(execution_id = %id, error = %e, "cannot close the log of an execution whose key is another's");
                     return RunOutcome::Abandoned;
                 }
+                RunOutcome::Dropped
+            }
+            Err(e) => {
+                tracing::warn!(execution_id = %id, error = %e, "cannot claim the idempotency key; leaving the job to a later delivery");
+                RunOutcome::Abandoned
             }
         }
+    }
+
+    /// Runs `job` from its log's `execution.accepted` (the end `writer` starts from), once
+    /// nothing forbids claiming it: its deadline, a cancellation, then routing and attempts.
+    async fn run_claimable(&self, job: &Job, mut writer: EventWriter) -> RunOutcome {
+        let id = job.execution_id;
         instrument::queue_wait(job.accepted_at);
         // Watch only once this delivery may claim the log (still before the claim itself): a
         // dropped duplicate must not unwatch, and so disarm, the live attempt's cancel token.

@@ -16,7 +16,7 @@ use protocol::{
     UsageFact, UsageSource, UsageUnit,
 };
 use runtime::memory::{MemoryJobQueue, MemoryLimits};
-use runtime::{CancelBus, EventStore, JobQueue, StoreError};
+use runtime::{CancelBus, EventStore, IdempotencyStore, JobQueue, StoreError};
 use support::*;
 use tokio::sync::Semaphore;
 use worker::provider::mock::{MockConfig, MockProvider};
@@ -1850,7 +1850,7 @@ async fn a_job_whose_key_is_anothers_never_runs(a: &ScriptedProvider, h: &Harnes
 struct UnreachableKeys;
 
 #[async_trait::async_trait]
-impl runtime::IdempotencyStore for UnreachableKeys {
+impl IdempotencyStore for UnreachableKeys {
     async fn claim(
         &self,
         _: &str,
@@ -1919,4 +1919,74 @@ async fn a_keyed_job_whose_key_cannot_be_claimed_is_dropped_once_its_log_is_clos
     );
     assert_eq!(h.events(job.execution_id).await.len(), 2);
     assert_eq!(a.calls(), 0);
+}
+
+/// A key store whose claims bind as usual, after which the execution's log is closed with
+/// `close_with` at once: a gateway giving the submission up (or a cancellation) landing between
+/// the worker's claim of the key and its claim of the log.
+struct ClosingKeys {
+    inner: runtime::memory::MemoryIdempotencyStore,
+    log: Arc<runtime::memory::MemoryEventStore>,
+    close_with: RuntimeError,
+}
+
+#[async_trait::async_trait]
+impl IdempotencyStore for ClosingKeys {
+    async fn claim(
+        &self,
+        key_hash: &str,
+        record: &runtime::IdempotencyRecord,
+    ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
+        let claimed = self.inner.claim(key_hash, record).await?;
+        let closed = RuntimeEvent::new(
+            record.execution_id,
+            protocol::Sequence(2),
+            Timestamp::now(),
+            EventBody::Failed {
+                error: self.close_with.clone(),
+            },
+        );
+        self.log.append(closed).await?;
+        Ok(claimed)
+    }
+    async fn release(&self, key_hash: &str, id: ExecutionId) -> Result<(), StoreError> {
+        self.inner.release(key_hash, id).await
+    }
+    async fn ready(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// A worker that bound a free key and then finds the log closed unrun by its gateway (the
+/// submission was answered 503 meanwhile) frees the key, so a retry can create the execution;
+/// a log closed by a cancellation keeps its key, so a retry replays the cancelled execution.
+#[tokio::test]
+async fn a_key_bound_for_an_execution_given_up_unrun_is_freed_again() {
+    for (close_with, freed) in [
+        (RuntimeError::unqueued(), true),
+        (RuntimeError::cancelled(), false),
+    ] {
+        let (a, h) = succeeding_a();
+        let keys = Arc::new(ClosingKeys {
+            inner: runtime::memory::MemoryIdempotencyStore::new(Duration::from_secs(600)),
+            log: Arc::clone(&h.store),
+            close_with: close_with.clone(),
+        });
+        let h = h.with_keys(keys.clone());
+        let job = keyed(h.submit(&text_request(""), LONG).await, "key-given-up");
+        assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
+        assert_eq!(a.calls(), 0);
+        let mut retry = job.key.clone().unwrap().record;
+        retry.execution_id = ExecutionId::new_random();
+        let bound = keys.inner.claim("key-given-up", &retry).await.unwrap();
+        if freed {
+            assert_eq!(bound, None, "the key is free for a retry ({close_with:?})");
+        } else {
+            assert_eq!(
+                bound.map(|r| r.execution_id),
+                Some(job.execution_id),
+                "the key still names the cancelled execution"
+            );
+        }
+    }
 }
