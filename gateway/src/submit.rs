@@ -75,6 +75,7 @@
 //! through [`runtime::EventWriter`], which assigns their sequences and times.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -143,6 +144,7 @@ pub async fn submit(
         record: record.clone(),
     };
     job.key = Some(key.clone());
+    let job = Arc::new(job);
     let claimed = claim_and_create(state, tenant, &job, &key, started).await;
     match claimed {
         (Ok(Bound::This), created) => {
@@ -158,12 +160,13 @@ pub async fn submit(
             // A retry: the execution just created must not run. Its worker finds the key
             // another's and closes its log; this gateway closes it too and withdraws the job.
             if let Some(Ok(())) = created {
-                spawn_discard(state, tenant, &job);
+                let (state, tenant, job) = (state.clone(), tenant.clone(), Arc::clone(&job));
+                tokio::spawn(async move { discard(&state, &tenant, &job).await });
             }
             if existing.fingerprint != record.fingerprint {
                 return Err(ApiError::IdempotencyConflict);
             }
-            replay(state, tenant, existing, key_hash, job).await
+            replay(state, tenant, existing, key_hash, Arc::unwrap_or_clone(job)).await
         }
         (Err(unbound), created) => {
             // Whether the key was bound is unknown, and a worker may bind it and run the
@@ -202,7 +205,8 @@ enum Bound {
 }
 
 /// Binds `key`, which `job` carries, and creates the execution ([`create_fresh`]); the creation's
-/// outcome is `None` when it was not attempted.
+/// outcome is `None` when it was not attempted, or when the key is another's and the execution
+/// is discarded in the background once created.
 ///
 /// While the key store answers, both run at once: the job carries its key and the worker that
 /// takes it binds the key too before it runs anything (`worker::key_guard`), so the answer
@@ -213,7 +217,7 @@ enum Bound {
 async fn claim_and_create(
     state: &AppState,
     tenant: &Tenant,
-    job: &Job,
+    job: &Arc<Job>,
     key: &KeyClaim,
     started: Instant,
 ) -> (Result<Bound, StoreError>, Option<Result<(), Failed>>) {
@@ -229,11 +233,32 @@ async fn claim_and_create(
     let concurrent = inner.keys_reachable.load(Ordering::Relaxed)
         && inner.backend.quotas.limits(tenant).is_none();
     let (claimed, created) = if concurrent {
-        let (claimed, created) = tokio::join!(
-            inner.backend.idempotency.claim(&key.key_hash, &key.record),
-            create_fresh(state, tenant, job, started),
-        );
-        (bound(claimed), Some(created))
+        // Owned, so that a retry's answer need not wait for the creation of its discarded
+        // execution (which may take up to the settle bound while a stream is failing).
+        let mut creating = Box::pin({
+            let (state, tenant, job) = (state.clone(), tenant.clone(), Arc::clone(job));
+            async move { create_fresh(&state, &tenant, &job, started).await }
+        });
+        let claim = inner.backend.idempotency.claim(&key.key_hash, &key.record);
+        tokio::pin!(claim);
+        let (claimed, created) = tokio::select! {
+            claimed = &mut claim => (bound(claimed), None),
+            created = &mut creating => (bound(claim.await), Some(created)),
+        };
+        match (&claimed, created) {
+            (_, Some(created)) => (claimed, Some(created)),
+            (Ok(Bound::Another(_)), None) => {
+                // A retry: answered at once; its execution is discarded once it exists.
+                let (state, tenant, job) = (state.clone(), tenant.clone(), Arc::clone(job));
+                tokio::spawn(async move {
+                    if let Ok(()) = creating.await {
+                        discard(&state, &tenant, &job).await;
+                    }
+                });
+                (claimed, None)
+            }
+            (_, None) => (claimed, Some(creating.await)),
+        }
     } else {
         let claimed = bound(
             inner
@@ -654,25 +679,20 @@ fn spawn_settle(state: &AppState, job: &Job, attempt: Settle) {
     });
 }
 
-/// Stops, in the background, an execution created for a submission whose idempotency key
-/// turned out to be bound to another execution: its log is closed (unless the worker handed
+/// Stops an execution created for a submission whose idempotency key turned out to be bound
+/// to another execution (run in the background): its log is closed (unless the worker handed
 /// its job closed it first), its job withdrawn and its quota slot given back. Its id was never
 /// answered.
-fn spawn_discard(state: &AppState, tenant: &Tenant, job: &Job) {
-    let state = state.clone();
-    let tenant = tenant.clone();
-    let job = job.clone();
-    tokio::spawn(async move {
-        let attempt = Settle::new(true, None, true, &tenant);
-        match settle_in_background(&state, &job, attempt).await {
-            Some(Settled::Closed) => quota::release(&state, &tenant, job.execution_id).await,
-            Some(Settled::Claimed) => {
-                // Only a worker that does not claim keys (an older version) runs such a job.
-                tracing::error!(execution_id = %job.execution_id, "an execution whose idempotency key is another's was claimed by a worker");
-            }
-            None => {}
+async fn discard(state: &AppState, tenant: &Tenant, job: &Job) {
+    let attempt = Settle::new(true, None, true, tenant);
+    match settle_in_background(state, job, attempt).await {
+        Some(Settled::Closed) => quota::release(state, tenant, job.execution_id).await,
+        Some(Settled::Claimed) => {
+            // Only a worker that does not claim keys (an older version) runs such a job.
+            tracing::error!(execution_id = %job.execution_id, "an execution whose idempotency key is another's was claimed by a worker");
         }
-    });
+        None => {}
+    }
 }
 
 /// Settles with backoff for [`BACKGROUND_SETTLE`]; `None` when that was not enough.

@@ -16,6 +16,10 @@
 //! - a submit answered 503 never runs: its log, if any, is closed right after
 //!   `execution.accepted`, except in the residual window `gateway::submit` documents (told
 //!   apart by the gateway's log lines, and then it ran exactly once);
+//! - half the clients send an `Idempotency-Key` and retry a submit answered 503 with the same
+//!   key, as a client should: every acceptance of one key (202, or 200 replaying) names the
+//!   same execution, and the executions of its retries that were not answered never ran (the
+//!   key is bound while the job is published, and workers bind it too before running);
 //! - a killed node restarts and catches up (every stream reports all replicas current);
 //! - a whole-cluster restart (SIGTERM to all three nodes, then start) loses nothing: the
 //!   audit above runs after it.
@@ -243,6 +247,8 @@ struct Submit {
     status: Option<u16>,
     code: Option<String>,
     id: Option<String>,
+    /// The `Idempotency-Key` sent, if any.
+    key: Option<String>,
 }
 
 /// What the clients observed, shared between them and the test.
@@ -327,23 +333,29 @@ async fn follow(gateways: &[String], first: usize, id: &str, observed: &Observed
     false
 }
 
-/// One client of the closed loop: submit, follow to the end, repeat until told to stop.
+/// One client of the closed loop: submit, follow to the end, repeat until told to stop. Odd
+/// clients send an `Idempotency-Key` per round and retry a submit that was not accepted with the
+/// same key; even ones send none and move on to the next round.
 async fn client_loop(n: usize, gateways: Vec<String>, observed: Arc<Observed>) {
     let client = client();
-    let mut round = 0usize;
+    let keyed = n % 2 == 1;
+    let (mut round, mut attempts, mut again) = (0usize, 0usize, false);
     while !observed.stop.load(Ordering::SeqCst) {
-        round += 1;
-        let gateway = (n + round) % gateways.len();
+        if !again {
+            round += 1;
+        }
+        attempts += 1;
+        let gateway = (n + attempts) % gateways.len();
         let body = text_request(&format!("client {n} round {round}"));
+        let key = keyed.then(|| format!("client-{n}-round-{round}"));
+        let mut request = client
+            .post(format!("{}/v1/executions", gateways[gateway]))
+            .json(&body);
+        if let Some(key) = &key {
+            request = request.header("idempotency-key", key);
+        }
         let started = Instant::now();
-        let answer = tokio::time::timeout(
-            SUBMIT_BOUND * 5,
-            client
-                .post(format!("{}/v1/executions", gateways[gateway]))
-                .json(&body)
-                .send(),
-        )
-        .await;
+        let answer = tokio::time::timeout(SUBMIT_BOUND * 5, request.send()).await;
         let (status, json) = match answer {
             Ok(Ok(resp)) => {
                 let status = resp.status().as_u16();
@@ -363,17 +375,23 @@ async fn client_loop(n: usize, gateways: Vec<String>, observed: Arc<Observed>) {
             status,
             code,
             id: id.clone(),
+            key,
         });
         match (status, id) {
-            (Some(202), Some(id)) => {
+            (Some(202 | 200), Some(id)) => {
+                again = false;
                 if follow(&gateways, gateway, &id, &observed).await {
                     observed.terminals.fetch_add(1, Ordering::SeqCst);
                 } else {
                     observed.stuck.lock().await.push(id);
                 }
             }
-            // Backs off like a client honouring a retryable error, so the loop stays closed.
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            // Backs off like a client honouring a retryable error, so the loop stays closed;
+            // a keyed client retries the same submit.
+            _ => {
+                again = keyed;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
     }
 }
@@ -658,7 +676,9 @@ async fn kills_lose_nothing(layout: Layout) {
 
     // --- submits ---
     let submits = observed.submits.lock().await.clone();
-    let accepted: Vec<String> = submits.iter().filter_map(|s| s.id.clone()).collect();
+    let mut accepted: Vec<String> = submits.iter().filter_map(|s| s.id.clone()).collect();
+    accepted.sort();
+    accepted.dedup();
     let unavailable = submits.iter().filter(|s| s.status == Some(503)).count();
     let slowest = submits.iter().map(|s| s.latency).max().unwrap_or_default();
     eprintln!(
@@ -670,10 +690,10 @@ async fn kills_lose_nothing(layout: Layout) {
         let ok = matches!(
             (s.status, s.code.as_deref(), &s.id),
             (Some(202), _, Some(_)) | (Some(503), Some("unavailable"), _)
-        );
+        ) || (s.key.is_some() && s.status == Some(200) && s.id.is_some());
         assert!(
             ok,
-            "submit answered neither 202 nor 503 unavailable: {s:?}\n{}",
+            "submit answered neither 202 (200 replaying, with a key) nor 503 unavailable: {s:?}\n{}",
             stack.logs()
         );
         assert!(
@@ -681,6 +701,22 @@ async fn kills_lose_nothing(layout: Layout) {
             "submit took longer than {SUBMIT_BOUND:?}: {s:?}"
         );
     }
+    // One key, one execution: every acceptance of a key names the same one.
+    let mut by_key: HashMap<&str, &str> = HashMap::new();
+    let mut replays = 0;
+    for s in &submits {
+        let (Some(key), Some(id)) = (s.key.as_deref(), s.id.as_deref()) else {
+            continue;
+        };
+        replays += usize::from(s.status == Some(200));
+        let first = *by_key.entry(key).or_insert(id);
+        assert_eq!(first, id, "key {key} accepted as two executions");
+    }
+    eprintln!(
+        "{} keys accepted, {replays} of their acceptances replays",
+        by_key.len()
+    );
+    assert!(!by_key.is_empty(), "no keyed submit was accepted");
     let stuck = observed.stuck.lock().await.clone();
     assert!(
         stuck.is_empty(),
