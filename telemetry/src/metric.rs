@@ -20,6 +20,8 @@ pub const PROVIDER_INFLIGHT: &str = "mrt_provider_inflight";
 pub const EVENT_APPEND_DURATION_SECONDS: &str = "mrt_event_append_duration_seconds";
 pub const JOBS_PENDING: &str = "mrt_jobs_pending";
 pub const JOB_REDELIVERIES_TOTAL: &str = "mrt_job_redeliveries_total";
+/// A worker's claims of keyed jobs' idempotency keys, by outcome ([`key_claim`]).
+pub const KEY_CLAIMS_TOTAL: &str = "mrt_idempotency_key_claims_total";
 /// Rendered by each gateway from its own stream count (its shutdown waits on that count), not
 /// through the `metrics` facade.
 pub const SSE_STREAMS_ACTIVE: &str = "mrt_sse_streams_active";
@@ -171,6 +173,14 @@ pub fn register() {
         "Jobs delivered again after a worker stopped acknowledging."
     );
 
+    describe_counter!(
+        KEY_CLAIMS_TOTAL,
+        "Idempotency keys of keyed jobs a worker claimed, by outcome."
+    );
+    for outcome in key_claim::ALL {
+        metrics::counter!(KEY_CLAIMS_TOTAL, "outcome" => outcome).absolute(0);
+    }
+
     metrics::counter!(JOB_REDELIVERIES_TOTAL).absolute(0);
     metrics::counter!(EXECUTIONS_TOTAL, "outcome" => outcome::SUCCEEDED, "code" => NO_CODE)
         .absolute(0);
@@ -182,6 +192,18 @@ pub fn register() {
         };
         metrics::counter!(EXECUTIONS_TOTAL, "outcome" => outcome, "code" => code).absolute(0);
     }
+}
+
+/// Outcomes of [`KEY_CLAIMS_TOTAL`].
+pub mod key_claim {
+    /// The key is bound to the job's execution, which may run.
+    pub const BOUND: &str = "bound";
+    /// The key is bound to another execution: the job's execution was a retry's, never run.
+    pub const ANOTHER: &str = "another";
+    /// The key store could not be reached (within the worker's budget, or before the log was
+    /// found closed): the job was not run.
+    pub const UNREACHABLE: &str = "unreachable";
+    pub const ALL: [&str; 3] = [BOUND, ANOTHER, UNREACHABLE];
 }
 
 /// Reasons of [`QUOTA_REJECTIONS_TOTAL`].

@@ -143,6 +143,7 @@ async fn every_dashboard_query_returns_series_from_a_real_prometheus() {
     for name in [
         "mrt_executions_total",
         "mrt_job_redeliveries_total",
+        "mrt_idempotency_key_claims_total{outcome=\"unreachable\"} 0",
         "mrt_provider_attempts_total",
         "process_cpu_seconds_total",
         "process_resident_memory_bytes",

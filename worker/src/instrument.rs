@@ -17,6 +17,8 @@ use protocol::{RuntimeError, Timestamp, UsageFact};
 use telemetry::metric;
 use tokio::time::Instant;
 
+use crate::key_guard::KeyHolder;
+
 /// The metric handles of one configured model, resolved on its first attempt: the hot path then
 /// records through them, without a registry lookup or a label allocation per event.
 #[derive(Debug)]
@@ -112,6 +114,17 @@ const NO_TARGET: &str = "none";
 /// Records a delivery that is not the job's first (the previous holder stopped acknowledging).
 pub fn redelivered() {
     metrics::counter!(metric::JOB_REDELIVERIES_TOTAL).increment(1);
+}
+
+/// Records what the claim of a keyed job's idempotency key found ([`metric::key_claim`]). A key
+/// that could not be claimed before the log was found closed counts as unreachable.
+pub fn key_claim(claimed: &Result<KeyHolder, runtime::StoreError>) {
+    let outcome = match claimed {
+        Ok(KeyHolder::This { .. }) => metric::key_claim::BOUND,
+        Ok(KeyHolder::Another) => metric::key_claim::ANOTHER,
+        Ok(KeyHolder::Closed) | Err(_) => metric::key_claim::UNREACHABLE,
+    };
+    metrics::counter!(metric::KEY_CLAIMS_TOTAL, "outcome" => outcome).increment(1);
 }
 
 /// Records the time from acceptance until a worker started the execution.

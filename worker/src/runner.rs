@@ -235,7 +235,9 @@ impl Runner {
         };
         // The gateway binds the key while this job travels: bind it here too before the log
         // is claimed, and never run an execution whose key is another's.
-        match key_guard::claim(&*self.keys, &*self.store, claim, &self.abort_all).await {
+        let claimed = key_guard::claim(&*self.keys, &*self.store, claim, &self.abort_all).await;
+        instrument::key_claim(&claimed);
+        match claimed {
             Ok(KeyHolder::This { bound_here }) => {
                 let outcome = self.run_claimable(job, writer).await;
                 if bound_here && outcome == RunOutcome::Dropped {

@@ -107,3 +107,37 @@ async fn a_failed_attempt_and_a_redelivery_are_counted_by_code() {
     ];
     assert_samples(&text, &expected);
 }
+
+/// Claims of keyed jobs' keys are counted by outcome; every outcome is there from the start.
+#[tokio::test]
+async fn key_claims_are_counted_by_outcome() {
+    let exporter = MetricsExporter::install();
+    let a = ScriptedProvider::succeeding("a");
+    let h = Harness::new(vec![(a as Arc<dyn Provider>, DEFAULT_LIMITS)]);
+    let keyed = |mut job: runtime::Job| {
+        job.key = Some(runtime::KeyClaim {
+            key_hash: "k".into(),
+            record: runtime::IdempotencyRecord {
+                fingerprint: "f".into(),
+                execution_id: job.execution_id,
+                created_at: job.accepted_at,
+            },
+        });
+        job
+    };
+    let first = keyed(h.submit(&text_request(""), Duration::from_secs(30)).await);
+    assert_eq!(h.runner.run(&first, 1).await, RunOutcome::Finished);
+    let retry = keyed(h.submit(&text_request(""), Duration::from_secs(30)).await);
+    assert_eq!(h.runner.run(&retry, 1).await, RunOutcome::Dropped);
+    let text = exporter.render();
+    let claims =
+        |outcome: &str| format!("mrt_idempotency_key_claims_total{{outcome=\"{outcome}\"}}");
+    assert_samples(
+        &text,
+        &[
+            (claims("bound"), 1.0),
+            (claims("another"), 1.0),
+            (claims("unreachable"), 0.0),
+        ],
+    );
+}
