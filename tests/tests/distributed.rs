@@ -73,6 +73,53 @@ async fn one_idempotency_key_across_gateways_gives_one_execution_and_one_run() {
     let (status, body) = submit(&g2.url, &text_request("different"), Some(&key)).await;
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["error"]["code"], "idempotency_conflict");
+    // Each of the 51 submits created its execution while binding the key (the last ones in the
+    // background, after their answer): every one but the winner ends closed unrun (by its
+    // worker or its gateway), never routed.
+    let logged = poll_until(PROMPT, Duration::from_millis(100), async || {
+        let logged = logged_executions(&cluster).await;
+        if logged.len() == 51 {
+            Ok(logged)
+        } else {
+            Err(format!("{} of 51 executions logged", logged.len()))
+        }
+    })
+    .await;
+    let others: Vec<&String> = logged.iter().filter(|other| **other != id).collect();
+    assert_eq!(
+        others.len(),
+        50,
+        "the winner is among the logged executions"
+    );
+    for other in others {
+        let snap = wait_terminal(&g1.url, other).await;
+        assert_eq!(snap["status"], "failed", "{snap}");
+        assert_eq!(
+            snap["error"]["message"], "Execution could not be queued",
+            "{snap}"
+        );
+        assert!(snap["target"].is_null(), "{other} was routed: {snap}");
+    }
+}
+
+/// The executions that have a log in `cluster`'s (one-stream) events stream.
+async fn logged_executions(cluster: &Cluster) -> Vec<String> {
+    use futures_util::TryStreamExt;
+    let js = testkit::jetstream::connect(&cluster.nats.url()).await;
+    let upper = cluster.namespace.to_ascii_uppercase();
+    let stream = js.get_stream(format!("{upper}_EVENTS")).await.unwrap();
+    let prefix = format!("{}.events.", cluster.namespace);
+    let subjects: Vec<(String, usize)> = stream
+        .info_with_subjects(format!("{prefix}>"))
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    subjects
+        .into_iter()
+        .map(|(subject, _)| subject.trim_start_matches(&prefix).to_owned())
+        .collect()
 }
 
 /// How many of `events` are of type `kind`.
