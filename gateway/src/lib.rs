@@ -9,6 +9,8 @@
 //! - [`events`]: the SSE projection with backpressure, batching and keep-alives.
 //! - [`error`]: `ApiError`, the only place errors become status codes and fixed messages;
 //!   `From<StoreError>` gives each store error kind its one HTTP meaning, so handlers use `?`.
+//! - [`recent_keys`]: the idempotency keys this gateway saw bound lately, whose submits claim
+//!   their key before creating anything (most likely retries).
 //! - [`quota`]: per-tenant quotas in the submission flow (`runtime::QuotaGate` built from the
 //!   deployment's tenants), checked around the creation of an execution.
 //! - [`response`]: JSON responses and the headers every response carries.
@@ -22,7 +24,8 @@
 //!   [`server::run`].
 //!
 //! The gateway keeps no per-execution state of its own: everything it serves comes from the
-//! backends, so any gateway can serve any execution.
+//! backends, so any gateway can serve any execution. (Its memory of recent keys only decides
+//! the order of a submit's steps.)
 
 pub mod api;
 pub mod auth;
@@ -34,6 +37,7 @@ pub mod events;
 pub mod instrument;
 pub mod metrics;
 pub mod quota;
+pub mod recent_keys;
 pub mod response;
 pub mod server;
 pub mod state;

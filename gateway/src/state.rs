@@ -78,6 +78,8 @@ pub(crate) struct Inner {
     /// Whether the last idempotency key claim got an answer: keyed submits then bind their
     /// key while the execution is created, else first (`crate::submit`).
     pub keys_reachable: AtomicBool,
+    /// Keys seen bound lately: their submits claim first (`crate::recent_keys`).
+    pub recent_keys: crate::recent_keys::RecentKeys,
     /// Ends every open SSE stream (cleanly, at a frame boundary) at shutdown.
     pub close_streams: CancellationToken,
 }
@@ -114,6 +116,7 @@ impl AppState {
                 streams,
                 stopping: AtomicBool::new(false),
                 keys_reachable: AtomicBool::new(true),
+                recent_keys: crate::recent_keys::RecentKeys::default(),
                 close_streams: CancellationToken::new(),
             }),
         }

@@ -9,7 +9,8 @@
 //!
 //! A keyed submission binds its key concurrently with creating the log and publishing the job
 //! (one round trip to Redis and one to each stream, all at once), except for a tenant with
-//! quotas and while Redis is out of reach (see [`claim_and_create`]). The job carries the key's
+//! quotas, a key this gateway saw bound lately, and while Redis is out of reach (see
+//! [`claim_and_create`]). The job carries the key's
 //! binding ([`runtime::KeyClaim`]) and the worker that takes it makes the same claim before it
 //! claims the log (`worker::key_guard`), so an execution whose key turns out to be another's
 //! never runs, whichever claim lands first. Then:
@@ -211,9 +212,10 @@ enum Bound {
 /// While the key store answers, both run at once: the job carries its key and the worker that
 /// takes it binds the key too before it runs anything (`worker::key_guard`), so the answer
 /// costs no round trip for the key. The key is claimed first, and nothing is created unless it
-/// is this execution's, for a tenant with quotas (a replay takes no token and no slot) and
-/// after a claim failed (Redis out of reach): while Redis stays down, keyed submits publish
-/// nothing. The first claim that succeeds again restores the concurrent order.
+/// is this execution's, for a tenant with quotas (a replay takes no token and no slot), for a
+/// key this gateway saw bound lately (most likely a retry, `crate::recent_keys`), and after a
+/// claim failed (Redis out of reach): while Redis stays down, keyed submits publish nothing.
+/// The first claim that succeeds again restores the concurrent order.
 async fn claim_and_create(
     state: &AppState,
     tenant: &Tenant,
@@ -229,9 +231,11 @@ async fn claim_and_create(
         })
     };
     // A tenant with quotas claims first too: a replay must take no token and no slot
-    // (`crate::quota`), and its admission costs a round trip of its own anyway.
+    // (`crate::quota`), and its admission costs a round trip of its own anyway. So does a key
+    // seen bound lately: most likely a retry, whose execution would only be discarded.
     let concurrent = inner.keys_reachable.load(Ordering::Relaxed)
-        && inner.backend.quotas.limits(tenant).is_none();
+        && inner.backend.quotas.limits(tenant).is_none()
+        && !inner.recent_keys.contains(&key.key_hash);
     let (claimed, created) = if concurrent {
         // Owned, so that a retry's answer need not wait for the creation of its discarded
         // execution (which may take up to the settle bound while a stream is failing).
@@ -276,6 +280,9 @@ async fn claim_and_create(
     inner
         .keys_reachable
         .store(claimed.is_ok(), Ordering::Relaxed);
+    if claimed.is_ok() {
+        inner.recent_keys.insert(&key.key_hash);
+    }
     (claimed, created)
 }
 

@@ -241,6 +241,8 @@ impl IdempotencyStore for FaultyKeys {
 
 struct Harness {
     app: axum::Router,
+    /// A second gateway over the same stores: it has not seen the first one's keys bound.
+    other_gateway: axum::Router,
     store: Arc<MemoryEventStore>,
     queue: Arc<MemoryJobQueue>,
     gateway_store: Arc<FaultyStore>,
@@ -338,7 +340,12 @@ async fn harness(create_fault: (Fault, usize), publish_fault: (Fault, usize)) ->
         ..gateway::ApiLimits::default()
     };
     Harness {
-        app: gateway::router(gateway::AppState::new(backend, registry, limits)),
+        app: gateway::router(gateway::AppState::new(
+            backend.clone(),
+            Arc::clone(&registry),
+            limits.clone(),
+        )),
+        other_gateway: gateway::router(gateway::AppState::new(backend, registry, limits)),
         store,
         queue,
         gateway_store,
@@ -360,6 +367,10 @@ struct Answer {
 
 impl Harness {
     async fn submit(&self, text: &str, key: Option<&str>) -> Answer {
+        self.submit_to(&self.app, text, key).await
+    }
+
+    async fn submit_to(&self, app: &axum::Router, text: &str, key: Option<&str>) -> Answer {
         let body =
             json!({ "ability": "text-generation", "input": [{ "type": "text", "text": text }] });
         let mut request = Request::builder()
@@ -371,7 +382,7 @@ impl Harness {
         }
         let request = request.body(Body::from(body.to_string())).unwrap();
         let started = Instant::now();
-        let response = self.app.clone().oneshot(request).await.unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
         let status = response.status();
         let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
             .await
@@ -620,20 +631,41 @@ async fn a_keyed_submission_binds_its_key_while_the_job_is_published() {
     h.gateway_keys.after_publish.store(true, Ordering::SeqCst);
     let first = h.submit("bound-meanwhile", Some("k-meanwhile")).await;
     assert_eq!(first.status, StatusCode::ACCEPTED, "{first:?}");
-    let retry = h.submit("bound-meanwhile", Some("k-meanwhile")).await;
-    assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
-    assert_eq!(retry.body["execution_id"], first.body["execution_id"]);
     h.terminal_log(execution_id(&first)).await;
     h.drained().await;
     assert_eq!(h.calls_for("bound-meanwhile"), 1);
+}
+
+/// A retry reaching the gateway that saw its key bound claims the key first: it is answered
+/// with the first execution and creates nothing (no job is published for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_to_the_gateway_that_saw_its_key_creates_nothing() {
+    let h = harness((Fault::Lost, 0), (Fault::Lost, 0)).await;
+    let first = h.submit("seen-key", Some("k-seen")).await;
+    assert_eq!(first.status, StatusCode::ACCEPTED, "{first:?}");
+    let published = h.gateway_queue.publishes.seen.lock().len();
+    for _ in 0..3 {
+        let retry = h.submit("seen-key", Some("k-seen")).await;
+        assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
+        assert_eq!(retry.body["execution_id"], first.body["execution_id"]);
+    }
+    assert_eq!(h.gateway_queue.publishes.seen.lock().len(), published);
+    // The other gateway has not seen the key: its retry creates an execution (discarded).
+    let elsewhere = h
+        .submit_to(&h.other_gateway, "seen-key", Some("k-seen"))
+        .await;
+    assert_eq!(elsewhere.status, StatusCode::OK, "{elsewhere:?}");
+    assert_eq!(h.gateway_queue.publishes.seen.lock().len(), published + 1);
+    h.drained().await;
+    assert_eq!(h.calls_for("seen-key"), 1);
 }
 
 /// A retry's own execution is created and its job published before the gateway learns that
 /// the key is bound: here a worker takes that job and finishes with it before the gateway's
 /// claim is answered. The worker binds the key itself, finds it bound to the first execution,
 /// and closes the retry's log unrun; the retry is answered with the first execution, and the
-/// provider is called once in all. A different request under the same key is refused (422)
-/// the same way.
+/// provider is called once in all. A different request under the same key is then refused
+/// (422) without creating anything, since that gateway has seen the key bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retrys_job_that_reaches_a_worker_first_never_runs() {
     let h = harness((Fault::Lost, 0), (Fault::Lost, 0)).await;
@@ -642,12 +674,21 @@ async fn a_retrys_job_that_reaches_a_worker_first_never_runs() {
     let first_id = execution_id(&first);
     h.terminal_log(first_id).await;
 
+    // The retry reaches the other gateway, which has not seen the key bound: it creates its
+    // execution while binding the key.
     h.gateway_keys.after_close.store(true, Ordering::SeqCst);
-    let retry = h.submit("runs-once", Some("k-once")).await;
+    let retry = h
+        .submit_to(&h.other_gateway, "runs-once", Some("k-once"))
+        .await;
     assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
     assert_eq!(retry.body["idempotent_replay"], true, "{retry:?}");
     assert_eq!(execution_id(&retry), first_id);
-    let conflict = h.submit("another request", Some("k-once")).await;
+    // Now that gateway has seen the key bound: a different request under it is refused
+    // without creating anything.
+    h.gateway_keys.after_close.store(false, Ordering::SeqCst);
+    let conflict = h
+        .submit_to(&h.other_gateway, "another request", Some("k-once"))
+        .await;
     assert_eq!(
         conflict.status,
         StatusCode::UNPROCESSABLE_ENTITY,
@@ -671,7 +712,11 @@ async fn a_retrys_job_that_reaches_a_worker_first_never_runs() {
         .copied()
         .filter(|id| *id != first_id)
         .collect();
-    assert_eq!(others.len(), 2, "the retry's and the conflict's jobs");
+    assert_eq!(
+        others.len(),
+        1,
+        "the retry's job, and none for the conflict"
+    );
     for id in others {
         let log = h.store.read(id, Sequence::ZERO, 10).await.unwrap().unwrap();
         let types: Vec<_> = log.iter().map(|r| r.event.type_name()).collect();

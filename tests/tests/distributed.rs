@@ -73,33 +73,35 @@ async fn one_idempotency_key_across_gateways_gives_one_execution_and_one_run() {
     let (status, body) = submit(&g2.url, &text_request("different"), Some(&key)).await;
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["error"]["code"], "idempotency_conflict");
-    // Each of the 51 submits created its execution while binding the key (the last ones in the
-    // background, after their answer): every one but the winner ends closed unrun (by its
-    // worker or its gateway), never routed.
-    let logged = poll_until(PROMPT, Duration::from_millis(100), async || {
+    // The submits that reached a gateway before it saw the key bound created their execution
+    // while binding the key (some in the background, after their answer): every execution but
+    // the one answered ends closed unrun (by its worker or its gateway), never routed. Checked
+    // until a listing of the logs finds nothing new.
+    let mut checked = HashSet::from([id.clone()]);
+    poll_until(PROMPT, Duration::from_millis(500), async || {
         let logged = logged_executions(&cluster).await;
-        if logged.len() == 51 {
-            Ok(logged)
-        } else {
-            Err(format!("{} of 51 executions logged", logged.len()))
+        let new: Vec<String> = logged
+            .into_iter()
+            .filter(|other| !checked.contains(other))
+            .collect();
+        if new.is_empty() {
+            return Ok(());
         }
+        for other in new {
+            let snap = wait_terminal(&g1.url, &other).await;
+            assert_eq!(snap["status"], "failed", "{snap}");
+            assert_eq!(
+                snap["error"]["message"], "Execution could not be queued",
+                "{snap}"
+            );
+            assert!(snap["target"].is_null(), "{other} was routed: {snap}");
+            checked.insert(other);
+        }
+        Err("new executions were logged".to_owned())
     })
     .await;
-    let others: Vec<&String> = logged.iter().filter(|other| **other != id).collect();
-    assert_eq!(
-        others.len(),
-        50,
-        "the winner is among the logged executions"
-    );
-    for other in others {
-        let snap = wait_terminal(&g1.url, other).await;
-        assert_eq!(snap["status"], "failed", "{snap}");
-        assert_eq!(
-            snap["error"]["message"], "Execution could not be queued",
-            "{snap}"
-        );
-        assert!(snap["target"].is_null(), "{other} was routed: {snap}");
-    }
+    assert!(checked.len() <= 52, "{} executions", checked.len());
+    eprintln!("{} executions created for one key", checked.len());
 }
 
 /// The executions that have a log in `cluster`'s (one-stream) events stream.
