@@ -75,10 +75,20 @@ running() { owned "$(pid_of "$1")"; }
 
 # start NAME COMMAND...: runs COMMAND detached, output to log/NAME.log, pid in run/NAME.pid.
 start() {
-  local name=$1
+  local name=$1 pid i
   shift
   setsid "$@" >"$logs/$name.log" 2>&1 </dev/null &
-  echo $! >"$run/$name.pid"
+  pid=$!
+  echo "$pid" >"$run/$name.pid"
+  # Until the child has exec'd its command, /proc shows the forked shell, whose command line
+  # is not the component's: wait (at most 2 s) for the command itself, so that a check right
+  # after the start does not take the fork for a component that exited.
+  for i in $(seq 1 200); do
+    if owned "$pid" || ! kill -0 "$pid" 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.01
+  done
 }
 
 # Prints the end of a component's log on stderr, for start-up failures.

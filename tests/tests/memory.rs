@@ -137,14 +137,18 @@ fn rss(pid: u32) -> u64 {
 /// Submits `body` with an idempotency key; returns the execution id (202 expected). A 503
 /// (retryable: on 2 busy cores a debug build can take longer than the store's request timeout
 /// to parse and publish several 1 MiB bodies at once) is retried with the same key, as a
-/// client would; a retry can only replay the same execution.
+/// client would; a retry can only replay the same execution. When the 503 came before its
+/// outcome was known, the key stays bound and that execution may have been closed unrun since
+/// (`gateway::submit`): the replay then shows it failed, and the request is submitted again
+/// under a new key.
 async fn submit_raw(base: &str, body: String, key: &str) -> String {
     let deadline = Instant::now() + PROMPT;
+    let mut key = key.to_owned();
     loop {
         let response = client()
             .post(format!("{base}/v1/executions"))
             .header("content-type", "application/json")
-            .header("idempotency-key", key)
+            .header("idempotency-key", &key)
             .body(body.clone())
             .send()
             .await
@@ -156,7 +160,31 @@ async fn submit_raw(base: &str, body: String, key: &str) -> String {
             continue;
         }
         assert!(status == 202 || status == 200, "{status}: {answer}");
-        return answer["execution_id"].as_str().unwrap().to_owned();
+        let id = answer["execution_id"].as_str().unwrap().to_owned();
+        if status == 200 && given_up_unrun(base, &id).await {
+            key.push_str("-again");
+            continue;
+        }
+        return id;
+    }
+}
+
+/// Whether execution `id`, replayed after a 503, was closed without running (the unqueued
+/// failure right after `execution.accepted`), once it has left `accepted`.
+async fn given_up_unrun(base: &str, id: &str) -> bool {
+    let deadline = Instant::now() + PROMPT;
+    loop {
+        let (_, snapshot) = get_json(&format!("{base}/v1/executions/{id}")).await;
+        match snapshot["status"].as_str() {
+            Some("accepted") if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Some("failed") => {
+                return snapshot["error"]["message"] == "Execution could not be queued"
+                    && snapshot["last_sequence"] == 2;
+            }
+            _ => return false,
+        }
     }
 }
 
