@@ -18,7 +18,7 @@
 //!   as if unkeyed (202, or the failure of a failed step, which releases the key when nothing
 //!   will run);
 //! - the key is bound to another execution (a retry): the new execution is discarded in the
-//!   background (its log closed, its job withdrawn, its quota slot given back) and the
+//!   background (its log closed, its job withdrawn) and the
 //!   submission is answered with the other execution (a replay, or 422 for another request);
 //! - the claim failed (Redis out of reach), so whether the key is bound is unknown: the log is
 //!   closed unless a worker claimed the execution first (it bound the key to it, so the
@@ -157,13 +157,8 @@ pub async fn submit(
             }
             Ok(accepted(id, created_at))
         }
-        (Ok(Bound::Another(existing)), created) => {
-            // A retry: the execution just created must not run. Its worker finds the key
-            // another's and closes its log; this gateway closes it too and withdraws the job.
-            if let Some(Ok(())) = created {
-                let (state, tenant, job) = (state.clone(), tenant.clone(), Arc::clone(&job));
-                tokio::spawn(async move { discard(&state, &tenant, &job).await });
-            }
+        (Ok(Bound::Another(existing)), _) => {
+            // A retry: an execution created for it is discarded by `claim_and_create`.
             if existing.fingerprint != record.fingerprint {
                 return Err(ApiError::IdempotencyConflict);
             }
@@ -175,15 +170,12 @@ pub async fn submit(
             let failed = match created {
                 None => return Err(unbound.into()),
                 Some(Ok(())) => {
+                    // Only the concurrent order creates before the claim is known, and only for
+                    // tenants without quotas: no slot to give back.
                     let attempt = Settle::new(true, None, true, tenant);
                     match settle(state, &job, attempt, unbound, started).await {
                         Ok(_) => return Ok(accepted(id, created_at)),
-                        Err(failed) => {
-                            if failed.settled {
-                                quota::release(state, tenant, id).await;
-                            }
-                            failed
-                        }
+                        Err(failed) => failed,
                     }
                 }
                 Some(Err(failed)) => failed,
@@ -206,8 +198,8 @@ enum Bound {
 }
 
 /// Binds `key`, which `job` carries, and creates the execution ([`create_fresh`]); the creation's
-/// outcome is `None` when it was not attempted, or when the key is another's and the execution
-/// is discarded in the background once created.
+/// outcome is `None` when it was not attempted, or when the key is another's (an execution
+/// created for it is then discarded in the background, see [`discard`]).
 ///
 /// While the key store answers, both run at once: the job carries its key and the worker that
 /// takes it binds the key too before it runs anything (`worker::key_guard`), so the answer
@@ -249,19 +241,25 @@ async fn claim_and_create(
             claimed = &mut claim => (bound(claimed), None),
             created = &mut creating => (bound(claim.await), Some(created)),
         };
-        match (&claimed, created) {
-            (_, Some(created)) => (claimed, Some(created)),
-            (Ok(Bound::Another(_)), None) => {
-                // A retry: answered at once; its execution is discarded once it exists.
-                let (state, tenant, job) = (state.clone(), tenant.clone(), Arc::clone(job));
-                tokio::spawn(async move {
-                    if let Ok(()) = creating.await {
-                        discard(&state, &tenant, &job).await;
-                    }
-                });
-                (claimed, None)
-            }
-            (_, None) => (claimed, Some(creating.await)),
+        if let Ok(Bound::Another(_)) = claimed {
+            // A retry: answered at once; its execution is discarded once it exists.
+            let (state, tenant, job) = (state.clone(), tenant.clone(), Arc::clone(job));
+            tokio::spawn(async move {
+                let created = match created {
+                    Some(created) => created,
+                    None => creating.await,
+                };
+                if created.is_ok() {
+                    discard(&state, &tenant, &job).await;
+                }
+            });
+            (claimed, None)
+        } else {
+            let created = match created {
+                Some(created) => created,
+                None => creating.await,
+            };
+            (claimed, Some(created))
         }
     } else {
         let claimed = bound(
@@ -688,17 +686,13 @@ fn spawn_settle(state: &AppState, job: &Job, attempt: Settle) {
 
 /// Stops an execution created for a submission whose idempotency key turned out to be bound
 /// to another execution (run in the background): its log is closed (unless the worker handed
-/// its job closed it first), its job withdrawn and its quota slot given back. Its id was never
-/// answered.
+/// its job closed it first) and its job withdrawn. Its id was never answered. (Such executions
+/// belong to tenants without quotas: no slot to give back.)
 async fn discard(state: &AppState, tenant: &Tenant, job: &Job) {
     let attempt = Settle::new(true, None, true, tenant);
-    match settle_in_background(state, job, attempt).await {
-        Some(Settled::Closed) => quota::release(state, tenant, job.execution_id).await,
-        Some(Settled::Claimed) => {
-            // Only a worker that does not claim keys (an older version) runs such a job.
-            tracing::error!(execution_id = %job.execution_id, "an execution whose idempotency key is another's was claimed by a worker");
-        }
-        None => {}
+    if let Some(Settled::Claimed) = settle_in_background(state, job, attempt).await {
+        // Only a worker that does not claim keys (an older version) runs such a job.
+        tracing::error!(execution_id = %job.execution_id, "an execution whose idempotency key is another's was claimed by a worker");
     }
 }
 
