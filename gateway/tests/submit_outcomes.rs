@@ -650,13 +650,19 @@ async fn a_retry_to_the_gateway_that_saw_its_key_creates_nothing() {
         assert_eq!(retry.body["execution_id"], first.body["execution_id"]);
     }
     assert_eq!(h.gateway_queue.publishes.seen.lock().len(), published);
-    // The other gateway has not seen the key: its retry creates an execution (discarded).
+    // The other gateway has not seen the key: its retry creates an execution (discarded; the
+    // answer may come before the creation, which goes on in the background).
     let elsewhere = h
         .submit_to(&h.other_gateway, "seen-key", Some("k-seen"))
         .await;
     assert_eq!(elsewhere.status, StatusCode::OK, "{elsewhere:?}");
-    assert_eq!(h.gateway_queue.publishes.seen.lock().len(), published + 1);
+    let until = Instant::now() + WAIT;
+    while h.gateway_queue.publishes.seen.lock().len() < published + 1 {
+        assert!(Instant::now() < until, "the retry's job was never published");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     h.drained().await;
+    assert_eq!(h.gateway_queue.publishes.seen.lock().len(), published + 1);
     assert_eq!(h.calls_for("seen-key"), 1);
 }
 
