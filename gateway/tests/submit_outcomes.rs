@@ -658,7 +658,10 @@ async fn a_retry_to_the_gateway_that_saw_its_key_creates_nothing() {
     assert_eq!(elsewhere.status, StatusCode::OK, "{elsewhere:?}");
     let until = Instant::now() + WAIT;
     while h.gateway_queue.publishes.seen.lock().len() < published + 1 {
-        assert!(Instant::now() < until, "the retry's job was never published");
+        assert!(
+            Instant::now() < until,
+            "the retry's job was never published"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     h.drained().await;
