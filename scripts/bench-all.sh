@@ -10,7 +10,10 @@
 # Groups (BENCH_GROUPS="a b c d" by default; set a subset to run only those):
 #   a  issue 14 item 4: token streams (100 chunks x 10 ms) at c=256 and c=1024, nats vs embedded;
 #      zero-delay closed loop c=32; submit latency at c=1; JetStream messages per 7-event
-#      execution (3-chunk zero-delay mock, c=1)
+#      execution (3-chunk zero-delay mock, c=1); then `bench targets` prints the verdict on each
+#      target into OUT/a-targets.md. A_ROUNDS=N (default 1) runs the group N times, round r
+#      into OUT/a-rR/, and the verdict also counts the rounds that met each target (this class
+#      of machine changes speed within a session: one run is not a verdict)
 #   b  issue 12 item 6: 3-node R3 cluster vs one node R1 (closed loop c=32, exec/s, submit
 #      p50/p99); worker scaling 1 -> 2 -> 4 processes on the cluster
 #   c  JetStream sync_interval: server default vs `always`, one node R1 and 3-node R3
@@ -41,6 +44,8 @@ SHORT=${SHORT:-10}
 ROUNDS=${ROUNDS:-3}
 OPEN_RATE=${OPEN_RATE:-1500}
 QUIET_MAX=${QUIET_MAX:-30}
+A_ROUNDS=${A_ROUNDS:-1}
+RUN_OUT=$OUT
 
 # shellcheck source=scripts/lib/servers.sh
 . scripts/lib/servers.sh
@@ -91,24 +96,25 @@ run() {
   shift
   wait_quiet
   echo "== $label: bench $*"
-  mkdir -p "$OUT/logs/$label"
+  mkdir -p "$RUN_OUT/logs/$label"
   if "$BENCH" --spawn --gateway-bin "$GATEWAY" --worker-bin "$WORKER" --label "$label" \
-    --out "$OUT" --log-dir "$OUT/logs/$label" --quiet "$@" > "$OUT/$label.txt" 2>&1; then
-    grep -E 'throughput:|terminal \(|JetStream:|added per delta|cores per process' "$OUT/$label.txt" || true
+    --out "$RUN_OUT" --log-dir "$RUN_OUT/logs/$label" --quiet "$@" > "$RUN_OUT/$label.txt" 2>&1; then
+    grep -E 'throughput:|terminal \(|JetStream:|added per delta|cores per process' "$RUN_OUT/$label.txt" || true
   else
-    echo "   FAILED (see $OUT/$label.txt)"
+    echo "   FAILED (see $RUN_OUT/$label.txt)"
     FAILED+=("$label")
   fi
 }
 
-# plot GROUP: charts of every report of the group, into GROUP-*.svg.
+# plot GROUP [DIR]: charts of every report of the group in DIR (default OUT), into
+# DIR/GROUP-*.svg.
 plot() {
-  local group=$1 args=() f
-  for f in "$OUT/$group"-*.json; do
+  local group=$1 dir=${2:-$OUT} args=() f
+  for f in "$dir/$group"-*.json; do
     [ -e "$f" ] && args+=(--run "$f")
   done
   if [ "${#args[@]}" -gt 0 ]; then
-    "$BENCH" plot "${args[@]}" --out "$OUT" --prefix "$group-" > /dev/null
+    "$BENCH" plot "${args[@]}" --out "$dir" --prefix "$group-" > /dev/null
   fi
 }
 
@@ -118,20 +124,33 @@ T=(--duration "$DURATION")
 for group in $GROUPS_TO_RUN; do
   case $group in
   a)
-    for c in 256 1024; do
-      # Every stream runs at once: provider and executing slots are sized to c. The clients'
-      # starts are spread over one nominal execution (100 x 10 ms): started together, clients
-      # whose executions take nearly the same time stay in step, and every cycle would begin
-      # with all of them submitting at once (BENCHMARKS.md section l).
-      sized=(-c "$c" --provider-concurrency "$c" --exec-slots "$c" --warmup 3 --ramp-up 1 --timeout 60)
-      run "a-embedded-c$c" --backend embedded "${sized[@]}" "${STREAM[@]}" "${T[@]}"
-      run "a-nats-c$c" --backend nats "${sized[@]}" "${STREAM[@]}" "${T[@]}"
+    a_dirs=()
+    for round in $(seq "$A_ROUNDS"); do
+      # One round writes into OUT; several into OUT/a-r1, OUT/a-r2, ... (one set of reports each).
+      if [ "$A_ROUNDS" -gt 1 ]; then RUN_OUT=$OUT/a-r$round; else RUN_OUT=$OUT; fi
+      mkdir -p "$RUN_OUT/logs"
+      a_dirs+=("$RUN_OUT")
+      for c in 256 1024; do
+        # Every stream runs at once: provider and executing slots are sized to c. The clients'
+        # starts are spread over one nominal execution (100 x 10 ms): started together, clients
+        # whose executions take nearly the same time stay in step, and every cycle would begin
+        # with all of them submitting at once (BENCHMARKS.md section l).
+        sized=(-c "$c" --provider-concurrency "$c" --exec-slots "$c" --warmup 3 --ramp-up 1 --timeout 60)
+        run "a-embedded-c$c" --backend embedded "${sized[@]}" "${STREAM[@]}" "${T[@]}"
+        run "a-nats-c$c" --backend nats "${sized[@]}" "${STREAM[@]}" "${T[@]}"
+      done
+      run a-nats-zero-c32 --backend nats -c 32 --warmup 2 "${T[@]}"
+      run a-embedded-zero-c32 --backend embedded -c 32 --warmup 2 "${T[@]}"
+      run a-nats-submit-c1 --backend nats --mode submit -c 1 --warmup 2 --duration "$SHORT" \
+        --idempotency-prefix a7
+      run a-nats-msgs-c1 --backend nats -c 1 --warmup 1 --duration "$SHORT"
+      [ "$RUN_OUT" = "$OUT" ] || plot a "$RUN_OUT"
     done
-    run a-nats-zero-c32 --backend nats -c 32 --warmup 2 "${T[@]}"
-    run a-embedded-zero-c32 --backend embedded -c 32 --warmup 2 "${T[@]}"
-    run a-nats-submit-c1 --backend nats --mode submit -c 1 --warmup 2 --duration "$SHORT" \
-      --idempotency-prefix a7
-    run a-nats-msgs-c1 --backend nats -c 1 --warmup 1 --duration "$SHORT"
+    RUN_OUT=$OUT
+    # The verdict on each target, per round (and how many rounds met it, with several).
+    if ! "$BENCH" targets "${a_dirs[@]}" | tee "$OUT/a-targets.md"; then
+      FAILED+=(a-targets)
+    fi
     ;;
   b)
     for nodes in 1 3; do

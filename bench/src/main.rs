@@ -30,6 +30,7 @@ mod run;
 mod servers;
 mod spawn;
 mod stats;
+mod targets;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -51,6 +52,8 @@ enum Command {
     Raw(raw::Command),
     /// SVG charts from JSON reports (`--json-out` / `--out`), e.g. before and after a change.
     Plot(plot::PlotArgs),
+    /// The verdict on issue 14's targets from group a's reports, one directory per round.
+    Targets(targets::TargetsArgs),
 }
 
 /// Where the executions run with `--spawn`.
@@ -66,7 +69,7 @@ enum Backend {
 #[derive(Debug, Parser)]
 #[command(name = "bench", version, about, args_conflicts_with_subcommands = true)]
 struct Args {
-    /// A baseline that does not go through the gateway, or `plot` (see `bench help <subcommand>`).
+    /// A baseline that does not go through the gateway, `plot` or `targets` (see `bench help <subcommand>`).
     #[command(subcommand)]
     command: Option<Command>,
     /// closed: N clients submit→full SSE read→repeat; open: fixed arrival rate; submit: POST only.
@@ -350,6 +353,7 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
     match args.command.take() {
         Some(Command::Raw(cmd)) => return raw::run(cmd).await,
         Some(Command::Plot(a)) => return plot::run(&a),
+        Some(Command::Targets(a)) => return targets::run(&a),
         None => {}
     }
     let nofile = raise_nofile();
