@@ -77,21 +77,22 @@ struct ReportJson {
     processes: Vec<ProcessCpu>,
 }
 
-#[derive(Deserialize, Default)]
-struct LatencyJson {
+/// The latencies of a report (also read by `bench targets`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct LatencyJson {
     #[serde(default)]
-    submit: Option<Percentiles>,
+    pub submit: Option<Percentiles>,
     #[serde(default)]
-    first_delta: Option<Percentiles>,
+    pub first_delta: Option<Percentiles>,
     #[serde(default)]
-    terminal: Option<Percentiles>,
+    pub terminal: Option<Percentiles>,
 }
 
-#[derive(Deserialize)]
-struct Percentiles {
-    p50_us: u64,
-    p90_us: u64,
-    p99_us: u64,
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub struct Percentiles {
+    pub p50_us: u64,
+    pub p90_us: u64,
+    pub p99_us: u64,
 }
 
 impl Percentiles {

@@ -24,6 +24,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::plot::LatencyJson;
+
 /// `bench targets` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct TargetsArgs {
@@ -45,25 +47,9 @@ pub struct RunFigures {
     #[serde(default)]
     pub throughput_per_s: f64,
     #[serde(default)]
-    latency: Latencies,
+    latency: LatencyJson,
     #[serde(default)]
     jetstream: Option<JetStream>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-struct Latencies {
-    #[serde(default)]
-    submit: Option<Percentiles>,
-    #[serde(default)]
-    first_delta: Option<Percentiles>,
-    #[serde(default)]
-    terminal: Option<Percentiles>,
-}
-
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-struct Percentiles {
-    p50_us: u64,
-    p99_us: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
@@ -141,13 +127,56 @@ impl Verdict {
     }
 }
 
-/// One of the targets: its name and how a round is judged.
+/// One of the targets: its name, how its figures are shown and how a round is judged.
 pub struct Target {
     pub name: &'static str,
-    /// How the median of its figures is shown: the unit after the number, and its decimals.
+    /// The unit after a figure ("%" figures are signed), and its decimals.
     unit: &'static str,
     decimals: usize,
-    judge: fn(&Round) -> Verdict,
+    rule: Rule,
+}
+
+/// How a round is judged on a target.
+enum Rule {
+    /// The figure (`None`: a report is missing) must not exceed the limit.
+    AtMost(f64, fn(&Round) -> Option<f64>),
+    /// The figure must reach the limit.
+    AtLeast(f64, fn(&Round) -> Option<f64>),
+    /// A comparison of two runs, judged whole.
+    Compare(fn(&Round) -> Verdict),
+}
+
+impl Target {
+    /// `figure` in this target's unit.
+    fn show(&self, figure: f64) -> String {
+        match self.unit {
+            "%" => format!("{figure:+.prec$}%", prec = self.decimals),
+            unit => format!("{figure:.prec$}{unit}", prec = self.decimals),
+        }
+    }
+
+    /// What `round` says of this target.
+    fn judge(&self, round: &Round) -> Verdict {
+        let (figure, met) = match self.rule {
+            Rule::Compare(judge) => return judge(round),
+            Rule::AtMost(limit, figure) => {
+                let v = figure(round);
+                (v, v.is_some_and(|v| v <= limit))
+            }
+            Rule::AtLeast(limit, figure) => {
+                let v = figure(round);
+                (v, v.is_some_and(|v| v >= limit))
+            }
+        };
+        match figure {
+            Some(v) => Verdict {
+                figure: Some(v),
+                shown: self.show(v),
+                met,
+            },
+            None => Verdict::missing(),
+        }
+    }
 }
 
 /// Percent by which `nats` exceeds `embedded` (negative when faster).
@@ -178,88 +207,73 @@ pub const TARGETS: &[Target] = &[
         name: "nats c=256: terminal p50 within 10% of embedded",
         unit: "%",
         decimals: 1,
-        judge: |r| match (measured(&r.nats_c256), measured(&r.embedded_c256)) {
-            (Some(n), Some(e)) => match (n.latency.terminal, e.latency.terminal) {
-                (Some(n), Some(e)) => within(n.p50_us, e.p50_us, 10.0, ""),
+        rule: Rule::Compare(
+            |r| match (measured(&r.nats_c256), measured(&r.embedded_c256)) {
+                (Some(n), Some(e)) => match (n.latency.terminal, e.latency.terminal) {
+                    (Some(n), Some(e)) => within(n.p50_us, e.p50_us, 10.0, ""),
+                    _ => Verdict::missing(),
+                },
                 _ => Verdict::missing(),
             },
-            _ => Verdict::missing(),
-        },
+        ),
     },
     Target {
         name: "nats c=256: first-delta p99 ≤ 30 ms",
         unit: " ms",
         decimals: 1,
-        judge: |r| match measured(&r.nats_c256).and_then(|n| n.latency.first_delta) {
-            Some(p) => Verdict {
-                figure: Some(ms(p.p99_us)),
-                shown: format!("{:.1} ms", ms(p.p99_us)),
-                met: ms(p.p99_us) <= 30.0,
-            },
-            None => Verdict::missing(),
-        },
+        rule: Rule::AtMost(30.0, |r| {
+            measured(&r.nats_c256).and_then(|n| n.latency.first_delta.map(|p| ms(p.p99_us)))
+        }),
     },
     Target {
         name: "nats c=1024: no errors, terminal p99 within 25% of embedded",
         unit: "%",
         decimals: 1,
-        judge: |r| match (measured(&r.nats_c1024), measured(&r.embedded_c1024)) {
-            (Some(n), Some(e)) => match (n.latency.terminal, e.latency.terminal) {
-                (Some(nt), Some(et)) => {
-                    let errors = n.failed + n.errored;
-                    let mut v = within(nt.p99_us, et.p99_us, 25.0, &format!(", {errors} errors"));
-                    v.met &= errors == 0;
-                    v
-                }
+        rule: Rule::Compare(
+            |r| match (measured(&r.nats_c1024), measured(&r.embedded_c1024)) {
+                (Some(n), Some(e)) => match (n.latency.terminal, e.latency.terminal) {
+                    (Some(nt), Some(et)) => {
+                        let errors = n.failed + n.errored;
+                        let mut v =
+                            within(nt.p99_us, et.p99_us, 25.0, &format!(", {errors} errors"));
+                        v.met &= errors == 0;
+                        v
+                    }
+                    _ => Verdict::missing(),
+                },
                 _ => Verdict::missing(),
             },
-            _ => Verdict::missing(),
-        },
+        ),
     },
     Target {
         name: "zero-delay closed loop c=32 ≥ 3,000 exec/s",
         unit: " exec/s",
         decimals: 1,
-        judge: |r| match measured(&r.nats_zero_c32) {
-            Some(n) => Verdict {
-                figure: Some(n.throughput_per_s),
-                shown: format!("{:.1} exec/s", n.throughput_per_s),
-                met: n.throughput_per_s >= 3000.0,
-            },
-            None => Verdict::missing(),
-        },
+        rule: Rule::AtLeast(3000.0, |r| {
+            measured(&r.nats_zero_c32).map(|n| n.throughput_per_s)
+        }),
     },
     Target {
         name: "submit p50 at c=1 ≤ 0.45 ms (with an Idempotency-Key)",
         unit: " ms",
         decimals: 3,
-        judge: |r| match measured(&r.nats_submit_c1).and_then(|n| n.latency.submit) {
-            Some(p) => Verdict {
-                figure: Some(ms(p.p50_us)),
-                shown: format!("{:.3} ms", ms(p.p50_us)),
-                met: ms(p.p50_us) <= 0.45,
-            },
-            None => Verdict::missing(),
-        },
+        rule: Rule::AtMost(0.45, |r| {
+            measured(&r.nats_submit_c1).and_then(|n| n.latency.submit.map(|p| ms(p.p50_us)))
+        }),
     },
     Target {
         name: "≤ 4 event-log messages per 7-event execution",
         unit: "",
         decimals: 2,
-        judge: |r| match measured(&r.nats_msgs_c1).and_then(|n| n.jetstream) {
-            Some(js) => Verdict {
-                figure: Some(js.events_per_execution),
-                shown: format!("{:.2}", js.events_per_execution),
-                met: js.events_per_execution <= 4.0,
-            },
-            None => Verdict::missing(),
-        },
+        rule: Rule::AtMost(4.0, |r| {
+            measured(&r.nats_msgs_c1).and_then(|n| n.jetstream.map(|js| js.events_per_execution))
+        }),
     },
 ];
 
 /// The judgement of every target on `round`, in [`TARGETS`]' order.
 pub fn judge(round: &Round) -> Vec<Verdict> {
-    TARGETS.iter().map(|t| (t.judge)(round)).collect()
+    TARGETS.iter().map(|t| t.judge(round)).collect()
 }
 
 /// The median of the figures present (the mean of the middle two for an even count).
@@ -313,13 +327,7 @@ pub fn table(rounds: &[(String, Round)]) -> String {
         if summary {
             let met = verdicts.iter().filter(|v| v[i].met).count();
             let median = median(verdicts.iter().filter_map(|v| v[i].figure).collect());
-            let median = median.map_or_else(
-                || "–".into(),
-                |m| match target.unit {
-                    "%" => format!("{m:+.prec$}%", prec = target.decimals),
-                    unit => format!("{m:.prec$}{unit}", prec = target.decimals),
-                },
-            );
+            let median = median.map_or_else(|| "–".into(), |m| target.show(m));
             out.push_str(&format!(" {met} of {} | {median} |", rounds.len()));
         }
         out.push('\n');
@@ -367,7 +375,7 @@ mod tests {
         run(&format!(
             r#"{{"ok": 10, "failed": 0, "errored": 0, "throughput_per_s": 240.0,
                "latency": {{"terminal": {{"p50_us": {}, "p99_us": {}, "p90_us": 0}},
-                            "first_delta": {{"p50_us": 15000, "p99_us": 29000}}}}}}"#,
+                            "first_delta": {{"p50_us": 15000, "p90_us": 0, "p99_us": 29000}}}}}}"#,
             p50_ms * 1000,
             p99_ms * 1000
         ))
@@ -383,7 +391,7 @@ mod tests {
             nats_zero_c32: run(r#"{"ok": 10, "throughput_per_s": 3100.0}"#),
             embedded_zero_c32: run(r#"{"ok": 10, "throughput_per_s": 9000.0}"#),
             nats_submit_c1: run(
-                r#"{"ok": 10, "latency": {"submit": {"p50_us": 440, "p99_us": 1200}}}"#,
+                r#"{"ok": 10, "latency": {"submit": {"p50_us": 440, "p90_us": 0, "p99_us": 1200}}}"#,
             ),
             nats_msgs_c1: run(r#"{"ok": 10, "jetstream": {"events_per_execution": 3.0}}"#),
         }
@@ -406,8 +414,8 @@ mod tests {
 
         let mut r = good_round();
         r.nats_c256 = run(
-            r#"{"ok": 10, "latency": {"terminal": {"p50_us": 1000000, "p99_us": 1000000},
-                            "first_delta": {"p50_us": 15000, "p99_us": 30001}}}"#,
+            r#"{"ok": 10, "latency": {"terminal": {"p50_us": 1000000, "p90_us": 0, "p99_us": 1000000},
+                            "first_delta": {"p50_us": 15000, "p90_us": 0, "p99_us": 30001}}}"#,
         );
         let v = judge(&r);
         assert!(v[0].met && !v[1].met, "{v:#?}");
@@ -417,7 +425,7 @@ mod tests {
         assert!(!judge(&r)[2].met);
         let mut r = good_round();
         r.nats_c1024 = run(
-            r#"{"ok": 10, "errored": 1, "latency": {"terminal": {"p50_us": 1000000, "p99_us": 1100000}}}"#,
+            r#"{"ok": 10, "errored": 1, "latency": {"terminal": {"p50_us": 1000000, "p90_us": 0, "p99_us": 1100000}}}"#,
         );
         let v = judge(&r);
         assert!(!v[2].met && v[2].shown.ends_with("1 errors"), "{v:#?}");
@@ -427,8 +435,9 @@ mod tests {
         assert!(!judge(&r)[3].met);
 
         let mut r = good_round();
-        r.nats_submit_c1 =
-            run(r#"{"ok": 10, "latency": {"submit": {"p50_us": 451, "p99_us": 900}}}"#);
+        r.nats_submit_c1 = run(
+            r#"{"ok": 10, "latency": {"submit": {"p50_us": 451, "p90_us": 0, "p99_us": 900}}}"#,
+        );
         assert!(!judge(&r)[4].met);
 
         let mut r = good_round();
