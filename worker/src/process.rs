@@ -39,7 +39,7 @@ pub struct WorkerArgs {
     pub admin_port: u16,
     /// How an execution's output is paced between appends: `auto` (the default) holds it only
     /// while the event store is slow to acknowledge (an average over 1 ms, or over four times
-    /// the fastest acknowledgement if that is more), twenty times the excess, at most 100 ms
+    /// the fastest acknowledgement if that is more), forty times the excess, at most 100 ms
     /// (`runtime::pace`); `0` never holds it; `N` (1-1000) holds it at least N ms. Deltas the provider emits meanwhile go in one message, so a busy deployment
     /// writes, stores and reads far fewer messages, at the cost of showing some deltas that
     /// much later. The first output and the terminal event are never held.
