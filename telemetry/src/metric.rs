@@ -19,6 +19,10 @@ pub const PROVIDER_ATTEMPTS_TOTAL: &str = "mrt_provider_attempts_total";
 pub const PROVIDER_INFLIGHT: &str = "mrt_provider_inflight";
 pub const EVENT_APPEND_DURATION_SECONDS: &str = "mrt_event_append_duration_seconds";
 pub const JOBS_PENDING: &str = "mrt_jobs_pending";
+/// How long a worker's pace holds each execution's next output message now (`runtime::pace`):
+/// the adaptive default holds 0 while the event store keeps up; a fixed pace shows its value.
+/// Sampled by the worker at every scrape.
+pub const APPEND_PACE_HOLD_SECONDS: &str = "mrt_append_pace_hold_seconds";
 pub const JOB_REDELIVERIES_TOTAL: &str = "mrt_job_redeliveries_total";
 /// A worker's claims of keyed jobs' idempotency keys, by outcome ([`key_claim`]).
 pub const KEY_CLAIMS_TOTAL: &str = "mrt_idempotency_key_claims_total";
@@ -163,6 +167,11 @@ pub fn register() {
         EVENT_APPEND_DURATION_SECONDS,
         Unit::Seconds,
         "Time of one append to the event store, acknowledgement included."
+    );
+    describe_gauge!(
+        APPEND_PACE_HOLD_SECONDS,
+        Unit::Seconds,
+        "How long this worker holds each execution's next output message now (adaptive pace: 0 while the event store keeps up)."
     );
     describe_gauge!(
         JOBS_PENDING,

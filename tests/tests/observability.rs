@@ -144,6 +144,7 @@ async fn every_dashboard_query_returns_series_from_a_real_prometheus() {
         "mrt_executions_total",
         "mrt_job_redeliveries_total",
         "mrt_idempotency_key_claims_total{outcome=\"unreachable\"} 0",
+        "mrt_append_pace_hold_seconds 0",
         "mrt_provider_attempts_total",
         "process_cpu_seconds_total",
         "process_resident_memory_bytes",

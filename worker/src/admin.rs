@@ -18,19 +18,28 @@ use tokio_util::sync::CancellationToken;
 /// Whether the worker can take jobs now. Must be cheap: probes call it every few seconds.
 pub type Readiness = Arc<dyn Fn() -> bool + Send + Sync>;
 
+/// Sets the gauges read from the process's own state (such as its pace's hold) just before
+/// each scrape renders them. Must be cheap and never wait.
+pub type Sampler = Arc<dyn Fn() + Send + Sync>;
+
 #[derive(Clone)]
 struct AdminState {
     exporter: MetricsExporter,
     ready: Readiness,
+    sample: Sampler,
 }
 
 /// The admin router; tests call it with `oneshot`.
-pub fn router(exporter: MetricsExporter, ready: Readiness) -> Router {
+pub fn router(exporter: MetricsExporter, ready: Readiness, sample: Sampler) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { (StatusCode::OK, "ok\n") }))
         .route("/readyz", get(readyz))
-        .with_state(AdminState { exporter, ready })
+        .with_state(AdminState {
+            exporter,
+            ready,
+            sample,
+        })
 }
 
 /// Serves the admin router on `listener` until `shutdown` fires.
@@ -38,14 +47,16 @@ pub async fn serve(
     listener: TcpListener,
     exporter: MetricsExporter,
     ready: Readiness,
+    sample: Sampler,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(exporter, ready))
+    axum::serve(listener, router(exporter, ready, sample))
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
 }
 
 async fn metrics(State(state): State<AdminState>) -> Response {
+    (state.sample)();
     (
         [(
             header::CONTENT_TYPE,
@@ -67,7 +78,9 @@ async fn readyz(State(state): State<AdminState>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use runtime::Pace;
     use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
     use tower::ServiceExt;
 
     async fn get(router: Router, path: &str) -> (StatusCode, String) {
@@ -93,6 +106,7 @@ mod tests {
         let app = router(
             MetricsExporter::install(),
             Arc::new(move || check.load(Ordering::Relaxed)),
+            Arc::new(|| {}),
         );
         assert_eq!(get(app.clone(), "/healthz").await.0, StatusCode::OK);
         assert_eq!(
@@ -105,5 +119,41 @@ mod tests {
         assert_eq!(status, StatusCode::OK);
         assert!(text.contains("mrt_job_redeliveries_total 0"), "{text}");
         assert!(text.contains("process_resident_memory_bytes"), "{text}");
+    }
+
+    /// The value of an unlabelled gauge in a Prometheus text page.
+    fn gauge(text: &str, name: &str) -> f64 {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
+            .parse()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn every_scrape_shows_the_pace_hold_as_it_stands() {
+        let pace = Pace::adaptive();
+        let sampled = pace.clone();
+        let app = router(
+            MetricsExporter::install(),
+            Arc::new(|| true),
+            Arc::new(move || crate::instrument::append_pace_hold(&sampled)),
+        );
+        let name = telemetry::metric::APPEND_PACE_HOLD_SECONDS;
+        let (_, text) = get(app.clone(), "/metrics").await;
+        assert_eq!(
+            gauge(&text, name),
+            0.0,
+            "a store that keeps up holds nothing"
+        );
+        // The store turns slow: after a 0.1 ms round trip while idle (so the threshold stays
+        // 1 ms), 3 ms acknowledgements, 2 ms over the threshold.
+        pace.observe(Duration::from_micros(100));
+        for _ in 0..400 {
+            pace.observe(Duration::from_millis(3));
+        }
+        let (_, text) = get(app, "/metrics").await;
+        let held = gauge(&text, name);
+        assert!(held > 0.079 && held <= 0.080, "{held}");
     }
 }

@@ -14,6 +14,7 @@ use metrics::{Counter, Gauge, Histogram};
 use parking_lot::RwLock;
 use protocol::event::EventBody;
 use protocol::{RuntimeError, Timestamp, UsageFact};
+use runtime::Pace;
 use telemetry::metric;
 use tokio::time::Instant;
 
@@ -125,6 +126,12 @@ pub fn key_claim(claimed: &Result<KeyHolder, runtime::StoreError>) {
         Ok(KeyHolder::Closed) | Err(_) => metric::key_claim::UNREACHABLE,
     };
     metrics::counter!(metric::KEY_CLAIMS_TOTAL, "outcome" => outcome).increment(1);
+}
+
+/// Sets the pace's hold as it stands now ([`metric::APPEND_PACE_HOLD_SECONDS`]); the admin
+/// endpoint calls this before every scrape, so the hot path pays nothing for it.
+pub fn append_pace_hold(pace: &Pace) {
+    metrics::gauge!(metric::APPEND_PACE_HOLD_SECONDS).set(pace.hold().as_secs_f64());
 }
 
 /// Records the time from acceptance until a worker started the execution.

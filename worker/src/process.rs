@@ -186,10 +186,17 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         let stopping = stopping.clone();
         Arc::new(move || connection.connected() && !stopping.is_cancelled())
     };
+    // One pace for every runner, so they share one view of the store's load.
+    let pace = args.append_pace_ms.pace();
+    let sample: crate::admin::Sampler = {
+        let pace = pace.clone();
+        Arc::new(move || crate::instrument::append_pace_hold(&pace))
+    };
     let admin_task = tokio::spawn(crate::admin::serve(
         admin,
         exporter,
         ready,
+        sample,
         stopping.clone(),
     ));
     // Queue depth for `mrt_jobs_pending`: read from the server every few seconds, never per
@@ -226,7 +233,7 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         Arc::new(nats.cancel),
         keys,
         RunnerSettings {
-            append_pace: args.append_pace_ms.pace(),
+            append_pace: pace,
             ..RunnerSettings::default()
         },
     ));
