@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::plot::LatencyJson;
+use crate::plot::{LatencyJson, Percentiles};
 
 /// `bench targets` options.
 #[derive(Debug, Clone, clap::Args)]
@@ -188,6 +188,20 @@ fn excess_percent(nats: f64, embedded: f64) -> f64 {
     }
 }
 
+/// The nats run with the terminal latencies of it and of the embedded run it is compared
+/// with, when both measured them.
+fn terminals<'a>(
+    nats: &'a Option<RunFigures>,
+    embedded: &Option<RunFigures>,
+) -> Option<(&'a RunFigures, Percentiles, Percentiles)> {
+    let n = measured(nats)?;
+    Some((
+        n,
+        n.latency.terminal?,
+        measured(embedded)?.latency.terminal?,
+    ))
+}
+
 fn within(nats: u64, embedded: u64, limit_percent: f64, what: &str) -> Verdict {
     let excess = excess_percent(ms(nats), ms(embedded));
     Verdict {
@@ -207,15 +221,10 @@ pub const TARGETS: &[Target] = &[
         name: "nats c=256: terminal p50 within 10% of embedded",
         unit: "%",
         decimals: 1,
-        rule: Rule::Compare(
-            |r| match (measured(&r.nats_c256), measured(&r.embedded_c256)) {
-                (Some(n), Some(e)) => match (n.latency.terminal, e.latency.terminal) {
-                    (Some(n), Some(e)) => within(n.p50_us, e.p50_us, 10.0, ""),
-                    _ => Verdict::missing(),
-                },
-                _ => Verdict::missing(),
-            },
-        ),
+        rule: Rule::Compare(|r| match terminals(&r.nats_c256, &r.embedded_c256) {
+            Some((_, n, e)) => within(n.p50_us, e.p50_us, 10.0, ""),
+            None => Verdict::missing(),
+        }),
     },
     Target {
         name: "nats c=256: first-delta p99 ≤ 30 ms",
@@ -229,21 +238,15 @@ pub const TARGETS: &[Target] = &[
         name: "nats c=1024: no errors, terminal p99 within 25% of embedded",
         unit: "%",
         decimals: 1,
-        rule: Rule::Compare(
-            |r| match (measured(&r.nats_c1024), measured(&r.embedded_c1024)) {
-                (Some(n), Some(e)) => match (n.latency.terminal, e.latency.terminal) {
-                    (Some(nt), Some(et)) => {
-                        let errors = n.failed + n.errored;
-                        let mut v =
-                            within(nt.p99_us, et.p99_us, 25.0, &format!(", {errors} errors"));
-                        v.met &= errors == 0;
-                        v
-                    }
-                    _ => Verdict::missing(),
-                },
-                _ => Verdict::missing(),
-            },
-        ),
+        rule: Rule::Compare(|r| match terminals(&r.nats_c1024, &r.embedded_c1024) {
+            Some((run, n, e)) => {
+                let errors = run.failed + run.errored;
+                let mut v = within(n.p99_us, e.p99_us, 25.0, &format!(", {errors} errors"));
+                v.met &= errors == 0;
+                v
+            }
+            None => Verdict::missing(),
+        }),
     },
     Target {
         name: "zero-delay closed loop c=32 ≥ 3,000 exec/s",
