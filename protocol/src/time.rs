@@ -56,15 +56,52 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// The calendar fields of a timestamp: year, month, day, hour, minute, second, millisecond.
+fn fields(millis: i64) -> (i64, u32, u32, i64, i64, i64, i64) {
+    let days = millis.div_euclid(86_400_000);
+    let ms_of_day = millis.rem_euclid(86_400_000);
+    let (y, mo, d) = civil_from_days(days);
+    let h = ms_of_day / 3_600_000;
+    let mi = (ms_of_day / 60_000) % 60;
+    let s = (ms_of_day / 1000) % 60;
+    (y, mo, d, h, mi, s, ms_of_day % 1000)
+}
+
+/// The text form written into `buf` digit by digit (every event carries a timestamp, and
+/// `core::fmt` costs several times as much); `None` for a year outside 0–9999, which
+/// [`fmt::Display`] writes the general way.
+fn render(millis: i64, buf: &mut [u8; 24]) -> Option<&str> {
+    let (y, mo, d, h, mi, s, ms) = fields(millis);
+    let year = u32::try_from(y).ok().filter(|y| *y <= 9999)?;
+    *buf = *b"0000-00-00T00:00:00.000Z";
+    let mut put = |end: usize, mut value: u32| {
+        for digit in buf[..end].iter_mut().rev() {
+            if !digit.is_ascii_digit() {
+                break;
+            }
+            *digit = b'0' + (value % 10) as u8;
+            value /= 10;
+        }
+    };
+    // Each field ends where its digits end; all are non-negative and fit their width.
+    let narrow = |v: i64| u32::try_from(v).unwrap_or(0);
+    put(4, year);
+    put(7, mo);
+    put(10, d);
+    put(13, narrow(h));
+    put(16, narrow(mi));
+    put(19, narrow(s));
+    put(23, narrow(ms));
+    std::str::from_utf8(buf).ok()
+}
+
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let days = self.0.div_euclid(86_400_000);
-        let ms_of_day = self.0.rem_euclid(86_400_000);
-        let (y, mo, d) = civil_from_days(days);
-        let h = ms_of_day / 3_600_000;
-        let mi = (ms_of_day / 60_000) % 60;
-        let s = (ms_of_day / 1000) % 60;
-        let ms = ms_of_day % 1000;
+        let mut buf = [0; 24];
+        if let Some(text) = render(self.0, &mut buf) {
+            return f.write_str(text);
+        }
+        let (y, mo, d, h, mi, s, ms) = fields(self.0);
         write!(f, "{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{ms:03}Z")
     }
 }
@@ -139,7 +176,11 @@ impl Timestamp {
 
 impl Serialize for Timestamp {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        let mut buf = [0; 24];
+        match render(self.0, &mut buf) {
+            Some(text) => serializer.serialize_str(text),
+            None => serializer.collect_str(self),
+        }
     }
 }
 
@@ -197,7 +238,40 @@ mod tests {
         }
     }
 
+    /// What [`fmt::Display`] wrote before it rendered digit by digit.
+    fn general(millis: i64) -> String {
+        let (y, mo, d, h, mi, s, ms) = fields(millis);
+        format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{ms:03}Z")
+    }
+
+    #[test]
+    fn years_outside_four_digits_are_written_the_general_way() {
+        for ms in [
+            -62_167_219_200_001,
+            253_402_300_800_000,
+            i64::MIN / 2,
+            i64::MAX / 2,
+        ] {
+            let mut buf = [0; 24];
+            assert_eq!(render(ms, &mut buf), None);
+            assert_eq!(Timestamp(ms).to_string(), general(ms));
+        }
+        let first = -62_167_219_200_000; // 0000-01-01T00:00:00.000Z
+        assert_eq!(Timestamp(first).to_string(), "0000-01-01T00:00:00.000Z");
+        assert_eq!(
+            serde_json::to_string(&Timestamp(253_402_300_799_999)).unwrap(),
+            "\"9999-12-31T23:59:59.999Z\""
+        );
+    }
+
     proptest! {
+        #[test]
+        fn digit_by_digit_writes_what_the_general_way_does(ms in -62_167_219_200_000i64..253_402_300_799_999) {
+            let t = Timestamp(ms);
+            prop_assert_eq!(t.to_string(), general(ms));
+            prop_assert_eq!(serde_json::to_string(&t).unwrap(), format!("\"{}\"", general(ms)));
+        }
+
         #[test]
         fn round_trips(ms in 0i64..253_402_300_799_999) {
             let t = Timestamp(ms);
