@@ -65,16 +65,19 @@ pub async fn run(
     sink: &mut dyn ProviderSink,
     mapper: &mut dyn FrameMapper,
 ) -> Result<(), RuntimeError> {
+    // One wait for the whole call, not one registered and dropped per frame.
+    let cancelled = cancel.cancelled();
+    tokio::pin!(cancelled);
     let response = tokio::select! {
         biased;
-        () = cancel.cancelled() => return Err(RuntimeError::cancelled()),
+        () = &mut cancelled => return Err(RuntimeError::cancelled()),
         response = http::send(request) => response?,
     };
     let mut frames = SseStream::new(response);
     loop {
         let frame = tokio::select! {
             biased;
-            () = cancel.cancelled() => return Err(RuntimeError::cancelled()),
+            () = &mut cancelled => return Err(RuntimeError::cancelled()),
             frame = frames.next() => frame.map_err(RuntimeError::not_retryable)?,
         };
         let Some(frame) = frame else {

@@ -63,12 +63,15 @@ impl Provider for MockProvider {
         // at a fixed rate: one emitted late (the process was busy) does not push the rest back;
         // they come at once until the stream is on time again.
         let mut due = tokio::time::Instant::now();
+        // One wait for the whole stream, not one registered and dropped per chunk.
+        let cancelled = call.cancel.cancelled();
+        tokio::pin!(cancelled);
         for chunk in &self.options.chunks {
             if !self.options.delay.is_zero() {
                 due += self.options.delay;
                 tokio::select! {
                     () = tokio::time::sleep_until(due) => {}
-                    () = call.cancel.cancelled() => return Err(RuntimeError::cancelled()),
+                    () = &mut cancelled => return Err(RuntimeError::cancelled()),
                 }
             }
             sink.emit(ProviderEvent::output_delta(0, chunk.clone()))
