@@ -53,6 +53,8 @@ pub struct KeyClaim {
 #[async_trait]
 pub trait DeliveryHandle: Send + Sync {
     /// The job is finished (its log is terminal) or must be dropped; never redeliver it.
+    /// `Ok` may come before the queue has applied it: an ack that is lost after all shows as
+    /// a redelivery after the lease, which finds the log terminal and is dropped.
     async fn ack(&self) -> Result<(), StoreError>;
     /// The job is still running: extend its lease (heartbeat).
     async fn in_progress(&self) -> Result<(), StoreError>;

@@ -181,8 +181,9 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         }
     }
     let stopping = CancellationToken::new();
+    let connection = nats.connection.clone();
     let ready: crate::admin::Readiness = {
-        let connection = nats.connection.clone();
+        let connection = connection.clone();
         let stopping = stopping.clone();
         Arc::new(move || connection.connected() && !stopping.is_cancelled())
     };
@@ -256,12 +257,22 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         tracing::warn!("grace period expired; remaining executions were cancelled");
     }
     depth.abort();
+    // Job acks are not confirmed (`NatsJobQueue`): send what the client still buffers, so an
+    // orderly stop leaves no finished job to be redelivered.
+    match tokio::time::timeout(SHUTDOWN_FLUSH, connection.client.flush()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "cannot flush the NATS connection at shutdown"),
+        Err(_) => tracing::warn!("the NATS connection did not flush in time at shutdown"),
+    }
     let _ = admin_task.await;
     ExitCode::SUCCESS
 }
 
 /// How often the worker reads the queue depth from the server.
 const JOBS_PENDING_PERIOD: Duration = Duration::from_secs(5);
+
+/// How long a stopping worker waits for its NATS connection to send what it buffers.
+const SHUTDOWN_FLUSH: Duration = Duration::from_secs(2);
 
 /// Installs the SIGTERM and SIGINT handlers now and resolves on the first signal.
 ///

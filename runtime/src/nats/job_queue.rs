@@ -3,7 +3,7 @@
 //! most `n` (a worker asks for as many as it has free slots, so under load one round trip
 //! brings several jobs and a worker still never holds jobs it has no free slot for).
 //! Unacknowledged jobs are redelivered after `ack_wait` (worker loss), and running executions
-//! extend their lease with progress acks.
+//! extend their lease with progress acks. Acks go unconfirmed (see `NatsDelivery::ack`).
 //!
 //! The lease is the consumer's `ack_wait` as the server holds it, read back when the consumer is
 //! created or updated and re-read while deliveries heartbeat: another worker started with a
@@ -291,11 +291,12 @@ struct NatsDelivery {
 
 #[async_trait]
 impl DeliveryHandle for NatsDelivery {
+    /// Not confirmed by the server: a confirmation costs a message per job and would tell
+    /// only what a lost ack shows anyway, a redelivery after the lease, which finds the log
+    /// terminal and is acknowledged again. The worker flushes its connection when it stops,
+    /// so an orderly stop loses none.
     async fn ack(&self) -> Result<(), StoreError> {
-        self.acker
-            .double_ack()
-            .await
-            .map_err(|e| unavailable("ack", e))
+        self.acker.ack().await.map_err(|e| unavailable("ack", e))
     }
 
     async fn in_progress(&self) -> Result<(), StoreError> {
