@@ -57,10 +57,10 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
 }
 
 /// The calendar fields of a timestamp: year, month, day, hour, minute, second, millisecond.
-fn fields(millis: i64) -> (i64, u32, u32, i64, i64, i64, i64) {
-    let days = millis.div_euclid(86_400_000);
-    let ms_of_day = millis.rem_euclid(86_400_000);
-    let (y, mo, d) = civil_from_days(days);
+fn fields(millis: i64) -> (i64, u32, u32, u32, u32, u32, u32) {
+    let (y, mo, d) = civil_from_days(millis.div_euclid(86_400_000));
+    // Below 86,400,000: always fits.
+    let ms_of_day = u32::try_from(millis.rem_euclid(86_400_000)).unwrap_or(0);
     let h = ms_of_day / 3_600_000;
     let mi = (ms_of_day / 60_000) % 60;
     let s = (ms_of_day / 1000) % 60;
@@ -74,24 +74,21 @@ fn render(millis: i64, buf: &mut [u8; 24]) -> Option<&str> {
     let (y, mo, d, h, mi, s, ms) = fields(millis);
     let year = u32::try_from(y).ok().filter(|y| *y <= 9999)?;
     *buf = *b"0000-00-00T00:00:00.000Z";
-    let mut put = |end: usize, mut value: u32| {
-        for digit in buf[..end].iter_mut().rev() {
-            if !digit.is_ascii_digit() {
-                break;
-            }
+    // (start, width, value) of each field.
+    for (start, width, mut value) in [
+        (0, 4, year),
+        (5, 2, mo),
+        (8, 2, d),
+        (11, 2, h),
+        (14, 2, mi),
+        (17, 2, s),
+        (20, 3, ms),
+    ] {
+        for digit in buf[start..start + width].iter_mut().rev() {
             *digit = b'0' + (value % 10) as u8;
             value /= 10;
         }
-    };
-    // Each field ends where its digits end; all are non-negative and fit their width.
-    let narrow = |v: i64| u32::try_from(v).unwrap_or(0);
-    put(4, year);
-    put(7, mo);
-    put(10, d);
-    put(13, narrow(h));
-    put(16, narrow(mi));
-    put(19, narrow(s));
-    put(23, narrow(ms));
+    }
     std::str::from_utf8(buf).ok()
 }
 

@@ -181,9 +181,8 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         }
     }
     let stopping = CancellationToken::new();
-    let connection = nats.connection.clone();
     let ready: crate::admin::Readiness = {
-        let connection = connection.clone();
+        let connection = nats.connection.clone();
         let stopping = stopping.clone();
         Arc::new(move || connection.connected() && !stopping.is_cancelled())
     };
@@ -257,9 +256,9 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         tracing::warn!("grace period expired; remaining executions were cancelled");
     }
     depth.abort();
-    // Job acks are not confirmed (`NatsJobQueue`): send what the client still buffers, so an
-    // orderly stop leaves no finished job to be redelivered.
-    match tokio::time::timeout(SHUTDOWN_FLUSH, connection.client.flush()).await {
+    // Job acks are not confirmed (`runtime::nats::job_queue`): send what the client still
+    // buffers, so an orderly stop leaves no finished job to be redelivered.
+    match tokio::time::timeout(SHUTDOWN_FLUSH, nats.connection.client.flush()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(error = %e, "cannot flush the NATS connection at shutdown"),
         Err(_) => tracing::warn!("the NATS connection did not flush in time at shutdown"),
