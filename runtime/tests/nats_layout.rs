@@ -1,6 +1,7 @@
-//! The JetStream layout against a private nats-server: live readers see stored events only, and
-//! a process started with other settings reconciles the streams, the workers' consumer and the
-//! cancel bucket instead of keeping the first process's values.
+//! The JetStream layout against a private nats-server: live readers see stored events only, a
+//! process started with other settings reconciles the streams, the workers' consumer and the
+//! cancel bucket instead of keeping the first process's values, and a worker's pull request
+//! stays open for the jobs it asked for.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 use std::sync::Arc;
@@ -956,4 +957,44 @@ async fn logs_stored_before_owners_existed_belong_to_the_default_tenant() {
         Some("acme")
     );
     assert_eq!(store.owner(owned).await.unwrap(), Some(acme));
+}
+
+/// A pull request stays open for the jobs it asked for: jobs published one at a time come
+/// through the same request, where each request used to end with the first jobs it found (so
+/// a lightly loaded worker paid a request, an inbox subscription and a "no messages" answer for
+/// every job). It still never brings more than it asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_pull_request_brings_jobs_that_arrive_one_at_a_time() {
+    use futures_util::StreamExt;
+
+    let (_server, _settings, backend, _store) = node().await;
+    let queue = NatsJobQueue::new(backend);
+    let mut deliveries = tokio::time::timeout(PROMPT, queue.receive_up_to(3))
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    for n in 1..=3 {
+        let id = ExecutionId::new_random();
+        queue.publish(&job(id)).await.unwrap();
+        let delivery = tokio::time::timeout(PROMPT, deliveries.next())
+            .await
+            .unwrap_or_else(|_| panic!("job {n} never came"))
+            .unwrap_or_else(|| panic!("the request ended before job {n}"))
+            .unwrap();
+        assert_eq!(delivery.job.execution_id, id, "job {n}");
+        delivery.handle.ack().await.unwrap();
+    }
+    // Three asked for, three brought: the request is over, and a fourth job waits for the next.
+    let fourth = ExecutionId::new_random();
+    queue.publish(&job(fourth)).await.unwrap();
+    assert!(
+        tokio::time::timeout(PROMPT, deliveries.next())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let next = next_delivery(&queue).await;
+    assert_eq!(next.job.execution_id, fourth);
+    next.handle.ack().await.unwrap();
 }

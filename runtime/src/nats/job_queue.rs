@@ -1,7 +1,10 @@
 //! The JetStream job queue: a WorkQueue stream with one durable pull consumer shared by all
 //! workers. Each `receive` is one pull request for one job, and `receive_up_to(n)` one for at
-//! most `n` (a worker asks for as many as it has free slots, so under load one round trip
-//! brings several jobs and a worker still never holds jobs it has no free slot for).
+//! most `n` (a worker asks for as many as it has free slots, so a worker never holds jobs it
+//! has no free slot for). A request stays open until it has brought its `n` jobs or
+//! [`PULL_EXPIRES`] passed: under load one round trip brings several jobs at once, and jobs
+//! that arrive one at a time (a lightly loaded deployment) come through one request, not a
+//! request each (each also cost an inbox subscription and the server's "no messages" answer).
 //! Unacknowledged jobs are redelivered after `ack_wait` (worker loss), and running executions
 //! extend their lease with progress acks. Acks go unconfirmed (see `NatsDelivery::ack`).
 //!
@@ -42,8 +45,8 @@ use super::{NatsBackend, unavailable};
 use crate::error::StoreError;
 use crate::job::{Deliveries, Delivery, DeliveryHandle, Job, JobQueue, QueuedJob};
 
-/// How long one fetch waits for a job before asking again.
-const FETCH_EXPIRES: Duration = Duration::from_secs(5);
+/// How long one pull request stays open for the jobs it asked for (see the module docs).
+const PULL_EXPIRES: Duration = Duration::from_secs(5);
 
 /// How often a process re-reads the consumer's `ack_wait` while it holds deliveries.
 const LEASE_REFRESH: Duration = Duration::from_secs(5);
@@ -215,8 +218,9 @@ impl NatsJobQueue {
         }
     }
 
-    /// Sends one pull request for up to `max` jobs (at least one; it returns as soon as any
-    /// are there, or empty after [`FETCH_EXPIRES`]), with what their deliveries need.
+    /// Sends one pull request for up to `max` jobs (at least one; they come as they arrive, and
+    /// the request ends once `max` came or after [`PULL_EXPIRES`]), with what their deliveries
+    /// need.
     /// `None`: the queue was closed.
     async fn pull(
         &self,
@@ -231,9 +235,9 @@ impl NatsJobQueue {
         let stream = self.stream().await?.clone();
         let fetch = lease
             .consumer
-            .fetch()
+            .batch()
             .max_messages(max.max(1))
-            .expires(FETCH_EXPIRES)
+            .expires(PULL_EXPIRES)
             .messages();
         tokio::select! {
             batch = fetch => Ok(Some((batch.map_err(|e| unavailable("fetch", e))?, Arc::clone(lease), stream))),
