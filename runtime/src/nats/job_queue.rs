@@ -233,14 +233,14 @@ impl NatsJobQueue {
         lease.refresh().await;
         // Looked up before fetching, so a lookup failure never strands a fetched job.
         let stream = self.stream().await?.clone();
-        let fetch = lease
+        let request = lease
             .consumer
             .batch()
             .max_messages(max.max(1))
             .expires(PULL_EXPIRES)
             .messages();
         tokio::select! {
-            batch = fetch => Ok(Some((batch.map_err(|e| unavailable("fetch", e))?, Arc::clone(lease), stream))),
+            batch = request => Ok(Some((batch.map_err(|e| unavailable("fetch", e))?, Arc::clone(lease), stream))),
             () = self.closed.cancelled() => Ok(None),
         }
     }
