@@ -231,7 +231,7 @@ impl NatsJobQueue {
         }
         let lease = self.shared_lease().await?;
         lease.refresh().await;
-        // Looked up before fetching, so a lookup failure never strands a fetched job.
+        // Looked up before pulling, so a lookup failure never strands a delivered job.
         let stream = self.stream().await?.clone();
         let request = lease
             .consumer
@@ -240,13 +240,13 @@ impl NatsJobQueue {
             .expires(PULL_EXPIRES)
             .messages();
         tokio::select! {
-            batch = request => Ok(Some((batch.map_err(|e| unavailable("fetch", e))?, Arc::clone(lease), stream))),
+            batch = request => Ok(Some((batch.map_err(|e| unavailable("pull jobs", e))?, Arc::clone(lease), stream))),
             () = self.closed.cancelled() => Ok(None),
         }
     }
 }
 
-/// The delivery a fetched message carries. An undecodable job is terminated (never
+/// The delivery a pulled message carries. An undecodable job is terminated (never
 /// redelivered) and yields `None`.
 async fn delivery(
     message: async_nats::jetstream::Message,
@@ -363,7 +363,7 @@ impl JobQueue for NatsJobQueue {
                 return Ok(None);
             };
             let message = tokio::select! {
-                m = batch.next() => m.transpose().map_err(|e| unavailable("fetch message", e))?,
+                m = batch.next() => m.transpose().map_err(|e| unavailable("pulled job", e))?,
                 () = self.closed.cancelled() => return Ok(None),
             };
             if let Some(message) = message
@@ -386,7 +386,7 @@ impl JobQueue for NatsJobQueue {
                 async move {
                     match message {
                         Ok(message) => delivery(message, &lease, &stream).await.map(Ok),
-                        Err(e) => Some(Err(unavailable("fetch message", e))),
+                        Err(e) => Some(Err(unavailable("pulled job", e))),
                     }
                 }
             });
