@@ -8,10 +8,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::OptionFuture;
 use futures_util::{FutureExt, StreamExt};
 use runtime::backoff::Backoff;
 use runtime::{Delivery, JobQueue, StoreError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -258,13 +260,23 @@ async fn run_delivery(
         .run_delivery(&job, delivered, Some(&*handle))
         .instrument(span);
     tokio::pin!(run);
+    // The lease is read on every beat: the server's value wins over the configured one. A beat
+    // is sent beside the run, which never waits for it, and the next is timed from when this
+    // one started, so a slow send never moves it closer to the lease's end (a beat still being
+    // sent when the next is due delays that one until the send returns).
+    let interval = || handle.lease().map_or(heartbeat, heartbeat_interval);
+    let mut next_beat = Instant::now() + interval();
+    let mut sending = None;
     let outcome = loop {
-        // The lease is read on every beat: the server's value wins over the configured one.
-        let interval = handle.lease().map_or(heartbeat, heartbeat_interval);
         tokio::select! {
             outcome = &mut run => break outcome,
-            () = tokio::time::sleep(interval) => {
-                if let Err(e) = handle.in_progress().await {
+            () = tokio::time::sleep_until(next_beat), if sending.is_none() => {
+                next_beat = Instant::now() + interval();
+                sending = Some(handle.in_progress());
+            }
+            Some(sent) = OptionFuture::from(sending.as_mut()) => {
+                sending = None;
+                if let Err(e) = sent {
                     tracing::warn!(execution_id = %job.execution_id, error = %e, "heartbeat failed");
                 }
             }

@@ -1765,6 +1765,111 @@ async fn a_slot_is_free_for_the_next_job_while_the_last_one_is_still_being_ackno
     assert_eq!(a.calls(), 2);
 }
 
+/// A memory queue whose deliveries' heartbeats each take `send` to go out (a congested
+/// connection), recording when each beat started.
+struct SlowBeats {
+    inner: Arc<MemoryJobQueue>,
+    send: Duration,
+    beats: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+}
+
+struct SlowBeat {
+    inner: Box<dyn runtime::DeliveryHandle>,
+    send: Duration,
+    beats: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+}
+
+#[async_trait::async_trait]
+impl runtime::DeliveryHandle for SlowBeat {
+    async fn ack(&self) -> Result<(), StoreError> {
+        self.inner.ack().await
+    }
+    async fn in_progress(&self) -> Result<(), StoreError> {
+        self.beats.lock().unwrap().push(tokio::time::Instant::now());
+        tokio::time::sleep(self.send).await;
+        self.inner.in_progress().await
+    }
+}
+
+#[async_trait::async_trait]
+impl JobQueue for SlowBeats {
+    async fn publish(&self, job: &runtime::Job) -> Result<(), StoreError> {
+        self.inner.publish(job).await
+    }
+    async fn withdraw(&self, job: &runtime::Job) -> Result<(), StoreError> {
+        self.inner.withdraw(job).await
+    }
+    async fn receive(&self) -> Result<Option<runtime::Delivery>, StoreError> {
+        let Some(delivery) = self.inner.receive().await? else {
+            return Ok(None);
+        };
+        Ok(Some(runtime::Delivery {
+            handle: Box::new(SlowBeat {
+                inner: delivery.handle,
+                send: self.send,
+                beats: Arc::clone(&self.beats),
+            }),
+            ..delivery
+        }))
+    }
+    async fn receive_up_to(&self, _max: usize) -> Result<Option<runtime::Deliveries>, StoreError> {
+        use futures_util::StreamExt;
+        Ok(self
+            .receive()
+            .await?
+            .map(|d| futures_util::stream::iter([Ok(d)]).boxed()))
+    }
+    fn close(&self) {
+        self.inner.close();
+    }
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.inner.ready().await
+    }
+    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<runtime::QueuedJob>, StoreError> {
+        self.inner.scan(after, limit).await
+    }
+}
+
+/// Beats keep their cadence when sending one is slow: the next is timed from when the last
+/// started, so the lease (three beats) never lapses for a live execution because its beats
+/// went out slowly. (Timed from when the send returned, the beats here were 500 ms apart.)
+/// Paused time: the clock moves only when every task waits, so the gaps are exact.
+#[tokio::test(start_paused = true)]
+async fn heartbeats_keep_their_cadence_when_sending_one_is_slow() {
+    let mut script = vec![Step::Sleep(Duration::from_secs(3))];
+    script.extend(success_script());
+    let a = ScriptedProvider::new("a", script);
+    let h = Harness::scripted(&[&a]);
+    let queue = Arc::new(SlowBeats {
+        inner: Arc::new(MemoryJobQueue::new()),
+        send: Duration::from_millis(200),
+        beats: Arc::default(),
+    });
+    let pool = spawn_pool_on(
+        &h,
+        Arc::clone(&queue) as Arc<dyn JobQueue>,
+        1,
+        Duration::from_millis(300),
+    );
+    let job = h.submit(&text_request(""), LONG).await;
+    queue.publish(&job).await.unwrap();
+    wait_until("the execution ended", PATIENCE, || {
+        h.is_terminal(job.execution_id)
+    })
+    .await;
+    assert!(within("shutdown", PATIENCE, pool.shutdown(PATIENCE)).await);
+    h.assert_log(job.execution_id, &success_log("a")).await;
+    let beats = queue.beats.lock().unwrap().clone();
+    assert!(beats.len() >= 5, "{} beats in 3 s", beats.len());
+    for pair in beats.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(
+            gap <= Duration::from_millis(310),
+            "beats {gap:?} apart, heartbeat 300 ms"
+        );
+    }
+}
+
 /// The key claim of `job` under `key_hash` (see `runtime::KeyClaim`).
 fn keyed(mut job: runtime::Job, key_hash: &str) -> runtime::Job {
     job.key = Some(runtime::KeyClaim {

@@ -11,9 +11,11 @@
 //! The lease is the consumer's `ack_wait` as the server holds it, read back when the consumer is
 //! created or updated and re-read while deliveries heartbeat: another worker started with a
 //! different `--ack-wait-ms` changes it for everyone, and heartbeating at a third of a stale
-//! local value would let the server redeliver healthy executions. (A delivery already waiting
-//! for its next beat when the lease shrinks keeps that one wait: shrinking the lease below a
-//! third of the old one while executions run may still cost them a redelivery.)
+//! local value would let the server redeliver healthy executions. The re-read runs in the
+//! background, so no beat waits for it. (A delivery already waiting for its next beat when the
+//! lease shrinks keeps that one wait, as does the beat that started the re-read: shrinking the
+//! lease below a third of the old one while executions run may still cost them a
+//! redelivery.)
 //!
 //! `scan` reads held jobs with the stream's message-get API (`next_by_subj` from a sequence),
 //! one request per job: a WorkQueue stream admits no second consumer overlapping the workers'
@@ -72,8 +74,11 @@ impl Lease {
         Duration::from_millis(self.ack_wait_ms.load(Ordering::Relaxed))
     }
 
-    /// Re-reads `ack_wait` from the server when the last read is older than [`LEASE_REFRESH`].
-    async fn refresh(&self) {
+    /// Re-reads `ack_wait` from the server, in the background, when the last read is older
+    /// than [`LEASE_REFRESH`]. Neither a heartbeat nor a pull waits for the read: on a busy
+    /// server a JetStream API round trip can take longer than a short lease leaves between
+    /// two beats, and the beat that waited would come too late.
+    fn refresh(self: &Arc<Self>) {
         {
             let mut read_at = self.read_at.lock();
             if read_at.elapsed() < LEASE_REFRESH {
@@ -81,15 +86,18 @@ impl Lease {
             }
             *read_at = Instant::now();
         }
-        match self.consumer.get_info().await {
-            Ok(info) => {
-                let ms = millis(info.config.ack_wait);
-                if self.ack_wait_ms.swap(ms, Ordering::Relaxed) != ms {
-                    tracing::info!(ack_wait_ms = ms, "job lease changed on the server");
+        let lease = Arc::clone(self);
+        tokio::spawn(async move {
+            match lease.consumer.get_info().await {
+                Ok(info) => {
+                    let ms = millis(info.config.ack_wait);
+                    if lease.ack_wait_ms.swap(ms, Ordering::Relaxed) != ms {
+                        tracing::info!(ack_wait_ms = ms, "job lease changed on the server");
+                    }
                 }
+                Err(e) => tracing::debug!(error = %e, "could not re-read the job lease"),
             }
-            Err(e) => tracing::debug!(error = %e, "could not re-read the job lease"),
-        }
+        });
     }
 }
 
@@ -230,7 +238,7 @@ impl NatsJobQueue {
             return Ok(None);
         }
         let lease = self.shared_lease().await?;
-        lease.refresh().await;
+        lease.refresh();
         // Looked up before pulling, so a lookup failure never strands a delivered job.
         let stream = self.stream().await?.clone();
         let request = lease
@@ -308,7 +316,7 @@ impl DeliveryHandle for NatsDelivery {
             .ack_with(AckKind::Progress)
             .await
             .map_err(|e| unavailable("progress ack", e))?;
-        self.lease.refresh().await;
+        self.lease.refresh();
         Ok(())
     }
 
