@@ -189,8 +189,9 @@ async fn given_up_unrun(base: &str, id: &str) -> bool {
 }
 
 /// Waits until every execution in `ids` is held by a runner (`routing`: waiting for the
-/// provider's queue; `running`: calling it).
-async fn wait_running(base: &str, ids: &[String]) {
+/// provider's queue; `running`: calling it). On failure, shows the execution's snapshot and
+/// what the `processes`' logs say about it.
+async fn wait_running(base: &str, ids: &[String], processes: &[&Process]) {
     let deadline = Instant::now() + PROMPT;
     for id in ids {
         loop {
@@ -200,7 +201,22 @@ async fn wait_running(base: &str, ids: &[String]) {
                 Some("accepted") if Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                other => panic!("execution {id} is {other:?}, not held by a runner"),
+                other => {
+                    let logs: Vec<String> = processes
+                        .iter()
+                        .flat_map(|p| {
+                            p.log_text()
+                                .lines()
+                                .filter(|l| l.contains(id.as_str()))
+                                .map(|l| format!("{}: {l}", p.name))
+                                .collect::<Vec<_>>()
+                        })
+                        .collect();
+                    panic!(
+                        "execution {id} is {other:?}, not held by a runner: {snapshot}\n{}",
+                        logs.join("\n")
+                    )
+                }
             }
         }
     }
@@ -321,8 +337,15 @@ async fn embedded_gateway_memory_per_request_is_bounded_whatever_the_json_shape(
 async fn gateway_and_worker_memory_per_request_is_bounded_whatever_the_json_shape() {
     let cluster = Cluster::start(&deployment());
     let gateway = cluster.gateway();
-    // Enough runner slots to hold every execution at once.
-    let worker = cluster.worker_with(&[("MODEL_RUNTIME_WORKERS", "64")]);
+    // Enough runner slots to hold every execution at once, and the default 30 s lease
+    // rather than the harness's 2 s (a test of leases, not of memory): a debug build on 2 busy
+    // cores takes 0.3-0.4 s to decode one of these 1 MiB jobs, and jobs that arrive together
+    // are decoded one after the other, so the fifth starts running (and heartbeating) about
+    // 1.5 s after the server handed it over, and its lease would lapse before its first beat.
+    let worker = cluster.worker_with(&[
+        ("MODEL_RUNTIME_WORKERS", "64"),
+        ("MODEL_RUNTIME_ACK_WAIT_MS", "30000"),
+    ]);
     let base = gateway.url.clone();
     warm_up(&base).await;
     let (gateway_base, worker_base) = (rss(gateway.process.pid()), rss(worker.pid()));
@@ -334,7 +357,7 @@ async fn gateway_and_worker_memory_per_request_is_bounded_whatever_the_json_shap
         ],
     )
     .await;
-    wait_running(&base, &ids).await;
+    wait_running(&base, &ids, &[&gateway.process, &worker]).await;
     for (name, pid, baseline) in [
         ("gateway", gateway.process.pid(), gateway_base),
         ("worker", worker.pid(), worker_base),
