@@ -1675,34 +1675,29 @@ async fn shutdown_still_runs_the_jobs_a_request_already_delivered() {
     assert_eq!(a.calls(), 2);
 }
 
-/// A memory queue whose deliveries' acknowledgements wait until `gate` opens (a slow ack
-/// round trip), counting the acks that completed.
-struct AckHeld {
+/// Wraps a delivery's handle, giving it the state the test shares with it.
+type WrapHandle<S> =
+    fn(Box<dyn runtime::DeliveryHandle>, Arc<S>) -> Box<dyn runtime::DeliveryHandle>;
+
+/// A memory queue whose deliveries' handles are wrapped by `wrap`.
+struct Wrapping<S> {
     inner: Arc<MemoryJobQueue>,
-    gate: Arc<Semaphore>,
-    acked: Arc<std::sync::atomic::AtomicUsize>,
+    state: Arc<S>,
+    wrap: WrapHandle<S>,
 }
 
-struct HeldAck {
-    inner: Box<dyn runtime::DeliveryHandle>,
-    gate: Arc<Semaphore>,
-    acked: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-#[async_trait::async_trait]
-impl runtime::DeliveryHandle for HeldAck {
-    async fn ack(&self) -> Result<(), StoreError> {
-        self.gate.acquire().await.unwrap().forget();
-        self.acked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.inner.ack().await
-    }
-    async fn in_progress(&self) -> Result<(), StoreError> {
-        self.inner.in_progress().await
+impl<S> Wrapping<S> {
+    fn new(state: S, wrap: WrapHandle<S>) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Arc::new(MemoryJobQueue::new()),
+            state: Arc::new(state),
+            wrap,
+        })
     }
 }
 
 #[async_trait::async_trait]
-impl JobQueue for AckHeld {
+impl<S: Send + Sync + 'static> JobQueue for Wrapping<S> {
     async fn publish(&self, job: &runtime::Job) -> Result<(), StoreError> {
         self.inner.publish(job).await
     }
@@ -1714,11 +1709,7 @@ impl JobQueue for AckHeld {
             return Ok(None);
         };
         Ok(Some(runtime::Delivery {
-            handle: Box::new(HeldAck {
-                inner: delivery.handle,
-                gate: Arc::clone(&self.gate),
-                acked: Arc::clone(&self.acked),
-            }),
+            handle: (self.wrap)(delivery.handle, Arc::clone(&self.state)),
             ..delivery
         }))
     }
@@ -1740,14 +1731,41 @@ impl JobQueue for AckHeld {
     }
 }
 
+/// Acknowledgements that wait until `gate` opens (a slow ack round trip), counting those
+/// that completed.
+struct AckGate {
+    gate: Semaphore,
+    acked: std::sync::atomic::AtomicUsize,
+}
+
+struct HeldAck {
+    inner: Box<dyn runtime::DeliveryHandle>,
+    state: Arc<AckGate>,
+}
+
+#[async_trait::async_trait]
+impl runtime::DeliveryHandle for HeldAck {
+    async fn ack(&self) -> Result<(), StoreError> {
+        self.state.gate.acquire().await.unwrap().forget();
+        self.state
+            .acked
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.ack().await
+    }
+    async fn in_progress(&self) -> Result<(), StoreError> {
+        self.inner.in_progress().await
+    }
+}
+
 #[tokio::test]
 async fn a_slot_is_free_for_the_next_job_while_the_last_one_is_still_being_acknowledged() {
     let (a, h) = succeeding_a();
-    let queue = Arc::new(AckHeld {
-        inner: Arc::new(MemoryJobQueue::new()),
-        gate: Arc::new(Semaphore::new(0)),
-        acked: Arc::default(),
-    });
+    let closed = AckGate {
+        gate: Semaphore::new(0),
+        acked: std::sync::atomic::AtomicUsize::new(0),
+    };
+    let queue = Wrapping::new(closed, |inner, state| Box::new(HeldAck { inner, state }));
+    let acked = || queue.state.acked.load(std::sync::atomic::Ordering::SeqCst);
     // One slot.
     let (pool, first, second) = two_jobs_on(&h, Arc::clone(&queue) as Arc<dyn JobQueue>, 1).await;
     // The first job's ack hangs; its ended execution no longer holds the only slot.
@@ -1755,28 +1773,26 @@ async fn a_slot_is_free_for_the_next_job_while_the_last_one_is_still_being_ackno
         h.is_terminal(second.execution_id)
     })
     .await;
-    assert_eq!(queue.acked.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(acked(), 0);
     // Shutdown still waits for the acks of both.
-    queue.gate.add_permits(2);
+    queue.state.gate.add_permits(2);
     assert!(within("shutdown", PATIENCE, pool.shutdown(PATIENCE)).await);
-    assert_eq!(queue.acked.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(acked(), 2);
     h.assert_log(first.execution_id, &success_log("a")).await;
     h.assert_log(second.execution_id, &success_log("a")).await;
     assert_eq!(a.calls(), 2);
 }
 
-/// A memory queue whose deliveries' heartbeats each take `send` to go out (a congested
-/// connection), recording when each beat started.
-struct SlowBeats {
-    inner: Arc<MemoryJobQueue>,
+/// Heartbeats that each take `send` to go out (a congested connection), recording when each
+/// started.
+struct BeatLog {
     send: Duration,
-    beats: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+    beats: std::sync::Mutex<Vec<tokio::time::Instant>>,
 }
 
 struct SlowBeat {
     inner: Box<dyn runtime::DeliveryHandle>,
-    send: Duration,
-    beats: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+    state: Arc<BeatLog>,
 }
 
 #[async_trait::async_trait]
@@ -1785,48 +1801,13 @@ impl runtime::DeliveryHandle for SlowBeat {
         self.inner.ack().await
     }
     async fn in_progress(&self) -> Result<(), StoreError> {
-        self.beats.lock().unwrap().push(tokio::time::Instant::now());
-        tokio::time::sleep(self.send).await;
+        self.state
+            .beats
+            .lock()
+            .unwrap()
+            .push(tokio::time::Instant::now());
+        tokio::time::sleep(self.state.send).await;
         self.inner.in_progress().await
-    }
-}
-
-#[async_trait::async_trait]
-impl JobQueue for SlowBeats {
-    async fn publish(&self, job: &runtime::Job) -> Result<(), StoreError> {
-        self.inner.publish(job).await
-    }
-    async fn withdraw(&self, job: &runtime::Job) -> Result<(), StoreError> {
-        self.inner.withdraw(job).await
-    }
-    async fn receive(&self) -> Result<Option<runtime::Delivery>, StoreError> {
-        let Some(delivery) = self.inner.receive().await? else {
-            return Ok(None);
-        };
-        Ok(Some(runtime::Delivery {
-            handle: Box::new(SlowBeat {
-                inner: delivery.handle,
-                send: self.send,
-                beats: Arc::clone(&self.beats),
-            }),
-            ..delivery
-        }))
-    }
-    async fn receive_up_to(&self, _max: usize) -> Result<Option<runtime::Deliveries>, StoreError> {
-        use futures_util::StreamExt;
-        Ok(self
-            .receive()
-            .await?
-            .map(|d| futures_util::stream::iter([Ok(d)]).boxed()))
-    }
-    fn close(&self) {
-        self.inner.close();
-    }
-    async fn ready(&self) -> Result<(), StoreError> {
-        self.inner.ready().await
-    }
-    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<runtime::QueuedJob>, StoreError> {
-        self.inner.scan(after, limit).await
     }
 }
 
@@ -1840,11 +1821,11 @@ async fn heartbeats_keep_their_cadence_when_sending_one_is_slow() {
     script.extend(success_script());
     let a = ScriptedProvider::new("a", script);
     let h = Harness::scripted(&[&a]);
-    let queue = Arc::new(SlowBeats {
-        inner: Arc::new(MemoryJobQueue::new()),
+    let log = BeatLog {
         send: Duration::from_millis(200),
-        beats: Arc::default(),
-    });
+        beats: std::sync::Mutex::default(),
+    };
+    let queue = Wrapping::new(log, |inner, state| Box::new(SlowBeat { inner, state }));
     let pool = spawn_pool_on(
         &h,
         Arc::clone(&queue) as Arc<dyn JobQueue>,
@@ -1859,7 +1840,7 @@ async fn heartbeats_keep_their_cadence_when_sending_one_is_slow() {
     .await;
     assert!(within("shutdown", PATIENCE, pool.shutdown(PATIENCE)).await);
     h.assert_log(job.execution_id, &success_log("a")).await;
-    let beats = queue.beats.lock().unwrap().clone();
+    let beats = queue.state.beats.lock().unwrap().clone();
     assert!(beats.len() >= 5, "{} beats in 3 s", beats.len());
     for pair in beats.windows(2) {
         let gap = pair[1] - pair[0];
