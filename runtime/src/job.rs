@@ -64,6 +64,12 @@ pub trait DeliveryHandle: Send + Sync {
     fn lease(&self) -> Option<std::time::Duration> {
         None
     }
+    /// When this process received the delivery, before decoding its job: the lease runs from
+    /// about then, not from when the job starts, so the first heartbeat is due a beat after
+    /// it. `None`: the lease never lapses (see [`Self::lease`]).
+    fn received_at(&self) -> Option<tokio::time::Instant> {
+        None
+    }
     /// Whether the job of this delivery was withdrawn from the queue ([`JobQueue::withdraw`])
     /// since it was delivered. A worker asks only when it had to wait for the job's log to
     /// appear, i.e. when its submitter may be failing the submission; it never runs a withdrawn

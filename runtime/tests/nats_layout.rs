@@ -998,3 +998,50 @@ async fn one_pull_request_brings_jobs_that_arrive_one_at_a_time() {
     assert_eq!(next.job.execution_id, fourth);
     next.handle.ack().await.unwrap();
 }
+
+/// The jobs of one pull request, large ones included (decoded on the blocking pool), come
+/// whole, each with when this process received it: no earlier than the request was sent, no
+/// later than it was handed to the worker (the worker times the job's first heartbeat from
+/// it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_jobs_of_a_request_come_whole_with_when_they_were_received() {
+    use futures_util::StreamExt;
+
+    let (_server, _settings, backend, _store) = node().await;
+    let queue = NatsJobQueue::new(backend);
+    let mut large = job(ExecutionId::new_random());
+    large.request = serde_json::from_value(serde_json::json!({
+        "ability": "text-generation",
+        "input": [{"type": "text", "text": "x".repeat(600_000)}],
+    }))
+    .unwrap();
+    let small = job(ExecutionId::new_random());
+    queue.publish(&large).await.unwrap();
+    queue.publish(&small).await.unwrap();
+    let asked = tokio::time::Instant::now();
+    let deliveries = tokio::time::timeout(PROMPT, queue.receive_up_to(2))
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let came: Vec<_> = tokio::time::timeout(
+        PROMPT,
+        deliveries
+            .map(|d| (d.unwrap(), tokio::time::Instant::now()))
+            .collect::<Vec<_>>(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(came.len(), 2);
+    for (delivery, yielded) in &came {
+        let received = delivery
+            .handle
+            .received_at()
+            .expect("a NATS delivery's reception");
+        assert!(asked <= received && received <= *yielded);
+        delivery.handle.ack().await.unwrap();
+    }
+    let jobs: Vec<_> = came.into_iter().map(|(d, _)| d.job).collect();
+    assert!(jobs.contains(&large), "the large job came whole");
+    assert!(jobs.contains(&small));
+}

@@ -260,12 +260,14 @@ async fn run_delivery(
         .run_delivery(&job, delivered, Some(&*handle))
         .instrument(span);
     tokio::pin!(run);
-    // The lease is read on every beat: the server's value wins over the configured one. A beat
-    // is sent beside the run, which never waits for it, and the next is timed from when this
-    // one started, so a slow send never moves it closer to the lease's end (a beat still being
-    // sent when the next is due delays that one until the send returns).
+    // The lease is read on every beat: the server's value wins over the configured one. The
+    // first beat is due a beat after the delivery was received (its lease runs from then, and
+    // decoding it, or the jobs before it, may have taken part of it); a beat is sent beside the
+    // run, which never waits for it, and the next is timed from when this one started, so a
+    // slow send never moves it closer to the lease's end (a beat still being sent when the
+    // next is due delays that one until the send returns).
     let interval = || handle.lease().map_or(heartbeat, heartbeat_interval);
-    let mut next_beat = Instant::now() + interval();
+    let mut next_beat = handle.received_at().unwrap_or_else(Instant::now) + interval();
     let mut sending = None;
     let outcome = loop {
         tokio::select! {

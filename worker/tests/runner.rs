@@ -1784,9 +1784,10 @@ async fn a_slot_is_free_for_the_next_job_while_the_last_one_is_still_being_ackno
 }
 
 /// Heartbeats that each take `send` to go out (a congested connection), recording when each
-/// started.
+/// started, of deliveries received at `received_at`.
 struct BeatLog {
     send: Duration,
+    received_at: Option<tokio::time::Instant>,
     beats: std::sync::Mutex<Vec<tokio::time::Instant>>,
 }
 
@@ -1809,22 +1810,18 @@ impl runtime::DeliveryHandle for SlowBeat {
         tokio::time::sleep(self.state.send).await;
         self.inner.in_progress().await
     }
+    fn received_at(&self) -> Option<tokio::time::Instant> {
+        self.state.received_at
+    }
 }
 
-/// Beats keep their cadence when sending one is slow: the next is timed from when the last
-/// started, so the lease (three beats) never lapses for a live execution because its beats
-/// went out slowly. (Timed from when the send returned, the beats here were 500 ms apart.)
-/// Paused time: the clock moves only when every task waits, so the gaps are exact.
-#[tokio::test(start_paused = true)]
-async fn heartbeats_keep_their_cadence_when_sending_one_is_slow() {
-    let mut script = vec![Step::Sleep(Duration::from_secs(3))];
+/// Runs one job (a provider that takes `runs`, then succeeds) through a one-slot pool with a
+/// 300 ms heartbeat, over deliveries whose beats `log` shapes; returns when each beat started.
+async fn beats_of_one_run(runs: Duration, log: BeatLog) -> Vec<tokio::time::Instant> {
+    let mut script = vec![Step::Sleep(runs)];
     script.extend(success_script());
     let a = ScriptedProvider::new("a", script);
     let h = Harness::scripted(&[&a]);
-    let log = BeatLog {
-        send: Duration::from_millis(200),
-        beats: std::sync::Mutex::default(),
-    };
     let queue = Wrapping::new(log, |inner, state| Box::new(SlowBeat { inner, state }));
     let pool = spawn_pool_on(
         &h,
@@ -1840,7 +1837,21 @@ async fn heartbeats_keep_their_cadence_when_sending_one_is_slow() {
     .await;
     assert!(within("shutdown", PATIENCE, pool.shutdown(PATIENCE)).await);
     h.assert_log(job.execution_id, &success_log("a")).await;
-    let beats = queue.state.beats.lock().unwrap().clone();
+    queue.state.beats.lock().unwrap().clone()
+}
+
+/// Beats keep their cadence when sending one is slow: the next is timed from when the last
+/// started, so the lease (three beats) never lapses for a live execution because its beats
+/// went out slowly. (Timed from when the send returned, the beats here were 500 ms apart.)
+/// Paused time: the clock moves only when every task waits, so the gaps are exact.
+#[tokio::test(start_paused = true)]
+async fn heartbeats_keep_their_cadence_when_sending_one_is_slow() {
+    let log = BeatLog {
+        send: Duration::from_millis(200),
+        received_at: None,
+        beats: std::sync::Mutex::default(),
+    };
+    let beats = beats_of_one_run(Duration::from_secs(3), log).await;
     assert!(beats.len() >= 5, "{} beats in 3 s", beats.len());
     for pair in beats.windows(2) {
         let gap = pair[1] - pair[0];
@@ -1849,6 +1860,28 @@ async fn heartbeats_keep_their_cadence_when_sending_one_is_slow() {
             "beats {gap:?} apart, heartbeat 300 ms"
         );
     }
+}
+
+/// The first beat is due a beat after the delivery was received, not after the job started:
+/// the lease runs from the reception, and decoding the job (or those before it) may have
+/// taken part of it. Here the job starts 250 ms after its reception, with a 300 ms heartbeat:
+/// the first beat goes out 50 ms after the start (timed from the start, it went out 300 ms
+/// after it, 550 ms after the reception). Paused time, so the times are exact.
+#[tokio::test(start_paused = true)]
+async fn the_first_heartbeat_is_timed_from_when_the_delivery_was_received() {
+    let started = tokio::time::Instant::now();
+    let log = BeatLog {
+        send: Duration::ZERO,
+        received_at: Some(started - Duration::from_millis(250)),
+        beats: std::sync::Mutex::default(),
+    };
+    let beats = beats_of_one_run(Duration::from_secs(1), log).await;
+    let first = *beats.first().expect("a beat in 1 s") - started;
+    assert_eq!(
+        first,
+        Duration::from_millis(50),
+        "first beat {first:?} after the start"
+    );
 }
 
 /// The key claim of `job` under `key_hash` (see `runtime::KeyClaim`).
