@@ -339,10 +339,10 @@ async fn gateway_and_worker_memory_per_request_is_bounded_whatever_the_json_shap
     let gateway = cluster.gateway();
     // Enough runner slots to hold every execution at once, and the default 30 s lease rather
     // than the harness's 2 s (this test is about memory, not leases): a debug build on 2 busy
-    // cores takes 0.3-0.4 s to decode one of these 1 MiB jobs, and jobs that arrive together
-    // are decoded one after the other, so the last of four starts running (and heartbeating)
-    // about 1.5 s after the server handed it over, and its 2 s lease lapsed before its first
-    // beat.
+    // cores takes 0.3-0.4 s of CPU to decode one of these 1 MiB jobs, several arrive together,
+    // and no job's first beat goes out before it is decoded. (When the worker still decoded
+    // them one after the other, the last of four started 1.5 s after the server handed it
+    // over, and its 2 s lease lapsed before its first beat.)
     let worker = cluster.worker_with(&[
         ("MODEL_RUNTIME_WORKERS", "64"),
         ("MODEL_RUNTIME_ACK_WAIT_MS", "30000"),
