@@ -12,10 +12,11 @@ use serde_json::json;
 use support::auth_matrix::{self, OWNER_KEY};
 use support::*;
 
-/// A mock slow enough (3 chunks × 2 s) that the owner's execution is still running when the
-/// matrix cancels it at the end.
+/// A mock slow enough (3 chunks × 60 s) that the owner's execution is still running when the
+/// matrix cancels it at the end, however long a busy machine takes to run the matrix (13.5 s
+/// seen with the 2 cores saturated; nothing in the matrix waits for an execution to end).
 fn deployment_with_auth() -> serde_json::Value {
-    slow_mock(2_000, json!({ "auth": auth_matrix::auth_section() }))
+    slow_mock(60_000, json!({ "auth": auth_matrix::auth_section() }))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

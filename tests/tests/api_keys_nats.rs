@@ -10,10 +10,11 @@ use testkit::gateway::auth_matrix;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_route_checks_key_scope_and_tenant_across_two_gateways() {
-    // Three chunks two seconds apart: the owner's execution still runs when it is cancelled.
+    // Three chunks a minute apart: the owner's execution still runs when it is cancelled,
+    // however long a busy machine takes to run the matrix (nothing in it waits for an end).
     let config = json!({
         "providers": [{"type": "mock", "id": "provider-mock", "model": "model-alpha",
-                       "abilities": ["text-generation"], "delay_ms": 2000,
+                       "abilities": ["text-generation"], "delay_ms": 60000,
                        "max_concurrency": 64, "max_queue_depth": 256}],
         "auth": auth_matrix::auth_section()
     });
