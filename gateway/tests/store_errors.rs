@@ -55,6 +55,9 @@ impl IdempotencyStore for CrashingSubmitterKeys {
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         self.0.claim(key_hash, record).await
     }
+    async fn bound(&self, key_hash: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
+        self.0.bound(key_hash).await
+    }
     async fn release(&self, _key_hash: &str, _id: ExecutionId) -> Result<(), StoreError> {
         Ok(())
     }

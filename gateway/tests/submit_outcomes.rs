@@ -230,6 +230,10 @@ impl IdempotencyStore for FaultyKeys {
         }
         self.inner.claim(key_hash, record).await
     }
+    async fn bound(&self, key_hash: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
+        self.check()?;
+        self.inner.bound(key_hash).await
+    }
     async fn release(&self, key_hash: &str, execution_id: ExecutionId) -> Result<(), StoreError> {
         self.check()?;
         self.inner.release(key_hash, execution_id).await

@@ -24,6 +24,10 @@ pub struct IdempotencyRecord {
 /// - A binding lives for the store's TTL, then the key is free again.
 /// - `release(key_hash, execution_id)` frees the key only if it is bound to that execution (used
 ///   when creating the execution failed, so a retry can create it [R 14]).
+/// - `bound(key_hash)` returns the record the key is bound to, or `None` while it is free, and
+///   changes nothing: what a `claim` made at the same moment would return when the key is
+///   bound. (A worker reads a keyed job's binding while it reads the job's log, and claims the
+///   key only when the read finds it free: `worker::key_guard`.)
 #[async_trait]
 pub trait IdempotencyStore: Send + Sync + 'static {
     async fn claim(
@@ -31,6 +35,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         key_hash: &str,
         record: &IdempotencyRecord,
     ) -> Result<Option<IdempotencyRecord>, StoreError>;
+    async fn bound(&self, key_hash: &str) -> Result<Option<IdempotencyRecord>, StoreError>;
     async fn release(&self, key_hash: &str, execution_id: ExecutionId) -> Result<(), StoreError>;
     async fn ready(&self) -> Result<(), StoreError>;
 }

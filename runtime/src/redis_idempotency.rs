@@ -33,6 +33,12 @@ pub struct RedisIdempotencyStore {
     ttl: Duration,
 }
 
+/// A stored record, decoded.
+fn decode(text: &str) -> Result<IdempotencyRecord, StoreError> {
+    serde_json::from_str(text)
+        .map_err(|_| StoreError::Unavailable("redis: undecodable idempotency record".into()))
+}
+
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("redis: {e}"))
 }
@@ -180,12 +186,15 @@ impl IdempotencyStore for RedisIdempotencyStore {
             .arg("PX")
             .arg(ttl_ms);
         let previous: Option<String> = bounded(cmd.query_async(&mut conn)).await?;
-        match previous {
-            None => Ok(None),
-            Some(text) => serde_json::from_str(&text).map(Some).map_err(|_| {
-                StoreError::Unavailable("redis: undecodable idempotency record".into())
-            }),
-        }
+        previous.map(|text| decode(&text)).transpose()
+    }
+
+    async fn bound(&self, key_hash: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(format!("{}{key_hash}", self.prefix));
+        let value: Option<String> = bounded(cmd.query_async(&mut conn)).await?;
+        value.map(|text| decode(&text)).transpose()
     }
 
     async fn release(&self, key_hash: &str, execution_id: ExecutionId) -> Result<(), StoreError> {

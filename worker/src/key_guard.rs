@@ -14,6 +14,15 @@
 //! submission was answered 503 meanwhile) frees the key again ([`release_if_unqueued`]), so a
 //! retry can create the execution.
 //!
+//! Most of the time the gateway's claim has landed before the job reaches a worker, so the
+//! worker first only reads the binding ([`peek`]), at the same time as it reads the log's head:
+//! a key found bound answers the question as a claim would (a claim of a bound key changes
+//! nothing and returns the binding), and only a key found free (or a read that failed) is
+//! claimed, once the log is found. The read never binds anything, so a job whose log never
+//! comes leaves no binding behind. (Claiming after the head read cost the keyed submit at c=1
+//! 0.06–0.08 ms at p50, through Redis and the cores it kept busy while the next submit was
+//! under way: BENCHMARKS.md section t.)
+//!
 //! So among the executions of one key at most one ever runs, whatever the order in which the
 //! gateway's and the worker's claims land. A key store the worker cannot reach is retried for
 //! [`KEY_CLAIM_BUDGET`], or until the log is found closed (the gateway, which could not reach
@@ -40,6 +49,26 @@ pub enum KeyHolder {
     Another,
     /// The key could not be claimed, and meanwhile the log was closed: nothing to run.
     Closed,
+}
+
+/// What the key's binding says, read without binding it: `Some(This { bound_here: false })` or
+/// `Some(Another)` when the key is bound, `None` when it is free or could not be read (then
+/// [`claim`] decides). Never `Closed`.
+pub async fn peek(keys: &dyn IdempotencyStore, claim: &KeyClaim) -> Option<KeyHolder> {
+    match keys.bound(&claim.key_hash).await {
+        Ok(Some(bound)) if bound.execution_id == claim.record.execution_id => {
+            Some(KeyHolder::This { bound_here: false })
+        }
+        Ok(Some(_)) => {
+            tracing::info!(execution_id = %claim.record.execution_id, "idempotency key bound to another execution; not run");
+            Some(KeyHolder::Another)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::debug!(execution_id = %claim.record.execution_id, error = %e, "cannot read the idempotency key; claiming it instead");
+            None
+        }
+    }
 }
 
 /// Claims `claim`'s key for its execution (see the module docs), retrying an unreachable store

@@ -22,9 +22,10 @@
 //!   learn) and never claims a withdrawn job (it also asks on every poll past the first quick
 //!   ones, so a withdrawn job does not hold a slot). A job whose log is there at the first look
 //!   is claimed at once: no extra round trip on the common path.
-//! - a job carrying an idempotency key ([`runtime::KeyClaim`]): before the log is claimed the
-//!   runner binds the key too ([`crate::key_guard`]); when it is bound to another execution
-//!   the log is closed with the unqueued failure and the job dropped, never run.
+//! - a job carrying an idempotency key ([`runtime::KeyClaim`]): the runner reads the key's
+//!   binding while it reads the log's head and, unless the key was found bound already, binds
+//!   it too before the log is claimed ([`crate::key_guard`]); when it is bound to another
+//!   execution the log is closed with the unqueued failure and the job dropped, never run.
 //!
 //! Events are written through a pipelined [`EventWriter`] where the store's appends take a round
 //! trip (JetStream): provider output is handed over without waiting for each acknowledgement
@@ -201,7 +202,15 @@ impl Runner {
         held: Option<&dyn DeliveryHandle>,
     ) -> RunOutcome {
         let id = job.execution_id;
-        let head = match self.await_log(id, held).await {
+        // A keyed job's binding is read beside the log's head (see `key_guard`).
+        let peeked = async {
+            match &job.key {
+                Some(claim) => key_guard::peek(&*self.keys, claim).await,
+                None => None,
+            }
+        };
+        let (head, peeked) = tokio::join!(self.await_log(id, held), peeked);
+        let head = match head {
             Ok(head) => head,
             Err(outcome) => return outcome,
         };
@@ -233,9 +242,13 @@ impl Runner {
         let Some(claim) = &job.key else {
             return self.run_claimable(job, writer).await;
         };
-        // The gateway binds the key while this job travels: bind it here too before the log
-        // is claimed, and never run an execution whose key is another's.
-        let claimed = key_guard::claim(&*self.keys, &*self.store, claim, &self.abort_all).await;
+        // The gateway binds the key while this job travels: unless it was found bound already,
+        // bind it here too before the log is claimed, and never run an execution whose key is
+        // another's.
+        let claimed = match peeked {
+            Some(holder) => Ok(holder),
+            None => key_guard::claim(&*self.keys, &*self.store, claim, &self.abort_all).await,
+        };
         instrument::key_claim(&claimed);
         match claimed {
             Ok(KeyHolder::This { bound_here }) => {

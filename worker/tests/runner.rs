@@ -1977,6 +1977,9 @@ impl IdempotencyStore for UnreachableKeys {
     ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
         Err(StoreError::Unavailable("keys down".into()))
     }
+    async fn bound(&self, _: &str) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
+        Err(StoreError::Unavailable("keys down".into()))
+    }
     async fn release(&self, _: &str, _: ExecutionId) -> Result<(), StoreError> {
         Err(StoreError::Unavailable("keys down".into()))
     }
@@ -2068,6 +2071,12 @@ impl IdempotencyStore for ClosingKeys {
         self.log.append(closed).await?;
         Ok(claimed)
     }
+    async fn bound(
+        &self,
+        key_hash: &str,
+    ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
+        self.inner.bound(key_hash).await
+    }
     async fn release(&self, key_hash: &str, id: ExecutionId) -> Result<(), StoreError> {
         self.inner.release(key_hash, id).await
     }
@@ -2108,4 +2117,162 @@ async fn a_key_bound_for_an_execution_given_up_unrun_is_freed_again() {
             );
         }
     }
+}
+
+/// A memory key store that counts claims and reads of bindings, and notes whether the log of
+/// `watched` existed when a binding was first read.
+struct CountingKeys {
+    inner: runtime::memory::MemoryIdempotencyStore,
+    log: Arc<runtime::memory::MemoryEventStore>,
+    watched: ExecutionId,
+    claims: std::sync::atomic::AtomicUsize,
+    reads: std::sync::atomic::AtomicUsize,
+    read_before_the_log: std::sync::atomic::AtomicBool,
+}
+
+impl CountingKeys {
+    fn new(h: &Harness, watched: ExecutionId) -> Arc<Self> {
+        Arc::new(Self {
+            inner: runtime::memory::MemoryIdempotencyStore::new(Duration::from_secs(600)),
+            log: Arc::clone(&h.store),
+            watched,
+            claims: Default::default(),
+            reads: Default::default(),
+            read_before_the_log: Default::default(),
+        })
+    }
+
+    fn claims(&self) -> usize {
+        self.claims.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn reads(&self) -> usize {
+        self.reads.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[async_trait::async_trait]
+impl IdempotencyStore for CountingKeys {
+    async fn claim(
+        &self,
+        key_hash: &str,
+        record: &runtime::IdempotencyRecord,
+    ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
+        self.claims
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.claim(key_hash, record).await
+    }
+    async fn bound(
+        &self,
+        key_hash: &str,
+    ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
+        if self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0
+            && self.log.head(self.watched).await?.is_none()
+        {
+            self.read_before_the_log
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.inner.bound(key_hash).await
+    }
+    async fn release(&self, key_hash: &str, id: ExecutionId) -> Result<(), StoreError> {
+        self.inner.release(key_hash, id).await
+    }
+    async fn ready(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// A keyed job whose key its gateway bound already (to this execution, or to another one) is
+/// decided by reading the binding: the worker claims only a key it finds free.
+#[tokio::test]
+async fn a_key_found_bound_is_read_not_claimed_again() {
+    // Bound by the gateway to this execution: it runs.
+    let (a, h) = succeeding_a();
+    let job = keyed(h.submit(&text_request(""), LONG).await, "key-bound");
+    let keys = CountingKeys::new(&h, job.execution_id);
+    let h = h.with_keys(keys.clone());
+    let record = &job.key.as_ref().unwrap().record;
+    assert_eq!(keys.inner.claim("key-bound", record).await.unwrap(), None);
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    assert_eq!(a.calls(), 1);
+    assert_eq!(
+        (keys.reads(), keys.claims()),
+        (1, 0),
+        "read once, never claimed"
+    );
+
+    // Bound to another execution: never runs.
+    let (a, h) = succeeding_a();
+    let job = keyed(h.submit(&text_request(""), LONG).await, "key-taken");
+    let keys = CountingKeys::new(&h, job.execution_id);
+    let h = h.with_keys(keys.clone());
+    let mut other = job.key.as_ref().unwrap().record.clone();
+    other.execution_id = ExecutionId::new_random();
+    assert_eq!(keys.inner.claim("key-taken", &other).await.unwrap(), None);
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
+    assert_failed_unrouted(&h, job.execution_id, RuntimeError::unqueued()).await;
+    assert_eq!(a.calls(), 0);
+    assert_eq!(
+        (keys.reads(), keys.claims()),
+        (1, 0),
+        "read once, never claimed"
+    );
+
+    // Free: claimed, and bound to this execution.
+    let (a, h) = succeeding_a();
+    let job = keyed(h.submit(&text_request(""), LONG).await, "key-free");
+    let keys = CountingKeys::new(&h, job.execution_id);
+    let h = h.with_keys(keys.clone());
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
+    assert_eq!(a.calls(), 1);
+    assert_eq!((keys.reads(), keys.claims()), (1, 1), "read, then claimed");
+    assert_eq!(
+        keys.inner
+            .bound("key-free")
+            .await
+            .unwrap()
+            .map(|r| r.execution_id),
+        Some(job.execution_id)
+    );
+}
+
+/// A keyed job's binding is read while its log is read: here the log does not exist yet when
+/// the job is delivered, and the binding has been read before it appears (paused time).
+#[tokio::test(start_paused = true)]
+async fn a_keyed_jobs_binding_is_read_while_its_log_is_awaited() {
+    let (a, h) = succeeding_a();
+    let job = keyed(job(&text_request(""), LONG), "key-early");
+    let keys = CountingKeys::new(&h, job.execution_id);
+    let h = h.with_keys(keys.clone());
+    let record = job.key.as_ref().unwrap().record.clone();
+    assert_eq!(keys.inner.claim("key-early", &record).await.unwrap(), None);
+    let runner = Arc::clone(&h.runner);
+    let delivered = job.clone();
+    let run = tokio::spawn(async move { runner.run(&delivered, 1).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!run.is_finished(), "the runner waits for the log");
+    assert!(
+        keys.read_before_the_log
+            .load(std::sync::atomic::Ordering::SeqCst),
+        "the binding was read while the log was awaited"
+    );
+    h.create_log(job.execution_id).await;
+    assert_eq!(run.await.unwrap(), RunOutcome::Finished);
+    assert_eq!(a.calls(), 1);
+    assert_eq!(keys.claims(), 0);
+}
+
+/// Reading a binding binds nothing: a keyed job whose log never comes (its submission failed
+/// and was withdrawn) leaves its free key free (paused time: the runner waits `log_wait`).
+#[tokio::test(start_paused = true)]
+async fn a_keyed_job_whose_log_never_comes_leaves_its_key_free() {
+    let (a, h) = succeeding_a();
+    let job = keyed(job(&text_request(""), LONG), "key-no-log");
+    let keys = CountingKeys::new(&h, job.execution_id);
+    let h = h.with_keys(keys.clone());
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
+    assert_eq!(a.calls(), 0);
+    assert_eq!(keys.reads(), 1);
+    assert_eq!(keys.claims(), 0);
+    assert_eq!(keys.inner.bound("key-no-log").await.unwrap(), None);
 }

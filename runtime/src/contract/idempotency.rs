@@ -19,8 +19,11 @@ fn record(fingerprint: &str) -> IdempotencyRecord {
 pub async fn idempotency_suite(store: Arc<dyn IdempotencyStore>) {
     store.ready().await.unwrap();
     let key = format!("key-{}", ExecutionId::new_random());
+    // Reading a free key finds nothing and binds nothing.
+    assert_eq!(store.bound(&key).await.unwrap(), None);
     let first = record("fp1");
     assert_eq!(store.claim(&key, &first).await.unwrap(), None);
+    assert_eq!(store.bound(&key).await.unwrap(), Some(first.clone()));
     assert_eq!(
         store.claim(&key, &record("fp2")).await.unwrap(),
         Some(first.clone())
@@ -34,9 +37,12 @@ pub async fn idempotency_suite(store: Arc<dyn IdempotencyStore>) {
         store.claim(&key, &record("fp3")).await.unwrap(),
         Some(first.clone())
     );
+    assert_eq!(store.bound(&key).await.unwrap(), Some(first.clone()));
     store.release(&key, first.execution_id).await.unwrap();
+    assert_eq!(store.bound(&key).await.unwrap(), None);
     let again = record("fp4");
     assert_eq!(store.claim(&key, &again).await.unwrap(), None);
+    assert_eq!(store.bound(&key).await.unwrap(), Some(again));
     // Concurrent first claims: exactly one wins, all others see the winner.
     let key = format!("race-{}", ExecutionId::new_random());
     let tasks = spawn_each(&store, 50, |i, store| {

@@ -16,6 +16,23 @@ struct Keys {
     expiry: VecDeque<(Instant, String)>,
 }
 
+impl Keys {
+    /// Drops the bindings whose TTL ran out by `now`.
+    fn expire(&mut self, now: Instant) {
+        while let Some((at, _)) = self.expiry.front() {
+            if *at > now {
+                break;
+            }
+            if let Some((_, key)) = self.expiry.pop_front() {
+                // The key may have been released and re-bound since; only drop a stale binding.
+                if self.bound.get(&key).is_some_and(|(_, exp)| *exp <= now) {
+                    self.bound.remove(&key);
+                }
+            }
+        }
+    }
+}
+
 /// See the module docs.
 #[derive(derive_more::Debug)]
 pub struct MemoryIdempotencyStore {
@@ -51,17 +68,7 @@ impl IdempotencyStore for MemoryIdempotencyStore {
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let now = Instant::now();
         let mut keys = self.keys.lock();
-        while let Some((at, _)) = keys.expiry.front() {
-            if *at > now {
-                break;
-            }
-            if let Some((_, key)) = keys.expiry.pop_front() {
-                // The key may have been released and re-bound since; only drop a stale binding.
-                if keys.bound.get(&key).is_some_and(|(_, exp)| *exp <= now) {
-                    keys.bound.remove(&key);
-                }
-            }
-        }
+        keys.expire(now);
         if let Some((existing, _)) = keys.bound.get(key_hash) {
             return Ok(Some(existing.clone()));
         }
@@ -70,6 +77,16 @@ impl IdempotencyStore for MemoryIdempotencyStore {
             .insert(key_hash.to_owned(), (record.clone(), expires));
         keys.expiry.push_back((expires, key_hash.to_owned()));
         Ok(None)
+    }
+
+    async fn bound(&self, key_hash: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let now = Instant::now();
+        let keys = self.keys.lock();
+        Ok(keys
+            .bound
+            .get(key_hash)
+            .filter(|(_, expires)| *expires > now)
+            .map(|(record, _)| record.clone()))
     }
 
     async fn release(&self, key_hash: &str, execution_id: ExecutionId) -> Result<(), StoreError> {
