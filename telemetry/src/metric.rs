@@ -184,7 +184,7 @@ pub fn register() {
 
     describe_counter!(
         KEY_CLAIMS_TOTAL,
-        "Idempotency keys of keyed jobs a worker claimed, by outcome."
+        "Idempotency keys of keyed jobs a worker checked (read, and claimed when found free), by outcome."
     );
     for outcome in key_claim::ALL {
         metrics::counter!(KEY_CLAIMS_TOTAL, "outcome" => outcome).absolute(0);
