@@ -11,9 +11,9 @@
 //! (one round trip to Redis and one to each stream, all at once), except for a tenant with
 //! quotas, a key this gateway saw bound lately, and while Redis is out of reach (see
 //! [`claim_and_create`]). The job carries the key's
-//! binding ([`runtime::KeyClaim`]) and the worker that takes it makes the same claim before it
-//! claims the log (`worker::key_guard`), so an execution whose key turns out to be another's
-//! never runs, whichever claim lands first. Then:
+//! binding ([`runtime::KeyClaim`]) and the worker that takes it reads the binding, and makes the
+//! same claim when it finds the key free, before it claims the log (`worker::key_guard`), so an
+//! execution whose key turns out to be another's never runs, whichever claim lands first. Then:
 //! - the key was free, or bound to this execution by the worker: the submission is answered
 //!   as if unkeyed (202, or the failure of a failed step, which releases the key when nothing
 //!   will run);
