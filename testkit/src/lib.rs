@@ -39,6 +39,11 @@ use std::time::{Duration, Instant};
 
 /// How long a server may take to start on a busy machine.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound for a cluster node to become healthy ([`NatsCluster::wait_healthy`]). A node restarted
+/// with its state can wait for a meta leader's contact until it calls an election itself, which
+/// takes nats-server 4–9 s a round (seen: 8 s here, and once more than 30 s in CI, on a busy
+/// machine).
+const HEALTHY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A free loopback port for a server a test starts: picked at random below the kernel's
 /// ephemeral range, checked free by binding it, then released; never the same port twice in
@@ -543,7 +548,7 @@ impl NatsCluster {
     /// Waits (bounded) until node `i`'s `/healthz` answers 200: JetStream enabled, a meta
     /// leader known and this node current with the meta group and its streams.
     pub fn wait_healthy(&mut self, i: usize) {
-        let deadline = Instant::now() + START_TIMEOUT;
+        let deadline = Instant::now() + HEALTHY_TIMEOUT;
         let addr = SocketAddr::from(([127, 0, 0, 1], self.nodes[i].monitor_port));
         while Instant::now() < deadline {
             if http_status(addr, "/healthz") == Some(200) {
@@ -554,7 +559,7 @@ impl NatsCluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("nats node {i} not healthy within {START_TIMEOUT:?}");
+        panic!("nats node {i} not healthy within {HEALTHY_TIMEOUT:?}");
     }
 
     fn spawn(&mut self, i: usize) {
