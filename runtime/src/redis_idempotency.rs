@@ -159,6 +159,11 @@ fn fatal(e: &redis::RedisError) -> Option<String> {
 }
 
 impl RedisIdempotencyStore {
+    /// The Redis key under which `key_hash` is bound.
+    fn stored_key(&self, key_hash: &str) -> String {
+        format!("{}{key_hash}", self.prefix)
+    }
+
     /// The store's connection, for other Redis-backed stores of the same deployment (quotas).
     pub fn connection(&self) -> ConnectionManager {
         self.conn.clone()
@@ -179,7 +184,7 @@ impl IdempotencyStore for RedisIdempotencyStore {
             .max(1);
         let mut conn = self.conn.clone();
         let mut cmd = redis::cmd("SET");
-        cmd.arg(format!("{}{key_hash}", self.prefix))
+        cmd.arg(self.stored_key(key_hash))
             .arg(value)
             .arg("NX")
             .arg("GET")
@@ -192,7 +197,7 @@ impl IdempotencyStore for RedisIdempotencyStore {
     async fn bound(&self, key_hash: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
         let mut conn = self.conn.clone();
         let mut cmd = redis::cmd("GET");
-        cmd.arg(format!("{}{key_hash}", self.prefix));
+        cmd.arg(self.stored_key(key_hash));
         let value: Option<String> = bounded(cmd.query_async(&mut conn)).await?;
         value.map(|text| decode(&text)).transpose()
     }
@@ -200,7 +205,7 @@ impl IdempotencyStore for RedisIdempotencyStore {
     async fn release(&self, key_hash: &str, execution_id: ExecutionId) -> Result<(), StoreError> {
         let mut conn = self.conn.clone();
         let script = redis::Script::new(RELEASE);
-        let mut invocation = script.key(format!("{}{key_hash}", self.prefix));
+        let mut invocation = script.key(self.stored_key(key_hash));
         invocation.arg(format!("\"execution_id\":\"{execution_id}\""));
         let _: i64 = bounded(invocation.invoke_async(&mut conn)).await?;
         Ok(())

@@ -59,10 +59,7 @@ pub async fn peek(keys: &dyn IdempotencyStore, claim: &KeyClaim) -> Option<KeyHo
         Ok(Some(bound)) if bound.execution_id == claim.record.execution_id => {
             Some(KeyHolder::This { bound_here: false })
         }
-        Ok(Some(_)) => {
-            tracing::info!(execution_id = %claim.record.execution_id, "idempotency key bound to another execution; not run");
-            Some(KeyHolder::Another)
-        }
+        Ok(Some(_)) => Some(KeyHolder::Another),
         Ok(None) => None,
         Err(e) => {
             tracing::debug!(execution_id = %claim.record.execution_id, error = %e, "cannot read the idempotency key; claiming it instead");
@@ -89,10 +86,7 @@ pub async fn claim(
             Ok(Some(bound)) if bound.execution_id == id => {
                 return Ok(KeyHolder::This { bound_here: false });
             }
-            Ok(Some(_)) => {
-                tracing::info!(execution_id = %id, "idempotency key bound to another execution; not run");
-                return Ok(KeyHolder::Another);
-            }
+            Ok(Some(_)) => return Ok(KeyHolder::Another),
             Err(e) => {
                 if let Ok(Some(head)) = log.head(id).await
                     && head.terminal

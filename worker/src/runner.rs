@@ -260,6 +260,7 @@ impl Runner {
             }
             Ok(KeyHolder::Closed) => RunOutcome::Dropped,
             Ok(KeyHolder::Another) => {
+                tracing::info!(execution_id = %id, "idempotency key bound to another execution; not run");
                 // Whoever closes the log first (this worker or the gateway) wins; the other's
                 // compare-and-set loses, which is fine.
                 let unqueued = EventBody::Failed {

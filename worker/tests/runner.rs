@@ -8,6 +8,8 @@
 mod support;
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::Duration;
 
 use protocol::event::{EventBody, ExecutionStatus, ProgressPhase};
@@ -2125,9 +2127,9 @@ struct CountingKeys {
     inner: runtime::memory::MemoryIdempotencyStore,
     log: Arc<runtime::memory::MemoryEventStore>,
     watched: ExecutionId,
-    claims: std::sync::atomic::AtomicUsize,
-    reads: std::sync::atomic::AtomicUsize,
-    read_before_the_log: std::sync::atomic::AtomicBool,
+    claims: AtomicUsize,
+    reads: AtomicUsize,
+    read_before_the_log: AtomicBool,
 }
 
 impl CountingKeys {
@@ -2143,11 +2145,11 @@ impl CountingKeys {
     }
 
     fn claims(&self) -> usize {
-        self.claims.load(std::sync::atomic::Ordering::SeqCst)
+        self.claims.load(SeqCst)
     }
 
     fn reads(&self) -> usize {
-        self.reads.load(std::sync::atomic::Ordering::SeqCst)
+        self.reads.load(SeqCst)
     }
 }
 
@@ -2158,19 +2160,15 @@ impl IdempotencyStore for CountingKeys {
         key_hash: &str,
         record: &runtime::IdempotencyRecord,
     ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
-        self.claims
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.claims.fetch_add(1, SeqCst);
         self.inner.claim(key_hash, record).await
     }
     async fn bound(
         &self,
         key_hash: &str,
     ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
-        if self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0
-            && self.log.head(self.watched).await?.is_none()
-        {
-            self.read_before_the_log
-                .store(true, std::sync::atomic::Ordering::SeqCst);
+        if self.reads.fetch_add(1, SeqCst) == 0 && self.log.head(self.watched).await?.is_none() {
+            self.read_before_the_log.store(true, SeqCst);
         }
         self.inner.bound(key_hash).await
     }
@@ -2252,8 +2250,7 @@ async fn a_keyed_jobs_binding_is_read_while_its_log_is_awaited() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!run.is_finished(), "the runner waits for the log");
     assert!(
-        keys.read_before_the_log
-            .load(std::sync::atomic::Ordering::SeqCst),
+        keys.read_before_the_log.load(SeqCst),
         "the binding was read while the log was awaited"
     );
     h.create_log(job.execution_id).await;
