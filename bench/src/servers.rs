@@ -437,10 +437,13 @@ pub async fn stream_counts(
     for name in shards.streams() {
         events_last_seq += last_sequence(js, &name).await?;
     }
-    let jobs = format!("{}_JOBS", namespace.to_ascii_uppercase());
+    let mut jobs_last_seq = 0;
+    for partition in 0..shards.count() {
+        jobs_last_seq += last_sequence(js, &shards.jobs_stream(partition)).await?;
+    }
     Ok(StreamCounts {
         events_last_seq,
-        jobs_last_seq: last_sequence(js, &jobs).await?,
+        jobs_last_seq,
     })
 }
 

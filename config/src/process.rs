@@ -61,16 +61,23 @@ pub struct CommonArgs {
     #[arg(long, env = "MODEL_RUNTIME_REPLICAS", default_value_t = 1,
           value_parser = clap::value_parser!(u8).range(1..=5))]
     pub replicas: u8,
-    /// Shards (streams) the event logs of a new namespace are spread over (1-64; default 1).
-    /// Fixed when the namespace is created: left out, a process uses the namespace's count;
-    /// given and different from it, the process refuses to start.
-    #[arg(long, env = "MODEL_RUNTIME_EVENT_SHARDS",
+    /// Partitions the jobs and event logs of a new namespace are spread over (1-64; default
+    /// 1): each has its own jobs stream, workers' consumer and events stream. Fixed when the
+    /// namespace is created: left out, a process uses the namespace's count; given and
+    /// different from it, the process refuses to start.
+    #[arg(long, env = "MODEL_RUNTIME_PARTITIONS",
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub partitions: Option<u16>,
+    /// The earlier name of `--partitions` (when partitions held only event logs).
+    #[arg(long, env = "MODEL_RUNTIME_EVENT_SHARDS", hide = true,
           value_parser = clap::value_parser!(u16).range(1..=64))]
     pub event_shards: Option<u16>,
     /// Prefix of every stream, consumer, subject and Redis key.
     #[arg(long, env = "MODEL_RUNTIME_NAMESPACE", default_value = "mrt", value_parser = parse_namespace)]
     pub namespace: String,
-    /// Concurrent executions per process (default: 2 x cores).
+    /// Optional cap on concurrent executions per process. Without it the providers' capacity
+    /// decides (the sum of their `max_concurrency`, at most `max_active_executions`), never
+    /// the core count.
     #[arg(long, env = "MODEL_RUNTIME_WORKERS", value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub workers: Option<u32>,
     /// Milliseconds in-flight work may take to finish after SIGTERM/SIGINT.
@@ -152,11 +159,22 @@ pub enum LogFormat {
 }
 
 impl CommonArgs {
-    pub fn workers(&self) -> usize {
-        self.workers.map_or_else(
-            || 2 * std::thread::available_parallelism().map_or(2, |n| n.get()),
-            |n| n as usize,
-        )
+    /// The operator's cap on concurrent executions (`--workers`), if any; the providers'
+    /// capacity decides the rest (`worker::capacity`).
+    pub fn workers_cap(&self) -> Option<usize> {
+        self.workers.map(|n| n as usize)
+    }
+
+    /// The partition count asked for (`--partitions`, or its earlier name `--event-shards`);
+    /// `None`: the namespace's. Both given and different is an error naming both.
+    pub fn partitions(&self) -> Result<Option<u16>, String> {
+        match (self.partitions, self.event_shards) {
+            (Some(p), Some(e)) if p != e => Err(format!(
+                "--partitions {p} and --event-shards {e} disagree (--event-shards is the \
+                 earlier name of --partitions; give one)"
+            )),
+            (p, e) => Ok(p.or(e)),
+        }
     }
 
     pub fn ack_wait(&self) -> Duration {

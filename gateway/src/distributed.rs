@@ -39,16 +39,20 @@ pub fn effective_body_limit(configured: usize, max_payload: usize) -> usize {
     }
 }
 
-/// The JetStream layout settings for this deployment.
-pub fn nats_settings<P>(args: &CommonArgs, deployment: &DeploymentConfig<P>) -> NatsSettings {
-    NatsSettings {
+/// The JetStream layout settings for this deployment; `Misconfigured` when the partition
+/// flags disagree.
+pub fn nats_settings<P>(
+    args: &CommonArgs,
+    deployment: &DeploymentConfig<P>,
+) -> Result<NatsSettings, StoreError> {
+    Ok(NatsSettings {
         retention: deployment.retention,
         max_jobs: i64::try_from(deployment.max_active_executions).unwrap_or(i64::MAX),
         ack_wait: args.ack_wait(),
         replicas: usize::from(args.replicas),
-        event_shards: args.event_shards,
+        event_shards: args.partitions().map_err(StoreError::Misconfigured)?,
         ..NatsSettings::new(args.namespace.clone())
-    }
+    })
 }
 
 /// Connects every distributed backend (bounded by [`CONNECT_TIMEOUT`] each).
@@ -59,7 +63,7 @@ pub async fn connect<P>(
     let nats = NatsServices::connect(&NatsConnectSettings {
         url: args.nats_url.clone(),
         access: worker::process::nats_access(&args.nats_access),
-        layout: nats_settings(args, deployment),
+        layout: nats_settings(args, deployment)?,
         max_events: deployment.event_store.max_events as u64,
         connect_timeout: CONNECT_TIMEOUT,
     })

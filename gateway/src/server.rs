@@ -61,11 +61,15 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
     let grace = args.common.shutdown_grace();
     let limits = ConnectionLimits::new(&deployment.limits, open_files);
     let runtime = match args.common.backend {
-        BackendKind::Memory => Runtime::Embedded(Embedded::start(
-            &deployment,
-            registry,
-            args.common.workers(),
-        )),
+        BackendKind::Memory => {
+            let concurrency = worker::capacity::concurrency(
+                &registry,
+                deployment.max_active_executions,
+                args.common.workers_cap(),
+            );
+            tracing::info!(concurrency, "running executions in this process");
+            Runtime::Embedded(Embedded::start(&deployment, registry, concurrency))
+        }
         BackendKind::Nats => match tokio::select! {
             connected = crate::distributed::connect(&args.common, &deployment) => connected,
             // Waiting for the backends can take a while; a signal meanwhile stops right there.

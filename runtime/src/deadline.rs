@@ -12,7 +12,7 @@
 //!   The queue is the source because it already holds every job not yet finished (acknowledged
 //!   jobs leave it), bounded by the cluster's admission limit; a separate deadline index would
 //!   cost one more write per submission and could disagree with the queue. Following from a
-//!   cursor reads each job once per process, not once per sweep; a process that starts (or
+//!   cursor (one per partition of the queue) reads each job once per process, not once per sweep; a process that starts (or
 //!   restarts) scans from the beginning, so jobs of a gateway that died are covered by the others.
 //! - Every [`SweeperSettings::interval`], executions whose deadline passed more than
 //!   [`SweeperSettings::grace`] ago are taken from the index; for each, the log's head is read and,
@@ -85,8 +85,10 @@ pub struct DeadlineSweeper {
     store: Arc<dyn EventStore>,
     queue: Arc<dyn JobQueue>,
     settings: SweeperSettings,
-    /// Last queue position read.
-    cursor: u64,
+    /// Last queue position read, per partition of the queue.
+    cursors: Vec<u64>,
+    /// The partition the next read continues in.
+    partition: usize,
     /// Indexed jobs by deadline (unix milliseconds).
     index: BTreeSet<(i64, ExecutionId)>,
 }
@@ -94,7 +96,7 @@ pub struct DeadlineSweeper {
 impl std::fmt::Debug for DeadlineSweeper {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeadlineSweeper")
-            .field("cursor", &self.cursor)
+            .field("cursors", &self.cursors)
             .field("indexed", &self.index.len())
             .finish_non_exhaustive()
     }
@@ -118,9 +120,10 @@ impl DeadlineSweeper {
     ) -> Self {
         Self {
             store,
+            cursors: vec![0; queue.partitions().max(1)],
             queue,
+            partition: 0,
             settings,
-            cursor: 0,
             index: BTreeSet::new(),
         }
     }
@@ -191,15 +194,23 @@ impl DeadlineSweeper {
             if limit == 0 {
                 return Ok(scanned);
             }
-            let jobs = self.queue.scan(self.cursor, limit).await?;
+            let partition = self.partition;
+            let cursor = self.cursors.get(partition).copied().unwrap_or(0);
+            let jobs = self.queue.scan_partition(partition, cursor, limit).await?;
             let done = jobs.len() < limit;
+            if done {
+                // This partition is read to its end: the next read starts at the next one.
+                self.partition = (partition + 1) % self.cursors.len();
+            }
             for job in jobs {
-                self.cursor = self.cursor.max(job.position);
+                if let Some(cursor) = self.cursors.get_mut(partition) {
+                    *cursor = (*cursor).max(job.position);
+                }
                 self.index
                     .insert((job.deadline_at.unix_millis(), job.execution_id));
                 scanned += 1;
             }
-            if done {
+            if done && self.partition == 0 {
                 return Ok(scanned);
             }
         }

@@ -128,6 +128,8 @@ pub type Deliveries = BoxStream<'static, Result<Delivery, StoreError>>;
 ///   at most `limit`, without taking or disturbing any delivery; any process may call it (the
 ///   deadline sweeper of every gateway and worker does). A job published later always gets a
 ///   greater position, so a scanner that continues from the last position it saw misses none.
+///   A queue of several partitions (`partitions`) keeps positions per partition: the rule holds
+///   within each, read with `scan_partition`.
 /// - `withdraw` removes an execution's job whatever became of its publish: stored, not stored,
 ///   or outcome unknown (a lost acknowledgement). Once it returns `Ok`, the job is no longer
 ///   held and will not be delivered again, and a delivery already handed out reports
@@ -148,8 +150,23 @@ pub trait JobQueue: Send + Sync + 'static {
     /// Stops handing out jobs; pending `receive` calls return `Ok(None)`.
     fn close(&self);
     async fn ready(&self) -> Result<(), StoreError>;
-    /// Held jobs after position `after` (see the contract above).
+    /// Held jobs after position `after` (see the contract above); of partition 0 when the
+    /// queue has several.
     async fn scan(&self, after: u64, limit: usize) -> Result<Vec<QueuedJob>, StoreError>;
+    /// How many partitions the queue spreads its jobs over. Positions are per partition: a
+    /// scanner keeps one cursor per partition and reads each with [`Self::scan_partition`].
+    fn partitions(&self) -> usize {
+        1
+    }
+    /// [`Self::scan`] of partition `partition` (below [`Self::partitions`]).
+    async fn scan_partition(
+        &self,
+        _partition: usize,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<QueuedJob>, StoreError> {
+        self.scan(after, limit).await
+    }
 }
 
 #[cfg(test)]

@@ -278,7 +278,7 @@ async fn a_namespace_created_before_sharding_keeps_its_one_stream_and_its_logs()
     else {
         panic!("a one-stream namespace accepted a process asking for 4 shards");
     };
-    assert!(message.contains("has 1 event-log shard(s)"), "{message}");
+    assert!(message.contains("has 1 partition(s)"), "{message}");
     assert!(message.contains("asks for 4"), "{message}");
 }
 

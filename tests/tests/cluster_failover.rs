@@ -25,9 +25,10 @@
 //!   audit above runs after it.
 //!
 //! The scenario runs twice: on the default layout (one events stream, output appended as it
-//! comes), and with the logs spread over three events streams (`--event-shards`) and the
-//! workers' output paced (`--append-pace-ms`), so runs of several events are in flight and held
-//! when nodes die; there the first kill takes the leader of the last shard's stream.
+//! comes), and with the jobs and logs spread over three partitions (`--partitions`: three jobs
+//! streams, consumers and events streams) and the workers' output paced (`--append-pace-ms`),
+//! so runs of several events are in flight and held when nodes die; there the first kill takes
+//! the leader of the last partition's events stream, the second that of its jobs stream.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -66,7 +67,7 @@ fn deployment() -> Value {
 
 /// What a run of the scenario varies.
 struct Layout {
-    /// `MODEL_RUNTIME_EVENT_SHARDS` of every process; `None`: unset (the default count).
+    /// `MODEL_RUNTIME_PARTITIONS` of every process; `None`: unset (the default count).
     shards: Option<u16>,
     /// `MODEL_RUNTIME_APPEND_PACE_MS` of the workers (set for every process; only workers
     /// read it); `None`: unset (no pacing).
@@ -120,7 +121,7 @@ impl Stack {
             .chain(
                 layout
                     .shards
-                    .map(|n| ("MODEL_RUNTIME_EVENT_SHARDS".into(), n.to_string())),
+                    .map(|n| ("MODEL_RUNTIME_PARTITIONS".into(), n.to_string())),
             )
             .chain(
                 layout
@@ -170,16 +171,24 @@ impl Stack {
             .collect()
     }
 
-    fn jobs_stream(&self) -> String {
-        format!("{}_JOBS", self.namespace.to_ascii_uppercase())
+    /// The jobs streams of the namespace, one per partition.
+    fn jobs_streams(&self) -> Vec<String> {
+        let layout = runtime::nats::EventShards::new(self.namespace.clone(), self.shards).unwrap();
+        (0..self.shards).map(|p| layout.jobs_stream(p)).collect()
     }
 
-    /// Every stream of the namespace: the events streams, the jobs stream and the cancel
-    /// bucket's.
+    /// The last partition's jobs stream.
+    fn jobs_stream(&self) -> String {
+        self.jobs_streams().pop().unwrap()
+    }
+
+    /// Every stream of the namespace: the events and jobs streams of every partition and the
+    /// cancel bucket's.
     fn streams(&self) -> Vec<String> {
         let upper = self.namespace.to_ascii_uppercase();
         let mut all = self.event_streams();
-        all.extend([self.jobs_stream(), format!("KV_{upper}_CANCEL")]);
+        all.extend(self.jobs_streams());
+        all.push(format!("KV_{upper}_CANCEL"));
         all
     }
 

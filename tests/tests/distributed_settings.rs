@@ -125,12 +125,12 @@ fn run_to_exit(cluster: &Cluster, binary_name: &str, extra: (&str, &str)) -> (Op
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_namespace_with_several_event_streams_serves_every_gateway_and_keeps_its_count() {
-    const SHARDS: &str = "MODEL_RUNTIME_EVENT_SHARDS";
+async fn a_namespace_with_several_partitions_serves_every_gateway_and_keeps_its_count() {
+    const PARTITIONS: &str = "MODEL_RUNTIME_PARTITIONS";
     let mut cluster = Cluster::start(&chunked_mock(2, 4));
-    cluster.extra_env.push((SHARDS.into(), "3".into()));
+    cluster.extra_env.push((PARTITIONS.into(), "3".into()));
     let ([g1, g2], _workers) = cluster.processes::<2, 1>();
-    // 30 executions: each of the three streams holds some (odds of one left empty < 1e-4).
+    // 30 executions: each of the three partitions holds some (odds of one left empty < 1e-4).
     for _ in 0..30 {
         let id = submit_accepted(&g1.url, &text_request("hi")).await;
         let all = events(&g2.url, &id, 0).await;
@@ -149,8 +149,24 @@ async fn a_namespace_with_several_event_streams_serves_every_gateway_and_keeps_i
         let state = testkit::jetstream::stream_state(&js, &name).await;
         assert!(state.messages > 0, "{name} holds no log");
     }
+    // Each partition's jobs went through its own stream and consumer (work-queue streams
+    // drop acknowledged jobs, so their last sequence shows what they carried).
+    for (name, consumer) in [
+        (format!("{upper}_JOBS"), format!("{}_workers", cluster.namespace)),
+        (format!("{upper}_JOBS_1"), format!("{}_workers_1", cluster.namespace)),
+        (format!("{upper}_JOBS_2"), format!("{}_workers_2", cluster.namespace)),
+    ] {
+        let state = testkit::jetstream::stream_state(&js, &name).await;
+        assert!(state.last_sequence > 0, "{name} carried no job");
+        let stream = js.get_stream(&name).await.unwrap();
+        let info = stream
+            .consumer_info(&consumer)
+            .await
+            .unwrap_or_else(|e| panic!("{name} has no consumer {consumer}: {e}"));
+        assert!(info.delivered.stream_sequence > 0, "{consumer} delivered nothing");
+    }
     // Processes asking for no count use the namespace's; another count stops the start, and
-    // the message says why.
+    // the message names both counts, under the flag's name and its earlier one alike.
     cluster.extra_env.clear();
     let g3 = cluster.gateway();
     let id = submit_accepted(&g3.url, &text_request("hi")).await;
@@ -158,12 +174,16 @@ async fn a_namespace_with_several_event_streams_serves_every_gateway_and_keeps_i
         events(&g1.url, &id, 0).await.last().unwrap()["type"],
         "execution.completed"
     );
-    for binary_name in ["gateway", "worker"] {
-        let (code, log) = run_to_exit(&cluster, binary_name, (SHARDS, "2"));
+    for (binary_name, variable) in [
+        ("gateway", PARTITIONS),
+        ("worker", PARTITIONS),
+        ("worker", "MODEL_RUNTIME_EVENT_SHARDS"),
+    ] {
+        let (code, log) = run_to_exit(&cluster, binary_name, (variable, "2"));
         assert_ne!(code, Some(0), "{binary_name}: {log}");
         assert!(
-            log.contains("has 3 event-log shard(s) and this process asks for 2"),
-            "{binary_name}: {log}"
+            log.contains("has 3 partition(s) and this process asks for 2"),
+            "{binary_name} with {variable}: {log}"
         );
     }
 }

@@ -13,6 +13,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 #[derive(Debug)]
 pub struct ConcurrencyGate {
     permits: Arc<Semaphore>,
+    max_concurrency: usize,
     max_queue_depth: usize,
     waiting: AtomicUsize,
 }
@@ -33,8 +34,10 @@ impl Drop for Waiting<'_> {
 
 impl ConcurrencyGate {
     pub fn new(max_concurrency: u32, max_queue_depth: u32) -> Self {
+        let max_concurrency = max_concurrency.max(1) as usize;
         Self {
-            permits: Arc::new(Semaphore::new(max_concurrency.max(1) as usize)),
+            permits: Arc::new(Semaphore::new(max_concurrency)),
+            max_concurrency,
             max_queue_depth: max_queue_depth as usize,
             waiting: AtomicUsize::new(0),
         }
@@ -59,6 +62,11 @@ impl ConcurrencyGate {
             .await
             .map(|permit| GatePermit { _permit: permit })
             .map_err(|_| RuntimeError::internal())
+    }
+
+    /// Attempts allowed to run at once (`max_concurrency`).
+    pub fn max_concurrency(&self) -> usize {
+        self.max_concurrency
     }
 
     /// Attempts waiting for a slot now.

@@ -15,6 +15,8 @@
 //!   cancellation.
 //! - [`key_guard`]: the worker's half of a keyed submission's idempotency claim: a job whose
 //!   key is bound to another execution never runs.
+//! - [`capacity`]: how many executions a process runs at once (its providers' capacity, with
+//!   an optional cap; never its cores).
 //! - [`pool`]: N concurrent runner slots pulling from a `JobQueue`, with graceful shutdown.
 //! - [`process`]: the `worker` binary: settings, startup, graceful shutdown.
 //! - [`instrument`]: metrics and spans of executions and provider attempts.
@@ -24,6 +26,7 @@
 //! runner writes events through `runtime::EventWriter`, which assigns sequences and times.
 
 pub mod admin;
+pub mod capacity;
 pub mod deployment;
 pub mod flow;
 pub mod instrument;

@@ -31,10 +31,11 @@ pub struct PoolConfig {
 }
 
 impl Default for PoolConfig {
+    /// 16 slots (a configured provider's default `max_concurrency`); processes size theirs
+    /// with `crate::capacity`.
     fn default() -> Self {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         Self {
-            concurrency: 2 * cores,
+            concurrency: 16,
             heartbeat: Duration::from_secs(10),
         }
     }

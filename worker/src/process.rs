@@ -129,6 +129,15 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         Ok((deployment, registry)) => (deployment, Arc::new(registry)),
         Err(e) => return startup_error(&e.to_string(), 1),
     };
+    let concurrency = crate::capacity::concurrency(
+        &registry,
+        deployment.max_active_executions,
+        common.workers_cap(),
+    );
+    let partitions = match common.partitions() {
+        Ok(partitions) => partitions,
+        Err(e) => return startup_error(&e, 1),
+    };
     let settings = NatsConnectSettings {
         url: common.nats_url.clone(),
         access: nats_access(&common.nats_access),
@@ -137,7 +146,7 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
             max_jobs: i64::try_from(deployment.max_active_executions).unwrap_or(i64::MAX),
             ack_wait: common.ack_wait(),
             replicas: usize::from(common.replicas),
-            event_shards: common.event_shards,
+            event_shards: partitions,
             ..NatsSettings::new(common.namespace.clone())
         },
         max_events: deployment.event_store.max_events as u64,
@@ -243,12 +252,12 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         queue,
         runner,
         PoolConfig {
-            concurrency: common.workers(),
+            concurrency,
             heartbeat,
         },
     );
     println!("worker started");
-    tracing::info!(namespace = %common.namespace, workers = common.workers(), "worker started");
+    tracing::info!(namespace = %common.namespace, concurrency, "worker started");
     shutdown.await;
     tracing::info!("shutting down");
     stopping.cancel();
@@ -258,7 +267,7 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
     depth.abort();
     // Job acks are not confirmed (`runtime::nats::job_queue`): send what the client still
     // buffers, so an orderly stop leaves no finished job to be redelivered.
-    match tokio::time::timeout(SHUTDOWN_FLUSH, nats.connection.client.flush()).await {
+    match tokio::time::timeout(SHUTDOWN_FLUSH, nats.connection.flush()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(error = %e, "cannot flush the NATS connection at shutdown"),
         Err(_) => tracing::warn!("the NATS connection did not flush in time at shutdown"),

@@ -89,6 +89,14 @@ impl ProviderRegistry {
         self.entries.is_empty()
     }
 
+    /// Attempts every provider together may run at once: the sum of their `max_concurrency`
+    /// (saturating). A process needs no more execution slots than this (see `capacity`).
+    pub fn total_concurrency(&self) -> usize {
+        self.entries
+            .iter()
+            .fold(0usize, |sum, e| sum.saturating_add(e.gate.max_concurrency()))
+    }
+
     /// Manifests in registration order.
     pub fn manifests(&self) -> Vec<ProviderManifest> {
         self.entries

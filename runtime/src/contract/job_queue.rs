@@ -33,17 +33,32 @@ pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
     queue.publish(&a).await.unwrap();
     queue.publish(&a).await.unwrap(); // absorbed by the dedupe window
     queue.publish(&b).await.unwrap();
-    // A scan lists held jobs in publish order without taking them, and continues after a
-    // position.
-    let held = queue.scan(0, 10).await.unwrap();
-    let held_ids: Vec<_> = held.iter().map(|j| j.execution_id).collect();
-    assert_eq!(held_ids, [a.execution_id, b.execution_id]);
-    assert!(held[0].position < held[1].position);
-    assert_eq!(held[0].deadline_at, a.deadline_at);
-    assert_eq!(queue.scan(0, 1).await.unwrap().len(), 1, "the limit holds");
-    let after_first = queue.scan(held[0].position, 10).await.unwrap();
-    assert_eq!(after_first.len(), 1);
-    assert_eq!(after_first[0].execution_id, b.execution_id);
+    // A scan lists held jobs without taking them, in publish order within a partition, and
+    // continues after a position.
+    let held = scan_all(&*queue).await;
+    let mut held_ids: Vec<_> = held.iter().map(|(_, j)| j.execution_id).collect();
+    held_ids.sort();
+    let mut published = vec![a.execution_id, b.execution_id];
+    published.sort();
+    assert_eq!(held_ids, published);
+    let find = |id| *held.iter().find(|(_, j)| j.execution_id == id).unwrap();
+    let ((pa, held_a), (pb, held_b)) = (find(a.execution_id), find(b.execution_id));
+    if pa == pb {
+        assert!(held_a.position < held_b.position);
+    }
+    assert_eq!(held_a.deadline_at, a.deadline_at);
+    assert_eq!(
+        queue.scan_partition(pa, 0, 1).await.unwrap().len(),
+        1,
+        "the limit holds"
+    );
+    let after_a = queue.scan_partition(pa, held_a.position, 10).await.unwrap();
+    let after_ids: Vec<_> = after_a.iter().map(|j| j.execution_id).collect();
+    if pa == pb {
+        assert_eq!(after_ids, [b.execution_id]);
+    } else {
+        assert!(after_ids.is_empty(), "{after_ids:?}");
+    }
     let first = receive_promptly(&*queue).await;
     first.handle.in_progress().await.unwrap();
     assert!(!first.handle.withdrawn().await.unwrap());
@@ -52,7 +67,7 @@ pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
     second.handle.ack().await.unwrap();
     // Acknowledged jobs leave the scan.
     let until = tokio::time::Instant::now() + PROMPT;
-    while !queue.scan(0, 10).await.unwrap().is_empty() {
+    while !scan_all(&*queue).await.is_empty() {
         assert!(
             tokio::time::Instant::now() < until,
             "acked jobs still scanned"
@@ -96,7 +111,7 @@ pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
     assert!(held_c.handle.withdrawn().await.unwrap());
     held_c.handle.ack().await.unwrap();
     assert!(
-        queue.scan(0, 10).await.unwrap().is_empty(),
+        scan_all(&*queue).await.is_empty(),
         "withdrawn jobs are not held"
     );
     assert!(
@@ -175,6 +190,17 @@ pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
             .unwrap()
             .is_none()
     );
+}
+
+/// Every job `queue` holds (at most 100 a partition), with its partition.
+async fn scan_all(queue: &dyn JobQueue) -> Vec<(usize, crate::job::QueuedJob)> {
+    let mut all = Vec::new();
+    for partition in 0..queue.partitions() {
+        for job in queue.scan_partition(partition, 0, 100).await.unwrap() {
+            all.push((partition, job));
+        }
+    }
+    all
 }
 
 /// The next delivery of `queue`, which must come promptly.

@@ -1,7 +1,10 @@
-//! The JetStream job queue: a WorkQueue stream with one durable pull consumer shared by all
-//! workers. Each `receive` is one pull request for one job, and `receive_up_to(n)` one for at
-//! most `n` (a worker asks for as many as it has free slots, so a worker never holds jobs it
-//! has no free slot for). A request stays open until it has brought its `n` jobs or
+//! The JetStream job queue: per partition of the namespace (see `shards`), a WorkQueue stream
+//! with one durable pull consumer shared by all workers; a job goes to its execution's
+//! partition, and a worker pulls from every partition. `receive_up_to(n)` asks the partitions
+//! for at most `n` jobs together (a worker asks for as many as it has free slots, so a worker
+//! never holds jobs it has no free slot for): with one partition in one request, with several
+//! in one request each, sent at once and merged, `n` spread evenly over them, the partitions
+//! taking turns when `n` is below their count. A request stays open until it has brought its `n` jobs or
 //! [`PULL_EXPIRES`] passed: under load one round trip brings several jobs at once, and jobs
 //! that arrive one at a time (a lightly loaded deployment) come through one request, not a
 //! request each (each also cost an inbox subscription and the server's "no messages" answer).
@@ -33,7 +36,7 @@
 //! learns of it through `withdrawn`, a get of its delivery's sequence from the stream leader.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::AckKind;
@@ -53,6 +56,17 @@ use crate::job::{Deliveries, Delivery, DeliveryHandle, Job, JobQueue, QueuedJob}
 
 /// How long one pull request stays open for the jobs it asked for (see the module docs).
 const PULL_EXPIRES: Duration = Duration::from_secs(5);
+
+/// The same with several partitions: a request to a partition that has no job holds the
+/// worker's slots it asked with until it expires, while another partition may have jobs
+/// waiting, so it expires sooner.
+const PARTITIONED_PULL_EXPIRES: Duration = Duration::from_secs(1);
+
+/// The same when a worker has fewer free slots than there are partitions, so the partitions
+/// are asked in turn: a job waits for its partition's turn at most this long per partition.
+/// (Such a worker is nearly full; under load every partition has jobs and a request is
+/// answered at once, so short turns cost requests only when the deployment is idle.)
+const TURN_PULL_EXPIRES: Duration = Duration::from_millis(100);
 
 /// How often a process re-reads the consumer's `ack_wait` while it holds deliveries.
 const LEASE_REFRESH: Duration = Duration::from_secs(5);
@@ -115,98 +129,147 @@ const TRACEPARENT: &str = "traceparent";
 /// See the module docs.
 pub struct NatsJobQueue {
     backend: NatsBackend,
-    lease: OnceCell<Arc<Lease>>,
-    /// The jobs stream, looked up on the first scan.
-    jobs_stream: OnceCell<async_nats::jetstream::stream::Stream>,
+    /// Indexed by partition number.
+    partitions: Box<[Partition]>,
+    /// The partition a request for fewer jobs than there are partitions starts at.
+    next: AtomicUsize,
     closed: CancellationToken,
+}
+
+/// One partition's jobs stream and workers' consumer, on its connection.
+struct Partition {
+    number: u16,
+    /// The connection carrying this partition (`NatsBackend::lane`).
+    lane: async_nats::jetstream::Context,
+    stream_name: String,
+    subject: String,
+    consumer_name: String,
+    lease: OnceCell<Arc<Lease>>,
+    /// The jobs stream, looked up on first use.
+    stream: OnceCell<Stream>,
 }
 
 impl std::fmt::Debug for NatsJobQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsJobQueue").finish_non_exhaustive()
+        f.debug_struct("NatsJobQueue")
+            .field("partitions", &self.partitions.len())
+            .finish_non_exhaustive()
     }
 }
 
 impl NatsJobQueue {
     pub fn new(backend: NatsBackend) -> Self {
+        let layout = &backend.events;
+        let partitions = (0..layout.count())
+            .map(|number| Partition {
+                number,
+                lane: backend.lane(number).clone(),
+                stream_name: layout.jobs_stream(number),
+                subject: layout.jobs_subject(number),
+                consumer_name: layout.jobs_consumer(number),
+                lease: OnceCell::new(),
+                stream: OnceCell::new(),
+            })
+            .collect();
         Self {
             backend,
-            lease: OnceCell::new(),
-            jobs_stream: OnceCell::new(),
+            partitions,
+            next: AtomicUsize::new(0),
             closed: CancellationToken::new(),
         }
     }
 
-    /// Creates the workers' consumer or updates it to this process's settings (`ack_wait`,
-    /// `max_ack_pending`), and returns the lease the server then holds. Workers call it at
-    /// startup so a setting JetStream refuses stops the start; otherwise the first `receive`
-    /// does it. Publishers (gateways) never touch the consumer.
+    /// Creates every partition's workers' consumer or updates it to this process's settings
+    /// (`ack_wait`, `max_ack_pending`), and returns the lease the server then holds. Workers
+    /// call it at startup so a setting JetStream refuses stops the start; otherwise the first
+    /// `receive` does it. Publishers (gateways) never touch the consumers.
     pub async fn reconcile_consumer(&self) -> Result<Duration, StoreError> {
-        Ok(self.shared_lease().await?.get())
+        let mut lease = None;
+        for partition in self.partitions.iter() {
+            let held = self.shared_lease(partition).await?.get();
+            lease.get_or_insert(held);
+        }
+        lease.ok_or_else(|| StoreError::Misconfigured("the namespace has no partition".into()))
     }
 
     /// The lease (`ack_wait`) of a delivery as last read from the server; `None` until the
     /// consumer was reconciled.
     pub fn lease(&self) -> Option<Duration> {
-        self.lease.get().map(|l| l.get())
+        self.partitions
+            .first()
+            .and_then(|p| p.lease.get())
+            .map(|l| l.get())
     }
 
     /// Jobs waiting plus jobs delivered and not yet acknowledged, as the server counts them for
-    /// the workers' consumer (one request; callers poll it periodically, never per scrape).
+    /// the workers' consumers (one request per partition; callers poll it periodically, never
+    /// per scrape).
     pub async fn backlog(&self) -> Result<u64, StoreError> {
-        let lease = self.shared_lease().await?;
-        let info = lease
-            .consumer
-            .get_info()
-            .await
-            .map_err(|e| unavailable("consumer info", e))?;
-        Ok(info.num_pending + u64::try_from(info.num_ack_pending).unwrap_or(0))
+        let mut total = 0u64;
+        for partition in self.partitions.iter() {
+            let lease = self.shared_lease(partition).await?;
+            let info = lease
+                .consumer
+                .get_info()
+                .await
+                .map_err(|e| unavailable("consumer info", e))?;
+            total = total
+                .saturating_add(info.num_pending)
+                .saturating_add(u64::try_from(info.num_ack_pending).unwrap_or(0));
+        }
+        Ok(total)
     }
 
-    /// The shared durable consumer and its lease, reconciled on first use (workers only).
-    async fn shared_lease(&self) -> Result<&Arc<Lease>, StoreError> {
-        self.lease
+    /// A partition's durable consumer and its lease, reconciled on first use (workers only).
+    async fn shared_lease<'a>(&self, partition: &'a Partition) -> Result<&'a Arc<Lease>, StoreError> {
+        partition
+            .lease
             .get_or_try_init(|| async {
                 let s = &self.backend.settings;
-                let stream = self
-                    .backend
-                    .jetstream
-                    .get_stream(s.jobs_stream())
-                    .await
-                    .map_err(|e| unavailable("jobs stream", e))?;
+                let stream = self.stream(partition).await?;
                 let config = consumer::pull::Config {
-                    durable_name: Some(s.workers_consumer()),
+                    durable_name: Some(partition.consumer_name.clone()),
                     ack_policy: consumer::AckPolicy::Explicit,
                     ack_wait: s.ack_wait,
-                    max_ack_pending: s.max_jobs,
+                    max_ack_pending: super::partition_max_jobs(
+                        s.max_jobs,
+                        self.backend.events.count(),
+                    ),
                     max_deliver: -1,
                     ..Default::default()
                 };
-                let consumer = super::reconcile::pull_consumer(&stream, config).await?;
+                let consumer = super::reconcile::pull_consumer(stream, config).await?;
                 Ok(Arc::new(Lease::new(consumer)))
             })
             .await
     }
-}
 
-impl NatsJobQueue {
-    /// The jobs stream, looked up once.
-    async fn stream(&self) -> Result<&async_nats::jetstream::stream::Stream, StoreError> {
-        self.jobs_stream
+    /// A partition's jobs stream, looked up once.
+    async fn stream<'a>(&self, partition: &'a Partition) -> Result<&'a Stream, StoreError> {
+        partition
+            .stream
             .get_or_try_init(|| async {
-                self.backend
-                    .jetstream
-                    .get_stream(self.backend.settings.jobs_stream())
+                partition
+                    .lane
+                    .get_stream(&partition.stream_name)
                     .await
                     .map_err(|e| unavailable("jobs stream", e))
             })
             .await
     }
 
+    /// The partition holding the execution's job.
+    fn partition_of(&self, id: &protocol::ExecutionId) -> &Partition {
+        let number = usize::from(self.backend.events.shard_of(id));
+        // The layout and the partitions come from the same count.
+        &self.partitions[number.min(self.partitions.len() - 1)]
+    }
+
     /// Publishes `job` (or finds it stored: the execution id is its `Nats-Msg-Id`) and returns
-    /// its stream sequence.
-    async fn publish_at(&self, job: &Job) -> Result<u64, StoreError> {
+    /// its partition and stream sequence.
+    async fn publish_at(&self, job: &Job) -> Result<(&Partition, u64), StoreError> {
         self.backend.check_connected()?;
+        let partition = self.partition_of(&job.execution_id);
         let payload = serde_json::to_vec(job)
             .map_err(|e| StoreError::Unavailable(format!("encode job: {e}")))?;
         let mut message = PublishMessage::build()
@@ -215,47 +278,74 @@ impl NatsJobQueue {
         if let Some(traceparent) = &job.traceparent {
             message = message.header(TRACEPARENT, traceparent.as_str());
         }
-        let ack = self
-            .backend
-            .jetstream
-            .send_publish(self.backend.settings.jobs_subject(), message)
+        let ack = partition
+            .lane
+            .send_publish(partition.subject.clone(), message)
             .await
             .map_err(|e| unavailable("publish job", e))?;
         match ack.await {
             // A duplicate carries the sequence of the stored original.
-            Ok(ack) => Ok(ack.sequence),
+            Ok(ack) => Ok((partition, ack.sequence)),
             // `discard: new` on the jobs stream is the cluster-wide admission limit.
             Err(e) if e.to_string().contains("maximum messages") => Err(StoreError::AdmissionFull),
             Err(e) => Err(unavailable("publish job ack", e)),
         }
     }
 
-    /// Sends one pull request for up to `max` jobs (at least one; they come as they arrive, and
-    /// the request ends once `max` came or after [`PULL_EXPIRES`]), with what their deliveries
-    /// need.
-    /// `None`: the queue was closed.
+    /// Sends one pull request to `partition` for up to `max` jobs (at least one; they come as
+    /// they arrive, and the request ends once `max` came or after `expires`), with what their
+    /// deliveries need. `None`: the queue was closed.
     async fn pull(
         &self,
+        partition: &Partition,
         max: usize,
+        expires: Duration,
     ) -> Result<Option<(consumer::pull::Batch, Arc<Lease>, Stream)>, StoreError> {
         if self.closed.is_cancelled() {
             return Ok(None);
         }
-        let lease = self.shared_lease().await?;
+        let lease = self.shared_lease(partition).await?;
         lease.refresh();
         // Looked up before pulling, so a lookup failure never strands a delivered job.
-        let stream = self.stream().await?.clone();
+        let stream = self.stream(partition).await?.clone();
         let request = lease
             .consumer
             .batch()
             .max_messages(max.max(1))
-            .expires(PULL_EXPIRES)
+            .expires(expires)
             .messages();
         tokio::select! {
             batch = request => Ok(Some((batch.map_err(|e| unavailable("pull jobs", e))?, Arc::clone(lease), stream))),
             () = self.closed.cancelled() => Ok(None),
         }
     }
+
+    /// How many jobs each partition is asked for when a worker has `max` free slots (see
+    /// [`plan`]); successive small requests start at successive partitions.
+    fn plan(&self, max: usize) -> Vec<(usize, usize)> {
+        let count = self.partitions.len();
+        let start = if count > 1 {
+            self.next.fetch_add(max.max(1), Ordering::Relaxed) % count
+        } else {
+            0
+        };
+        plan(count, start, max)
+    }
+}
+
+/// `(partition, jobs)` asked of `count` partitions by a worker with `max` free slots, the
+/// turn starting at `start`: all of them from a single partition, else spread evenly, the
+/// remainder (or, with fewer slots than partitions, the single jobs) going to the partitions
+/// next in turn, so every partition is asked in turn even by a worker with few slots.
+fn plan(count: usize, start: usize, max: usize) -> Vec<(usize, usize)> {
+    let max = max.max(1);
+    if count <= 1 {
+        return vec![(0, max)];
+    }
+    (0..count.min(max))
+        .map(|i| ((start + i) % count, max / count + usize::from(i < max % count)))
+        .filter(|&(_, n)| n > 0)
+        .collect()
 }
 
 /// Jobs at least this large are decoded on the blocking pool, not on the runtime's threads: a
@@ -369,14 +459,14 @@ impl JobQueue for NatsJobQueue {
     }
 
     async fn withdraw(&self, job: &Job) -> Result<(), StoreError> {
-        let sequence = match self.publish_at(job).await {
-            Ok(sequence) => sequence,
+        let (partition, sequence) = match self.publish_at(job).await {
+            Ok(found) => found,
             // The server checks the msg id before the stream's limits: a full queue that
             // refuses the republish holds no copy of the job.
             Err(StoreError::AdmissionFull) => return Ok(()),
             Err(e) => return Err(e),
         };
-        let stream = self.stream().await?;
+        let stream = self.stream(partition).await?;
         tracing::debug!(execution_id = %job.execution_id, sequence, "withdrawing job");
         match stream.delete_message(sequence).await {
             Ok(_) => Ok(()),
@@ -395,35 +485,70 @@ impl JobQueue for NatsJobQueue {
 
     async fn receive(&self) -> Result<Option<Delivery>, StoreError> {
         loop {
-            let Some((mut batch, lease, stream)) = self.pull(1).await? else {
+            let Some(mut deliveries) = self.receive_up_to(1).await? else {
                 return Ok(None);
             };
-            let message = tokio::select! {
-                m = batch.next() => m.transpose().map_err(|e| unavailable("pulled job", e))?,
+            let next = tokio::select! {
+                next = deliveries.next() => next,
                 () = self.closed.cancelled() => return Ok(None),
             };
-            if let Some(message) = message
-                && let Some(delivery) =
-                    delivery(message, tokio::time::Instant::now(), &lease, &stream).await
-            {
-                return Ok(Some(delivery));
+            match next {
+                Some(delivery) => return delivery.map(Some),
+                // That request expired empty (or its job was undecodable): ask again.
+                None => continue,
             }
         }
     }
 
+    /// One pull request per partition asked (see `plan`), all sent at once; their deliveries
+    /// come merged as they arrive, and the whole ends when every request has. A partition
+    /// whose request fails (its stream's leader being elected, say) is left out of this
+    /// round, so the others keep flowing; only when every request fails is it an error.
     async fn receive_up_to(&self, max: usize) -> Result<Option<Deliveries>, StoreError> {
-        let Some((batch, lease, stream)) = self.pull(max).await? else {
-            return Ok(None);
+        let plan = self.plan(max);
+        let expires = if self.partitions.len() == 1 {
+            PULL_EXPIRES
+        } else if plan.len() < self.partitions.len() {
+            TURN_PULL_EXPIRES
+        } else {
+            PARTITIONED_PULL_EXPIRES
         };
+        let pulls = plan.iter().map(|&(partition, n)| {
+            let partition = &self.partitions[partition];
+            async move { (partition.number, self.pull(partition, n, expires).await) }
+        });
+        let mut requests = Vec::with_capacity(plan.len());
+        let mut failure = None;
+        for (number, pulled) in futures_util::future::join_all(pulls).await {
+            match pulled {
+                Ok(Some(request)) => requests.push(request),
+                Ok(None) => return Ok(None),
+                Err(e) => {
+                    tracing::debug!(partition = number, error = %e, "pull request failed");
+                    failure = Some(e);
+                }
+            }
+        }
+        if requests.is_empty()
+            && let Some(e) = failure
+        {
+            return Err(e);
+        }
         let closed = self.closed.clone();
         // Each message is taken (and its reception timed) as soon as it arrives, and the
         // large ones are decoded side by side, so no job waits for the decoding of a large one
         // before it.
-        let deliveries = batch
+        let merged = futures_util::stream::select_all(requests.into_iter().map(
+            |(batch, lease, stream)| {
+                batch
+                    .map(move |message| (message, Arc::clone(&lease), stream.clone()))
+                    .boxed()
+            },
+        ));
+        let deliveries = merged
             .take_until(closed.cancelled_owned())
-            .map(move |message| {
+            .map(move |(message, lease, stream)| {
                 let received_at = tokio::time::Instant::now();
-                let (lease, stream) = (Arc::clone(&lease), stream.clone());
                 async move {
                     match message {
                         Ok(message) => delivery(message, received_at, &lease, &stream)
@@ -447,16 +572,31 @@ impl JobQueue for NatsJobQueue {
     }
 
     async fn scan(&self, after: u64, limit: usize) -> Result<Vec<QueuedJob>, StoreError> {
+        self.scan_partition(0, after, limit).await
+    }
+
+    fn partitions(&self) -> usize {
+        self.partitions.len()
+    }
+
+    async fn scan_partition(
+        &self,
+        partition: usize,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<QueuedJob>, StoreError> {
         self.backend.check_connected()?;
-        let stream = self.stream().await?;
-        let subject = self.backend.settings.jobs_subject();
+        let Some(partition) = self.partitions.get(partition) else {
+            return Ok(Vec::new());
+        };
+        let stream = self.stream(partition).await?;
         let mut out = Vec::new();
         let mut next = after.saturating_add(1);
         while out.len() < limit {
             let message = match stream
                 .raw_message_builder()
                 .sequence(next)
-                .next_by_subject(subject.clone())
+                .next_by_subject(partition.subject.clone())
                 .send()
                 .await
             {
@@ -485,4 +625,25 @@ impl JobQueue for NatsJobQueue {
 struct JobHeader {
     execution_id: protocol::ExecutionId,
     deadline_at: protocol::Timestamp,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan;
+
+    #[test]
+    fn a_request_asks_every_partition_its_share_and_never_more_than_the_free_slots() {
+        assert_eq!(plan(1, 0, 64), [(0, 64)]);
+        assert_eq!(plan(4, 0, 10), [(0, 3), (1, 3), (2, 2), (3, 2)]);
+        assert_eq!(plan(4, 2, 10), [(2, 3), (3, 3), (0, 2), (1, 2)]);
+        // Fewer slots than partitions: one job each from the partitions next in turn.
+        assert_eq!(plan(8, 6, 3), [(6, 1), (7, 1), (0, 1)]);
+        assert_eq!(plan(8, 0, 0), [(0, 1)]);
+        for count in 1..=9 {
+            for max in 1..=70 {
+                let asked: usize = plan(count, 5 % count, max).iter().map(|&(_, n)| n).sum();
+                assert_eq!(asked, max, "{count} partitions, {max} slots");
+            }
+        }
+    }
 }

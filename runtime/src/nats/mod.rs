@@ -138,10 +138,19 @@ pub struct NatsBackend {
     pub readers: async_nats::Client,
     #[debug(skip)]
     pub jetstream: jetstream::Context,
+    /// One JetStream context per connection that carries partitions' jobs and appends:
+    /// `lanes[0]` is `jetstream`; with more than one partition the process holds up to
+    /// [`MAX_LANES`] connections and partition `k` uses lane `k % lanes.len()`, so no one
+    /// socket (and no one client task) carries every partition's traffic.
+    #[debug(skip)]
+    lanes: std::sync::Arc<[jetstream::Context]>,
     pub settings: NatsSettings,
-    /// Where each execution's log lives, as the namespace records it.
+    /// Where each execution's job and log live (its partition), as the namespace records it.
     pub events: EventShards,
 }
+
+/// Most connections a process holds for partitions' jobs and appends (see `NatsBackend`).
+pub const MAX_LANES: u16 = 8;
 
 /// The oldest nats-server (major, minor) this backend works with: batched direct gets (ADR-31),
 /// which every event stream starts with, came in 2.11.
@@ -268,19 +277,60 @@ impl NatsBackend {
                 Err(e) => return Err(e),
             }
         };
+        // More connections for the partitions' jobs and appends (see `lanes`), made with the
+        // options the servers just accepted: one attempt each within the bound.
+        let mut lanes = vec![js.clone()];
+        for lane in 1..events.count().min(MAX_LANES) {
+            let extra = tokio::time::timeout_at(deadline, async {
+                let extra = options(&format!("-lane{lane}"))?
+                    .connect(servers.clone())
+                    .await
+                    .map_err(|_| unreachable())?;
+                extra.flush().await.map_err(|_| unreachable())?;
+                Ok::<_, StoreError>(extra)
+            })
+            .await
+            .map_err(|_| unreachable())??;
+            let mut context = jetstream::new(extra);
+            context.set_timeout(settings.request_timeout);
+            lanes.push(context);
+        }
         Ok(Self {
             client,
             readers,
             jetstream: js,
+            lanes: lanes.into(),
             settings,
             events,
         })
     }
 
+    /// The JetStream context (connection) that carries partition `partition`'s jobs and
+    /// appends.
+    pub fn lane(&self, partition: u16) -> &jetstream::Context {
+        &self.lanes[usize::from(partition) % self.lanes.len()]
+    }
+
+    /// Sends what every connection still buffers (unconfirmed job acks, say) and waits for
+    /// the servers to have it; a stopping process calls it so an orderly stop loses none.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        for lane in self.lanes.iter() {
+            lane.client()
+                .flush()
+                .await
+                .map_err(|e| unavailable("flush", e))?;
+        }
+        Ok(())
+    }
+
     /// Whether the client is connected now (cheap; no round trip).
     pub fn connected(&self) -> bool {
-        self.client.connection_state() == async_nats::connection::State::Connected
-            && self.readers.connection_state() == async_nats::connection::State::Connected
+        use async_nats::connection::State;
+        self.readers.connection_state() == State::Connected
+            && self
+                .lanes
+                .iter()
+                .all(|lane| lane.client().connection_state() == State::Connected)
     }
 
     pub(crate) fn check_connected(&self) -> Result<(), StoreError> {
@@ -359,6 +409,29 @@ fn events_stream_config(
     }
 }
 
+/// Jobs a partition holds before submits get `queue_full`: the namespace's `max_jobs` shared
+/// evenly, rounded up (executions spread evenly over partitions by their random ids).
+pub(crate) fn partition_max_jobs(max_jobs: i64, partitions: u16) -> i64 {
+    let n = i64::from(partitions.max(1));
+    max_jobs.saturating_add(n - 1) / n
+}
+
+/// The settings of partition `partition`'s jobs stream.
+fn jobs_stream_config(s: &NatsSettings, events: &EventShards, partition: u16) -> stream::Config {
+    stream::Config {
+        name: events.jobs_stream(partition),
+        subjects: vec![events.jobs_subject(partition)],
+        retention: stream::RetentionPolicy::WorkQueue,
+        storage: stream::StorageType::File,
+        max_messages: partition_max_jobs(s.max_jobs, events.count()),
+        discard: stream::DiscardPolicy::New,
+        max_age: s.retention,
+        duplicate_window: reconcile::duplicate_window(DUPLICATE_WINDOW, s.retention),
+        num_replicas: s.replicas,
+        ..Default::default()
+    }
+}
+
 /// Creates the streams or reconciles them with these settings (see [`reconcile`]), and returns
 /// the namespace's event shards as recorded in `{NS}_EVENTS` (see `shards`).
 async fn ensure_streams(
@@ -378,22 +451,9 @@ async fn ensure_streams(
     for shard in 1..events.count() {
         reconcile::stream(js, events_stream_config(s, &events, shard, false)).await?;
     }
-    reconcile::stream(
-        js,
-        stream::Config {
-            name: s.jobs_stream(),
-            subjects: vec![s.jobs_subject()],
-            retention: stream::RetentionPolicy::WorkQueue,
-            storage: stream::StorageType::File,
-            max_messages: s.max_jobs,
-            discard: stream::DiscardPolicy::New,
-            max_age: s.retention,
-            duplicate_window: reconcile::duplicate_window(DUPLICATE_WINDOW, s.retention),
-            num_replicas: s.replicas,
-            ..Default::default()
-        },
-    )
-    .await?;
+    for partition in 0..events.count() {
+        reconcile::stream(js, jobs_stream_config(s, &events, partition)).await?;
+    }
     Ok(events)
 }
 

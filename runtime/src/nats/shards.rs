@@ -1,14 +1,20 @@
-//! The shards of the events stream: which stream holds an execution's log.
+//! The partitions of a namespace: which streams and consumer hold an execution's job and log.
 //!
-//! One JetStream stream processes its appends one at a time, so with every execution's log in
-//! one stream, appends of unrelated executions queue behind each other. A namespace may
-//! therefore spread its logs over `n` streams (one by default: on a machine whose cores are
-//! already saturated, more streams measured no better; BENCHMARKS.md section i):
+//! One JetStream stream stores its messages one at a time, one durable consumer hands out its
+//! messages one request at a time, and one connection writes one socket: with every execution
+//! in one jobs stream, one consumer and one events stream, unrelated executions queue behind
+//! each other there however many processes and cores are added. A namespace may therefore
+//! spread its work over `n` partitions (one by default, the layout of earlier versions). Each
+//! partition has its own jobs stream, workers' consumer and events stream, so on a cluster
+//! their leaders can sit on different nodes; every worker pulls from every partition.
 //!
-//! | shard | stream | subjects |
-//! | --- | --- | --- |
-//! | 0 | `{NS}_EVENTS` | `{ns}.events.{id}` |
-//! | k ≥ 1 | `{NS}_EVENTS_{k}` | `{ns}.events.{k}.{id}` |
+//! | partition | events stream | log subjects | jobs stream | jobs subject | consumer |
+//! | --- | --- | --- | --- | --- | --- |
+//! | 0 | `{NS}_EVENTS` | `{ns}.events.{id}` | `{NS}_JOBS` | `{ns}.jobs` | `{ns}_workers` |
+//! | k ≥ 1 | `{NS}_EVENTS_{k}` | `{ns}.events.{k}.{id}` | `{NS}_JOBS_{k}` | `{ns}.jobs.{k}` | `{ns}_workers_{k}` |
+//!
+//! (The type keeps its first name, `EventShards`: partitions began as shards of the events
+//! stream, and the namespace's record keeps that name.)
 //!
 //! An execution's shard is its id (a UUID) read as a 128-bit big-endian integer, modulo `n`:
 //! every process computes it alone, and it never changes. Every shard republishes what it
@@ -97,6 +103,31 @@ impl EventShards {
         self.stream(self.shard_of(id))
     }
 
+    /// The jobs stream of partition `partition`.
+    pub fn jobs_stream(&self, partition: u16) -> String {
+        let upper = self.namespace.to_ascii_uppercase();
+        match partition {
+            0 => format!("{upper}_JOBS"),
+            k => format!("{upper}_JOBS_{k}"),
+        }
+    }
+
+    /// The subject of partition `partition`'s jobs.
+    pub fn jobs_subject(&self, partition: u16) -> String {
+        match partition {
+            0 => format!("{}.jobs", self.namespace),
+            k => format!("{}.jobs.{k}", self.namespace),
+        }
+    }
+
+    /// The workers' durable consumer of partition `partition`'s jobs stream.
+    pub fn jobs_consumer(&self, partition: u16) -> String {
+        match partition {
+            0 => format!("{}_workers", self.namespace),
+            k => format!("{}_workers_{k}", self.namespace),
+        }
+    }
+
     /// Every shard's stream, shard 0 first.
     pub fn streams(&self) -> impl Iterator<Item = String> + '_ {
         (0..self.count).map(|shard| self.stream(shard))
@@ -122,7 +153,7 @@ pub(crate) fn agree(
     };
     match wanted {
         Some(wanted) if wanted != recorded => Err(StoreError::Misconfigured(format!(
-            "namespace {namespace} has {recorded} event-log shard(s) and this process asks for \
+            "namespace {namespace} has {recorded} partition(s) and this process asks for \
              {wanted}; the count is fixed when a namespace is created (leave the setting out to \
              use the namespace's, or use another namespace)"
         ))),
@@ -149,6 +180,20 @@ mod tests {
         assert_eq!(one.subject(&exec), format!("mrt.events.{exec}"));
         assert_eq!(one.subjects(0), "mrt.events.*");
         assert_eq!(one.streams().collect::<Vec<_>>(), ["MRT_EVENTS"]);
+        assert_eq!(one.jobs_stream(0), "MRT_JOBS");
+        assert_eq!(one.jobs_subject(0), "mrt.jobs");
+        assert_eq!(one.jobs_consumer(0), "mrt_workers");
+    }
+
+    #[test]
+    fn a_partition_has_its_own_jobs_stream_subject_and_consumer() {
+        let four = EventShards::new("ab", 4).unwrap();
+        assert_eq!(four.jobs_stream(2), "AB_JOBS_2");
+        assert_eq!(four.jobs_subject(2), "ab.jobs.2");
+        assert_eq!(four.jobs_consumer(2), "ab_workers_2");
+        // Partition 0's subject must not overlap another partition's (the streams would
+        // refuse to be created): `ab.jobs` is not `ab.jobs.*`.
+        assert_ne!(four.jobs_subject(0), four.jobs_subject(1));
     }
 
     #[test]
@@ -205,7 +250,7 @@ mod tests {
         let Err(StoreError::Misconfigured(message)) = agree("ns", Some(None), Some(4)) else {
             panic!("a pre-sharding namespace accepted 4 shards");
         };
-        assert!(message.contains("has 1 event-log shard(s)"), "{message}");
+        assert!(message.contains("has 1 partition(s)"), "{message}");
         assert!(message.contains("asks for 4"), "{message}");
         assert!(agree("ns", Some(Some("x")), None).is_err());
     }

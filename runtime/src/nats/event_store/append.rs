@@ -40,8 +40,8 @@ impl NatsEventStore {
             message = message.header(OWNER_HEADER, owner.as_str());
         }
         let ack = match self
-            .backend
-            .jetstream
+            .shard(id)
+            .lane
             .send_publish(self.subject(id), message)
             .await
         {

@@ -94,6 +94,8 @@ const MAX_CACHED_HEADS: usize = 65_536;
 
 /// One events stream (shard) of the namespace.
 struct Shard {
+    /// The connection carrying the partition's appends and gets (`NatsBackend::lane`).
+    lane: async_nats::jetstream::Context,
     stream: Stream,
     /// The stream's direct-get API subject (batched reads, [`direct`]).
     direct_get_subject: async_nats::Subject,
@@ -115,15 +117,18 @@ impl NatsEventStore {
     /// `max_events`: non-terminal events allowed per execution [R 84].
     pub async fn new(backend: NatsBackend, max_events: u64) -> Result<Self, StoreError> {
         let mut shards = Vec::with_capacity(usize::from(backend.events.count()));
-        for name in backend.events.streams() {
-            let stream = backend
-                .jetstream
+        for (shard, name) in backend.events.streams().enumerate() {
+            let lane = backend
+                .lane(u16::try_from(shard).unwrap_or(u16::MAX))
+                .clone();
+            let stream = lane
                 .get_stream(&name)
                 .await
                 .map_err(|e| unavailable("events stream", e))?;
             let direct_get_subject =
                 async_nats::Subject::from(format!("$JS.API.DIRECT.GET.{name}"));
             shards.push(Shard {
+                lane,
                 stream,
                 direct_get_subject,
             });
