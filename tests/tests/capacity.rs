@@ -1,0 +1,148 @@
+//! Capacity (contract §12): a process runs as many executions at once as its providers allow,
+//! not a multiple of its cores; `MODEL_RUNTIME_WORKERS` only caps it. Checked on the real
+//! binaries, embedded and with one worker over NATS, by counting the provider calls in flight
+//! (`mrt_provider_inflight`) while a mock holds every call open.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use e2e_tests::*;
+use serde_json::{Value, json};
+use testkit::TempDir;
+
+/// Executions submitted at once: eight times the old default of 2 × cores on this machine's
+/// two cores.
+const AT_ONCE: usize = 32;
+
+/// One mock with room for `max_concurrency` calls whose first chunk comes after ten minutes,
+/// so every call stays in flight for the test.
+fn holding_mock(max_concurrency: u32) -> Value {
+    json!({
+        "providers": [{
+            "type": "mock", "id": "provider-mock", "model": "model-alpha",
+            "abilities": ["text-generation"], "chunks": ["held"], "delay_ms": 600_000,
+            "max_concurrency": max_concurrency, "max_queue_depth": 256
+        }],
+        "max_active_executions": 1000
+    })
+}
+
+/// The sample `mrt_provider_inflight{provider="provider-mock"}` of a `/metrics` text.
+fn inflight(metrics: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let value = line.strip_prefix("mrt_provider_inflight{provider=\"provider-mock\"} ")?;
+        value.trim().parse().ok()
+    })
+}
+
+/// Submits [`AT_ONCE`] executions to `gateway`, then waits until `metrics_url` shows `want`
+/// provider calls in flight, and checks it does not exceed it after every job could have
+/// been taken.
+async fn submit_and_count_inflight(gateway: &str, metrics_url: &str, want: usize) {
+    let request = json!({"ability": "text-generation", "input": [{"type": "text", "text": "hi"}]});
+    let submits = (0..AT_ONCE).map(|_| submit_accepted(gateway, &request));
+    futures_util::future::join_all(submits).await;
+    let read = async || {
+        let text = client()
+            .get(metrics_url)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .text()
+            .await
+            .map_err(|e| e.to_string())?;
+        inflight(&text).ok_or_else(|| format!("no inflight gauge in:\n{text}"))
+    };
+    poll_until(Duration::from_secs(60), Duration::from_millis(100), async || {
+        let now = read().await?;
+        if now == want as f64 {
+            Ok(())
+        } else {
+            Err(format!("{now} provider calls in flight, want {want}"))
+        }
+    })
+    .await;
+    // The rest had time to be taken (a pull brings jobs within milliseconds); a process that
+    // took more than its capacity would show them now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(read().await.unwrap(), want as f64, "in flight after settling");
+}
+
+/// An embedded gateway (memory backend) with `config` and extra `env`.
+fn embedded_gateway(config: &Value, env: &[(&str, &str)]) -> (Gateway, TempDir) {
+    let dir = TempDir::new("mrt-capacity-");
+    let path = dir.path().join("deployment.json");
+    std::fs::write(&path, serde_json::to_vec(config).unwrap()).unwrap();
+    let mut all = vec![
+        ("MODEL_RUNTIME_BACKEND".to_owned(), "memory".to_owned()),
+        ("MODEL_RUNTIME_CONFIG".to_owned(), path.display().to_string()),
+    ];
+    all.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    let (process, line) = spawn("gateway", &["--port", "0"], &all, "listening on ", &dir);
+    let url = line.trim_start_matches("listening on ").trim().to_owned();
+    (Gateway { process, url }, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_gateway_runs_as_many_executions_as_its_provider_allows() {
+    let (gateway, _dir) = embedded_gateway(&holding_mock(64), &[]);
+    let metrics = format!("{}/metrics", gateway.url);
+    submit_and_count_inflight(&gateway.url, &metrics, AT_ONCE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workers_setting_only_caps_what_the_providers_allow() {
+    let (gateway, _dir) = embedded_gateway(&holding_mock(64), &[("MODEL_RUNTIME_WORKERS", "5")]);
+    let metrics = format!("{}/metrics", gateway.url);
+    submit_and_count_inflight(&gateway.url, &metrics, 5).await;
+    // And the providers' capacity bounds it when it is below the cap.
+    let (gateway, _dir) = embedded_gateway(&holding_mock(7), &[("MODEL_RUNTIME_WORKERS", "20")]);
+    let metrics = format!("{}/metrics", gateway.url);
+    submit_and_count_inflight(&gateway.url, &metrics, 7).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_default_worker_runs_as_many_executions_as_its_provider_allows() {
+    let cluster = Cluster::start(&holding_mock(64));
+    let gateway = cluster.gateway();
+    let (_worker, admin) = cluster.worker_with_admin(&[]);
+    submit_and_count_inflight(&gateway.url, &format!("{admin}/metrics"), AT_ONCE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_workers_cap_is_a_startup_error_naming_the_setting() {
+    let dir = TempDir::new("mrt-capacity-");
+    let (code, log) = run_gateway_to_exit(&dir, &[("MODEL_RUNTIME_WORKERS", "0")]);
+    assert_ne!(code, Some(0), "{log}");
+    assert!(log.contains("--workers"), "{log}");
+}
+
+/// Runs the gateway binary with `env` until it exits (it must, within 30 s); its exit code
+/// and stderr.
+fn run_gateway_to_exit(dir: &TempDir, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let log = dir.path().join("gateway.log");
+    let mut command = std::process::Command::new(binary("gateway"));
+    command
+        .args(["--port", "0"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let mut child = command.spawn().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the gateway did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (code, std::fs::read_to_string(&log).unwrap_or_default())
+}
