@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use config::Scope;
 use protocol::manifest::ProviderList;
 use protocol::snapshot::{CancelResponse, CancelStatus, RuntimeInfo, RuntimeState};
-use protocol::{ExecutionId, Sequence};
+use protocol::{ExecutionId, Sequence, Tenant};
 use tracing::Instrument;
 
 use crate::auth::Principal;
@@ -20,7 +20,7 @@ use crate::error::ApiError;
 use crate::events::{empty_sse_response, sse_response};
 use crate::response::{json_response, security_headers};
 use crate::state::AppState;
-use crate::submit;
+use crate::{quota, submit};
 
 /// The application router. Tests call it directly with `oneshot`.
 pub fn router(state: AppState) -> Router {
@@ -297,7 +297,14 @@ async fn submit_execution(
         tracing::field::display(&submission.execution_id),
     );
     if let Some(permit) = stream_permit {
-        return events_response(&state, submission.execution_id, Sequence::ZERO, permit).await;
+        return events_response(
+            &state,
+            submission.execution_id,
+            Sequence::ZERO,
+            permit,
+            principal.tenant,
+        )
+        .await;
     }
     let status = if submission.idempotent_replay {
         StatusCode::OK
@@ -317,7 +324,13 @@ async fn load_execution(
 ) -> Result<protocol::materialize::Materializer, ApiError> {
     let id = execution_id(path, uri)?.ok_or(EXECUTION_NOT_FOUND)?;
     match state.backend().store.owned_state(id).await? {
-        Some((execution, owner)) if owner == principal.tenant => Ok(execution),
+        Some((execution, owner)) if owner == principal.tenant => {
+            if execution.is_terminal() {
+                // Its tenant's quota slot is free no later than a client sees it ended.
+                quota::release(state, &owner, id).await;
+            }
+            Ok(execution)
+        }
         _ => Err(EXECUTION_NOT_FOUND),
     }
 }
@@ -477,7 +490,7 @@ async fn get_events(
         if owner != principal.tenant {
             return Err(EXECUTION_NOT_FOUND);
         }
-        return Ok(sse_response(&state, records, permit));
+        return Ok(sse_response(&state, records, permit, owner));
     }
     // A resume, a cursor error, or no stream slot left (answered 429 only to a caller who may
     // see the execution). A resume past the end of a finished log is answered at once, without
@@ -501,7 +514,7 @@ async fn get_events(
             return Ok(empty_sse_response());
         }
     }
-    events_response(&state, id, after, stream_permit(&state)?).await
+    events_response(&state, id, after, stream_permit(&state)?, principal.tenant).await
 }
 
 /// One of the `max_sse_streams` slots, held by the stream until it ends.
@@ -511,11 +524,13 @@ fn stream_permit(state: &AppState) -> Result<tokio::sync::OwnedSemaphorePermit, 
         .map_err(|_| ApiError::QueueFull("Too many open event streams"))
 }
 
+/// The event stream of execution `id` (owned by `owner`) after `after`.
 async fn events_response(
     state: &AppState,
     id: ExecutionId,
     after: Sequence,
     permit: tokio::sync::OwnedSemaphorePermit,
+    owner: Tenant,
 ) -> Result<Response, ApiError> {
     let records = state
         .backend()
@@ -523,7 +538,7 @@ async fn events_response(
         .subscribe(id, after)
         .await?
         .ok_or(EXECUTION_NOT_FOUND)?;
-    Ok(sse_response(state, records, permit))
+    Ok(sse_response(state, records, permit, owner))
 }
 
 #[cfg(test)]

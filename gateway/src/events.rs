@@ -7,6 +7,11 @@
 //! with an error, which aborts the connection: the client sees a truncation (never a partial
 //! frame or a JSON error) and resumes from its last sequence. Closing the connection drops the
 //! subscription and never touches the execution.
+//!
+//! Before a chunk holding the terminal event is sent, the execution's quota slot is released
+//! (for a tenant with an active cap; a no-op otherwise): an execution stops counting against
+//! its tenant's quota no later than a client sees it end, so a client that submits again as
+//! soon as it read the terminal event is never refused for the execution it just watched.
 
 use std::time::Duration;
 
@@ -15,6 +20,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
+use protocol::Tenant;
 use runtime::EventStream;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
@@ -37,6 +43,8 @@ struct Projection {
     keep_alive: Duration,
     close: CancellationToken,
     state: AppState,
+    /// The execution's owner, whose quota slot the terminal event releases.
+    owner: Tenant,
     _permit: OwnedSemaphorePermit,
     done: bool,
 }
@@ -47,11 +55,12 @@ impl Drop for Projection {
     }
 }
 
-/// A `200 text/event-stream` response streaming `records`.
+/// A `200 text/event-stream` response streaming `records` of an execution `owner` owns.
 pub fn sse_response(
     state: &AppState,
     records: EventStream,
     permit: OwnedSemaphorePermit,
+    owner: Tenant,
 ) -> Response {
     state.metrics().stream_opened();
     let projection = Projection {
@@ -59,6 +68,7 @@ pub fn sse_response(
         keep_alive: state.inner.limits.keep_alive,
         close: state.inner.close_streams.clone(),
         state: state.clone(),
+        owner,
         _permit: permit,
         done: false,
     };
@@ -105,6 +115,7 @@ async fn next_chunk(p: &mut Projection) -> Option<Result<Bytes, StreamAborted>> 
     };
     let mut out = String::new();
     let mut sent = 0u64;
+    let mut ended = None;
     let mut item = Some(first);
     while let Some(next) = item.take() {
         let record = match next {
@@ -124,11 +135,17 @@ async fn next_chunk(p: &mut Projection) -> Option<Result<Bytes, StreamAborted>> 
             json,
         );
         sent += 1;
+        if record.event.is_terminal() {
+            ended = Some(record.event.execution_id);
+        }
         if out.len() >= BATCH_BYTES {
             break;
         }
         // Coalesce events that are already available, without waiting.
         item = p.records.next().now_or_never().flatten();
+    }
+    if let Some(id) = ended {
+        crate::quota::release(&p.state, &p.owner, id).await;
     }
     p.state.metrics().events_sent(sent);
     Some(Ok(Bytes::from(out)))

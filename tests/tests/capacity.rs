@@ -53,19 +53,27 @@ async fn submit_and_count_inflight(gateway: &str, metrics_url: &str, want: usize
             .map_err(|e| e.to_string())?;
         inflight(&text).ok_or_else(|| format!("no inflight gauge in:\n{text}"))
     };
-    poll_until(Duration::from_secs(60), Duration::from_millis(100), async || {
-        let now = read().await?;
-        if now == want as f64 {
-            Ok(())
-        } else {
-            Err(format!("{now} provider calls in flight, want {want}"))
-        }
-    })
+    poll_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        async || {
+            let now = read().await?;
+            if now == want as f64 {
+                Ok(())
+            } else {
+                Err(format!("{now} provider calls in flight, want {want}"))
+            }
+        },
+    )
     .await;
     // The rest had time to be taken (a pull brings jobs within milliseconds); a process that
     // took more than its capacity would show them now.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(read().await.unwrap(), want as f64, "in flight after settling");
+    assert_eq!(
+        read().await.unwrap(),
+        want as f64,
+        "in flight after settling"
+    );
 }
 
 /// An embedded gateway (memory backend) with `config` and extra `env`.
@@ -75,7 +83,10 @@ fn embedded_gateway(config: &Value, env: &[(&str, &str)]) -> (Gateway, TempDir) 
     std::fs::write(&path, serde_json::to_vec(config).unwrap()).unwrap();
     let mut all = vec![
         ("MODEL_RUNTIME_BACKEND".to_owned(), "memory".to_owned()),
-        ("MODEL_RUNTIME_CONFIG".to_owned(), path.display().to_string()),
+        (
+            "MODEL_RUNTIME_CONFIG".to_owned(),
+            path.display().to_string(),
+        ),
     ];
     all.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
     let (process, line) = spawn("gateway", &["--port", "0"], &all, "listening on ", &dir);
@@ -145,4 +156,72 @@ fn run_gateway_to_exit(dir: &TempDir, env: &[(&str, &str)]) -> (Option<i32>, Str
         std::thread::sleep(Duration::from_millis(20));
     };
     (code, std::fs::read_to_string(&log).unwrap_or_default())
+}
+
+/// The limit of the next test: the deployment's `max_active_executions` and the tenant's.
+const LIMIT: usize = 6;
+
+/// Closed-loop clients at exactly the limit: each submits, reads the event stream to its
+/// terminal event, and submits again at once. An execution stops counting against
+/// `max_active_executions` and its tenant's quota no later than its terminal event is
+/// visible, so none of them is ever refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_at_exactly_the_limit_are_never_refused_after_reading_their_terminal_event() {
+    let key = "mrt-capacity-test-capped-0a1b2c3d4e5f60718293a4b5c6d7e8f9";
+    let mut config = chunked_mock(0, 3);
+    config["max_active_executions"] = json!(LIMIT);
+    config["auth"] = json!({
+        "tenants": {"capped": {"max_active_executions": LIMIT}},
+        "keys": testkit::gateway::auth_matrix::tenant_keys(&["capped"], |_| key.to_owned())
+    });
+    let cluster = Cluster::start(&config);
+    let gateway = cluster.gateway();
+    let _worker = cluster.worker();
+    let request = json!({"ability": "text-generation", "input": [{"type": "text", "text": "hi"}]});
+    let rounds = 15;
+    let clients = (0..LIMIT).map(|_| {
+        let (base, request) = (gateway.url.clone(), request.clone());
+        tokio::spawn(async move {
+            let mut refused = Vec::new();
+            for _ in 0..rounds {
+                let response = client()
+                    .post(format!("{base}/v1/executions"))
+                    .bearer_auth(key)
+                    .json(&request)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = response.status().as_u16();
+                let body: Value = response.json().await.unwrap_or(Value::Null);
+                if status != 202 {
+                    refused.push(format!("{status} {body}"));
+                    continue;
+                }
+                let id = body["execution_id"].as_str().unwrap().to_owned();
+                let stream = client()
+                    .get(format!("{base}/v1/executions/{id}/events"))
+                    .bearer_auth(key)
+                    .send()
+                    .await
+                    .unwrap();
+                let events = read_events(stream, None).await;
+                assert_eq!(
+                    events.last().unwrap()["type"],
+                    "execution.completed",
+                    "{events:?}"
+                );
+            }
+            refused
+        })
+    });
+    let mut refused = Vec::new();
+    for client in futures_util::future::join_all(clients).await {
+        refused.extend(client.unwrap());
+    }
+    assert!(
+        refused.is_empty(),
+        "{} of {} submits refused: {refused:?}",
+        refused.len(),
+        LIMIT * rounds
+    );
 }

@@ -152,9 +152,18 @@ async fn a_namespace_with_several_partitions_serves_every_gateway_and_keeps_its_
     // Each partition's jobs went through its own stream and consumer (work-queue streams
     // drop acknowledged jobs, so their last sequence shows what they carried).
     for (name, consumer) in [
-        (format!("{upper}_JOBS"), format!("{}_workers", cluster.namespace)),
-        (format!("{upper}_JOBS_1"), format!("{}_workers_1", cluster.namespace)),
-        (format!("{upper}_JOBS_2"), format!("{}_workers_2", cluster.namespace)),
+        (
+            format!("{upper}_JOBS"),
+            format!("{}_workers", cluster.namespace),
+        ),
+        (
+            format!("{upper}_JOBS_1"),
+            format!("{}_workers_1", cluster.namespace),
+        ),
+        (
+            format!("{upper}_JOBS_2"),
+            format!("{}_workers_2", cluster.namespace),
+        ),
     ] {
         let state = testkit::jetstream::stream_state(&js, &name).await;
         assert!(state.last_sequence > 0, "{name} carried no job");
@@ -163,7 +172,10 @@ async fn a_namespace_with_several_partitions_serves_every_gateway_and_keeps_its_
             .consumer_info(&consumer)
             .await
             .unwrap_or_else(|e| panic!("{name} has no consumer {consumer}: {e}"));
-        assert!(info.delivered.stream_sequence > 0, "{consumer} delivered nothing");
+        assert!(
+            info.delivered.stream_sequence > 0,
+            "{consumer} delivered nothing"
+        );
     }
     // Processes asking for no count use the namespace's; another count stops the start, and
     // the message names both counts, under the flag's name and its earlier one alike.

@@ -92,9 +92,9 @@ impl ProviderRegistry {
     /// Attempts every provider together may run at once: the sum of their `max_concurrency`
     /// (saturating). A process needs no more execution slots than this (see `capacity`).
     pub fn total_concurrency(&self) -> usize {
-        self.entries
-            .iter()
-            .fold(0usize, |sum, e| sum.saturating_add(e.gate.max_concurrency()))
+        self.entries.iter().fold(0usize, |sum, e| {
+            sum.saturating_add(e.gate.max_concurrency())
+        })
     }
 
     /// Manifests in registration order.

@@ -68,6 +68,21 @@ const PARTITIONED_PULL_EXPIRES: Duration = Duration::from_secs(1);
 /// answered at once, so short turns cost requests only when the deployment is idle.)
 const TURN_PULL_EXPIRES: Duration = Duration::from_millis(100);
 
+/// Pauses before a job refused by a full queue is offered again, 0.5 s in all. An execution
+/// stops counting against the limit no later than its terminal event is visible to clients:
+/// its job is acknowledged right after the terminal append, but that acknowledgement lands a
+/// round trip after readers could see the terminal (more on a busy worker), and a client
+/// reading it may submit again in between. A submit that would be refused anyway waits this
+/// long before its 429.
+const FULL_QUEUE_RECHECKS: [Duration; 6] = [
+    Duration::from_millis(5),
+    Duration::from_millis(20),
+    Duration::from_millis(50),
+    Duration::from_millis(100),
+    Duration::from_millis(150),
+    Duration::from_millis(175),
+];
+
 /// How often a process re-reads the consumer's `ack_wait` while it holds deliveries.
 const LEASE_REFRESH: Duration = Duration::from_secs(5);
 
@@ -221,7 +236,10 @@ impl NatsJobQueue {
     }
 
     /// A partition's durable consumer and its lease, reconciled on first use (workers only).
-    async fn shared_lease<'a>(&self, partition: &'a Partition) -> Result<&'a Arc<Lease>, StoreError> {
+    async fn shared_lease<'a>(
+        &self,
+        partition: &'a Partition,
+    ) -> Result<&'a Arc<Lease>, StoreError> {
         partition
             .lease
             .get_or_try_init(|| async {
@@ -278,17 +296,26 @@ impl NatsJobQueue {
         if let Some(traceparent) = &job.traceparent {
             message = message.header(TRACEPARENT, traceparent.as_str());
         }
-        let ack = partition
-            .lane
-            .send_publish(partition.subject.clone(), message)
-            .await
-            .map_err(|e| unavailable("publish job", e))?;
-        match ack.await {
-            // A duplicate carries the sequence of the stored original.
-            Ok(ack) => Ok((partition, ack.sequence)),
-            // `discard: new` on the jobs stream is the cluster-wide admission limit.
-            Err(e) if e.to_string().contains("maximum messages") => Err(StoreError::AdmissionFull),
-            Err(e) => Err(unavailable("publish job ack", e)),
+        let mut pauses = FULL_QUEUE_RECHECKS.iter();
+        loop {
+            let ack = partition
+                .lane
+                .send_publish(partition.subject.clone(), message.clone())
+                .await
+                .map_err(|e| unavailable("publish job", e))?;
+            match ack.await {
+                // A duplicate carries the sequence of the stored original.
+                Ok(ack) => return Ok((partition, ack.sequence)),
+                // `discard: new` on the jobs stream is the cluster-wide admission limit. A
+                // job whose execution just ended leaves it when its worker's acknowledgement
+                // lands, a moment after the terminal event became visible: a queue full only
+                // for that moment is not full (see `FULL_QUEUE_RECHECKS`).
+                Err(e) if e.to_string().contains("maximum messages") => match pauses.next() {
+                    Some(pause) => tokio::time::sleep(*pause).await,
+                    None => return Err(StoreError::AdmissionFull),
+                },
+                Err(e) => return Err(unavailable("publish job ack", e)),
+            }
         }
     }
 
@@ -343,7 +370,12 @@ fn plan(count: usize, start: usize, max: usize) -> Vec<(usize, usize)> {
         return vec![(0, max)];
     }
     (0..count.min(max))
-        .map(|i| ((start + i) % count, max / count + usize::from(i < max % count)))
+        .map(|i| {
+            (
+                (start + i) % count,
+                max / count + usize::from(i < max % count),
+            )
+        })
         .filter(|&(_, n)| n > 0)
         .collect()
 }
@@ -538,13 +570,12 @@ impl JobQueue for NatsJobQueue {
         // Each message is taken (and its reception timed) as soon as it arrives, and the
         // large ones are decoded side by side, so no job waits for the decoding of a large one
         // before it.
-        let merged = futures_util::stream::select_all(requests.into_iter().map(
-            |(batch, lease, stream)| {
+        let merged =
+            futures_util::stream::select_all(requests.into_iter().map(|(batch, lease, stream)| {
                 batch
                     .map(move |message| (message, Arc::clone(&lease), stream.clone()))
                     .boxed()
-            },
-        ));
+            }));
         let deliveries = merged
             .take_until(closed.cancelled_owned())
             .map(move |(message, lease, stream)| {
