@@ -37,7 +37,8 @@
 //! one message per delta. A paced writer sends a run holding output no sooner than the pace's
 //! current hold after the previous run holding output was sent, so what the provider emits
 //! meanwhile goes in one message: fewer messages for the store to write and republish and for
-//! every reader to decode (BENCHMARKS.md sections j and m). Each acknowledged run's time is
+//! every reader to decode (BENCHMARKS.md, "Fixed pace" and "Adaptive pace"). Each acknowledged
+//! run's time is
 //! reported to the pace ([`Pace::observe`]), which an adaptive pace turns into its hold.
 //! Nothing else waits: the first output after routing leaves at once (the run before it holds
 //! none), and a queued terminal event or a caller waiting in [`EventWriter::flush`] (or

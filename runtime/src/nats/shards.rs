@@ -3,7 +3,7 @@
 //! One JetStream stream processes its appends one at a time, so with every execution's log in
 //! one stream, appends of unrelated executions queue behind each other. A namespace may
 //! therefore spread its logs over `n` streams (one by default: on a machine whose cores are
-//! already saturated, more streams measured no better; BENCHMARKS.md section i):
+//! already saturated, more streams measured no better; BENCHMARKS.md, "Shards"):
 //!
 //! | shard | stream | subjects |
 //! | --- | --- | --- |
