@@ -490,7 +490,7 @@ async fn get_events(
         if owner != principal.tenant {
             return Err(EXECUTION_NOT_FOUND);
         }
-        return Ok(sse_response(&state, records, permit));
+        return Ok(sse_response(&state, id, records, permit));
     }
     // A resume, a cursor error, or no stream slot left (answered 429 only to a caller who may
     // see the execution). A resume past the end of a finished log is answered at once, without
@@ -536,7 +536,7 @@ async fn events_response(
         .subscribe(id, after)
         .await?
         .ok_or(EXECUTION_NOT_FOUND)?;
-    Ok(sse_response(state, records, permit))
+    Ok(sse_response(state, id, records, permit))
 }
 
 #[cfg(test)]
