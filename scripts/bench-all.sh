@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every benchmark of BENCHMARKS.md's "Token streams" section and writes, into one output
+# Runs the benchmarks whose figures BENCHMARKS.md reports and writes, into one output
 # directory, each run's human report (NAME.txt), JSON report (NAME.json), the logs of every
 # process it started (logs/NAME/) and SVG charts per group (GROUP-*.svg). About 13 minutes on
 # 2 cores after the release build (each run waits up to QUIET_MAX seconds for a quiet machine
@@ -28,8 +28,8 @@
 # SHORT (measured seconds of the c=1 and telemetry rounds, default 10); ROUNDS (group d,
 # default 3); QUIET_MAX (seconds to wait for a quiet machine before each run, default 30; 0:
 # no wait). Settings of the spawned gateways and workers pass through the environment, e.g.
-# MODEL_RUNTIME_APPEND_PACE_MS=40 for a fixed pace of output appends (BENCHMARKS.md section j)
-# or =0 for none (the workers' default, `auto`, paces only while appends are slow: section m).
+# MODEL_RUNTIME_APPEND_PACE_MS=40 for a fixed pace of output appends (BENCHMARKS.md, "Fixed pace")
+# or =0 for none (the workers' default, `auto`, paces only while appends are slow: "Adaptive pace").
 #
 # Before/after: run this script on both builds into two directories, then
 #   bench plot --before OLD/a-nats-c256.json --after NEW/a-nats-c256.json ... --out DIR
@@ -134,7 +134,7 @@ for group in $GROUPS_TO_RUN; do
         # Every stream runs at once: provider and executing slots are sized to c. The clients'
         # starts are spread over one nominal execution (100 x 10 ms): started together, clients
         # whose executions take nearly the same time stay in step, and every cycle would begin
-        # with all of them submitting at once (BENCHMARKS.md section l).
+        # with all of them submitting at once (BENCHMARKS.md, "Clients in step").
         sized=(-c "$c" --provider-concurrency "$c" --exec-slots "$c" --warmup 3 --ramp-up 1 --timeout 60)
         run "a-embedded-c$c" --backend embedded "${sized[@]}" "${STREAM[@]}" "${T[@]}"
         run "a-nats-c$c" --backend nats "${sized[@]}" "${STREAM[@]}" "${T[@]}"

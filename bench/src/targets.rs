@@ -3,7 +3,7 @@
 //!
 //! Each target compares figures of one round only (a nats run with the embedded run of the same
 //! round), because this class of machine changes speed by a third within a session
-//! (BENCHMARKS.md sections m and n). With several rounds it prints, per target, how many rounds
+//! (BENCHMARKS.md, "Machine speed"). With several rounds it prints, per target, how many rounds
 //! met it and the median figure, so a verdict does not rest on one run.
 //!
 //! The reports it reads (`--out` JSON of `bench`, named by their labels in bench-all.sh):

@@ -269,8 +269,10 @@ async fn submit_execution(
         None
     };
     // The request span continues the caller's trace; the job carries this span's context to
-    // the worker. Without export the caller's own `traceparent` travels unchanged and no span
-    // is built on this hot path.
+    // the worker. Its `trace_id` is on every line the submission logs, as the worker's
+    // execution span puts it on the execution's lines. Without export the caller's own
+    // `traceparent` travels unchanged, and a span (for its trace id alone) is built only when
+    // the caller sent one: none on the untraced hot path.
     let (span, traceparent) = if telemetry::trace::exporting() {
         let span = tracing::info_span!(
             "POST /v1/executions",
@@ -278,11 +280,22 @@ async fn submit_execution(
             http.request.method = "POST",
             http.route = "/v1/executions",
             execution_id = tracing::field::Empty,
+            trace_id = tracing::field::Empty,
         );
         if let Some(parent) = &traceparent {
             telemetry::propagation::set_parent(&span, parent);
         }
+        if let Some(trace_id) = telemetry::propagation::trace_id_of(&span) {
+            span.record("trace_id", trace_id);
+        }
         let traceparent = telemetry::propagation::traceparent_of(&span).or(traceparent);
+        (span, traceparent)
+    } else if let Some(trace_id) = traceparent.as_deref().and_then(|t| t.split('-').nth(1)) {
+        let span = tracing::info_span!(
+            "POST /v1/executions",
+            execution_id = tracing::field::Empty,
+            trace_id,
+        );
         (span, traceparent)
     } else {
         (tracing::Span::none(), traceparent)
@@ -490,7 +503,7 @@ async fn get_events(
         if owner != principal.tenant {
             return Err(EXECUTION_NOT_FOUND);
         }
-        return Ok(sse_response(&state, records, permit, owner));
+        return Ok(sse_response(&state, id, records, permit, owner));
     }
     // A resume, a cursor error, or no stream slot left (answered 429 only to a caller who may
     // see the execution). A resume past the end of a finished log is answered at once, without
@@ -538,7 +551,7 @@ async fn events_response(
         .subscribe(id, after)
         .await?
         .ok_or(EXECUTION_NOT_FOUND)?;
-    Ok(sse_response(state, records, permit, owner))
+    Ok(sse_response(state, id, records, permit, owner))
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
-use protocol::Tenant;
+use protocol::{ExecutionId, Tenant};
 use runtime::EventStream;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +38,8 @@ const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
 pub struct StreamAborted;
 
 struct Projection {
+    /// The execution streamed, named by the stream's log lines.
+    id: ExecutionId,
     /// Fused: batching peeks with `now_or_never`, which may observe the end of the stream.
     records: futures_util::stream::Fuse<EventStream>,
     keep_alive: Duration,
@@ -58,12 +60,14 @@ impl Drop for Projection {
 /// A `200 text/event-stream` response streaming `records` of an execution `owner` owns.
 pub fn sse_response(
     state: &AppState,
+    id: ExecutionId,
     records: EventStream,
     permit: OwnedSemaphorePermit,
     owner: Tenant,
 ) -> Response {
     state.metrics().stream_opened();
     let projection = Projection {
+        id,
         records: records.fuse(),
         keep_alive: state.inner.limits.keep_alive,
         close: state.inner.close_streams.clone(),
@@ -121,7 +125,7 @@ async fn next_chunk(p: &mut Projection) -> Option<Result<Bytes, StreamAborted>> 
         let record = match next {
             Ok(record) => record,
             Err(e) => {
-                tracing::warn!(error = %e, "event stream failed after headers");
+                tracing::warn!(execution_id = %p.id, error = %e, "event stream failed after headers");
                 return Some(Err(StreamAborted));
             }
         };

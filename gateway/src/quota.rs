@@ -108,7 +108,7 @@ pub(crate) async fn release_ended(state: &AppState, id: ExecutionId) {
         Ok(Some(owner)) => backend.quotas.release(&owner, id).await,
         Ok(None) => {}
         Err(e) => {
-            tracing::debug!(execution = %id, error = %e, "owner unreadable; the slot ends by reconciliation or expiry");
+            tracing::debug!(execution_id = %id, error = %e, "owner unreadable; the slot ends by reconciliation or expiry");
         }
     }
 }

@@ -288,7 +288,7 @@ async fn claim_and_create(
 /// retry can create the execution [R 14].
 async fn release_key(state: &AppState, key_hash: &str, id: ExecutionId) {
     if let Err(e) = state.inner.backend.idempotency.release(key_hash, id).await {
-        tracing::warn!(error = %e, "could not release idempotency key after a failed submit");
+        tracing::warn!(execution_id = %id, error = %e, "could not release idempotency key after a failed submit");
     }
 }
 
@@ -820,8 +820,9 @@ pub async fn cancel(state: &AppState, id: ExecutionId) -> Result<bool, ApiError>
         let cancelled = EventBody::Failed {
             error: RuntimeError::cancelled(),
         };
-        match writer.append_once(cancelled).await {
+        match writer.append_once(cancelled.clone()).await {
             Ok(()) => {
+                runtime::ended::log(id, &cancelled);
                 state.inner.metrics.cancellation();
                 quota::release_ended(state, id).await;
                 return Ok(true);

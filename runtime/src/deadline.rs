@@ -233,9 +233,9 @@ impl DeadlineSweeper {
         let terminal = EventBody::Failed {
             error: RuntimeError::deadline_exceeded(),
         };
-        match writer.append_once(terminal).await {
+        match writer.append_once(terminal.clone()).await {
             Ok(()) => {
-                tracing::info!(execution_id = %id, "execution closed past its deadline");
+                crate::ended::log(id, &terminal);
                 Closing::Closed
             }
             Err(StoreError::Conflict { terminal: true, .. }) => Closing::Done,
@@ -341,6 +341,33 @@ mod tests {
         assert_eq!(sweeper.indexed(), 1, "the live job stays indexed");
         // A second sweep reads nothing new and closes nothing again.
         assert_eq!(sweeper.sweep().await, SweepReport::default());
+    }
+
+    /// An operator holding the id of an execution the sweeper failed finds one warn line about
+    /// it with its code, logged by the sweeper that closed it; a second sweeper finding it
+    /// closed logs nothing more.
+    #[tokio::test]
+    async fn the_sweeper_that_closes_an_execution_logs_one_warn_line_with_its_code() {
+        let (logs, guard) = testkit::logs::capture();
+        let (store, queue) = backends();
+        let (expired, _) = submit(&store, &queue, -10).await;
+        let (live, _) = submit(&store, &queue, 60_000).await;
+        for _ in 0..2 {
+            let mut sweeper =
+                DeadlineSweeper::new(Arc::clone(&store), Arc::clone(&queue), settings());
+            sweeper.sweep().await;
+        }
+        drop(guard);
+        let text = logs.text();
+        let warns: Vec<&str> = text.lines().filter(|l| l.contains(" WARN ")).collect();
+        assert_eq!(warns.len(), 1, "{text}");
+        assert!(warns[0].contains("execution failed"), "{text}");
+        assert!(
+            warns[0].contains(&format!("execution_id={expired}")),
+            "{text}"
+        );
+        assert!(warns[0].contains("code=\"deadline_exceeded\""), "{text}");
+        assert!(!text.contains(&live.to_string()), "{text}");
     }
 
     #[tokio::test]

@@ -11,6 +11,8 @@
 //! - [`idempotency`]: the `IdempotencyStore` trait (one atomic claim per key).
 //! - [`cancel`]: the `CancelBus` trait that carries cancellation to the process running an
 //!   execution.
+//! - [`ended`]: the one log line of an execution's end, written by whoever stored its terminal
+//!   event (a `warn` with the portable code for a failure).
 //! - [`deadline`]: `DeadlineSweeper`, which closes executions whose deadline passed while no
 //!   worker ran them (every gateway and worker process runs one).
 //! - [`writer`]: `EventWriter`, the only place sequences and event times are assigned; the
@@ -45,6 +47,7 @@ pub mod cancel;
 #[cfg(any(test, feature = "contract-tests"))]
 pub mod contract;
 pub mod deadline;
+pub mod ended;
 pub mod error;
 pub mod event_store;
 pub mod idempotency;

@@ -4,7 +4,8 @@
 //! token stream whose deltas come further apart than an append's round trip is stored one
 //! message per delta. That costs nothing while the store keeps up. On a saturated deployment
 //! every message (stored, republished, read by a gateway) competes for the same cores, and
-//! fewer, larger messages carry the same events for less (BENCHMARKS.md sections j and m). A
+//! fewer, larger messages carry the same events for less (BENCHMARKS.md, "Fixed pace" and
+//! "Adaptive pace"). A
 //! [`Pace`] says how long after a run holding output the next run holding output may leave:
 //!
 //! - [`Pace::Off`]: never held.
@@ -45,8 +46,8 @@ pub const HOLD_FACTOR: u32 = 40;
 /// The longest hold of an adaptive pace: a stream's deltas are never shown later than this by
 /// the pace. Reached only by a store far behind (an average of 3.5 ms with the usual 1 ms
 /// threshold, as with 1,024 streams on one 2-core machine), where
-/// every event is late anyway and fewer messages are what lets it catch up (BENCHMARKS.md
-/// section m: a 50 ms cap left 1,024 streams' first deltas twice as late).
+/// every event is late anyway and fewer messages are what lets it catch up (BENCHMARKS.md,
+/// "Adaptive pace": a 50 ms cap left 1,024 streams' first deltas twice as late).
 pub const ADAPTIVE_MAX: Duration = Duration::from_millis(100);
 
 /// How much of each new acknowledgement time enters the moving average (1/16: it follows the

@@ -37,7 +37,8 @@
 //! one message per delta. A paced writer sends a run holding output no sooner than the pace's
 //! current hold after the previous run holding output was sent, so what the provider emits
 //! meanwhile goes in one message: fewer messages for the store to write and republish and for
-//! every reader to decode (BENCHMARKS.md sections j and m). Each acknowledged run's time is
+//! every reader to decode (BENCHMARKS.md, "Fixed pace" and "Adaptive pace"). Each acknowledged
+//! run's time is
 //! reported to the pace ([`Pace::observe`]), which an adaptive pace turns into its hold.
 //! Nothing else waits: the first output after routing leaves at once (the run before it holds
 //! none), and a queued terminal event or a caller waiting in [`EventWriter::flush`] (or
@@ -52,6 +53,7 @@ use parking_lot::Mutex;
 use protocol::event::EventBody;
 use protocol::{ExecutionId, RuntimeEvent, Sequence, Tenant, Timestamp};
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 use crate::backoff::Backoff;
 use crate::error::StoreError;
@@ -346,7 +348,11 @@ async fn append_run(
             Err(RunError { stored, error }) => {
                 done += stored;
                 let (pause, e) = retry_or_fail(error, &mut backoff).map_err(|e| (done, e))?;
-                tracing::warn!(error = %e, "append failed; retrying");
+                // A run holds events of one execution: the appender task runs outside the
+                // execution's span, so the line names it itself.
+                if let Some(first) = run.first() {
+                    tracing::warn!(execution_id = %first.event.execution_id, error = %e, "append failed; retrying");
+                }
                 tokio::time::sleep(pause).await;
             }
         }
@@ -446,13 +452,18 @@ impl EventWriter {
             wake_appender: Notify::new(),
             progress: Notify::new(),
         });
-        let appender = tokio::spawn(run_appender(
-            Arc::clone(&shared),
-            Arc::clone(&self.store),
-            self.writer_id,
-            self.append_duration.clone(),
-            self.pace.clone(),
-        ));
+        // In the span the writer was started in (the worker's `execution` span): the
+        // appender's lines carry the execution's trace id too.
+        let appender = tokio::spawn(
+            run_appender(
+                Arc::clone(&shared),
+                Arc::clone(&self.store),
+                self.writer_id,
+                self.append_duration.clone(),
+                self.pace.clone(),
+            )
+            .instrument(tracing::Span::current()),
+        );
         self.pipeline = Some(Pipeline { shared, appender });
         self
     }

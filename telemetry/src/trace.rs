@@ -9,6 +9,10 @@
 //! bounded queue: a collector that is down or slow drops spans, it never blocks a request, and
 //! after a failed batch the request paths stop building spans for a backoff
 //! ([`crate::collector`]).
+//!
+//! A JSON line carries the fields of every span it was logged in, not only the innermost one:
+//! a line an adapter logs inside its provider attempt's span still names the execution
+//! (`execution_id`, and `trace_id` when traced) from the enclosing `execution` span.
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
@@ -73,14 +77,11 @@ pub fn otlp_configured() -> bool {
 /// `OTEL_SERVICE_NAME` is unset). A second call in one process is a no-op for logs.
 pub fn init(service: &'static str, format: LogFormat) -> TracingGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let fmt = match format {
-        LogFormat::Json => fmt
-            .json()
-            .with_current_span(true)
-            .with_span_list(false)
+        LogFormat::Json => json_layer(std::io::stderr).boxed(),
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
             .boxed(),
-        LogFormat::Text => fmt.boxed(),
     };
     let (otel, provider) = match otlp_provider(service) {
         Ok(Some(provider)) => {
@@ -113,6 +114,20 @@ pub fn init(service: &'static str, format: LogFormat) -> TracingGuard {
     TracingGuard { provider }
 }
 
+/// JSON lines to `writer`, each with its innermost span (`span`) and every span it was logged
+/// in, outermost first (`spans`); see the module docs.
+fn json_layer<S, W>(writer: W) -> impl Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt::layer()
+        .with_writer(writer)
+        .json()
+        .with_current_span(true)
+        .with_span_list(true)
+}
+
 fn otlp_provider(service: &'static str) -> Result<Option<SdkTracerProvider>, String> {
     if !otlp_configured() {
         return Ok(None);
@@ -133,4 +148,59 @@ fn otlp_provider(service: &'static str) -> Result<Option<SdkTracerProvider>, Str
         .with_batch_exporter(crate::collector::Watched::new(exporter))
         .build();
     Ok(Some(provider))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::sync::{Arc, Mutex};
+
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+
+    /// A writer into a shared buffer.
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_json_line_inside_a_nested_span_names_the_execution_of_the_outer_one() {
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::registry().with(json_layer(move || writer.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            let execution = tracing::info_span!(
+                "execution",
+                execution_id = "exec-1",
+                trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+            );
+            let _execution = execution.enter();
+            let attempt = tracing::info_span!("provider.attempt", attempt = 1_i64);
+            let _attempt = attempt.enter();
+            tracing::warn!("provider transport failed");
+        });
+        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        let line: serde_json::Value = serde_json::from_str(text.trim()).expect(&text);
+        // The innermost span alone would not name the execution.
+        assert_eq!(line["span"]["name"], "provider.attempt", "{line}");
+        let spans = line["spans"].as_array().expect("a span list");
+        assert_eq!(spans[0]["name"], "execution", "{line}");
+        assert_eq!(spans[0]["execution_id"], "exec-1", "{line}");
+        assert_eq!(
+            spans[0]["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736",
+            "{line}"
+        );
+    }
 }

@@ -1,9 +1,9 @@
 //! One trace per execution across processes (contract.md section 9): an OTLP/HTTP receiver in
 //! this test collects the spans a gateway and a worker in `nats` mode export for an execution
 //! submitted with a caller's `traceparent`, and checks the parent chain caller → gateway request
-//! span → worker execution span → provider attempt span, the GenAI attributes, and that no span
-//! holds the prompt or the output text. A collector that is down pauses span building and
-//! export resumes by itself when it is back.
+//! span → worker execution span → provider attempt span, the GenAI attributes (token counts as
+//! integers), and that no span holds the prompt or the output text. A collector that is down
+//! pauses span building and export resumes by itself when it is back.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::{Arc, Mutex};
@@ -81,6 +81,18 @@ fn attribute(span: &Span, key: &str) -> Option<String> {
         })
 }
 
+/// The value of an integer attribute; `None` when absent or of another type (a count exported
+/// as a string, say).
+fn int_attribute(span: &Span, key: &str) -> Option<i64> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+            AnyValue::IntValue(i) => Some(*i),
+            _ => None,
+        })
+}
+
 #[tokio::test]
 async fn one_trace_follows_an_execution_from_the_caller_through_gateway_and_worker() {
     let received: Received = Arc::default();
@@ -152,8 +164,21 @@ async fn one_trace_follows_an_execution_from_the_caller_through_gateway_and_work
         attribute(&attempt, "gen_ai.request.model").as_deref(),
         Some("model-alpha")
     );
-    assert!(attribute(&attempt, "gen_ai.usage.input_tokens").is_some());
-    assert!(attribute(&attempt, "gen_ai.usage.output_tokens").is_some());
+    // Counts are integers, as the GenAI conventions type them and backends expect: the mock
+    // reports one input token and one output token per chunk (one chunk here).
+    for (span, key) in [
+        (&attempt, "gen_ai.usage.input_tokens"),
+        (&attempt, "gen_ai.usage.output_tokens"),
+        (&attempt, "attempt"),
+        (&execution, "delivered"),
+    ] {
+        assert_eq!(
+            int_attribute(span, key),
+            Some(1),
+            "{key} as an integer: {:?}",
+            span.attributes.iter().find(|kv| kv.key == key)
+        );
+    }
     // No content in any span of any service.
     for (service, span) in received.lock().unwrap().iter() {
         let text = format!("{span:?}");

@@ -220,14 +220,14 @@ impl AttemptMeter {
                 gen_ai.usage.input_tokens = tracing::field::Empty,
                 gen_ai.usage.output_tokens = tracing::field::Empty,
                 error.type = tracing::field::Empty,
-                attempt,
+                attempt = i64::from(attempt),
             )
         } else {
             tracing::info_span!(
                 "provider.attempt",
                 gen_ai.provider.name = %provider,
                 gen_ai.request.model = %model,
-                attempt,
+                attempt = i64::from(attempt),
             )
         };
         Self {
@@ -288,12 +288,16 @@ impl AttemptMeter {
     /// The attempt ended with `result`.
     pub fn finish(mut self, result: Result<(), &RuntimeError>) {
         self.finished = true;
+        // Token counts are integer attributes (the GenAI conventions' type): recorded as `i64`,
+        // which tracing-opentelemetry exports as an OTLP int; a `u64` would go through its
+        // `Debug` fallback and arrive as a string. Quantities are non-negative and whole for
+        // these units; `as` saturates anything beyond `i64`.
         if let Some(tokens) = self.input_tokens {
-            self.span.record("gen_ai.usage.input_tokens", tokens as u64);
+            self.span.record("gen_ai.usage.input_tokens", tokens as i64);
         }
         if let Some(tokens) = self.output_tokens {
             self.span
-                .record("gen_ai.usage.output_tokens", tokens as u64);
+                .record("gen_ai.usage.output_tokens", tokens as i64);
         }
         if let Err(error) = result {
             self.span.record("error.type", error.code.as_str());

@@ -21,7 +21,7 @@
 //! claimed, once the log is found. The read never binds anything, so a job whose log never
 //! comes leaves no binding behind. (Claiming after the head read cost the keyed submit at c=1
 //! 0.06–0.08 ms at p50, through Redis and the cores it kept busy while the next submit was
-//! under way: BENCHMARKS.md section t.)
+//! under way: BENCHMARKS.md, "Keyed submits".)
 //!
 //! So among the executions of one key at most one ever runs, whatever the order in which the
 //! gateway's and the worker's claims land. A key store the worker cannot reach is retried for

@@ -239,7 +239,8 @@ async fn run_delivery(
     let span = tracing::info_span!(
         "execution",
         execution_id = %job.execution_id,
-        delivered,
+        // i64: an integer span attribute (a u64 would be exported as a string).
+        delivered = i64::from(delivered),
         trace_id = tracing::field::Empty,
     );
     if telemetry::trace::exporting()

@@ -437,6 +437,7 @@ impl Runner {
         let error = match writer.append(terminal).await {
             Ok(()) => {
                 instrument::terminal(&metered, accepted_at);
+                runtime::ended::log(writer.execution_id(), &metered);
                 return RunOutcome::Finished;
             }
             Err(WriteError::Fenced) => return RunOutcome::Dropped,
@@ -450,6 +451,7 @@ impl Runner {
             return match writer.append(fallback).await {
                 Ok(()) => {
                     instrument::terminal(&metered, accepted_at);
+                    runtime::ended::log(writer.execution_id(), &metered);
                     RunOutcome::Finished
                 }
                 Err(WriteError::Fenced) => RunOutcome::Dropped,

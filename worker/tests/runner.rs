@@ -2273,3 +2273,54 @@ async fn a_keyed_job_whose_log_never_comes_leaves_its_key_free() {
     assert_eq!(keys.claims(), 0);
     assert_eq!(keys.inner.bound("key-no-log").await.unwrap(), None);
 }
+
+/// An operator holding the id of a failed execution finds exactly one warn line about it in
+/// the process that ended it, with its portable code; a success and a cancellation log none.
+#[tokio::test]
+async fn a_failed_execution_logs_one_warn_line_with_its_code_and_others_none() {
+    let (logs, guard) = testkit::logs::capture();
+    let bad_request = not_retryable(
+        ErrorCode::ProviderUnavailable,
+        "Provider request failed with status 400",
+    );
+    let failing = ScriptedProvider::new("a", vec![Step::Fail(bad_request)]);
+    let h = Harness::scripted(&[&failing]);
+    let failed_job = run_to_end(&h, &text_request("")).await;
+    let (_, h) = succeeding_a();
+    let succeeded_job = run_to_end(&h, &text_request("")).await;
+    // On this (current) thread, the spawned run logs into the capture too.
+    let (_, h) = hanging_a();
+    let (cancelled_job, run) = submit_and_spawn(&h, &text_request("")).await;
+    let cancelled_id = cancelled_job.execution_id;
+    wait_until("route.selected is logged", PATIENCE, || {
+        h.has_event(cancelled_id, "route.selected")
+    })
+    .await;
+    cancel_before_output(&h, cancelled_id, "cancel", run).await;
+    drop(guard);
+
+    let text = logs.text();
+    let warns: Vec<&str> = text.lines().filter(|l| l.contains(" WARN ")).collect();
+    assert_eq!(warns.len(), 1, "{text}");
+    assert!(warns[0].contains("execution failed"), "{text}");
+    let failed_id = failed_job.execution_id.to_string();
+    assert!(
+        warns[0].contains(&format!("execution_id={failed_id}")),
+        "{text}"
+    );
+    assert!(warns[0].contains("code=\"provider_unavailable\""), "{text}");
+    // The success is a debug line and the cancellation an info line, each naming its execution.
+    let succeeded_id = succeeded_job.execution_id.to_string();
+    assert!(
+        text.lines().any(|l| l.contains(" DEBUG ")
+            && l.contains("execution succeeded")
+            && l.contains(&succeeded_id)),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.contains(" INFO ")
+            && l.contains("execution cancelled")
+            && l.contains(&cancelled_id.to_string())),
+        "{text}"
+    );
+}

@@ -132,7 +132,8 @@ pub struct NatsBackend {
     /// batched reads that start them (which must share a connection, so the server takes the
     /// subscription before the read). Under load a gateway receives every stored event of its
     /// streams; on a connection of their own, that flow never queues ahead of the replies to
-    /// its submissions' publishes (BENCHMARKS.md section g). Workers, which read no live
+    /// its submissions' publishes (BENCHMARKS.md, "Batched reads and the readers'
+    /// connection"). Workers, which read no live
     /// streams, hold it idle.
     #[debug(skip)]
     pub readers: async_nats::Client,

@@ -184,7 +184,7 @@ impl QuotaGate {
             return;
         }
         if let Err(e) = self.store.release(tenant, &[execution]).await {
-            tracing::warn!(%execution, error = %e, "could not release a quota slot; it ends by reconciliation or expiry");
+            tracing::warn!(execution_id = %execution, error = %e, "could not release a quota slot; it ends by reconciliation or expiry");
         }
     }
 
@@ -228,7 +228,7 @@ impl QuotaGate {
                     Ok(Some(head)) if head.terminal => Some(id),
                     Ok(_) => None,
                     Err(e) => {
-                        tracing::debug!(execution = %id, error = %e, "log head unreadable; slot kept");
+                        tracing::debug!(execution_id = %id, error = %e, "log head unreadable; slot kept");
                         None
                     }
                 }

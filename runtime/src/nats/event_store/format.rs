@@ -32,7 +32,8 @@ pub(super) const FORMAT_RUN: &str = "2";
 /// Not `Nats-Msg-Id`: the server keeps every `Nats-Msg-Id` it stored for the duplicate window,
 /// one entry per message, and on the events stream (every append of every execution) that
 /// state grew to millions of entries whose garbage collection stalled the stream's appends
-/// (BENCHMARKS.md section h). Compare-and-set already refuses a second copy of a message, so
+/// (BENCHMARKS.md, "Duplicate state"). Compare-and-set already refuses a second copy of a
+/// message, so
 /// the id only has to be readable on the last message. Logs written before carry it as
 /// `Nats-Msg-Id`, which [`written_id`] still reads.
 pub(super) const MSG_ID_HEADER: &str = "Mrt-Msg-Id";

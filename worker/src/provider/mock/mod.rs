@@ -1,7 +1,8 @@
 //! The mock provider [R 74-75]: deterministic text chunks with an optional cancellable delay,
 //! for demos, tests and benchmarks. The delays keep a fixed rate: chunk i is due `delay_ms` ×
 //! (i + 1) after the call, so a busy worker makes chunks late but not the stream slower (a
-//! remote model's tokens do not wait for the runtime either; BENCHMARKS.md section m).
+//! remote model's tokens do not wait for the runtime either; BENCHMARKS.md, "Mock at a fixed
+//! rate").
 //! `config.rs` has its settings, which are its section of the deployment file.
 
 pub mod config;

@@ -1,0 +1,98 @@
+//! The one log line of an execution's end.
+//!
+//! Whoever appends an execution's terminal event calls [`log`] once the store has acknowledged
+//! it: the worker's runner (success, failure, cancellation of a running execution), the
+//! gateway's cancel of a queued execution and the deadline sweeper of any process. A log has one
+//! terminal event (compare-and-set fences every other writer), so each execution's end is logged
+//! exactly once, by the process that ended it, and an operator holding an execution id finds it
+//! with its portable code.
+//!
+//! The decision a reader must know: the level says who should look. A failure is a `warn` line
+//! with its code, retryability and the runtime's fixed message (never caller or provider
+//! content); a cancellation, which a caller asked for, is `info`; a success is `debug`, since
+//! at thousands of executions a second one line each would drown everything else. Executions
+//! closed before they were ever queued (the unqueued failure) log their own line where they are
+//! closed: no caller was given their id as a running execution.
+
+use protocol::event::EventBody;
+use protocol::{ErrorCode, ExecutionId};
+
+/// Logs the end of `id` whose terminal event `terminal` was just stored; other events log
+/// nothing.
+pub fn log(id: ExecutionId, terminal: &EventBody) {
+    match terminal {
+        EventBody::Completed { target } => tracing::debug!(
+            execution_id = %id,
+            provider = %target.provider,
+            model = %target.model,
+            "execution succeeded"
+        ),
+        EventBody::Failed { error } if error.code == ErrorCode::Cancelled => tracing::info!(
+            execution_id = %id,
+            code = error.code.as_str(),
+            "execution cancelled"
+        ),
+        EventBody::Failed { error } => tracing::warn!(
+            execution_id = %id,
+            code = error.code.as_str(),
+            retryable = error.retryable,
+            message = %error.message,
+            "execution failed"
+        ),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use protocol::{RuntimeError, Target};
+
+    use super::*;
+
+    /// The lines `f` logs at every level, without ANSI colours.
+    fn logged(f: impl FnOnce()) -> String {
+        let (logs, guard) = testkit::logs::capture();
+        f();
+        drop(guard);
+        logs.text()
+    }
+
+    #[test]
+    fn a_failure_is_one_warn_line_with_its_code_and_the_execution_id() {
+        let id = ExecutionId::new_random();
+        let error = RuntimeError::deadline_exceeded();
+        let text = logged(|| log(id, &EventBody::Failed { error }));
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1, "{text}");
+        assert!(lines[0].contains(" WARN "), "{text}");
+        assert!(lines[0].contains("execution failed"), "{text}");
+        assert!(lines[0].contains(&format!("execution_id={id}")), "{text}");
+        assert!(lines[0].contains("code=\"deadline_exceeded\""), "{text}");
+    }
+
+    #[test]
+    fn a_cancellation_is_info_a_success_debug_and_other_events_nothing() {
+        let id = ExecutionId::new_random();
+        let cancelled = logged(|| {
+            log(
+                id,
+                &EventBody::Failed {
+                    error: RuntimeError::cancelled(),
+                },
+            )
+        });
+        assert!(cancelled.contains(" INFO ") && cancelled.contains("execution cancelled"));
+        assert!(cancelled.contains("code=\"cancelled\""), "{cancelled}");
+        let target = Target {
+            provider: "provider-mock".to_owned(),
+            model: "model-alpha".to_owned(),
+        };
+        let succeeded = logged(|| log(id, &EventBody::Completed { target }));
+        assert!(succeeded.contains(" DEBUG ") && succeeded.contains("execution succeeded"));
+        assert!(
+            succeeded.contains(&format!("execution_id={id}")),
+            "{succeeded}"
+        );
+        assert_eq!(logged(|| log(id, &EventBody::Accepted)), "");
+    }
+}
