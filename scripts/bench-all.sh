@@ -22,6 +22,12 @@
 #      alternating. BASELINE_GATEWAY=/path/to/gateway adds the same runs of another build (e.g.
 #      one from before the telemetry work) for the metrics cost. Then, for the collector-down
 #      target, open loop at OPEN_RATE executions/s (default 1500), export off vs collector down.
+#   s  issue 31: scaling. Throughput and latency against worker processes (1 2 4 8), partitions
+#      (1 4 8, MODEL_RUNTIME_PARTITIONS) and NATS nodes (1, 3 with R3), for a CPU-light workload
+#      (zero-delay mock, c=256) and an I/O-bound one (3 chunks x 50 ms, 128 provider slots per
+#      worker process, c=128 per worker). Each report says the machine's cores and the cores
+#      each process used. Meant for a machine with many cores: on 2 cores every row measures
+#      the same saturated CPU. S_WORKERS, S_PARTITIONS override the lists.
 #
 # Environment: SKIP_BUILD=1 uses the binaries as they are; BIN_DIR (gateway and worker, default
 # ${CARGO_TARGET_DIR:-target}/release); BENCH_BIN (default $BIN_DIR/bench); DURATION (measured seconds of most runs, default 20);
@@ -39,6 +45,8 @@ cd "$(dirname "$0")/.."
 
 OUT=${1:-bench-results/$(date -u +%Y%m%dT%H%M%SZ)}
 GROUPS_TO_RUN=${BENCH_GROUPS:-a b c d}
+S_WORKERS=${S_WORKERS:-1 2 4 8}
+S_PARTITIONS=${S_PARTITIONS:-1 4 8}
 DURATION=${DURATION:-20}
 SHORT=${SHORT:-10}
 ROUNDS=${ROUNDS:-3}
@@ -209,8 +217,29 @@ for group in $GROUPS_TO_RUN; do
     kill "$sink_pid" 2> /dev/null || true
     wait "$sink_pid" 2> /dev/null || true
     ;;
+  s)
+    for p in $S_PARTITIONS; do
+      for w in $S_WORKERS; do
+        # CPU-light: every execution is a few messages; the deployment's serial paths show.
+        MODEL_RUNTIME_PARTITIONS=$p run "s-zero-p$p-w$w" --backend nats --worker-procs "$w" \
+          -c 256 --provider-concurrency 256 --max-active-executions 100000 --warmup 3 \
+          --ramp-up 1 "${T[@]}"
+        # I/O-bound: 128 provider slots per worker process, enough clients to fill them all.
+        MODEL_RUNTIME_PARTITIONS=$p run "s-io-p$p-w$w" --backend nats --worker-procs "$w" \
+          -c $((128 * w)) --provider-concurrency 128 --mock-chunks 3 --mock-delay-ms 50 \
+          --max-active-executions 100000 --warmup 3 --ramp-up 1 "${T[@]}"
+      done
+    done
+    # A 3-node R3 cluster with the partitions' leaders spread over the nodes, against one node.
+    for nodes in 1 3; do
+      MODEL_RUNTIME_PARTITIONS=8 run "s-zero-nodes$nodes" --backend nats --nats-cluster "$nodes" \
+        --replicas "$nodes" --worker-procs 4 -c 256 --provider-concurrency 256 \
+        --max-active-executions 100000 --warmup 3 --ramp-up 1 "${T[@]}"
+    done
+    plot s
+    ;;
   *)
-    echo "unknown group $group (a b c d)" >&2
+    echo "unknown group $group (a b c d s)" >&2
     exit 2
     ;;
   esac
