@@ -2,7 +2,8 @@
 
 Environment: OPENAI_BASE_URL (the gateway's /v1), MRT_KEY (tenant acme), MRT_OTHER_KEY (tenant
 other), MRT_LIMITED_KEY (a tenant whose submit bucket holds one token), MRT_CASES (optional,
-comma-separated subset). The mock model `model-alpha` streams "hello", " from", " mock";
+comma-separated subset), MRT_SECOND_BASE_URL (optional: another gateway of the same
+deployment, for `resume_elsewhere`). The mock model `model-alpha` streams "hello", " from", " mock";
 `model-slow` streams slowly enough to cancel. Prints `ok <case>` per passing case and exits
 non-zero at the first failure.
 """
@@ -155,8 +156,34 @@ def errors():
         check(e.response.headers.get("retry-after") is not None, "retry-after")
 
 
+def resume_elsewhere():
+    """A stream dropped on one gateway resumes on another with exactly the events after N."""
+    second = os.environ.get("MRT_SECOND_BASE_URL")
+    if not second:
+        return "skipped"
+    elsewhere = OpenAI(base_url=second, api_key=os.environ["MRT_KEY"], max_retries=0, timeout=60)
+    stream = client.responses.create(model="model-slow", input="hi", stream=True)
+    seen = []
+    for event in stream:
+        seen.append(event)
+        if event.type == "response.output_text.delta":
+            break
+    stream.close()
+    rid = seen[0].response.id
+    after = seen[-1].sequence_number
+    resumed = list(elsewhere.responses.retrieve(rid, stream=True, starting_after=after))
+    numbers = [e.sequence_number for e in resumed]
+    check(numbers == list(range(after + 1, after + 1 + len(resumed))), f"numbers {numbers}")
+    check(resumed[-1].type == "response.completed", resumed[-1].type)
+    whole = list(client.responses.retrieve(rid, stream=True))
+    check([e.to_dict() for e in whole[: after + 1]] == [e.to_dict() for e in seen], "same prefix")
+    check([e.to_dict() for e in whole[after + 1:]] == [e.to_dict() for e in resumed], "same tail")
+    text = "".join(e.delta for e in seen + resumed if e.type == "response.output_text.delta")
+    check(text == "s " * 10, f"text {text!r}")
+
+
 CASES = [create_plain, create_stream, background, resume, stream_helper, cancel, chat, models,
-         idempotency, errors]
+         idempotency, errors, resume_elsewhere]
 
 if __name__ == "__main__":
     wanted = os.environ.get("MRT_CASES")
@@ -164,9 +191,9 @@ if __name__ == "__main__":
         if wanted and case.__name__ not in wanted.split(","):
             continue
         try:
-            case()
+            outcome = case()
         except Exception as e:  # noqa: BLE001 - report which case failed, then fail
             print(f"FAILED {case.__name__}: {type(e).__name__}: {e}", flush=True)
             sys.exit(1)
-        print(f"ok {case.__name__}", flush=True)
+        print(f"{outcome or 'ok'} {case.__name__}", flush=True)
     print(f"openai {openai.__version__}", flush=True)

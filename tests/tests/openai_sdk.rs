@@ -1,0 +1,85 @@
+//! The OpenAI-compatible API in `nats` mode, driven by the official `openai` Python SDK
+//! unchanged (`gateway/tests/openai/sdk_check.py`, installed by `scripts/test.sh`): two
+//! gateway processes and a worker over a private NATS JetStream and Redis. Every case of the
+//! embedded test runs against the first gateway, and a Responses stream dropped there resumes
+//! on the second with exactly the events after its cursor (the numbering is a function of
+//! the stored log, so any gateway assigns the same numbers).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::Command;
+
+use e2e_tests::*;
+use serde_json::json;
+use testkit::gateway::auth_matrix;
+
+fn api_key(tenant: &str) -> String {
+    format!("mrt-openai-e2e-{tenant}-9f8e7d6c5b4a39281706f5e4d3c2b1a0")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_python_sdk_works_across_gateways() {
+    let sdk = Command::new("python3").args(["-c", "import openai"]).status();
+    assert!(
+        sdk.is_ok_and(|s| s.success()),
+        "the openai Python package is missing: run scripts/test.sh, which installs it"
+    );
+    let mock = |id: &str, model: &str, chunks: Vec<&str>, delay_ms: u64| {
+        json!({"type": "mock", "id": id, "model": model, "abilities": ["text-generation"],
+               "chunks": chunks, "delay_ms": delay_ms, "max_concurrency": 64, "max_queue_depth": 256})
+    };
+    let config = json!({
+        "providers": [
+            mock("provider-mock", "model-alpha", vec!["hello", " from", " mock"], 0),
+            mock("provider-slow", "model-slow", vec!["s "; 10], 200),
+        ],
+        "auth": {
+            "tenants": {"acme": {}, "other": {}, "limited": {"submits_per_second": 0.001, "burst": 1}},
+            "keys": auth_matrix::tenant_keys(&["acme", "other", "limited"], api_key)
+        }
+    });
+    let cluster = Cluster::start(&config);
+    let g1 = cluster.gateway();
+    let g2 = cluster.gateway();
+    let _worker = cluster.worker();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../gateway/tests/openai/sdk_check.py"
+    );
+    let (first, second) = (format!("{}/v1", g1.url), format!("{}/v1", g2.url));
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("python3")
+            .arg(script)
+            .env("OPENAI_BASE_URL", first)
+            .env("MRT_SECOND_BASE_URL", second)
+            .env("MRT_KEY", api_key("acme"))
+            .env("MRT_OTHER_KEY", api_key("other"))
+            .env("MRT_LIMITED_KEY", api_key("limited"))
+            .env_remove("OPENAI_API_KEY")
+            .output()
+            .expect("run python3")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{stderr}\ngateway log:\n{}",
+        g1.process.log_text()
+    );
+    for case in [
+        "create_plain",
+        "create_stream",
+        "background",
+        "resume",
+        "stream_helper",
+        "cancel",
+        "chat",
+        "models",
+        "idempotency",
+        "errors",
+        "resume_elsewhere",
+    ] {
+        assert!(stdout.contains(&format!("ok {case}\n")), "{case}:\n{stdout}");
+    }
+}
