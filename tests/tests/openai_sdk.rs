@@ -18,7 +18,9 @@ fn api_key(tenant: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_python_sdk_works_across_gateways() {
-    let sdk = Command::new("python3").args(["-c", "import openai"]).status();
+    let sdk = Command::new("python3")
+        .args(["-c", "import openai"])
+        .status();
     assert!(
         sdk.is_ok_and(|s| s.success()),
         "the openai Python package is missing: run scripts/test.sh, which installs it"
@@ -80,6 +82,9 @@ async fn the_official_python_sdk_works_across_gateways() {
         "errors",
         "resume_elsewhere",
     ] {
-        assert!(stdout.contains(&format!("ok {case}\n")), "{case}:\n{stdout}");
+        assert!(
+            stdout.contains(&format!("ok {case}\n")),
+            "{case}:\n{stdout}"
+        );
     }
 }

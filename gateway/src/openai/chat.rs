@@ -123,16 +123,14 @@ impl Chunks {
             EventBody::OutputDelta { delta, .. } => {
                 out.push(self.chunk(p, json!({"content": delta}), None));
             }
-            EventBody::ToolCallStarted { call_id, name } => {
-                if p.tool_calls().len() > calls_before {
-                    let index = calls_before;
-                    out.push(self.chunk(
-                        p,
-                        json!({"tool_calls": [{"index": index, "id": call_id, "type": "function",
-                                               "function": {"name": name, "arguments": ""}}]}),
-                        None,
-                    ));
-                }
+            // A call id seen before is one call: only its first start opens it.
+            EventBody::ToolCallStarted { call_id, name } if p.tool_calls().len() > calls_before => {
+                out.push(self.chunk(
+                    p,
+                    json!({"tool_calls": [{"index": calls_before, "id": call_id, "type": "function",
+                                           "function": {"name": name, "arguments": ""}}]}),
+                    None,
+                ));
             }
             EventBody::ToolCallArgumentsDelta { call_id, delta } => {
                 if let Some(index) = p.tool_calls().iter().position(|(id, _, _)| id == call_id) {

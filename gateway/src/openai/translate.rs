@@ -200,7 +200,7 @@ fn extension(intent: &Intent, dialect: Dialect) -> Option<(&'static str, Value)>
             "anthropic"
         }
     };
-    (!fields.is_empty()).then(|| (key, Value::Object(fields)))
+    (!fields.is_empty()).then_some((key, Value::Object(fields)))
 }
 
 fn simple_choice(choice: &ToolChoice) -> Value {
