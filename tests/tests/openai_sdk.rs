@@ -3,14 +3,55 @@
 //! gateway processes and a worker over a private NATS JetStream and Redis. Every case of the
 //! embedded test runs against the first gateway, and a Responses stream dropped there resumes
 //! on the second with exactly the events after its cursor (the numbering is a function of
-//! the stored log, so any gateway assigns the same numbers).
+//! the stored log, so any gateway assigns the same numbers). A function-tool round trip runs
+//! against a local OpenAI-compatible provider (`openai-chat` with tools declared), whose
+//! received bodies show what the OpenAI request became.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Command;
 
 use e2e_tests::*;
-use serde_json::json;
+use serde_json::{Value, json};
+use testkit::fake_provider::{FakeProvider, Piece, Received, Reply};
 use testkit::gateway::auth_matrix;
+
+/// One Chat Completions stream frame of the fixture with this `delta` and `finish_reason`.
+fn frame(delta: Value, finish: Option<&str>) -> String {
+    let chunk = json!({"id": "chatcmpl-fixture", "object": "chat.completion.chunk", "created": 1,
+                       "model": "tool-model", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+    format!("data: {chunk}\n\n")
+}
+
+/// The provider fixture: calls `get_weather` for Paris (its arguments in two fragments) until
+/// a request carries the tool's output (`sunny`), then answers with text; usage last.
+fn weather_provider(request: &Received) -> Reply {
+    let body = String::from_utf8_lossy(&request.body);
+    let mut frames = vec![frame(json!({"role": "assistant", "content": null}), None)];
+    if body.contains("sunny") {
+        for text in ["It is sunny", " in Paris."] {
+            frames.push(frame(json!({"content": text}), None));
+        }
+        frames.push(frame(json!({}), Some("stop")));
+    } else {
+        frames.push(frame(
+            json!({"tool_calls": [{"index": 0, "id": "call_weather_1", "type": "function",
+                                   "function": {"name": "get_weather", "arguments": ""}}]}),
+            None,
+        ));
+        for fragment in ["{\"location\":", "\"Paris\"}"] {
+            frames.push(frame(
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": fragment}}]}),
+                None,
+            ));
+        }
+        frames.push(frame(json!({}), Some("tool_calls")));
+    }
+    let usage = json!({"id": "chatcmpl-fixture", "object": "chat.completion.chunk", "created": 1,
+                       "model": "tool-model", "choices": [],
+                       "usage": {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}});
+    frames.push(format!("data: {usage}\n\ndata: [DONE]\n\n"));
+    Reply::Stream(frames.into_iter().map(Piece::text).collect())
+}
 
 fn api_key(tenant: &str) -> String {
     format!("mrt-openai-e2e-{tenant}-9f8e7d6c5b4a39281706f5e4d3c2b1a0")
@@ -29,17 +70,25 @@ async fn the_official_python_sdk_works_across_gateways() {
         json!({"type": "mock", "id": id, "model": model, "abilities": ["text-generation"],
                "chunks": chunks, "delay_ms": delay_ms, "max_concurrency": 64, "max_queue_depth": 256})
     };
+    let fixture = FakeProvider::start(weather_provider).await;
     let config = json!({
         "providers": [
             mock("provider-mock", "model-alpha", vec!["hello", " from", " mock"], 0),
             mock("provider-slow", "model-slow", vec!["s "; 10], 200),
+            {"type": "openai-chat", "id": "local-chat", "model": "tool-model",
+             "api_key_env": "MRT_TEST_OPENAI_FIXTURE_KEY",
+             "base_url": format!("{}/v1", fixture.origin()),
+             "capabilities": {"tools": true}},
         ],
         "auth": {
             "tenants": {"acme": {}, "other": {}, "limited": {"submits_per_second": 0.001, "burst": 1}},
             "keys": auth_matrix::tenant_keys(&["acme", "other", "limited"], api_key)
         }
     });
-    let cluster = Cluster::start(&config);
+    let mut cluster = Cluster::start(&config);
+    cluster
+        .extra_env
+        .push(("MRT_TEST_OPENAI_FIXTURE_KEY".into(), "fixture-key".into()));
     let g1 = cluster.gateway();
     let g2 = cluster.gateway();
     let _worker = cluster.worker();
@@ -53,6 +102,7 @@ async fn the_official_python_sdk_works_across_gateways() {
             .arg(script)
             .env("OPENAI_BASE_URL", first)
             .env("MRT_SECOND_BASE_URL", second)
+            .env("MRT_TOOL_MODEL", "tool-model")
             .env("MRT_KEY", api_key("acme"))
             .env("MRT_OTHER_KEY", api_key("other"))
             .env("MRT_LIMITED_KEY", api_key("limited"))

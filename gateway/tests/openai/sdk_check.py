@@ -3,11 +3,13 @@
 Environment: OPENAI_BASE_URL (the gateway's /v1), MRT_KEY (tenant acme), MRT_OTHER_KEY (tenant
 other), MRT_LIMITED_KEY (a tenant whose submit bucket holds one token), MRT_CASES (optional,
 comma-separated subset), MRT_SECOND_BASE_URL (optional: another gateway of the same
-deployment, for `resume_elsewhere`). The mock model `model-alpha` streams "hello", " from", " mock";
+deployment, for `resume_elsewhere`), MRT_TOOL_MODEL (optional: a model with tools behind the
+local OpenAI-compatible provider fixture, for `tool_round_trip`). The mock model `model-alpha` streams "hello", " from", " mock";
 `model-slow` streams slowly enough to cancel. Prints `ok <case>` per passing case and exits
 non-zero at the first failure.
 """
 
+import json
 import os
 import sys
 import time
@@ -182,8 +184,49 @@ def resume_elsewhere():
     check(text == "s " * 10, f"text {text!r}")
 
 
+WEATHER = {"type": "object", "properties": {"location": {"type": "string"}}}
+
+
+def tool_round_trip():
+    """A function call and its output through both APIs, against the provider fixture, which
+    calls `get_weather` until it is given the tool's output, then answers with text."""
+    model = os.environ.get("MRT_TOOL_MODEL")
+    if not model:
+        return "skipped"
+    tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
+    r = client.responses.create(model=model, input="Weather in Paris?", tools=tools)
+    calls = [o for o in r.output if o.type == "function_call"]
+    check(len(calls) == 1 and calls[0].name == "get_weather", f"calls {r.output}")
+    check(json.loads(calls[0].arguments) == {"location": "Paris"}, calls[0].arguments)
+    follow = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather",
+         "arguments": calls[0].arguments},
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"},
+    ]
+    r = client.responses.create(model=model, input=follow, tools=tools)
+    check(r.output_text == "It is sunny in Paris.", f"text {r.output_text!r}")
+
+    chat_tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    c = client.chat.completions.create(model=model, messages=messages, tools=chat_tools)
+    check(c.choices[0].finish_reason == "tool_calls", c.choices[0].finish_reason)
+    call = c.choices[0].message.tool_calls[0]
+    check(call.function.name == "get_weather", call.function.name)
+    streamed = list(client.chat.completions.create(
+        model=model, messages=messages, tools=chat_tools, stream=True))
+    fragments = "".join(
+        tc.function.arguments or "" for ch in streamed if ch.choices
+        for tc in (ch.choices[0].delta.tool_calls or []) if tc.index == 0)
+    check(json.loads(fragments) == {"location": "Paris"}, f"fragments {fragments!r}")
+    messages += [c.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    c = client.chat.completions.create(model=model, messages=messages, tools=chat_tools)
+    check(c.choices[0].message.content == "It is sunny in Paris.", c.choices[0].message.content)
+
+
 CASES = [create_plain, create_stream, background, resume, stream_helper, cancel, chat, models,
-         idempotency, errors, resume_elsewhere]
+         idempotency, errors, resume_elsewhere, tool_round_trip]
 
 if __name__ == "__main__":
     wanted = os.environ.get("MRT_CASES")
