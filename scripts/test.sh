@@ -24,9 +24,10 @@ ensure_curl
 ensure_prometheus
 prometheus --version 2>&1 | sed -n 1p
 
-# The OpenAI-compatible API is tested with the official Python SDK, unchanged.
+# The OpenAI-compatible API is tested with the official Python and Node SDKs, unchanged.
 ensure_openai_python
 python3 -c 'import openai; print("openai (python)", openai.__version__)'
+ensure_openai_node
 
 if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked

@@ -1,5 +1,6 @@
 //! The OpenAI-compatible API (contract.md section 10) driven by the official `openai` Python
-//! SDK, unchanged (`tests/openai/sdk_check.py`, installed by `scripts/test.sh`), against a
+//! SDK and npm package, unchanged (`tests/openai/sdk_check.py` and `sdk_check.cjs`, installed
+//! by `scripts/test.sh`), against a
 //! real embedded gateway with API keys for three tenants; and the raw HTTP shapes the SDK
 //! does not show (error bodies, headers, ids across the native and OpenAI routes).
 
@@ -91,6 +92,42 @@ async fn the_official_python_sdk_works_unchanged() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_node_sdk_works_unchanged() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai");
+    assert!(
+        std::path::Path::new(dir)
+            .join("node_modules/openai")
+            .exists(),
+        "the openai npm package is missing: run scripts/test.sh, which installs it"
+    );
+    let gw = gateway().await;
+    let base = gw.url("/v1");
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg(format!("{dir}/sdk_check.cjs"))
+            .env("OPENAI_BASE_URL", base)
+            .env("MRT_KEY", api_key("acme"))
+            .env_remove("OPENAI_API_KEY")
+            .output()
+            .expect("run node")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    for case in ["create", "stream", "background", "resume", "cancel"] {
+        assert!(
+            stdout.contains(&format!("ok {case}\n")),
+            "{case}:\n{stdout}"
+        );
+    }
+}
+
 async fn post(gw: &Gateway, path: &str, key: Option<&str>, body: &Value) -> reqwest::Response {
     let mut request = gw.client.post(gw.url(path)).json(body);
     if let Some(key) = key {
@@ -163,7 +200,12 @@ async fn errors_take_openai_shape_and_echo_nothing_while_native_routes_keep_thei
     .await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     // An unknown response and a malformed id are the same 404.
-    for id in ["resp_00000000000000000000000000000000", "resp_x", "nope"] {
+    for id in [
+        "resp_00000000000000000000000000000000",
+        "resp_x",
+        "nope",
+        "%ff%fe",
+    ] {
         let r = gw
             .client
             .get(gw.url(&format!("/v1/responses/{id}")))

@@ -1,5 +1,6 @@
-//! The OpenAI-compatible API in `nats` mode, driven by the official `openai` Python SDK
-//! unchanged (`gateway/tests/openai/sdk_check.py`, installed by `scripts/test.sh`): two
+//! The OpenAI-compatible API in `nats` mode, driven by the official `openai` Python SDK and
+//! npm package unchanged (`gateway/tests/openai/sdk_check.py` and `sdk_check.cjs`, installed by
+//! `scripts/test.sh`): two
 //! gateway processes and a worker over a private NATS JetStream and Redis. Every case of the
 //! embedded test runs against the first gateway, and a Responses stream dropped there resumes
 //! on the second with exactly the events after its cursor (the numbering is a function of
@@ -58,7 +59,7 @@ fn api_key(tenant: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_official_python_sdk_works_across_gateways() {
+async fn the_official_python_and_node_sdks_work_across_gateways() {
     let sdk = Command::new("python3")
         .args(["-c", "import openai"])
         .status();
@@ -97,6 +98,24 @@ async fn the_official_python_sdk_works_across_gateways() {
         "/../gateway/tests/openai/sdk_check.py"
     );
     let (first, second) = (format!("{}/v1", g1.url), format!("{}/v1", g2.url));
+    let node_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../gateway/tests/openai");
+    assert!(
+        std::path::Path::new(node_dir)
+            .join("node_modules/openai")
+            .exists(),
+        "the openai npm package is missing: run scripts/test.sh, which installs it"
+    );
+    let (node_first, node_second) = (first.clone(), second.clone());
+    let node = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg(format!("{node_dir}/sdk_check.cjs"))
+            .env("OPENAI_BASE_URL", node_first)
+            .env("MRT_SECOND_BASE_URL", node_second)
+            .env("MRT_KEY", api_key("acme"))
+            .env_remove("OPENAI_API_KEY")
+            .output()
+            .expect("run node")
+    });
     let output = tokio::task::spawn_blocking(move || {
         Command::new("python3")
             .arg(script)

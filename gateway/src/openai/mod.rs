@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -222,11 +223,11 @@ fn stream_query(query: Option<&str>) -> Result<(bool, Option<u64>), OpenAiError>
 async fn retrieve_response(
     State(state): State<AppState>,
     principal: Principal,
-    Path(raw): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, OpenAiError> {
     principal.require(Scope::Read)?;
-    let id = owned(&state, &principal, &raw).await?;
+    let id = owned(&state, &principal, path).await?;
     let (streaming, after) = stream_query(query.as_deref())?;
     if streaming {
         let permit = stream_permit(&state)?;
@@ -247,10 +248,10 @@ async fn retrieve_response(
 async fn cancel_response(
     State(state): State<AppState>,
     principal: Principal,
-    Path(raw): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, OpenAiError> {
     principal.require(Scope::Cancel)?;
-    let id = owned(&state, &principal, &raw).await?;
+    let id = owned(&state, &principal, path).await?;
     // `false`: already terminal; the cancel is then a no-op and the answer the same Response.
     submit::cancel(&state, id).await?;
     let projection = wait_terminal(&state, id, CANCEL_WAIT).await?;
@@ -258,13 +259,16 @@ async fn cancel_response(
 }
 
 /// The execution a path names, when the caller's tenant owns it; else 404, the same answer
-/// as for an unknown id.
+/// as for an unknown id (a segment that does not decode names nothing either).
 async fn owned(
     state: &AppState,
     principal: &Principal,
-    raw: &str,
+    path: Result<Path<String>, PathRejection>,
 ) -> Result<ExecutionId, OpenAiError> {
-    let id = id::parse(raw).ok_or_else(OpenAiError::response_not_found)?;
+    let Ok(Path(raw)) = path else {
+        return Err(OpenAiError::response_not_found());
+    };
+    let id = id::parse(&raw).ok_or_else(OpenAiError::response_not_found)?;
     match state.backend().store.owner(id).await? {
         Some(owner) if owner == principal.tenant => Ok(id),
         _ => Err(OpenAiError::response_not_found()),
