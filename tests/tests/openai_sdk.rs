@@ -150,10 +150,36 @@ async fn the_official_python_and_node_sdks_work_across_gateways() {
         "idempotency",
         "errors",
         "resume_elsewhere",
+        "tool_round_trip",
     ] {
         assert!(
             stdout.contains(&format!("ok {case}\n")),
             "{case}:\n{stdout}"
         );
     }
+    let node = node.await.unwrap();
+    let node_out = String::from_utf8_lossy(&node.stdout);
+    assert!(
+        node.status.success(),
+        "node stdout:\n{node_out}\nstderr:\n{}",
+        String::from_utf8_lossy(&node.stderr)
+    );
+    for case in ["create", "stream", "background", "resume", "cancel"] {
+        assert!(
+            node_out.contains(&format!("ok {case}\n")),
+            "node {case}:\n{node_out}"
+        );
+    }
+    // What the OpenAI requests became at the provider: the tools in Chat Completions' shape,
+    // and the tool's output carried in the follow-up's input.
+    let bodies: Vec<Value> = fixture.received().iter().map(Received::json).collect();
+    assert!(bodies.len() >= 5, "{} provider calls", bodies.len());
+    assert_eq!(bodies[0]["tools"][0]["function"]["name"], "get_weather");
+    assert_eq!(bodies[0]["model"], "tool-model");
+    assert!(bodies.iter().all(|b| b["stream"] == true));
+    let follow_up = bodies[1]["messages"][0]["content"].to_string();
+    assert!(
+        follow_up.contains("sunny") && follow_up.contains("call_weather_1"),
+        "{follow_up}"
+    );
 }
