@@ -48,15 +48,20 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn route_not_found() -> ApiError {
-    ApiError::NotFound("Route not found")
+/// 404 for an unknown route or method; below the OpenAI-compatible routes in OpenAI's shape.
+async fn route_not_found(uri: Uri) -> Response {
+    let error = ApiError::NotFound("Route not found");
+    if crate::openai::owns(uri.path()) {
+        return crate::openai::error::OpenAiError::from(error).into_response();
+    }
+    error.into_response()
 }
 
 /// HEAD is an unknown method on every route, as in the reference [R 24] (axum would otherwise
 /// answer it on the GET routes only).
 async fn head_not_found(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     if request.method() == axum::http::Method::HEAD {
-        return route_not_found().await.into_response();
+        return route_not_found(request.uri().clone()).await;
     }
     next.run(request).await
 }

@@ -217,6 +217,17 @@ async fn errors_take_openai_shape_and_echo_nothing_while_native_routes_keep_thei
         let body: Value = r.json().await.unwrap();
         assert_eq!(body["error"]["type"], "not_found_error");
     }
+    // Unknown routes below the OpenAI ones answer in OpenAI's shape too.
+    let r = gw
+        .client
+        .get(gw.url("/v1/responses/resp_x/input_items"))
+        .bearer_auth(&acme)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "not_found_error");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

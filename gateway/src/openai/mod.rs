@@ -82,8 +82,14 @@ async fn list_models(State(state): State<AppState>) -> Response {
 
 /// What a create submitted: the execution and the permit of the stream it answers with.
 struct Created {
-    id: ExecutionId,
+    submission: protocol::snapshot::ExecutionSubmission,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Created {
+    fn id(&self) -> ExecutionId {
+        self.submission.execution_id
+    }
 }
 
 /// The submission steps both creates share: scope, shutdown, headers, body, model, the native
@@ -119,13 +125,7 @@ async fn submit_openai<T>(
     let submitted = submit::submit(state, &principal.tenant, request, key, None).await;
     state.metrics().count_submission(&submitted);
     let submission = submitted?;
-    Ok((
-        parsed,
-        Created {
-            id: submission.execution_id,
-            permit,
-        },
-    ))
+    Ok((parsed, Created { submission, permit }))
 }
 
 async fn create_response(
@@ -143,8 +143,9 @@ async fn create_response(
         |r| (r.model.as_str(), &r.intent, r.stream),
     )
     .await?;
+    let id = created.id();
     if let Some(permit) = created.permit {
-        let records = subscribe(&state, created.id).await?;
+        let records = subscribe(&state, id).await?;
         return Ok(stream::sse_response(
             &state,
             records,
@@ -152,10 +153,18 @@ async fn create_response(
             Grammar::responses(None),
         ));
     }
-    let projection = if request.background {
-        load(&state, created.id).await?
-    } else {
-        wait_terminal(&state, created.id, state.deadline_bound()).await?
+    let projection = match (request.background, created.submission.idempotent_replay) {
+        // A new background response is answered as accepted (`queued`), whatever a worker
+        // did since: the log's first event, which the submission already knows.
+        (true, false) => Projection::new(&protocol::RuntimeEvent::new(
+            id,
+            Sequence(1),
+            created.submission.created_at,
+            protocol::EventBody::Accepted,
+        )),
+        // A retried background create answers the response as it stands.
+        (true, true) => load(&state, id).await?,
+        (false, _) => wait_terminal(&state, id, state.deadline_bound()).await?,
     };
     Ok(json_response(StatusCode::OK, &projection.response()))
 }
@@ -171,12 +180,13 @@ async fn create_chat_completion(
             (r.model.as_str(), &r.intent, r.stream)
         })
         .await?;
+    let id = created.id();
     if let Some(permit) = created.permit {
-        let records = subscribe(&state, created.id).await?;
+        let records = subscribe(&state, id).await?;
         let grammar = Grammar::Chat(chat::Chunks::new(request.include_usage));
         return Ok(stream::sse_response(&state, records, permit, grammar));
     }
-    let projection = wait_terminal(&state, created.id, state.deadline_bound()).await?;
+    let projection = wait_terminal(&state, id, state.deadline_bound()).await?;
     match projection.status() {
         protocol::ExecutionStatus::Succeeded => Ok(json_response(
             StatusCode::OK,
