@@ -18,16 +18,21 @@ fn api_key(tenant: &str) -> String {
     format!("mrt-openai-test-{tenant}-5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d")
 }
 
-/// `model-alpha` (the default mock's three chunks) and `model-slow` (ten chunks, 200 ms
-/// apart); tenants `acme` and `other` without limits, `limited` with one submit token.
+/// `model-alpha` (the default mock's three chunks), `model-slow` (ten chunks, 200 ms apart)
+/// and `model-stuck` (a minute per chunk: still running when cancelled); tenants `acme` and
+/// `other` without limits, `limited` with one submit token.
 async fn gateway() -> Gateway {
     let keys = auth_matrix::tenant_keys(&["acme", "other", "limited"], api_key);
     let slow = mock(
         "provider-slow",
         json!({"model": "model-slow", "chunks": vec!["s "; 10], "delay_ms": 200}),
     );
+    let stuck = mock(
+        "provider-stuck",
+        json!({"model": "model-stuck", "delay_ms": 60_000}),
+    );
     Gateway::start(deployment(
-        vec![mock("provider-mock", json!({})), slow],
+        vec![mock("provider-mock", json!({})), slow, stuck],
         json!({"auth": {
             "tenants": {"acme": {}, "other": {}, "limited": {"submits_per_second": 0.001, "burst": 1}},
             "keys": keys

@@ -76,6 +76,7 @@ async fn the_official_python_and_node_sdks_work_across_gateways() {
         "providers": [
             mock("provider-mock", "model-alpha", vec!["hello", " from", " mock"], 0),
             mock("provider-slow", "model-slow", vec!["s "; 10], 200),
+            mock("provider-stuck", "model-stuck", vec!["never"], 60_000),
             {"type": "openai-chat", "id": "local-chat", "model": "tool-model",
              "api_key_env": "MRT_TEST_OPENAI_FIXTURE_KEY",
              "base_url": format!("{}/v1", fixture.origin()),

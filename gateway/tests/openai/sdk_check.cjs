@@ -78,7 +78,7 @@ const cases = {
   },
 
   async cancel() {
-    const r = await client.responses.create({ model: 'model-slow', input: 'hi', background: true });
+    const r = await client.responses.create({ model: 'model-stuck', input: 'hi', background: true });
     const cancelled = await client.responses.cancel(r.id);
     check(cancelled.status === 'cancelled', `status ${cancelled.status}`);
   },

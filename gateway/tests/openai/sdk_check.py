@@ -5,7 +5,8 @@ other), MRT_LIMITED_KEY (a tenant whose submit bucket holds one token), MRT_CASE
 comma-separated subset), MRT_SECOND_BASE_URL (optional: another gateway of the same
 deployment, for `resume_elsewhere`), MRT_TOOL_MODEL (optional: a model with tools behind the
 local OpenAI-compatible provider fixture, for `tool_round_trip`). The mock model `model-alpha` streams "hello", " from", " mock";
-`model-slow` streams slowly enough to cancel. Prints `ok <case>` per passing case and exits
+`model-slow` streams ten chunks 200 ms apart; `model-stuck` waits a minute per chunk, so a
+cancel always finds it running. Prints `ok <case>` per passing case and exits
 non-zero at the first failure.
 """
 
@@ -82,7 +83,7 @@ def stream_helper():
 
 
 def cancel():
-    r = client.responses.create(model="model-slow", input="hi", background=True)
+    r = client.responses.create(model="model-stuck", input="hi", background=True)
     cancelled = client.responses.cancel(r.id)
     check(cancelled.status == "cancelled", f"status {cancelled.status}")
     again = client.responses.cancel(r.id)
