@@ -210,3 +210,91 @@ async fn next_chunk(p: &mut Projector) -> Option<Result<Bytes, StreamAborted>> {
     }
     Some(Ok(Bytes::from(out)))
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use protocol::{EventBody, ExecutionId, RuntimeError, Sequence, Target, Timestamp};
+
+    use super::*;
+
+    fn log(bodies: Vec<EventBody>) -> Vec<RuntimeEvent> {
+        let id = ExecutionId::new_random();
+        bodies
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| {
+                RuntimeEvent::new(
+                    id,
+                    Sequence(i as u64 + 1),
+                    Timestamp::from_unix_millis(0),
+                    b,
+                )
+            })
+            .collect()
+    }
+
+    fn written(mut grammar: Grammar, log: &[RuntimeEvent]) -> String {
+        let mut out = String::new();
+        for event in log {
+            grammar.write(event, &mut out);
+        }
+        out
+    }
+
+    fn run() -> Vec<RuntimeEvent> {
+        let target = Target {
+            provider: "p".into(),
+            model: "m".into(),
+        };
+        log(vec![
+            EventBody::Accepted,
+            EventBody::RouteSelected {
+                target: target.clone(),
+                attempt: 1,
+            },
+            EventBody::OutputDelta {
+                output_index: 0,
+                delta: "hi".into(),
+            },
+            EventBody::Completed { target },
+        ])
+    }
+
+    #[test]
+    fn responses_frames_name_their_type_and_a_resume_starts_after_the_cursor() {
+        let log = run();
+        let whole = written(Grammar::responses(None), &log);
+        let frames: Vec<&str> = whole.split_terminator("\n\n").collect();
+        for (n, frame) in frames.iter().enumerate() {
+            let (event, data) = frame.split_once('\n').unwrap();
+            let data: Value = serde_json::from_str(data.trim_start_matches("data: ")).unwrap();
+            assert_eq!(event.trim_start_matches("event: "), data["type"]);
+            assert_eq!(data["sequence_number"], n as u64);
+        }
+        // Exactly the frames after the cursor, byte for byte.
+        let resumed = written(Grammar::responses(Some(2)), &log);
+        let tail: String = frames[3..].iter().map(|f| format!("{f}\n\n")).collect();
+        assert_eq!(resumed, tail);
+        assert!(written(Grammar::responses(Some(frames.len() as u64 - 1)), &log).is_empty());
+    }
+
+    #[test]
+    fn a_chat_stream_ends_with_done_or_with_the_error() {
+        let ok = written(Grammar::Chat(Chunks::new(false)), &run());
+        assert!(ok.ends_with("data: [DONE]\n\n"), "{ok}");
+        assert!(!ok.contains("event:"));
+        let failed = log(vec![
+            EventBody::Accepted,
+            EventBody::Failed {
+                error: RuntimeError::deadline_exceeded(),
+            },
+        ]);
+        let failed = written(Grammar::Chat(Chunks::new(true)), &failed);
+        assert!(!failed.contains("[DONE]"), "{failed}");
+        let last = failed.trim_end().rsplit("data: ").next().unwrap();
+        let error: Value = serde_json::from_str(last).unwrap();
+        assert_eq!(error["error"]["code"], "deadline_exceeded");
+        assert_eq!(error["error"]["type"], "server_error");
+    }
+}
