@@ -104,7 +104,7 @@ fn well_formed_escapes(raw: &str) -> bool {
 
 /// A W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`); anything else is ignored, so only
 /// trace identifiers, never caller text, reach the job and the logs.
-fn valid_traceparent(value: &str) -> bool {
+pub(crate) fn valid_traceparent(value: &str) -> bool {
     let parts: Vec<&str> = value.split('-').collect();
     let hex = |s: &str, n: usize| {
         s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))

@@ -41,7 +41,7 @@ use self::error::OpenAiError;
 use self::model::Dialect;
 use self::projection::Projection;
 use self::stream::Grammar;
-use crate::api::{idempotency_key, json_headers, read_body, stream_permit};
+use crate::api::{idempotency_key, json_headers, read_body, stream_permit, valid_traceparent};
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::response::json_response;
@@ -122,7 +122,14 @@ async fn submit_openai<T>(
     } else {
         None
     };
-    let submitted = submit::submit(state, &principal.tenant, request, key, None).await;
+    // The caller's trace continues into the job, as for native submits (only a well-formed
+    // W3C value, never caller text).
+    let traceparent = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| valid_traceparent(v))
+        .map(str::to_owned);
+    let submitted = submit::submit(state, &principal.tenant, request, key, traceparent).await;
     state.metrics().count_submission(&submitted);
     let submission = submitted?;
     Ok((parsed, Created { submission, permit }))
