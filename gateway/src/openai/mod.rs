@@ -115,7 +115,13 @@ async fn submit_openai<T>(
     let manifests = state.inner.registry.manifests();
     let resolved = model::resolve(&manifests, model_name)?;
     let dialect = state.dialect(&resolved.provider);
-    let request: ExecutionRequest = translate::execution_request(intent, &resolved, dialect)?;
+    let mut request: ExecutionRequest = translate::execution_request(intent, &resolved, dialect)?;
+    let candidates = state.inner.registry.candidates(&request);
+    translate::pin_to_model(
+        &mut request,
+        &resolved,
+        candidates.iter().map(|c| c.target()),
+    )?;
     // Reserved before anything is created, as for native streams.
     let permit = if streaming {
         Some(stream_permit(state)?)

@@ -91,15 +91,10 @@ pub fn execution_request(
     }
     let mut order = vec![model.provider.clone()];
     order.extend(model.alternates.iter().cloned());
-    let mut routing = json!({"provider_order": order});
-    if !model.alternates.is_empty() {
-        routing["allow_fallback"] = json!(true);
-        routing["max_attempts"] = json!(order.len());
-    }
     let mut request = json!({
         "ability": ABILITY,
         "input": parts,
-        "routing": routing,
+        "routing": {"provider_order": order},
     });
     if !intent.tools.is_empty() {
         request["requirements"] = json!({"tools": true});
@@ -115,6 +110,33 @@ pub fn execution_request(
     let bytes = serde_json::to_vec(&request).map_err(|e| OpenAiError::internal(e.to_string()))?;
     protocol::validate::parse_request(&bytes)
         .map_err(|_| OpenAiError::invalid("input", "The request exceeds a bound of this runtime"))
+}
+
+/// Limits routing to the providers serving the resolved model: `candidates` are the targets
+/// routing would try for `request`, in order (`ProviderRegistry::candidates`, where
+/// `provider_order` put the resolved provider and its alternates first). Attempts stop after
+/// the leading candidates serving the model, so a fallback never reaches another model; none
+/// (the resolved provider cannot serve this input) is 422 `capability_unavailable`.
+pub fn pin_to_model(
+    request: &mut ExecutionRequest,
+    model: &ResolvedModel,
+    candidates: impl IntoIterator<Item = protocol::Target>,
+) -> Result<(), OpenAiError> {
+    let serving = |t: &protocol::Target| {
+        t.model == model.capability.model
+            && (t.provider == model.provider || model.alternates.contains(&t.provider))
+    };
+    let attempts = candidates.into_iter().take_while(serving).count();
+    let attempts = u32::try_from(attempts).unwrap_or(u32::MAX);
+    if attempts == 0 {
+        return Err(crate::error::ApiError::CapabilityUnavailable.into());
+    }
+    let routing = request.routing.get_or_insert_with(Default::default);
+    if attempts > 1 {
+        routing.allow_fallback = Some(true);
+        routing.max_attempts = Some(attempts.min(protocol::request::MAX_ATTEMPTS));
+    }
+    Ok(())
 }
 
 /// The provider fields of `intent` as `dialect`'s adapter reads them: its extension key and
@@ -287,10 +309,7 @@ mod tests {
         let chat =
             as_json(&execution_request(&intent(), &model(true, &["q"]), Dialect::Chat).unwrap());
         assert_eq!(chat["input"][0], json!({"type":"text","text":"be brief"}));
-        assert_eq!(
-            chat["routing"],
-            json!({"provider_order": ["p", "q"], "allow_fallback": true, "max_attempts": 2})
-        );
+        assert_eq!(chat["routing"], json!({"provider_order": ["p", "q"]}));
         let ext = &chat["extensions"]["openai-chat"]["request"];
         assert_eq!(ext["max_tokens"], 64);
         assert_eq!(ext["tools"][0]["function"]["name"], "lookup");
@@ -316,6 +335,44 @@ mod tests {
             as_json(&execution_request(&plain, &model(false, &[]), Dialect::Plain).unwrap());
         assert!(plain.get("extensions").is_none());
         assert_eq!(plain["input"].as_array().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn fallback_stays_within_the_providers_of_the_model() {
+        let target = |p: &str, m: &str| protocol::Target {
+            provider: p.into(),
+            model: m.into(),
+        };
+        let plain = Intent {
+            parts: vec![Part::Text("x".into())],
+            ..Intent::default()
+        };
+        let resolved = model(false, &["q"]);
+        let mut r = execution_request(&plain, &resolved, Dialect::Plain).unwrap();
+        pin_to_model(
+            &mut r,
+            &resolved,
+            [target("p", "m"), target("q", "m"), target("z", "other")],
+        )
+        .unwrap();
+        let routing = r.routing.clone().unwrap();
+        assert_eq!(
+            (routing.allow_fallback, routing.max_attempts),
+            (Some(true), Some(2))
+        );
+        // The resolved provider cannot serve this input: another model would, which is refused.
+        let mut r = execution_request(&plain, &resolved, Dialect::Plain).unwrap();
+        let e = pin_to_model(&mut r, &resolved, [target("z", "other")]).unwrap_err();
+        assert_eq!(e.code(), "capability_unavailable");
+        // One provider: one attempt, as a native request without fallback.
+        let mut r = execution_request(&plain, &model(false, &[]), Dialect::Plain).unwrap();
+        pin_to_model(
+            &mut r,
+            &model(false, &[]),
+            [target("p", "m"), target("z", "other")],
+        )
+        .unwrap();
+        assert_eq!(r.routing.unwrap().allow_fallback, None);
     }
 
     #[test]
