@@ -325,3 +325,79 @@ async fn an_execution_made_through_one_api_reads_through_the_other() {
         json!({"id": "model-alpha", "object": "model", "created": 0, "owned_by": "provider-mock"})
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_names_a_provider_and_fallback_stays_within_the_model() {
+    // `model-beta` is served by two providers, the first failing retryably; `model-gamma` by
+    // one that always works, which a `model-beta` request must never reach.
+    let beta =
+        |id: &str, fail: bool| mock(id, json!({"model": "model-beta", "fail_retryably": fail}));
+    let gw = Gateway::start(deployment(
+        vec![
+            beta("flaky", true),
+            beta("steady", false),
+            mock("gamma", json!({"model": "model-gamma"})),
+        ],
+        json!({}),
+    ))
+    .await;
+    let create = |model: &str| {
+        let body = json!({"model": model, "input": "hi"});
+        let gw = &gw;
+        async move {
+            let r = post(gw, "/v1/responses", None, &body).await;
+            (r.status(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, body) = create("model-beta").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "ambiguous: {body}");
+    assert_eq!(body["error"]["code"], "model_not_found");
+    let (status, body) = create("flaky/model-beta").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["status"], "completed",
+        "fell back to the other provider of the model"
+    );
+    assert_eq!(body["model"], "model-beta");
+    let models: Value = gw
+        .client
+        .get(gw.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        ["flaky/model-beta", "steady/model-beta", "model-gamma"]
+    );
+
+    let gw2 = Gateway::start(deployment(
+        vec![
+            beta("flaky", true),
+            mock("gamma", json!({"model": "model-gamma"})),
+        ],
+        json!({}),
+    ))
+    .await;
+    let r = post(
+        &gw2,
+        "/v1/responses",
+        None,
+        &json!({"model": "model-beta", "input": "hi"}),
+    )
+    .await;
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["status"], "failed",
+        "never served by another model: {body}"
+    );
+    assert_eq!(body["error"]["code"], "provider_unavailable");
+}
