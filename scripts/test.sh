@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 
 # shellcheck source=scripts/lib/servers.sh
 . scripts/lib/servers.sh
+# shellcheck source=scripts/lib/sdks.sh
+. scripts/lib/sdks.sh
 
 ensure_nats_server
 "$MRT_NATS_SERVER" --version
@@ -21,6 +23,11 @@ ensure_curl
 # The observability test runs a real Prometheus.
 ensure_prometheus
 prometheus --version 2>&1 | sed -n 1p
+
+# The OpenAI-compatible API is tested with the official Python and Node SDKs, unchanged.
+ensure_openai_python
+python3 -c 'import openai; print("openai (python)", openai.__version__)'
+ensure_openai_node
 
 if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked

@@ -35,6 +35,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .merge(crate::openai::routes())
         .fallback(route_not_found)
         .method_not_allowed_fallback(route_not_found)
         .layer(axum::middleware::from_fn_with_state(
@@ -47,15 +48,20 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn route_not_found() -> ApiError {
-    ApiError::NotFound("Route not found")
+/// 404 for an unknown route or method; below the OpenAI-compatible routes in OpenAI's shape.
+async fn route_not_found(uri: Uri) -> Response {
+    let error = ApiError::NotFound("Route not found");
+    if crate::openai::owns(uri.path()) {
+        return crate::openai::error::OpenAiError::from(error).into_response();
+    }
+    error.into_response()
 }
 
 /// HEAD is an unknown method on every route, as in the reference [R 24] (axum would otherwise
 /// answer it on the GET routes only).
 async fn head_not_found(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     if request.method() == axum::http::Method::HEAD {
-        return route_not_found().await.into_response();
+        return route_not_found(request.uri().clone()).await;
     }
     next.run(request).await
 }
@@ -98,7 +104,7 @@ fn well_formed_escapes(raw: &str) -> bool {
 
 /// A W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`); anything else is ignored, so only
 /// trace identifiers, never caller text, reach the job and the logs.
-fn valid_traceparent(value: &str) -> bool {
+pub(crate) fn valid_traceparent(value: &str) -> bool {
     let parts: Vec<&str> = value.split('-').collect();
     let hex = |s: &str, n: usize| {
         s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
@@ -192,7 +198,7 @@ fn is_json_media_type(headers: &HeaderMap) -> bool {
         })
 }
 
-async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
     match axum::body::to_bytes(body, limit).await {
         Ok(bytes) => Ok(bytes),
         Err(e) => {
@@ -204,6 +210,43 @@ async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
                 Err(ApiError::InvalidRequest("Request body could not be read"))
             }
         }
+    }
+}
+
+/// The checks of a JSON submit's headers before its body is read: `Content-Type` JSON (415)
+/// and a `Content-Length` within the body limit (413).
+pub(crate) fn json_headers(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    if !is_json_media_type(headers) {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    let limit = state.inner.limits.max_body_bytes;
+    let too_long = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > limit as u64);
+    if too_long {
+        return Err(ApiError::BodyTooLarge);
+    }
+    Ok(())
+}
+
+/// The one `Idempotency-Key` header, if any (contract.md section 3).
+pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let mut keys = headers.get_all("idempotency-key").iter();
+    match (keys.next(), keys.next()) {
+        (None, _) => Ok(None),
+        (Some(v), None) if protocol::idempotency::is_valid_key(v.as_bytes()) => {
+            Ok(Some(v.to_str().map_err(|_| {
+                ApiError::InvalidRequest("Idempotency-Key must contain 1 to 256 characters")
+            })?))
+        }
+        (Some(_), None) => Err(ApiError::InvalidRequest(
+            "Idempotency-Key must contain 1 to 256 visible ASCII characters",
+        )),
+        (Some(_), Some(_)) => Err(ApiError::InvalidRequest(
+            "Idempotency-Key must be sent once",
+        )),
     }
 }
 
@@ -219,37 +262,9 @@ async fn submit_execution(
     if state.is_stopping() {
         return Err(ApiError::Unavailable("Runtime is shutting down"));
     }
-    if !is_json_media_type(&headers) {
-        return Err(ApiError::UnsupportedMediaType);
-    }
+    json_headers(&state, &headers)?;
     let limit = state.inner.limits.max_body_bytes;
-    let too_long = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .is_some_and(|n| n > limit as u64);
-    if too_long {
-        return Err(ApiError::BodyTooLarge);
-    }
-    let mut keys = headers.get_all("idempotency-key").iter();
-    let key = match (keys.next(), keys.next()) {
-        (None, _) => None,
-        (Some(v), None) if protocol::idempotency::is_valid_key(v.as_bytes()) => {
-            Some(v.to_str().map_err(|_| {
-                ApiError::InvalidRequest("Idempotency-Key must contain 1 to 256 characters")
-            })?)
-        }
-        (Some(_), None) => {
-            return Err(ApiError::InvalidRequest(
-                "Idempotency-Key must contain 1 to 256 visible ASCII characters",
-            ));
-        }
-        (Some(_), Some(_)) => {
-            return Err(ApiError::InvalidRequest(
-                "Idempotency-Key must be sent once",
-            ));
-        }
-    };
+    let key = idempotency_key(&headers)?;
     let bytes = read_body(body, limit).await?;
     let request = protocol::validate::parse_request(&bytes)
         .map_err(|e| ApiError::InvalidRequest(e.message()))?;
@@ -531,7 +546,9 @@ async fn get_events(
 }
 
 /// One of the `max_sse_streams` slots, held by the stream until it ends.
-fn stream_permit(state: &AppState) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+pub(crate) fn stream_permit(
+    state: &AppState,
+) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
     std::sync::Arc::clone(&state.inner.streams)
         .try_acquire_owned()
         .map_err(|_| ApiError::QueueFull("Too many open event streams"))

@@ -164,6 +164,9 @@ pub async fn authenticate(
         }
         Err(e) => {
             tracing::debug!("request without a valid API key");
+            if crate::openai::owns(request.uri().path()) {
+                return crate::openai::error::OpenAiError::from(e).into_response();
+            }
             e.into_response()
         }
     }

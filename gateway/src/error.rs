@@ -146,6 +146,11 @@ impl ApiError {
         self.parts().0
     }
 
+    /// The fixed sentence the caller gets (the OpenAI-compatible routes answer it too).
+    pub fn public_message(&self) -> &'static str {
+        self.parts().2
+    }
+
     /// Whole seconds for the `Retry-After` header, at least 1, or `None` when the error is not
     /// worth retrying.
     pub fn retry_after_secs(&self) -> Option<u64> {

@@ -20,6 +20,8 @@
 //! - [`distributed`]: NATS JetStream (`runtime::nats::NatsServices`, as the worker connects) and
 //!   Redis backends for stateless gateways.
 //! - [`connections`]: the accept loop, connection bounds and per-connection timeouts.
+//! - [`openai`]: the OpenAI-compatible routes (Responses, Chat Completions, models), a view
+//!   over the same submission flow and logs.
 //! - [`server`]: settings, startup, serving and graceful shutdown; the binary only calls
 //!   [`server::run`].
 //!
@@ -36,6 +38,7 @@ pub mod error;
 pub mod events;
 pub mod instrument;
 pub mod metrics;
+pub mod openai;
 pub mod quota;
 pub mod recent_keys;
 pub mod response;

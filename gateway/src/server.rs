@@ -133,6 +133,11 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
         open_files,
         "gateway started"
     );
+    let state = match &runtime {
+        Runtime::Embedded(embedded) => &embedded.state,
+        Runtime::Distributed(state) => state,
+    };
+    state.set_provider_types(deployment.providers.iter().map(|p| (p.id(), p.type_name())));
     match runtime {
         Runtime::Embedded(embedded) => {
             serve_embedded(listener, embedded, stop.cancelled_owned(), grace, limits).await;

@@ -82,6 +82,8 @@ pub(crate) struct Inner {
     pub recent_keys: crate::recent_keys::RecentKeys,
     /// Ends every open SSE stream (cleanly, at a frame boundary) at shutdown.
     pub close_streams: CancellationToken,
+    /// Each provider's deployment `type`, for the OpenAI-compatible routes (`crate::openai`).
+    pub provider_types: std::sync::OnceLock<std::collections::HashMap<String, &'static str>>,
 }
 
 /// Cheaply cloneable handle given to every handler.
@@ -118,6 +120,7 @@ impl AppState {
                 keys_reachable: AtomicBool::new(true),
                 recent_keys: crate::recent_keys::RecentKeys::default(),
                 close_streams: CancellationToken::new(),
+                provider_types: std::sync::OnceLock::new(),
             }),
         }
     }

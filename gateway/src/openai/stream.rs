@@ -1,0 +1,300 @@
+//! The OpenAI event streams over HTTP: the Responses grammar (`event:` + `data:` frames with
+//! `sequence_number`) and Chat Completions chunks (`data:` frames, then `data: [DONE]`),
+//! projected from the store's subscription to an execution's log.
+//!
+//! Backpressure, batching, keep-alives, the stream slot and the shutdown signal work as in
+//! the native projection (`crate::events`): the body is pulled only as fast as the socket
+//! drains, events already available are coalesced, and a store failure after the headers
+//! aborts the connection so the client sees a truncation and resumes. The one decision a reader
+//! must know: a Responses stream always reads the log from its start, whatever the cursor, and
+//! only drops the events numbered at or below `starting_after` ([`super::projection`]), so
+//! the numbering does not depend on where a reader joined.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+use bytes::Bytes;
+use futures_util::{FutureExt, StreamExt};
+use protocol::{ExecutionStatus, RuntimeEvent};
+use runtime::EventStream;
+use serde_json::Value;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+
+use super::chat::Chunks;
+use super::error::OpenAiError;
+use super::projection::Projection;
+use crate::events::{BATCH_BYTES, StreamAborted};
+use crate::state::AppState;
+
+const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
+
+/// Which API's frames a stream writes.
+#[derive(Debug)]
+pub enum Grammar {
+    /// The Responses events numbered above `after` (all of them when `None`).
+    Responses {
+        projection: Option<Projection>,
+        after: Option<u64>,
+    },
+    /// Chat Completions chunks.
+    Chat(Chunks),
+}
+
+impl Grammar {
+    /// The Responses grammar, resuming after event `after`.
+    pub fn responses(after: Option<u64>) -> Self {
+        Grammar::Responses {
+            projection: None,
+            after,
+        }
+    }
+
+    /// Writes the frames of `event` to `out`; returns how many.
+    fn write(&mut self, event: &RuntimeEvent, out: &mut String) -> u64 {
+        let mut values = Vec::new();
+        match self {
+            Grammar::Responses { projection, after } => {
+                projection
+                    .get_or_insert_with(|| Projection::new(event))
+                    .apply(event, &mut values);
+                let mut n = 0;
+                for v in &values {
+                    let number = v.get("sequence_number").and_then(Value::as_u64);
+                    if after.is_some_and(|after| number.is_none_or(|n| n <= after)) {
+                        continue;
+                    }
+                    let kind = v.get("type").and_then(Value::as_str).unwrap_or_default();
+                    out.push_str("event: ");
+                    out.push_str(kind);
+                    out.push_str("\ndata: ");
+                    out.push_str(&v.to_string());
+                    out.push_str("\n\n");
+                    n += 1;
+                }
+                n
+            }
+            Grammar::Chat(chunks) => {
+                chunks.apply(event, &mut values);
+                for v in &values {
+                    out.push_str("data: ");
+                    out.push_str(&v.to_string());
+                    out.push_str("\n\n");
+                }
+                if event.is_terminal() {
+                    let failure = chunks.projection().and_then(|p| match p.status() {
+                        ExecutionStatus::Succeeded => None,
+                        _ => Some(
+                            p.error()
+                                .cloned()
+                                .unwrap_or_else(protocol::RuntimeError::internal),
+                        ),
+                    });
+                    match failure {
+                        // The SDKs raise an API error for a `data:` object with `error`.
+                        Some(error) => {
+                            let body = OpenAiError::execution_failed(&error).body();
+                            let json = serde_json::to_string(&body).unwrap_or_default();
+                            out.push_str("data: ");
+                            out.push_str(&json);
+                            out.push_str("\n\n");
+                        }
+                        None => out.push_str("data: [DONE]\n\n"),
+                    }
+                }
+                values.len() as u64
+            }
+        }
+    }
+}
+
+struct Projector {
+    records: futures_util::stream::Fuse<EventStream>,
+    grammar: Grammar,
+    keep_alive: Duration,
+    close: CancellationToken,
+    state: AppState,
+    _permit: OwnedSemaphorePermit,
+    done: bool,
+}
+
+impl Drop for Projector {
+    fn drop(&mut self) {
+        self.state.metrics().stream_closed();
+    }
+}
+
+/// A `200 text/event-stream` response writing `records` in `grammar`.
+pub fn sse_response(
+    state: &AppState,
+    records: EventStream,
+    permit: OwnedSemaphorePermit,
+    grammar: Grammar,
+) -> Response {
+    state.metrics().stream_opened();
+    let projector = Projector {
+        records: records.fuse(),
+        grammar,
+        keep_alive: state.inner.limits.keep_alive,
+        close: state.inner.close_streams.clone(),
+        state: state.clone(),
+        _permit: permit,
+        done: false,
+    };
+    let body = futures_util::stream::unfold(projector, |mut p| async move {
+        if p.done {
+            return None;
+        }
+        let chunk = next_chunk(&mut p).await?;
+        if chunk.is_err() {
+            p.done = true;
+        }
+        Some((chunk, p))
+    });
+    let mut response = Response::new(Body::from_stream(body));
+    *response.status_mut() = StatusCode::OK;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    headers.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
+
+/// The next body chunk: frames of the events available now (waiting for at least one that
+/// writes a frame), a keep-alive when idle, `None` at the end.
+async fn next_chunk(p: &mut Projector) -> Option<Result<Bytes, StreamAborted>> {
+    let mut out = String::new();
+    let mut sent = 0u64;
+    loop {
+        let first = tokio::select! {
+            biased;
+            () = p.close.cancelled() => return None,
+            item = p.records.next() => item,
+            () = tokio::time::sleep(p.keep_alive) => return Some(Ok(Bytes::from_static(KEEP_ALIVE))),
+        };
+        let Some(first) = first else {
+            p.done = true;
+            break;
+        };
+        let mut item = Some(first);
+        while let Some(next) = item.take() {
+            let record = match next {
+                Ok(record) => record,
+                Err(e) => {
+                    tracing::warn!(error = %e, "event stream failed after headers");
+                    return Some(Err(StreamAborted));
+                }
+            };
+            sent += p.grammar.write(&record.event, &mut out);
+            if record.event.is_terminal() {
+                p.done = true;
+                break;
+            }
+            if out.len() >= BATCH_BYTES {
+                break;
+            }
+            item = p.records.next().now_or_never().flatten();
+        }
+        if !out.is_empty() || p.done {
+            break;
+        }
+    }
+    p.state.metrics().events_sent(sent);
+    if out.is_empty() {
+        return None;
+    }
+    Some(Ok(Bytes::from(out)))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use protocol::{EventBody, ExecutionId, RuntimeError, Sequence, Target, Timestamp};
+
+    use super::*;
+
+    fn log(bodies: Vec<EventBody>) -> Vec<RuntimeEvent> {
+        let id = ExecutionId::new_random();
+        bodies
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| {
+                RuntimeEvent::new(
+                    id,
+                    Sequence(i as u64 + 1),
+                    Timestamp::from_unix_millis(0),
+                    b,
+                )
+            })
+            .collect()
+    }
+
+    fn written(mut grammar: Grammar, log: &[RuntimeEvent]) -> String {
+        let mut out = String::new();
+        for event in log {
+            grammar.write(event, &mut out);
+        }
+        out
+    }
+
+    fn run() -> Vec<RuntimeEvent> {
+        let target = Target {
+            provider: "p".into(),
+            model: "m".into(),
+        };
+        log(vec![
+            EventBody::Accepted,
+            EventBody::RouteSelected {
+                target: target.clone(),
+                attempt: 1,
+            },
+            EventBody::OutputDelta {
+                output_index: 0,
+                delta: "hi".into(),
+            },
+            EventBody::Completed { target },
+        ])
+    }
+
+    #[test]
+    fn responses_frames_name_their_type_and_a_resume_starts_after_the_cursor() {
+        let log = run();
+        let whole = written(Grammar::responses(None), &log);
+        let frames: Vec<&str> = whole.split_terminator("\n\n").collect();
+        for (n, frame) in frames.iter().enumerate() {
+            let (event, data) = frame.split_once('\n').unwrap();
+            let data: Value = serde_json::from_str(data.trim_start_matches("data: ")).unwrap();
+            assert_eq!(event.trim_start_matches("event: "), data["type"]);
+            assert_eq!(data["sequence_number"], n as u64);
+        }
+        // Exactly the frames after the cursor, byte for byte.
+        let resumed = written(Grammar::responses(Some(2)), &log);
+        let tail: String = frames[3..].iter().map(|f| format!("{f}\n\n")).collect();
+        assert_eq!(resumed, tail);
+        assert!(written(Grammar::responses(Some(frames.len() as u64 - 1)), &log).is_empty());
+    }
+
+    #[test]
+    fn a_chat_stream_ends_with_done_or_with_the_error() {
+        let ok = written(Grammar::Chat(Chunks::new(false)), &run());
+        assert!(ok.ends_with("data: [DONE]\n\n"), "{ok}");
+        assert!(!ok.contains("event:"));
+        let failed = log(vec![
+            EventBody::Accepted,
+            EventBody::Failed {
+                error: RuntimeError::deadline_exceeded(),
+            },
+        ]);
+        let failed = written(Grammar::Chat(Chunks::new(true)), &failed);
+        assert!(!failed.contains("[DONE]"), "{failed}");
+        let last = failed.trim_end().rsplit("data: ").next().unwrap();
+        let error: Value = serde_json::from_str(last).unwrap();
+        assert_eq!(error["error"]["code"], "deadline_exceeded");
+        assert_eq!(error["error"]["type"], "server_error");
+    }
+}
