@@ -97,8 +97,9 @@ pub(crate) async fn release(state: &AppState, tenant: &Tenant, id: ExecutionId) 
     state.inner.backend.quotas.release(tenant, id).await;
 }
 
-/// Frees the slot of execution `id`, which this gateway just ended itself (cancel of a queued
-/// execution). The owner is read from the log, and only when some tenant has a cap.
+/// Frees the slot of execution `id`, which ended: this gateway ended it itself (cancel of a
+/// queued execution), or is about to show its end to a client. The owner is read from the
+/// log, and only when some tenant has a cap.
 pub(crate) async fn release_ended(state: &AppState, id: ExecutionId) {
     let backend = &state.inner.backend;
     if !backend.quotas.has_caps() {

@@ -360,6 +360,10 @@ async fn wait_terminal(
         Ok(Err(e)) => return Err(e.into()),
         Err(_elapsed) => {}
     }
+    if projection.as_ref().is_some_and(Projection::is_terminal) {
+        // The tenant's quota slot is free before the client sees the end.
+        crate::quota::release_ended(state, id).await;
+    }
     match projection {
         Some(p) => Ok(p),
         None => load(state, id).await,

@@ -192,6 +192,9 @@ async fn next_chunk(p: &mut Projector) -> Option<Result<Bytes, StreamAborted>> {
             };
             sent += p.grammar.write(&record.event, &mut out);
             if record.event.is_terminal() {
+                // The tenant's quota slot is free before the client sees the end (as on the
+                // native event stream).
+                crate::quota::release_ended(&p.state, record.event.execution_id).await;
                 p.done = true;
                 break;
             }
