@@ -1,0 +1,182 @@
+//! One delivery attempt: sign, POST, classify the answer, count it, and decide what comes next
+//! by the retry schedule. Both pipelines (NATS and in-memory) call [`Sender::attempt`], so an
+//! attempt behaves the same in every mode.
+//!
+//! The one decision a reader must know: success is a 2xx within [`ATTEMPT_TIMEOUT`]; `410`
+//! marks the endpoint gone (nothing more is sent to it until restart); everything else
+//! (another status, a refused connection, a timeout) is a failure retried after the pause the
+//! schedule gives for that attempt, and abandoned, with a log line naming the execution, once
+//! the schedule is exhausted. Redirects are never followed (a 3xx is a failure), so a receiver
+//! cannot bounce signed deliveries elsewhere.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use protocol::{ExecutionId, Timestamp};
+use telemetry::metric::{self, webhook_outcome};
+
+use crate::endpoint::Endpoint;
+use crate::signature::{self, ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
+
+/// How long a receiver has to answer an attempt.
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The pauses before each retry (see `config::webhook`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetrySchedule(Vec<Duration>);
+
+impl RetrySchedule {
+    pub fn new(pauses: Vec<Duration>) -> Self {
+        Self(pauses)
+    }
+
+    /// The pause before retrying after failed attempt `attempt` (1-based), or `None` when that
+    /// was the last attempt.
+    pub fn after_failure(&self, attempt: u64) -> Option<Duration> {
+        let index = usize::try_from(attempt.checked_sub(1)?).ok()?;
+        self.0.get(index).copied()
+    }
+
+    /// Attempts a delivery gets at most.
+    pub fn attempts(&self) -> usize {
+        self.0.len() + 1
+    }
+
+    /// The sum of every pause: how long a delivery may stay owed after its first attempt
+    /// (plus the attempts themselves).
+    pub fn total(&self) -> Duration {
+        self.0.iter().sum()
+    }
+}
+
+/// One delivery to one endpoint, as the pipelines carry it.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub execution_id: ExecutionId,
+    pub webhook_id: String,
+    pub body: Bytes,
+}
+
+/// What to do with a delivery after an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Delivered, abandoned or gone: forget it.
+    Done,
+    /// Try again after this pause.
+    Retry(Duration),
+}
+
+/// Sends attempts over one HTTP client.
+#[derive(Debug, Clone)]
+pub struct Sender {
+    client: reqwest::Client,
+    schedule: Arc<RetrySchedule>,
+}
+
+impl Sender {
+    /// A sender with no redirects and [`ATTEMPT_TIMEOUT`] per attempt.
+    pub fn new(schedule: RetrySchedule) -> Result<Self, reqwest::Error> {
+        // The process-wide rustls provider; ignore "already installed".
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(ATTEMPT_TIMEOUT)
+            .no_proxy()
+            .build()?;
+        Ok(Self {
+            client,
+            schedule: Arc::new(schedule),
+        })
+    }
+
+    pub fn schedule(&self) -> &RetrySchedule {
+        &self.schedule
+    }
+
+    /// Makes attempt number `attempt` (1-based) of `delivery` to `endpoint`, counts it, and
+    /// says what comes next. An endpoint already gone is not contacted.
+    pub async fn attempt(&self, endpoint: &Endpoint, delivery: &Delivery, attempt: u64) -> Next {
+        if endpoint.is_gone() {
+            count(endpoint, webhook_outcome::GONE);
+            return Next::Done;
+        }
+        let started = Instant::now();
+        let timestamp = Timestamp::now().unix_millis().div_euclid(1000);
+        let signatures =
+            signature::sign(&endpoint.secrets, &delivery.webhook_id, timestamp, &delivery.body);
+        let sent = self
+            .client
+            .post(endpoint.url.clone())
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(ID_HEADER, delivery.webhook_id.as_str())
+            .header(TIMESTAMP_HEADER, timestamp.to_string())
+            .header(SIGNATURE_HEADER, signatures)
+            .body(delivery.body.clone())
+            .send()
+            .await;
+        metrics::histogram!(
+            metric::WEBHOOK_DELIVERY_SECONDS,
+            "tenant" => endpoint.tenant.as_str().to_owned(),
+            "endpoint" => endpoint.id.clone()
+        )
+        .record(started.elapsed().as_secs_f64());
+        let failure = match sent {
+            Ok(response) if response.status().is_success() => {
+                count(endpoint, webhook_outcome::DELIVERED);
+                return Next::Done;
+            }
+            Ok(response) if response.status() == reqwest::StatusCode::GONE => {
+                count(endpoint, webhook_outcome::GONE);
+                endpoint.mark_gone();
+                return Next::Done;
+            }
+            Ok(response) => format!("status {}", response.status().as_u16()),
+            Err(e) if e.is_timeout() => "no answer in time".to_owned(),
+            Err(e) if e.is_connect() => "connection failed".to_owned(),
+            // The error's text may hold the URL; the kind is enough.
+            Err(_) => "request failed".to_owned(),
+        };
+        match self.schedule.after_failure(attempt) {
+            Some(pause) => {
+                count(endpoint, webhook_outcome::RETRIED);
+                tracing::debug!(execution_id = %delivery.execution_id, tenant = %endpoint.tenant,
+                    endpoint = %endpoint.id, attempt, failure = %failure, "webhook attempt failed; retrying");
+                Next::Retry(pause)
+            }
+            None => {
+                count(endpoint, webhook_outcome::ABANDONED);
+                tracing::warn!(execution_id = %delivery.execution_id, tenant = %endpoint.tenant,
+                    endpoint = %endpoint.id, webhook_id = %delivery.webhook_id, attempts = attempt,
+                    failure = %failure, "webhook delivery abandoned after its last attempt");
+                Next::Done
+            }
+        }
+    }
+}
+
+fn count(endpoint: &Endpoint, outcome: &'static str) {
+    metrics::counter!(
+        metric::WEBHOOK_DELIVERIES_TOTAL,
+        "tenant" => endpoint.tenant.as_str().to_owned(),
+        "endpoint" => endpoint.id.clone(),
+        "outcome" => outcome
+    )
+    .increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schedule_gives_one_pause_per_retry_then_ends() {
+        let schedule = RetrySchedule::new(vec![Duration::ZERO, Duration::from_secs(5)]);
+        assert_eq!(schedule.after_failure(1), Some(Duration::ZERO));
+        assert_eq!(schedule.after_failure(2), Some(Duration::from_secs(5)));
+        assert_eq!(schedule.after_failure(3), None);
+        assert_eq!(schedule.after_failure(0), None);
+        assert_eq!(schedule.attempts(), 3);
+        assert_eq!(RetrySchedule::new(vec![]).after_failure(1), None);
+    }
+}
