@@ -31,6 +31,11 @@ impl RetrySchedule {
         Self(pauses)
     }
 
+    /// The deployment's schedule (`webhook_retry_schedule_ms`, or the default).
+    pub fn of(config: &config::WebhookConfig) -> Self {
+        Self(config.retry_schedule.clone())
+    }
+
     /// The pause before retrying after failed attempt `attempt` (1-based), or `None` when that
     /// was the last attempt.
     pub fn after_failure(&self, attempt: u64) -> Option<Duration> {

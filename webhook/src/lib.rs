@@ -28,3 +28,41 @@ pub use attempt::{ATTEMPT_TIMEOUT, RetrySchedule, Sender};
 pub use endpoint::{Endpoint, Endpoints};
 pub use memory::MemoryWebhooks;
 pub use nats::NatsWebhooks;
+
+use std::sync::Arc;
+
+use config::{ConfigError, WebhookConfig};
+
+/// Why a delivering process cannot start its webhooks. `Display` is one sanitized line.
+#[derive(Debug)]
+pub enum SetupError {
+    /// A secret variable is unset or holds no secret (the message names the field).
+    Config(ConfigError),
+    /// The HTTP client could not be built (the TLS backend refused).
+    Client,
+}
+
+impl std::fmt::Display for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SetupError::Config(e) => e.fmt(f),
+            SetupError::Client => f.write_str("cannot build the webhook HTTP client"),
+        }
+    }
+}
+
+impl std::error::Error for SetupError {}
+
+/// The endpoints (their secrets read from the environment now) and the sender of a process
+/// that delivers webhooks; `None` when the deployment has no endpoint.
+pub fn setup(config: &WebhookConfig) -> Result<Option<(Arc<Endpoints>, Sender)>, SetupError> {
+    if config.is_empty() {
+        return Ok(None);
+    }
+    let endpoints = Endpoints::from_config(config).map_err(SetupError::Config)?;
+    let sender = Sender::new(RetrySchedule::of(config)).map_err(|e| {
+        tracing::error!(error = %e, "cannot build the webhook HTTP client");
+        SetupError::Client
+    })?;
+    Ok(Some((Arc::new(endpoints), sender)))
+}
