@@ -1,0 +1,507 @@
+//! Webhooks end to end (contract.md section 11): the real gateway and worker binaries deliver
+//! to a real receiver on loopback (`webhooks/receiver.py`) that verifies every request with the
+//! published Standard Webhooks library (`standardwebhooks`, PyPI; `scripts/test.sh` installs
+//! it) and also checks that a tampered body fails verification.
+//!
+//! Deliveries are at least once: where a test counts deliveries it counts distinct
+//! `webhook-id`s and reports the repeats.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use e2e_tests::*;
+use protocol::fingerprint::sha256_hex;
+use serde_json::{Value, json};
+use testkit::{KillOnDrop, TempDir, free_port};
+
+/// Signing secrets (`whsec_` + base64 of 32 bytes). Endpoints sign with both during a
+/// "rotation"; the receiver knows only [`NEW_SECRET`].
+const OLD_SECRET: &str = "whsec_ZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXp7fH1+f4CBgoM=";
+const NEW_SECRET: &str = "whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+/// Long enough for anything a test waits for on a busy machine, including a lease (30 s) that
+/// has to run out after a kill -9.
+const LONG: Duration = Duration::from_secs(150);
+
+fn receiver_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/webhooks/receiver.py")
+}
+
+/// The Python receiver on `port`, logging to `log`; killed on drop.
+struct Receiver {
+    _process: KillOnDrop,
+}
+
+impl Receiver {
+    fn start(port: u16, log: &Path) -> Self {
+        let mut child = Command::new("python3")
+            .arg(receiver_script())
+            .arg(port.to_string())
+            .arg(log)
+            .arg(NEW_SECRET)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python3 runs the receiver");
+        let stdout = child.stdout.take().unwrap();
+        let process = KillOnDrop(child);
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        assert!(
+            line.starts_with("receiver listening"),
+            "the receiver did not start (is standardwebhooks installed? scripts/test.sh \
+             installs it): {line:?}"
+        );
+        Self { _process: process }
+    }
+}
+
+/// Every request the receiver logged so far.
+fn records(log: &Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Requests logged for paths starting with `prefix`, by `webhook-id`.
+fn by_id(log: &Path, prefix: &str) -> BTreeMap<String, Vec<Value>> {
+    let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for record in records(log) {
+        if record["path"].as_str().unwrap().starts_with(prefix) {
+            out.entry(record["webhook_id"].as_str().unwrap().to_owned())
+                .or_default()
+                .push(record);
+        }
+    }
+    out
+}
+
+/// Checks what every delivery must be: signed so the library verifies it, a tampered copy
+/// refused, JSON, and nothing of the execution's input or output.
+fn assert_well_signed(records: &[Value]) {
+    for r in records {
+        assert_eq!(r["verified"], true, "signature not verified: {r}");
+        assert_eq!(r["tampered_rejected"], true, "a tampered body verified: {r}");
+        assert_eq!(r["content_type"], "application/json", "{r}");
+        let text = r["body"].to_string();
+        assert!(!text.contains("hello from mock"), "output leaked: {r}");
+        assert!(!text.contains("\"input\""), "input leaked: {r}");
+    }
+}
+
+fn endpoint(id: &str, url: &str, events: &[&str]) -> Value {
+    json!({"id": id, "url": url, "events": events,
+           "secret_env": ["MRT_TEST_OLD_SECRET", "MRT_TEST_NEW_SECRET"]})
+}
+
+fn mock(delay_ms: u64) -> Value {
+    json!({"type": "mock", "id": "provider-mock", "model": "model-alpha",
+           "abilities": ["text-generation"], "chunks": ["a", "b"], "delay_ms": delay_ms,
+           "max_concurrency": 64, "max_queue_depth": 1000})
+}
+
+fn with_secrets(cluster: &mut Cluster) {
+    cluster
+        .extra_env
+        .push(("MRT_TEST_OLD_SECRET".into(), OLD_SECRET.into()));
+    cluster
+        .extra_env
+        .push(("MRT_TEST_NEW_SECRET".into(), NEW_SECRET.into()));
+}
+
+/// Submits `text_request` as the bearer of `key` (if any); returns the execution id.
+async fn submit_as(base: &str, key: Option<&str>) -> String {
+    let mut request = client()
+        .post(format!("{base}/v1/executions"))
+        .json(&text_request("hi"));
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(status, 202, "{body}");
+    body["execution_id"].as_str().unwrap().to_owned()
+}
+
+/// Waits until `probe` holds, within `within`; panics with its last complaint.
+async fn eventually(within: Duration, mut probe: impl FnMut() -> Result<(), String>) {
+    poll_until(within, Duration::from_millis(200), async || probe()).await;
+}
+
+async fn get_text(url: &str) -> (u16, String) {
+    let response = client().get(url).send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && labels.iter().all(|label| l.contains(label)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_terminal_event_reaches_its_tenants_endpoint_signed_and_only_that_one() {
+    const ACME_EXECUTIONS: usize = 200;
+    const BETA_EXECUTIONS: usize = 20;
+    let logs = TempDir::new("mrt-webhooks-");
+    let log = logs.path().join("received.jsonl");
+    let port = free_port();
+    let _receiver = Receiver::start(port, &log);
+    let base = format!("http://127.0.0.1:{port}");
+    let (acme_key, beta_key) = ("mrt_test_acme_key_0123456789", "mrt_test_beta_key_0123456789");
+    let config = json!({
+        "providers": [mock(0)],
+        "max_active_executions": 1000,
+        "auth": {
+            "tenants": {
+                "acme": {"webhooks": [endpoint("main", &format!("{base}/ok/acme"),
+                                               &["execution.completed", "execution.failed"])]},
+                "beta": {"webhooks": [endpoint("main", &format!("{base}/ok/beta"),
+                                               &["execution.completed"])]}
+            },
+            "keys": [
+                {"id": "acme", "tenant": "acme", "sha256": sha256_hex(acme_key.as_bytes())},
+                {"id": "beta", "tenant": "beta", "sha256": sha256_hex(beta_key.as_bytes())}
+            ]
+        }
+    });
+    let mut cluster = Cluster::start(&config);
+    with_secrets(&mut cluster);
+    let gateway = cluster.gateway();
+    let (_worker, admin) = cluster.worker_with_admin(&[]);
+    let mut acme = BTreeSet::new();
+    for _ in 0..ACME_EXECUTIONS {
+        acme.insert(submit_as(&gateway.url, Some(acme_key)).await);
+    }
+    let mut beta = BTreeSet::new();
+    for _ in 0..BETA_EXECUTIONS {
+        beta.insert(submit_as(&gateway.url, Some(beta_key)).await);
+    }
+    eventually(LONG, || {
+        let (a, b) = (by_id(&log, "/ok/acme").len(), by_id(&log, "/ok/beta").len());
+        (a >= ACME_EXECUTIONS && b >= BETA_EXECUTIONS)
+            .then_some(())
+            .ok_or(format!("delivered so far: acme {a}, beta {b}"))
+    })
+    .await;
+    for (prefix, owned, other) in [("/ok/acme", &acme, &beta), ("/ok/beta", &beta, &acme)] {
+        let received = by_id(&log, prefix);
+        let mut executions = BTreeSet::new();
+        let mut repeats = 0;
+        for (webhook_id, deliveries) in &received {
+            assert_well_signed(deliveries);
+            repeats += deliveries.len() - 1;
+            let body = &deliveries[0]["body"];
+            assert_eq!(body["type"], "execution.completed", "{body}");
+            let data = &body["data"];
+            let id = data["execution_id"].as_str().unwrap().to_owned();
+            assert!(!other.contains(&id), "{prefix} heard of another tenant's execution {id}");
+            assert!(owned.contains(&id), "{prefix} heard of an unknown execution {id}");
+            assert_eq!(data["status"], "succeeded");
+            assert_eq!(data["target"]["provider"], "provider-mock");
+            let sequence = data["sequence"].as_u64().unwrap();
+            assert_eq!(webhook_id, &format!("{id}_{sequence}"));
+            assert!(body["timestamp"].is_string());
+            // Same body on every attempt.
+            assert!(deliveries.iter().all(|d| d["body"] == *body));
+            executions.insert(id);
+        }
+        assert_eq!(&executions, owned, "{prefix}: every execution exactly once by id");
+        eprintln!(
+            "{prefix}: {} deliveries, {repeats} repeated (at least once)",
+            received.len()
+        );
+    }
+    let (_, text) = get_text(&format!("{admin}/metrics")).await;
+    let delivered = metric(
+        &text,
+        "mrt_webhook_deliveries_total",
+        &["tenant=\"acme\"", "outcome=\"delivered\""],
+    );
+    assert!(delivered >= ACME_EXECUTIONS as f64, "{delivered}\n{text}");
+    assert!(text.contains("mrt_webhook_delivery_seconds_bucket"), "{text}");
+    assert!(text.contains("mrt_webhook_pending"), "{text}");
+    for outcome in ["retried", "abandoned", "gone"] {
+        assert!(
+            text.contains(&format!("outcome=\"{outcome}\"")),
+            "{outcome} exported from startup"
+        );
+    }
+}
+
+/// A TCP listener that accepts connections and never answers; counts connections accepted
+/// and connections the client closed.
+struct Blackhole {
+    port: u16,
+    accepted: Arc<AtomicUsize>,
+    closed: Arc<AtomicUsize>,
+}
+
+impl Blackhole {
+    fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let closed = Arc::new(AtomicUsize::new(0));
+        let (a, c) = (Arc::clone(&accepted), Arc::clone(&closed));
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                a.fetch_add(1, Ordering::SeqCst);
+                let c = Arc::clone(&c);
+                std::thread::spawn(move || {
+                    // Read the request and beyond, never answer; end of input means the
+                    // client gave up on the attempt.
+                    let _ = std::io::copy(&mut stream, &mut std::io::sink());
+                    c.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        });
+        Self {
+            port,
+            accepted,
+            closed,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_retried_with_the_same_id_and_a_dead_endpoint_delays_no_other() {
+    const EXECUTIONS: usize = 10;
+    let logs = TempDir::new("mrt-webhooks-");
+    let log = logs.path().join("received.jsonl");
+    let port = free_port();
+    let _receiver = Receiver::start(port, &log);
+    let base = format!("http://127.0.0.1:{port}");
+    let dead = Blackhole::start();
+    // No auth: top-level endpoints belong to tenant `default`.
+    let config = json!({
+        "providers": [mock(0)],
+        "webhook_retry_schedule_ms": [100, 200, 60000],
+        "webhooks": [
+            endpoint("dead", &format!("http://127.0.0.1:{}/dead", dead.port),
+                     &["execution.completed"]),
+            endpoint("flaky", &format!("{base}/flaky"), &["execution.completed"]),
+            endpoint("healthy", &format!("{base}/ok"), &["execution.completed"]),
+        ]
+    });
+    let mut cluster = Cluster::start(&config);
+    with_secrets(&mut cluster);
+    let gateway = cluster.gateway();
+    let _worker = cluster.worker();
+    let mut ids = BTreeSet::new();
+    for _ in 0..EXECUTIONS {
+        ids.insert(submit_as(&gateway.url, None).await);
+    }
+    // The healthy endpoint gets everything while no attempt at the dead one has even ended
+    // (each waits 15 s for an answer): it never waited behind them.
+    eventually(LONG, || {
+        let healthy = by_id(&log, "/ok").len();
+        (healthy >= EXECUTIONS)
+            .then_some(())
+            .ok_or(format!("healthy endpoint has {healthy}"))
+    })
+    .await;
+    let (accepted, closed) = (
+        dead.accepted.load(Ordering::SeqCst),
+        dead.closed.load(Ordering::SeqCst),
+    );
+    assert!(accepted > 0, "the dead endpoint was tried");
+    assert_eq!(
+        closed, 0,
+        "the healthy endpoint was complete only after an attempt at the dead one timed out"
+    );
+    let healthy = by_id(&log, "/ok");
+    for deliveries in healthy.values() {
+        assert_well_signed(deliveries);
+    }
+    // The flaky endpoint answers 500 twice per delivery, then 200: three attempts each, one
+    // webhook-id, each attempt signed afresh.
+    eventually(LONG, || {
+        let flaky = by_id(&log, "/flaky");
+        let done = flaky
+            .values()
+            .filter(|d| d.iter().any(|r| r["status"] == 200))
+            .count();
+        (done >= EXECUTIONS)
+            .then_some(())
+            .ok_or(format!("flaky endpoint answered 200 to {done}"))
+    })
+    .await;
+    let flaky = by_id(&log, "/flaky");
+    assert_eq!(flaky.len(), EXECUTIONS);
+    for (webhook_id, attempts) in &flaky {
+        assert_well_signed(attempts);
+        let statuses: Vec<u64> = attempts.iter().map(|r| r["status"].as_u64().unwrap()).collect();
+        assert_eq!(statuses, [500, 500, 200], "{webhook_id}");
+        let execution = webhook_id.rsplit_once('_').unwrap().0;
+        assert!(ids.contains(execution), "{webhook_id}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_down_then_back_and_a_worker_killed_mid_delivery_lose_nothing() {
+    const EXECUTIONS: usize = 20;
+    let logs = TempDir::new("mrt-webhooks-");
+    let log = logs.path().join("received.jsonl");
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let config = json!({
+        "providers": [mock(100)],
+        // About a minute of retries, two seconds apart: the receiver is back well before.
+        "webhook_retry_schedule_ms": vec![2000; 30],
+        "webhooks": [endpoint("main", &format!("{base}/ok"),
+                              &["execution.accepted", "execution.completed"])]
+    });
+    let mut cluster = Cluster::start(&config);
+    with_secrets(&mut cluster);
+    let gateway = cluster.gateway();
+    let (worker, admin) = cluster.worker_with_admin(&[]);
+    let mut ids = BTreeSet::new();
+    for _ in 0..EXECUTIONS {
+        ids.insert(submit_as(&gateway.url, None).await);
+    }
+    // The receiver is down: attempts fail and are retried.
+    poll_until(LONG, Duration::from_millis(200), async || {
+        let (_, text) = get_text(&format!("{admin}/metrics")).await;
+        let retried = metric(
+            &text,
+            "mrt_webhook_deliveries_total",
+            &["endpoint=\"main\"", "outcome=\"retried\""],
+        );
+        (retried >= EXECUTIONS as f64)
+            .then_some(())
+            .ok_or(format!("retried {retried}"))
+    })
+    .await;
+    // The delivering process dies with deliveries owed, some in flight.
+    worker.signal("KILL");
+    drop(worker);
+    // More executions complete while no worker delivers.
+    let _worker = cluster.worker();
+    for _ in 0..EXECUTIONS {
+        ids.insert(submit_as(&gateway.url, None).await);
+    }
+    // The receiver comes back on the same address and gets everything.
+    let _receiver = Receiver::start(port, &log);
+    let expected = 2 * ids.len();
+    eventually(LONG, || {
+        let received = by_id(&log, "/ok").len();
+        (received >= expected)
+            .then_some(())
+            .ok_or(format!("received {received} of {expected}"))
+    })
+    .await;
+    let received = by_id(&log, "/ok");
+    let mut heard: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut repeats = 0;
+    for deliveries in received.values() {
+        assert_well_signed(deliveries);
+        repeats += deliveries.len() - 1;
+        let body = &deliveries[0]["body"];
+        heard
+            .entry(body["data"]["execution_id"].as_str().unwrap().to_owned())
+            .or_default()
+            .insert(body["type"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(heard.keys().cloned().collect::<BTreeSet<_>>(), ids);
+    for (id, types) in &heard {
+        assert_eq!(
+            types.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["execution.accepted", "execution.completed"],
+            "{id}"
+        );
+    }
+    eprintln!("{} deliveries, {repeats} repeated (at least once)", received.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_mode_delivers_signed_outcomes() {
+    let logs = TempDir::new("mrt-webhooks-");
+    let log = logs.path().join("received.jsonl");
+    let port = free_port();
+    let _receiver = Receiver::start(port, &log);
+    let config_path = logs.path().join("deployment.json");
+    let config = json!({
+        "providers": [mock(0)],
+        "webhook_retry_schedule_ms": [100, 100],
+        "webhooks": [endpoint("main", &format!("http://127.0.0.1:{port}/flaky"),
+                              &["execution.completed", "execution.failed"])]
+    });
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let env: Vec<(String, String)> = vec![
+        ("MODEL_RUNTIME_BACKEND".into(), "memory".into()),
+        ("MODEL_RUNTIME_CONFIG".into(), config_path.display().to_string()),
+        ("MRT_TEST_OLD_SECRET".into(), OLD_SECRET.into()),
+        ("MRT_TEST_NEW_SECRET".into(), NEW_SECRET.into()),
+    ];
+    let (_gateway, line) = spawn("gateway", &["--port", "0"], &env, "listening on ", &logs);
+    let url = line.trim_start_matches("listening on ").trim().to_owned();
+    let mut ids = BTreeSet::new();
+    for _ in 0..5 {
+        ids.insert(submit_as(&url, None).await);
+    }
+    eventually(LONG, || {
+        let done = by_id(&log, "/flaky")
+            .values()
+            .filter(|d| d.iter().any(|r| r["status"] == 200))
+            .count();
+        (done >= ids.len())
+            .then_some(())
+            .ok_or(format!("delivered {done}"))
+    })
+    .await;
+    for (webhook_id, attempts) in by_id(&log, "/flaky") {
+        assert_well_signed(&attempts);
+        assert_eq!(attempts.len(), 3, "{webhook_id}: 500, 500, then 200");
+        assert!(ids.contains(webhook_id.rsplit_once('_').unwrap().0));
+    }
+}
+
+#[test]
+fn a_missing_secret_stops_the_start_naming_the_field_never_a_value() {
+    let logs = TempDir::new("mrt-webhooks-");
+    let config_path = logs.path().join("deployment.json");
+    let config = json!({
+        "providers": [mock(0)],
+        "webhooks": [endpoint("main", "http://127.0.0.1:9/x", &["execution.completed"])]
+    });
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    for binary_name in ["gateway", "worker"] {
+        let backend = if binary_name == "gateway" { "memory" } else { "nats" };
+        let output = Command::new(binary(binary_name))
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("MODEL_RUNTIME_BACKEND", backend)
+            .env("MODEL_RUNTIME_CONFIG", &config_path)
+            .env("MRT_TEST_OLD_SECRET", OLD_SECRET)
+            .env("MODEL_RUNTIME_PORT", "0")
+            .env("MODEL_RUNTIME_ADMIN_PORT", "0")
+            // Nothing listens here: the start must fail before connecting.
+            .env("NATS_URL", "nats://127.0.0.1:9")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{binary_name}: {stderr}");
+        assert!(
+            stderr.contains(
+                "webhooks[0].secret_env[1] names an environment variable that is not set"
+            ),
+            "{binary_name}: {stderr}"
+        );
+        assert!(!stderr.contains(OLD_SECRET), "{binary_name}: {stderr}");
+    }
+}
