@@ -42,9 +42,9 @@ pub mod error;
 pub mod events;
 pub mod idempotency;
 pub mod keygen;
-pub mod webhook_secret;
 pub mod retry;
 pub mod transcript;
+pub mod webhook_secret;
 
 #[cfg(feature = "cli")]
 pub mod cli;

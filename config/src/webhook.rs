@@ -50,14 +50,7 @@ pub const MAX_SECRET_BYTES: usize = 64;
 /// The default retry schedule (contract.md section 11): 0 s, 5 s, 5 min, 30 min, 2 h, 5 h,
 /// 10 h, 10 h.
 pub const DEFAULT_RETRY_SCHEDULE_MS: [u64; 8] = [
-    0,
-    5_000,
-    300_000,
-    1_800_000,
-    7_200_000,
-    18_000_000,
-    36_000_000,
-    36_000_000,
+    0, 5_000, 300_000, 1_800_000, 7_200_000, 18_000_000, 36_000_000, 36_000_000,
 ];
 
 /// The event types an endpoint may ask for.
@@ -322,7 +315,12 @@ fn parse_list(
             None => return Err(ConfigError::required(fields.path_of("url"))),
             Some(Value::String(text)) => BaseUrl::parse(text)
                 .map_err(|_| ConfigError::invalid(fields.path_of("url"), UNSAFE_BASE_URL))?,
-            Some(_) => return Err(ConfigError::invalid(fields.path_of("url"), "must be a string")),
+            Some(_) => {
+                return Err(ConfigError::invalid(
+                    fields.path_of("url"),
+                    "must be a string",
+                ));
+            }
         };
         let events = parse_events(&fields)?;
         let secret_env = parse_secret_env(&fields)?;
@@ -372,9 +370,7 @@ fn parse_secret_env(fields: &Fields<'_>) -> Result<Vec<String>, ConfigError> {
     let path = fields.path_of("secret_env");
     let items = match fields.get("secret_env") {
         None => return Err(ConfigError::required(path)),
-        Some(Value::Array(items)) if (1..=MAX_SECRETS_PER_ENDPOINT).contains(&items.len()) => {
-            items
-        }
+        Some(Value::Array(items)) if (1..=MAX_SECRETS_PER_ENDPOINT).contains(&items.len()) => items,
         Some(_) => {
             return Err(ConfigError::invalid(
                 path,
@@ -390,7 +386,10 @@ fn parse_secret_env(fields: &Fields<'_>) -> Result<Vec<String>, ConfigError> {
         match item {
             Value::String(name) if crate::field::is_env_name(name) => {
                 if names.contains(name) {
-                    return Err(ConfigError::invalid(item_path, "repeats an earlier variable"));
+                    return Err(ConfigError::invalid(
+                        item_path,
+                        "repeats an earlier variable",
+                    ));
                 }
                 names.push(name.clone());
             }

@@ -91,7 +91,10 @@ fn by_id(log: &Path, prefix: &str) -> BTreeMap<String, Vec<Value>> {
 fn assert_well_signed(records: &[Value]) {
     for r in records {
         assert_eq!(r["verified"], true, "signature not verified: {r}");
-        assert_eq!(r["tampered_rejected"], true, "a tampered body verified: {r}");
+        assert_eq!(
+            r["tampered_rejected"], true,
+            "a tampered body verified: {r}"
+        );
         assert_eq!(r["content_type"], "application/json", "{r}");
         let text = r["body"].to_string();
         assert!(!text.contains("hello from mock"), "output leaked: {r}");
@@ -161,7 +164,10 @@ async fn every_terminal_event_reaches_its_tenants_endpoint_signed_and_only_that_
     let port = free_port();
     let _receiver = Receiver::start(port, &log);
     let base = format!("http://127.0.0.1:{port}");
-    let (acme_key, beta_key) = ("mrt_test_acme_key_0123456789", "mrt_test_beta_key_0123456789");
+    let (acme_key, beta_key) = (
+        "mrt_test_acme_key_0123456789",
+        "mrt_test_beta_key_0123456789",
+    );
     let config = json!({
         "providers": [mock(0)],
         "max_active_executions": 1000,
@@ -208,8 +214,14 @@ async fn every_terminal_event_reaches_its_tenants_endpoint_signed_and_only_that_
             assert_eq!(body["type"], "execution.completed", "{body}");
             let data = &body["data"];
             let id = data["execution_id"].as_str().unwrap().to_owned();
-            assert!(!other.contains(&id), "{prefix} heard of another tenant's execution {id}");
-            assert!(owned.contains(&id), "{prefix} heard of an unknown execution {id}");
+            assert!(
+                !other.contains(&id),
+                "{prefix} heard of another tenant's execution {id}"
+            );
+            assert!(
+                owned.contains(&id),
+                "{prefix} heard of an unknown execution {id}"
+            );
             assert_eq!(data["status"], "succeeded");
             assert_eq!(data["target"]["provider"], "provider-mock");
             let sequence = data["sequence"].as_u64().unwrap();
@@ -219,7 +231,10 @@ async fn every_terminal_event_reaches_its_tenants_endpoint_signed_and_only_that_
             assert!(deliveries.iter().all(|d| d["body"] == *body));
             executions.insert(id);
         }
-        assert_eq!(&executions, owned, "{prefix}: every execution exactly once by id");
+        assert_eq!(
+            &executions, owned,
+            "{prefix}: every execution exactly once by id"
+        );
         eprintln!(
             "{prefix}: {} deliveries, {repeats} repeated (at least once)",
             received.len()
@@ -232,7 +247,10 @@ async fn every_terminal_event_reaches_its_tenants_endpoint_signed_and_only_that_
         &["tenant=\"acme\"", "outcome=\"delivered\""],
     );
     assert!(delivered >= ACME_EXECUTIONS as f64, "{delivered}\n{text}");
-    assert!(text.contains("mrt_webhook_delivery_seconds_bucket"), "{text}");
+    assert!(
+        text.contains("mrt_webhook_delivery_seconds_bucket"),
+        "{text}"
+    );
     assert!(text.contains("mrt_webhook_pending"), "{text}");
     for outcome in ["retried", "abandoned", "gone"] {
         assert!(
@@ -345,7 +363,10 @@ async fn failures_are_retried_with_the_same_id_and_a_dead_endpoint_delays_no_oth
     assert_eq!(flaky.len(), EXECUTIONS);
     for (webhook_id, attempts) in &flaky {
         assert_well_signed(attempts);
-        let statuses: Vec<u64> = attempts.iter().map(|r| r["status"].as_u64().unwrap()).collect();
+        let statuses: Vec<u64> = attempts
+            .iter()
+            .map(|r| r["status"].as_u64().unwrap())
+            .collect();
         assert_eq!(statuses, [500, 500, 200], "{webhook_id}");
         let execution = webhook_id.rsplit_once('_').unwrap().0;
         assert!(ids.contains(execution), "{webhook_id}");
@@ -359,12 +380,20 @@ async fn a_receiver_down_then_back_and_a_worker_killed_mid_delivery_lose_nothing
     let log = logs.path().join("received.jsonl");
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
+    let hang_log = logs.path().join("hang.jsonl");
+    let hang_port = free_port();
+    let hang_base = format!("http://127.0.0.1:{hang_port}");
+    let _hanging = Receiver::start(hang_port, &hang_log);
     let config = json!({
         "providers": [mock(100)],
         // About a minute of retries, two seconds apart: the receiver is back well before.
         "webhook_retry_schedule_ms": vec![2000; 30],
-        "webhooks": [endpoint("main", &format!("{base}/ok"),
-                              &["execution.accepted", "execution.completed"])]
+        "webhooks": [
+            endpoint("main", &format!("{base}/ok"),
+                     &["execution.accepted", "execution.completed", "execution.failed"]),
+            // Holds each first attempt for longer than the sender waits.
+            endpoint("slow", &format!("{hang_base}/hang"), &["execution.accepted"]),
+        ]
     });
     let mut cluster = Cluster::start(&config);
     with_secrets(&mut cluster);
@@ -387,6 +416,14 @@ async fn a_receiver_down_then_back_and_a_worker_killed_mid_delivery_lose_nothing
             .ok_or(format!("retried {retried}"))
     })
     .await;
+    // ...and attempts at the slow endpoint are in flight.
+    eventually(LONG, || {
+        let hanging = by_id(&hang_log, "/hang").len();
+        (hanging > 0)
+            .then_some(())
+            .ok_or("no attempt in flight".into())
+    })
+    .await;
     // The delivering process dies with deliveries owed, some in flight.
     worker.signal("KILL");
     drop(worker);
@@ -406,7 +443,7 @@ async fn a_receiver_down_then_back_and_a_worker_killed_mid_delivery_lose_nothing
     })
     .await;
     let received = by_id(&log, "/ok");
-    let mut heard: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut heard: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
     let mut repeats = 0;
     for deliveries in received.values() {
         assert_well_signed(deliveries);
@@ -415,17 +452,61 @@ async fn a_receiver_down_then_back_and_a_worker_killed_mid_delivery_lose_nothing
         heard
             .entry(body["data"]["execution_id"].as_str().unwrap().to_owned())
             .or_default()
-            .insert(body["type"].as_str().unwrap().to_owned());
+            .insert(
+                body["type"].as_str().unwrap().to_owned(),
+                body["data"].clone(),
+            );
     }
     assert_eq!(heard.keys().cloned().collect::<BTreeSet<_>>(), ids);
-    for (id, types) in &heard {
+    for (id, by_type) in &heard {
+        // Accepted, then the terminal event the log holds: completed, or failed for the
+        // executions the killed worker was running (their outcome is unknown, invariant 4).
+        let (_, snapshot) = get_json(&format!("{}/v1/executions/{id}", gateway.url)).await;
+        let terminal = if snapshot["status"] == "succeeded" {
+            "execution.completed"
+        } else {
+            "execution.failed"
+        };
         assert_eq!(
-            types.iter().map(String::as_str).collect::<Vec<_>>(),
-            ["execution.accepted", "execution.completed"],
+            by_type.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["execution.accepted", terminal],
+            "{id}: {snapshot}"
+        );
+        assert_eq!(by_type["execution.accepted"]["sequence"], 1);
+        assert_eq!(
+            by_type[terminal]["sequence"], snapshot["last_sequence"],
             "{id}"
         );
+        assert_eq!(by_type[terminal]["status"], snapshot["status"], "{id}");
     }
-    eprintln!("{} deliveries, {repeats} repeated (at least once)", received.len());
+    eprintln!(
+        "{} deliveries, {repeats} repeated (at least once)",
+        received.len()
+    );
+    // Every attempt the killed worker had in flight was made again, by the other worker,
+    // and answered.
+    eventually(LONG, || {
+        let slow = by_id(&hang_log, "/hang");
+        let answered = slow
+            .values()
+            .filter(|d| d.iter().any(|r| r["status"] == 200))
+            .count();
+        (answered >= ids.len()).then_some(()).ok_or(format!(
+            "slow endpoint answered {answered} of {}",
+            ids.len()
+        ))
+    })
+    .await;
+    let slow = by_id(&hang_log, "/hang");
+    let executions: BTreeSet<String> = slow
+        .keys()
+        .map(|id| id.rsplit_once('_').unwrap().0.to_owned())
+        .collect();
+    assert_eq!(executions, ids);
+    for attempts in slow.values() {
+        assert_well_signed(attempts);
+        assert_eq!(attempts[0]["status"], "hang");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -444,7 +525,10 @@ async fn embedded_mode_delivers_signed_outcomes() {
     std::fs::write(&config_path, config.to_string()).unwrap();
     let env: Vec<(String, String)> = vec![
         ("MODEL_RUNTIME_BACKEND".into(), "memory".into()),
-        ("MODEL_RUNTIME_CONFIG".into(), config_path.display().to_string()),
+        (
+            "MODEL_RUNTIME_CONFIG".into(),
+            config_path.display().to_string(),
+        ),
         ("MRT_TEST_OLD_SECRET".into(), OLD_SECRET.into()),
         ("MRT_TEST_NEW_SECRET".into(), NEW_SECRET.into()),
     ];
@@ -481,7 +565,11 @@ fn a_missing_secret_stops_the_start_naming_the_field_never_a_value() {
     });
     std::fs::write(&config_path, config.to_string()).unwrap();
     for binary_name in ["gateway", "worker"] {
-        let backend = if binary_name == "gateway" { "memory" } else { "nats" };
+        let backend = if binary_name == "gateway" {
+            "memory"
+        } else {
+            "nats"
+        };
         let output = Command::new(binary(binary_name))
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())

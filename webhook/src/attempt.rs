@@ -108,8 +108,12 @@ impl Sender {
         }
         let started = Instant::now();
         let timestamp = Timestamp::now().unix_millis().div_euclid(1000);
-        let signatures =
-            signature::sign(&endpoint.secrets, &delivery.webhook_id, timestamp, &delivery.body);
+        let signatures = signature::sign(
+            &endpoint.secrets,
+            &delivery.webhook_id,
+            timestamp,
+            &delivery.body,
+        );
         let sent = self
             .client
             .post(endpoint.url.clone())

@@ -86,8 +86,9 @@ impl Endpoints {
             let tenant: Tenant = endpoint.tenant.parse().map_err(|_| {
                 ConfigError::invalid(endpoint.path.clone(), "belongs to an invalid tenant name")
             })?;
-            let url = reqwest::Url::parse(endpoint.url.as_str())
-                .map_err(|_| ConfigError::invalid(format!("{}.url", endpoint.path), "must be a URL"))?;
+            let url = reqwest::Url::parse(endpoint.url.as_str()).map_err(|_| {
+                ConfigError::invalid(format!("{}.url", endpoint.path), "must be a URL")
+            })?;
             telemetry::metric::register_webhook_endpoint(tenant.as_str(), &endpoint.id);
             let resolved = Arc::new(Endpoint {
                 key: endpoint_key(tenant.as_str(), &endpoint.id),
@@ -98,8 +99,14 @@ impl Endpoints {
                 secrets,
                 gone: AtomicBool::new(false),
             });
-            endpoints.by_tenant.entry(tenant).or_default().push(Arc::clone(&resolved));
-            endpoints.by_key.insert(resolved.key.clone(), Arc::clone(&resolved));
+            endpoints
+                .by_tenant
+                .entry(tenant)
+                .or_default()
+                .push(Arc::clone(&resolved));
+            endpoints
+                .by_key
+                .insert(resolved.key.clone(), Arc::clone(&resolved));
             endpoints.all.push(resolved);
         }
         Ok(endpoints)
@@ -141,7 +148,12 @@ impl Endpoints {
 mod tests {
     use super::*;
 
-    fn endpoint(tenant: &str, id: &str, url: &str, events: &[WebhookEvent]) -> config::WebhookEndpoint {
+    fn endpoint(
+        tenant: &str,
+        id: &str,
+        url: &str,
+        events: &[WebhookEvent],
+    ) -> config::WebhookEndpoint {
         config::WebhookEndpoint {
             tenant: tenant.into(),
             id: id.into(),
@@ -156,7 +168,12 @@ mod tests {
     fn endpoints_are_found_by_tenant_and_event_and_keys_are_stable() {
         let config = WebhookConfig {
             endpoints: vec![
-                endpoint("a.b", "one", "http://127.0.0.1:1/", &[WebhookEvent::Completed]),
+                endpoint(
+                    "a.b",
+                    "one",
+                    "http://127.0.0.1:1/",
+                    &[WebhookEvent::Completed],
+                ),
                 endpoint("c", "one", "http://127.0.0.1:2/", &[WebhookEvent::Accepted]),
             ],
             ..WebhookConfig::default()

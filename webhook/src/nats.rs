@@ -99,7 +99,9 @@ pub async fn ensure_layout(
 ) -> Result<(), StoreError> {
     let s = &backend.settings;
     // A delivery may stay owed for the whole schedule: keep it at least that long.
-    let max_age = s.retention.max(schedule.total() + Duration::from_secs(3600));
+    let max_age = s
+        .retention
+        .max(schedule.total() + Duration::from_secs(3600));
     reconcile_stream(
         &backend.jetstream,
         stream::Config {
@@ -170,7 +172,9 @@ impl NatsWebhooks {
                 .get_consumer(&feed_consumer(&namespace))
                 .await
                 .map_err(|e| StoreError::Unavailable(format!("webhook feed consumer: {e}")))?;
-            tasks.push(tokio::spawn(Arc::clone(&feed).run(consumer, stopping.clone())));
+            tasks.push(tokio::spawn(
+                Arc::clone(&feed).run(consumer, stopping.clone()),
+            ));
         }
         let deliveries = get_stream(&backend.jetstream, &deliveries_stream(&namespace)).await?;
         for endpoint in endpoints.all() {
@@ -267,8 +271,7 @@ impl Feed {
     }
 
     async fn enqueue(&self, message: &jetstream::Message) -> Result<(), StoreError> {
-        let Some(records) = stored_events(message.headers.as_ref(), message.payload.clone())
-        else {
+        let Some(records) = stored_events(message.headers.as_ref(), message.payload.clone()) else {
             tracing::warn!("webhook feed skips an events message it cannot read");
             return Ok(());
         };
@@ -318,7 +321,10 @@ impl Feed {
             .payload(notification.body.clone())
             .message_id(format!("{}:{}", endpoint.key, notification.webhook_id))
             .header(WEBHOOK_ID_HEADER, notification.webhook_id.as_str())
-            .header(EXECUTION_HEADER, notification.execution_id.to_string().as_str());
+            .header(
+                EXECUTION_HEADER,
+                notification.execution_id.to_string().as_str(),
+            );
         let unavailable = |e: &dyn std::fmt::Display| {
             StoreError::Unavailable(format!("publish webhook delivery: {e}"))
         };
@@ -427,8 +433,9 @@ async fn attempt(endpoint: &Endpoint, sender: &Sender, message: jetstream::Messa
 async fn pending(mut deliveries: stream::Stream, stopping: CancellationToken) {
     loop {
         match deliveries.info().await {
-            Ok(info) => metrics::gauge!(telemetry::metric::WEBHOOK_PENDING)
-                .set(info.state.messages as f64),
+            Ok(info) => {
+                metrics::gauge!(telemetry::metric::WEBHOOK_PENDING).set(info.state.messages as f64)
+            }
             Err(e) => tracing::debug!(error = %e, "cannot read the webhook deliveries stream"),
         }
         tokio::select! {

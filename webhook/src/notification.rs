@@ -119,14 +119,13 @@ mod tests {
             provider: "mock".into(),
             model: "echo".into(),
         };
-        let usage: Vec<UsageFact> =
-            serde_json::from_value(json!([{"unit": "output_token", "quantity": 3, "source": "provider"}])).unwrap();
+        let usage: Vec<UsageFact> = serde_json::from_value(
+            json!([{"unit": "output_token", "quantity": 3, "source": "provider"}]),
+        )
+        .unwrap();
         let n = notification(&event(5, EventBody::Completed { target }), &usage).unwrap();
         assert_eq!(n.event, WebhookEvent::Completed);
-        assert_eq!(
-            n.webhook_id,
-            "6f1c2a9e-0d4b-4c1e-9a57-3b2d8e4f7a10_5"
-        );
+        assert_eq!(n.webhook_id, "6f1c2a9e-0d4b-4c1e-9a57-3b2d8e4f7a10_5");
         assert_eq!(
             body(&n),
             json!({"type": "execution.completed", "timestamp": "2023-11-14T22:13:20.000Z",

@@ -79,6 +79,9 @@ mod tests {
             original
         );
         assert_ne!(signature(&a, ID, TIMESTAMP + 1, BODY.as_bytes()), original);
-        assert_ne!(signature(&a, "msg_other", TIMESTAMP, BODY.as_bytes()), original);
+        assert_ne!(
+            signature(&a, "msg_other", TIMESTAMP, BODY.as_bytes()),
+            original
+        );
     }
 }

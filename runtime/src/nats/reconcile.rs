@@ -97,10 +97,7 @@ pub(crate) fn duplicate_window(wanted: Duration, max_age: Duration) -> Duration 
 
 /// Creates the stream or brings an existing one to `desired` (see the module docs). Several
 /// processes may start at once: a create that loses the race is followed by a verify.
-pub async fn stream(
-    js: &jetstream::Context,
-    desired: stream::Config,
-) -> Result<(), StoreError> {
+pub async fn stream(js: &jetstream::Context, desired: stream::Config) -> Result<(), StoreError> {
     let name = desired.name.clone();
     let mut last_refusal = String::new();
     for _ in 0..3 {

@@ -7,14 +7,17 @@ PyPI) and appends one JSON line per request to LOG:
 `tampered_rejected` says whether the same headers with one byte of the body changed fail
 verification. What it answers depends on the path's first segment:
   /ok/...    200
-  /flaky/... 500 to the first two attempts of each webhook-id, then 200
+  /flaky/... 500 to the first two attempts of each webhook-id at this path, then 200
   /gone/...  410
+  /hang/...  logs the first attempt of each webhook-id at this path at once with status
+             "hang" and answers it only after 20 s (the sender gives up after 15); then 200
 Usage: receiver.py PORT LOG SECRET [SECRET...]   (prints "receiver listening" when ready)
 """
 
 import json
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
@@ -49,9 +52,13 @@ class Handler(BaseHTTPRequestHandler):
         tampered_rejected = not verifies(bytes(tampered), headers)
         kind = self.path.strip("/").split("/")[0]
         with LOCK:
-            ATTEMPTS[webhook_id] = ATTEMPTS.get(webhook_id, 0) + 1
-            attempt = ATTEMPTS[webhook_id]
-        if kind == "flaky" and attempt <= 2:
+            key = (self.path, webhook_id)
+            ATTEMPTS[key] = ATTEMPTS.get(key, 0) + 1
+            attempt = ATTEMPTS[key]
+        hang = kind == "hang" and attempt == 1
+        if hang:
+            status = "hang"
+        elif kind == "flaky" and attempt <= 2:
             status = 500
         elif kind == "gone":
             status = 410
@@ -75,6 +82,9 @@ class Handler(BaseHTTPRequestHandler):
             with open(LOG, "a", encoding="utf-8") as log:
                 log.write(line + "\n")
                 log.flush()
+        if hang:
+            time.sleep(20)
+            status = 200
         self.send_response(status)
         self.send_header("content-length", "0")
         self.end_headers()
