@@ -84,4 +84,57 @@ mod tests {
             original
         );
     }
+
+    /// The Rust receiver of docs/webhooks.md, verbatim: it must accept what we sign.
+    fn verify(secret: &str, headers: impl Fn(&str) -> Option<String>, body: &[u8]) -> bool {
+        use base64::engine::general_purpose::STANDARD;
+        let (Some(id), Some(timestamp), Some(signatures)) = (
+            headers("webhook-id"),
+            headers("webhook-timestamp"),
+            headers("webhook-signature"),
+        ) else {
+            return false;
+        };
+        let Some(key) = secret
+            .strip_prefix("whsec_")
+            .and_then(|s| STANDARD.decode(s).ok())
+        else {
+            return false;
+        };
+        signatures.split(' ').any(|entry| {
+            let Some(signature) = entry
+                .strip_prefix("v1,")
+                .and_then(|s| STANDARD.decode(s).ok())
+            else {
+                return false;
+            };
+            let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&key) else {
+                return false;
+            };
+            mac.update(format!("{id}.{timestamp}.").as_bytes());
+            mac.update(body);
+            mac.verify_slice(&signature).is_ok() // constant-time comparison
+        })
+    }
+
+    #[test]
+    fn the_documented_rust_receiver_accepts_our_signatures_and_refuses_a_tampered_body() {
+        let other = SigningSecret::encode(&[3u8; 32]);
+        let secrets = [
+            SigningSecret::parse(&other).unwrap(),
+            SigningSecret::parse(SECRET).unwrap(),
+        ];
+        let header = sign(&secrets, ID, TIMESTAMP, BODY.as_bytes());
+        let headers = |name: &str| match name {
+            ID_HEADER => Some(ID.to_owned()),
+            TIMESTAMP_HEADER => Some(TIMESTAMP.to_string()),
+            SIGNATURE_HEADER => Some(header.clone()),
+            _ => None,
+        };
+        assert!(verify(SECRET, headers, BODY.as_bytes()));
+        assert!(verify(&other, headers, BODY.as_bytes()));
+        assert!(!verify(SECRET, headers, br#"{"test": 2432232315}"#));
+        let unknown = SigningSecret::encode(&[4u8; 32]);
+        assert!(!verify(&unknown, headers, BODY.as_bytes()));
+    }
 }
