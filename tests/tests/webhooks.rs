@@ -593,3 +593,89 @@ fn a_missing_secret_stops_the_start_naming_the_field_never_a_value() {
         assert!(!stderr.contains(OLD_SECRET), "{binary_name}: {stderr}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gone_stops_an_endpoint_and_an_exhausted_schedule_abandons_with_a_log_line() {
+    const EXECUTIONS: usize = 3;
+    let logs = TempDir::new("mrt-webhooks-");
+    let log = logs.path().join("received.jsonl");
+    let port = free_port();
+    let _receiver = Receiver::start(port, &log);
+    let config_path = logs.path().join("deployment.json");
+    let config = json!({
+        "providers": [mock(0)],
+        // No retry: the first failure abandons the delivery.
+        "webhook_retry_schedule_ms": [],
+        "webhooks": [
+            endpoint("gone", &format!("http://127.0.0.1:{port}/gone"), &["execution.completed"]),
+            endpoint("failing", &format!("http://127.0.0.1:{port}/flaky"),
+                     &["execution.completed"]),
+        ]
+    });
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let env: Vec<(String, String)> = vec![
+        ("MODEL_RUNTIME_BACKEND".into(), "memory".into()),
+        (
+            "MODEL_RUNTIME_CONFIG".into(),
+            config_path.display().to_string(),
+        ),
+        ("MRT_TEST_OLD_SECRET".into(), OLD_SECRET.into()),
+        ("MRT_TEST_NEW_SECRET".into(), NEW_SECRET.into()),
+    ];
+    let (gateway, line) = spawn("gateway", &["--port", "0"], &env, "listening on ", &logs);
+    let url = line.trim_start_matches("listening on ").trim().to_owned();
+    let mut ids = Vec::new();
+    for _ in 0..EXECUTIONS {
+        let id = submit_as(&url, None).await;
+        // One at a time, so the first 410 comes before the next delivery.
+        wait_terminal(&url, &id).await;
+        eventually(LONG, || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.contains(&id)
+                .then_some(())
+                .ok_or(format!("{id} not delivered yet"))
+        })
+        .await;
+        ids.push(id);
+    }
+    let metrics_url = format!("{url}/metrics");
+    poll_until(LONG, Duration::from_millis(200), async || {
+        let (_, text) = get_text(&metrics_url).await;
+        let gone = metric(
+            &text,
+            "mrt_webhook_deliveries_total",
+            &["endpoint=\"gone\"", "outcome=\"gone\""],
+        );
+        let abandoned = metric(
+            &text,
+            "mrt_webhook_deliveries_total",
+            &["endpoint=\"failing\"", "outcome=\"abandoned\""],
+        );
+        // The 410 counts; later events are not even queued for a gone endpoint.
+        (gone >= 1.0 && abandoned >= EXECUTIONS as f64)
+            .then_some(())
+            .ok_or(format!("gone {gone}, abandoned {abandoned}"))
+    })
+    .await;
+    // The endpoint that answered 410 was asked once, never again.
+    assert_eq!(
+        records(&log)
+            .iter()
+            .filter(|r| r["path"].as_str().unwrap().starts_with("/gone"))
+            .count(),
+        1
+    );
+    // Each failing delivery was tried once, then abandoned with a line naming the execution.
+    let failing = by_id(&log, "/flaky");
+    assert_eq!(failing.len(), EXECUTIONS);
+    assert!(failing.values().all(|attempts| attempts.len() == 1));
+    let text = gateway.log_text();
+    for id in &ids {
+        assert!(
+            text.lines()
+                .any(|l| l.contains("webhook delivery abandoned") && l.contains(id.as_str())),
+            "no abandonment line for {id}:\n{text}"
+        );
+    }
+    assert!(!text.contains(NEW_SECRET) && !text.contains(OLD_SECRET));
+}

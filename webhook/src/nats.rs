@@ -39,8 +39,10 @@ use async_nats::jetstream::consumer::{self, PullConsumer};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, AckKind, stream};
 use futures_util::StreamExt;
-use protocol::ExecutionId;
-use runtime::nats::{NatsBackend, reconcile_pull_consumer, reconcile_stream, stored_events};
+use protocol::{ExecutionId, Sequence, Tenant};
+use runtime::nats::{
+    NatsBackend, OWNER_HEADER, reconcile_pull_consumer, reconcile_stream, stored_events,
+};
 use runtime::{EventStore, StoreError};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -284,8 +286,18 @@ impl Feed {
                 continue;
             }
             let id = event.execution_id;
-            // Terminal events carry the log's usage: read the whole (closed) log.
-            let found = if event.is_terminal() {
+            // Terminal events carry the log's usage: read the whole (closed) log. The first
+            // event's message names the owner itself (no header: the default tenant).
+            let found = if event.sequence == Sequence(1) && !event.is_terminal() {
+                let header = message.headers.as_ref().and_then(|h| h.get(OWNER_HEADER));
+                let owner = match header {
+                    None => Tenant::default(),
+                    Some(value) => value.as_str().parse().map_err(|_| {
+                        StoreError::Unavailable("invalid owner header in the events stream".into())
+                    })?,
+                };
+                Some((owner, Vec::new()))
+            } else if event.is_terminal() {
                 self.store
                     .owned_state(id)
                     .await?
