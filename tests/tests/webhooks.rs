@@ -679,3 +679,143 @@ async fn gone_stops_an_endpoint_and_an_exhausted_schedule_abandons_with_a_log_li
     }
     assert!(!text.contains(NEW_SECRET) && !text.contains(OLD_SECRET));
 }
+
+/// Submits until one is accepted (a leader election answers 503 for a while); returns the id.
+async fn submit_through_elections(base: &str) -> String {
+    poll_until(LONG, Duration::from_millis(200), async || {
+        let response = client()
+            .post(format!("{base}/v1/executions"))
+            .json(&text_request("hi"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        match body["execution_id"].as_str() {
+            Some(id) if status == 202 => Ok(id.to_owned()),
+            _ => Err(format!("not accepted: {status} {body}")),
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_death_of_a_nats_node_loses_no_delivery_and_two_workers_share_them() {
+    const EXECUTIONS: usize = 20;
+    let logs = TempDir::new("mrt-webhooks-");
+    let log = logs.path().join("received.jsonl");
+    let port = free_port();
+    let _receiver = Receiver::start(port, &log);
+    let mut nats = testkit::NatsCluster::start(3);
+    let redis = testkit::RedisServer::start();
+    let config_path = logs.path().join("deployment.json");
+    let config = json!({
+        "providers": [mock(50)],
+        "max_active_executions": 1000,
+        "webhook_retry_schedule_ms": vec![1000; 30],
+        "webhooks": [endpoint("main", &format!("http://127.0.0.1:{port}/ok"),
+                              &["execution.completed", "execution.failed"])]
+    });
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let namespace = testkit::unique_namespace("w");
+    // Each process is given one node and learns the others from the cluster's gossip.
+    let env = |node: usize| -> Vec<(String, String)> {
+        vec![
+            ("MODEL_RUNTIME_BACKEND".into(), "nats".into()),
+            ("NATS_URL".into(), nats.node_url(node)),
+            ("REDIS_URL".into(), redis.url()),
+            ("MODEL_RUNTIME_NAMESPACE".into(), namespace.clone()),
+            (
+                "MODEL_RUNTIME_CONFIG".into(),
+                config_path.display().to_string(),
+            ),
+            ("MODEL_RUNTIME_REPLICAS".into(), "3".into()),
+            ("MODEL_RUNTIME_ACK_WAIT_MS".into(), "5000".into()),
+            ("MODEL_RUNTIME_ADMIN_PORT".into(), "0".into()),
+            ("MRT_TEST_OLD_SECRET".into(), OLD_SECRET.into()),
+            ("MRT_TEST_NEW_SECRET".into(), NEW_SECRET.into()),
+        ]
+    };
+    let (_gateway, line) = spawn("gateway", &["--port", "0"], &env(1), "listening on ", &logs);
+    let url = line.trim_start_matches("listening on ").trim().to_owned();
+    let mut admins = Vec::new();
+    let mut workers = Vec::new();
+    for node in [0, 2] {
+        let (worker, line) = spawn("worker", &[], &env(node), "admin listening on ", &logs);
+        admins.push(
+            line.trim_start_matches("admin listening on ")
+                .trim()
+                .to_owned(),
+        );
+        workers.push(worker);
+    }
+    let mut ids = BTreeSet::new();
+    for _ in 0..EXECUTIONS {
+        ids.insert(submit_through_elections(&url).await);
+    }
+    // Kill the node leading the deliveries stream while deliveries flow.
+    let servers: Vec<async_nats::ServerAddr> =
+        nats.url().split(',').map(|u| u.parse().unwrap()).collect();
+    let js = async_nats::jetstream::new(async_nats::connect(servers).await.unwrap());
+    let stream = format!("{}_WEBHOOKS", namespace.to_ascii_uppercase());
+    let leader = poll_until(LONG, Duration::from_millis(100), async || {
+        let mut s = js.get_stream(&stream).await.map_err(|e| e.to_string())?;
+        let info = s.info().await.map_err(|e| e.to_string())?;
+        info.cluster
+            .as_ref()
+            .and_then(|c| c.leader.as_deref())
+            .and_then(|leader| nats.node_index(leader))
+            .ok_or_else(|| "no leader yet".to_owned())
+    })
+    .await;
+    nats.kill(leader);
+    for _ in 0..EXECUTIONS {
+        ids.insert(submit_through_elections(&url).await);
+    }
+    eventually(LONG, || {
+        let mut delivered = BTreeSet::new();
+        for deliveries in by_id(&log, "/ok").values() {
+            let body = &deliveries[0]["body"];
+            delivered.insert(body["data"]["execution_id"].as_str().unwrap().to_owned());
+        }
+        let missing = ids.difference(&delivered).count();
+        (missing == 0)
+            .then_some(())
+            .ok_or(format!("{missing} of {} not delivered yet", ids.len()))
+    })
+    .await;
+    let received = by_id(&log, "/ok");
+    let mut repeats = 0;
+    let mut unanswered = 0;
+    for (webhook_id, deliveries) in &received {
+        assert_well_signed(deliveries);
+        repeats += deliveries.len() - 1;
+        // Each delivery is of a stored terminal event. A submit answered 503 during the
+        // election may have stored its log before failing, which the gateway then closes
+        // (`execution.failed`): that terminal event is stored, so it is delivered too.
+        let data = &deliveries[0]["body"]["data"];
+        let execution = data["execution_id"].as_str().unwrap();
+        let (status, snapshot) = get_json(&format!("{url}/v1/executions/{execution}")).await;
+        assert_eq!(status, 200, "{webhook_id}");
+        assert_eq!(data["sequence"], snapshot["last_sequence"], "{webhook_id}");
+        assert_eq!(data["status"], snapshot["status"], "{webhook_id}");
+        if !ids.contains(execution) {
+            unanswered += 1;
+        }
+    }
+    let mut per_worker = Vec::new();
+    for admin in &admins {
+        let (_, text) = get_text(&format!("{admin}/metrics")).await;
+        per_worker.push(metric(
+            &text,
+            "mrt_webhook_deliveries_total",
+            &["outcome=\"delivered\""],
+        ));
+    }
+    eprintln!(
+        "{} deliveries ({unanswered} of logs closed by a failed submit), {repeats} repeated; \
+         delivered per worker: {per_worker:?}",
+        received.len()
+    );
+    nats.restart(leader);
+}
