@@ -595,7 +595,8 @@ fn a_missing_secret_stops_the_start_naming_the_field_never_a_value() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gone_stops_an_endpoint_and_an_exhausted_schedule_abandons_with_a_log_line() {
+async fn gone_stops_an_endpoint_redirects_fail_and_an_exhausted_schedule_abandons_with_a_log_line()
+{
     const EXECUTIONS: usize = 3;
     let logs = TempDir::new("mrt-webhooks-");
     let log = logs.path().join("received.jsonl");
@@ -609,6 +610,8 @@ async fn gone_stops_an_endpoint_and_an_exhausted_schedule_abandons_with_a_log_li
         "webhooks": [
             endpoint("gone", &format!("http://127.0.0.1:{port}/gone"), &["execution.completed"]),
             endpoint("failing", &format!("http://127.0.0.1:{port}/flaky"),
+                     &["execution.completed"]),
+            endpoint("redirecting", &format!("http://127.0.0.1:{port}/redirect"),
                      &["execution.completed"]),
         ]
     });
@@ -652,9 +655,16 @@ async fn gone_stops_an_endpoint_and_an_exhausted_schedule_abandons_with_a_log_li
             &["endpoint=\"failing\"", "outcome=\"abandoned\""],
         );
         // The 410 counts; later events are not even queued for a gone endpoint.
-        (gone >= 1.0 && abandoned >= EXECUTIONS as f64)
+        let redirected = metric(
+            &text,
+            "mrt_webhook_deliveries_total",
+            &["endpoint=\"redirecting\"", "outcome=\"abandoned\""],
+        );
+        (gone >= 1.0 && abandoned >= EXECUTIONS as f64 && redirected >= EXECUTIONS as f64)
             .then_some(())
-            .ok_or(format!("gone {gone}, abandoned {abandoned}"))
+            .ok_or(format!(
+                "gone {gone}, abandoned {abandoned}, redirects abandoned {redirected}"
+            ))
     })
     .await;
     // The endpoint that answered 410 was asked once, never again.
@@ -669,6 +679,15 @@ async fn gone_stops_an_endpoint_and_an_exhausted_schedule_abandons_with_a_log_li
     let failing = by_id(&log, "/flaky");
     assert_eq!(failing.len(), EXECUTIONS);
     assert!(failing.values().all(|attempts| attempts.len() == 1));
+    // A redirect is a failure, never followed.
+    let redirecting = by_id(&log, "/redirect");
+    assert_eq!(redirecting.len(), EXECUTIONS);
+    assert!(
+        redirecting
+            .values()
+            .all(|a| a.len() == 1 && a[0]["status"] == 307)
+    );
+    assert!(by_id(&log, "/ok").is_empty(), "a redirect was followed");
     let text = gateway.log_text();
     for id in &ids {
         assert!(

@@ -9,6 +9,7 @@ verification. What it answers depends on the path's first segment:
   /ok/...    200
   /flaky/... 500 to the first two attempts of each webhook-id at this path, then 200
   /gone/...  410
+  /redirect/... 307 to /ok/redirected (a sender must not follow it)
   /hang/...  logs the first attempt of each webhook-id at this path at once with status
              "hang" and answers it only after 20 s (the sender gives up after 15); then 200
 Usage: receiver.py PORT LOG SECRET [SECRET...]   (prints "receiver listening" when ready)
@@ -62,6 +63,8 @@ class Handler(BaseHTTPRequestHandler):
             status = 500
         elif kind == "gone":
             status = 410
+        elif kind == "redirect":
+            status = 307
         else:
             status = 200
         try:
@@ -86,6 +89,8 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(20)
             status = 200
         self.send_response(status)
+        if status == 307:
+            self.send_header("location", "/ok/redirected")
         self.send_header("content-length", "0")
         self.end_headers()
 
