@@ -186,6 +186,10 @@ async fn every_terminal_event_reaches_its_tenants_endpoint_signed_and_only_that_
     });
     let mut cluster = Cluster::start(&config);
     with_secrets(&mut cluster);
+    // Logs spread over three events streams: the feed reads each.
+    cluster
+        .extra_env
+        .push(("MODEL_RUNTIME_EVENT_SHARDS".into(), "3".into()));
     let gateway = cluster.gateway();
     let (_worker, admin) = cluster.worker_with_admin(&[]);
     let mut acme = BTreeSet::new();
@@ -239,6 +243,23 @@ async fn every_terminal_event_reaches_its_tenants_endpoint_signed_and_only_that_
             "{prefix}: {} deliveries, {repeats} repeated (at least once)",
             received.len()
         );
+    }
+    // Every shard's feed consumer read its stream.
+    let js = testkit::jetstream::connect(&cluster.nats.url()).await;
+    let upper = cluster.namespace.to_ascii_uppercase();
+    for stream in [
+        format!("{upper}_EVENTS"),
+        format!("{upper}_EVENTS_1"),
+        format!("{upper}_EVENTS_2"),
+    ] {
+        let info = js
+            .get_stream(&stream)
+            .await
+            .unwrap()
+            .consumer_info(format!("{}_webhook_feed", cluster.namespace))
+            .await
+            .unwrap();
+        assert!(info.delivered.stream_sequence > 0, "{stream}: {info:?}");
     }
     let (_, text) = get_text(&format!("{admin}/metrics")).await;
     let delivered = metric(
@@ -298,7 +319,9 @@ impl Blackhole {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_are_retried_with_the_same_id_and_a_dead_endpoint_delays_no_other() {
-    const EXECUTIONS: usize = 10;
+    // More than a process's attempt slots per endpoint (16): were slots shared between
+    // endpoints, the dead endpoint's hanging attempts would take them all.
+    const EXECUTIONS: usize = 20;
     let logs = TempDir::new("mrt-webhooks-");
     let log = logs.path().join("received.jsonl");
     let port = free_port();
