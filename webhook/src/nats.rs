@@ -264,8 +264,12 @@ impl Feed {
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot enqueue webhook deliveries; retrying");
-                if let Err(e) = message.ack_with(AckKind::Nak(Some(FEED_RETRY))).await {
+                // Never dropped (a delivery is owed); a message that keeps failing is retried
+                // less and less often, up to every 30 s.
+                let tries = message.info().map_or(1, |info| info.delivered.clamp(1, 30));
+                let pause = FEED_RETRY * u32::try_from(tries).unwrap_or(30);
+                tracing::warn!(error = %e, tries, "cannot enqueue webhook deliveries; retrying");
+                if let Err(e) = message.ack_with(AckKind::Nak(Some(pause))).await {
                     tracing::debug!(error = %e, "cannot nak an events message");
                 }
             }
