@@ -176,7 +176,105 @@ fn count(endpoint: &Endpoint, outcome: &'static str) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use config::{SigningSecret, WebhookConfig, WebhookEndpoint, WebhookEvent};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
     use super::*;
+    use crate::endpoint::Endpoints;
+
+    /// A loopback server answering every request with `status` (and a `location` header),
+    /// counting the requests it got.
+    async fn answering(status: u16) -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let count = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&count);
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                seen.fetch_add(1, Ordering::SeqCst);
+                let mut buffer = vec![0u8; 8192];
+                let _ = socket.read(&mut buffer).await;
+                let answer = format!(
+                    "HTTP/1.1 {status} X\r\nlocation: /elsewhere\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                );
+                let _ = socket.write_all(answer.as_bytes()).await;
+            }
+        });
+        (url, count)
+    }
+
+    fn endpoints(url: &str) -> Endpoints {
+        let config = WebhookConfig {
+            endpoints: vec![WebhookEndpoint {
+                tenant: "default".into(),
+                id: "main".into(),
+                url: config::BaseUrl::parse(url).unwrap(),
+                events: vec![WebhookEvent::Completed],
+                secret_env: vec!["S".into()],
+                path: "webhooks[0]".into(),
+            }],
+            ..WebhookConfig::default()
+        };
+        let secret = SigningSecret::parse(&SigningSecret::encode(&[5u8; 32])).unwrap();
+        Endpoints::with_secrets(&config, vec![vec![secret]]).unwrap()
+    }
+
+    fn delivery() -> Delivery {
+        Delivery {
+            execution_id: protocol::ExecutionId::new_random(),
+            webhook_id: "id_1".into(),
+            body: Bytes::from_static(b"{}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn answers_decide_what_comes_next() {
+        let schedule = RetrySchedule::new(vec![Duration::from_millis(7)]);
+        let sender = Sender::new(schedule).unwrap();
+        // 2xx: done.
+        let (url, _) = answering(204).await;
+        let e = endpoints(&url);
+        assert_eq!(
+            sender.attempt(&e.all()[0], &delivery(), 1).await,
+            Next::Done
+        );
+        // Another status: retried after the schedule's pause, then abandoned.
+        let (url, _) = answering(500).await;
+        let e = endpoints(&url);
+        let endpoint = &e.all()[0];
+        assert_eq!(
+            sender.attempt(endpoint, &delivery(), 1).await,
+            Next::Retry(Duration::from_millis(7))
+        );
+        assert_eq!(sender.attempt(endpoint, &delivery(), 2).await, Next::Done);
+        // A redirect is a failure, never followed.
+        let (url, count) = answering(307).await;
+        let e = endpoints(&url);
+        assert!(matches!(
+            sender.attempt(&e.all()[0], &delivery(), 1).await,
+            Next::Retry(_)
+        ));
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+        // 410: done, and the endpoint is gone: it is not contacted again.
+        let (url, count) = answering(410).await;
+        let e = endpoints(&url);
+        let endpoint = &e.all()[0];
+        assert_eq!(sender.attempt(endpoint, &delivery(), 1).await, Next::Done);
+        assert!(endpoint.is_gone());
+        assert_eq!(sender.attempt(endpoint, &delivery(), 1).await, Next::Done);
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+        // Nothing listening: a failure.
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", closed.local_addr().unwrap());
+        drop(closed);
+        let e = endpoints(&url);
+        assert!(matches!(
+            sender.attempt(&e.all()[0], &delivery(), 1).await,
+            Next::Retry(_)
+        ));
+    }
 
     #[test]
     fn the_schedule_gives_one_pause_per_retry_then_ends() {
