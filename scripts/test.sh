@@ -20,6 +20,8 @@ redis-server --version
 ensure_haproxy
 haproxy -v | sed -n 1p
 ensure_curl
+# The webhook test's receiver verifies signatures with the Standard Webhooks library.
+ensure_standardwebhooks
 # The observability test runs a real Prometheus.
 ensure_prometheus
 prometheus --version 2>&1 | sed -n 1p

@@ -11,6 +11,7 @@
 //! - [`base_url`]: base-URL and cursor checks (no credentials, query or fragment) [R 89].
 //! - [`idempotency`]: [`IdempotencyKey`], checked or generated.
 //! - [`keygen`]: new API keys and their deployment-file entries (`mrt keygen`).
+//! - [`webhook_secret`]: new webhook signing secrets (`mrt webhook-secret`).
 //! - [`retry`]: [`RetryPolicy`], bounded exponential backoff with jitter.
 //! - `cli` (feature `cli`, on by default): the `mrt` command; the binary only calls it.
 //!
@@ -43,6 +44,7 @@ pub mod idempotency;
 pub mod keygen;
 pub mod retry;
 pub mod transcript;
+pub mod webhook_secret;
 
 #[cfg(feature = "cli")]
 pub mod cli;

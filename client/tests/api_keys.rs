@@ -139,3 +139,19 @@ async fn the_library_sends_the_key_on_every_call_and_never_shows_it() {
         assert!(!error.to_string().contains("space"));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_secret_prints_a_fresh_standard_webhooks_secret() {
+    let first = mrt(&["webhook-secret"], &[]).await;
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let secret = first.stdout.trim();
+    assert!(secret.starts_with("whsec_"), "{secret}");
+    // 32 bytes of base64: 44 characters.
+    assert_eq!(secret.len(), "whsec_".len() + 44, "{secret}");
+    let json = mrt(&["webhook-secret", "--json"], &[]).await;
+    assert_eq!(json.code, 0, "{}", json.stderr);
+    let doc: Value = serde_json::from_str(json.stdout.trim()).unwrap();
+    let other = doc["secret"].as_str().unwrap();
+    assert!(other.starts_with("whsec_"));
+    assert_ne!(other, secret);
+}

@@ -31,7 +31,13 @@ use crate::error::ConfigError;
 use crate::field::{Fields, MAX_SAFE_INTEGER};
 
 const AUTH_FIELDS: &[&str] = &["tenants", "keys"];
-const TENANT_FIELDS: &[&str] = &["max_active_executions", "submits_per_second", "burst"];
+// `webhooks` is parsed by `crate::webhook`.
+const TENANT_FIELDS: &[&str] = &[
+    "max_active_executions",
+    "submits_per_second",
+    "burst",
+    "webhooks",
+];
 const KEY_FIELDS: &[&str] = &["id", "tenant", "sha256", "scopes"];
 
 /// Largest `submits_per_second` (a million per second per tenant is beyond any deployment).

@@ -22,6 +22,7 @@ use crate::event_store::EventStoreConfig;
 use crate::field::{Fields, MAX_SAFE_INTEGER, duration_ms};
 use crate::limits::{DEFAULT_MAX_ACTIVE_EXECUTIONS, DEFAULT_RETENTION, Limits};
 use crate::provider::{ProviderCatalog, parse_providers};
+use crate::webhook::WebhookConfig;
 
 /// Largest configuration file read (4 MiB); a deployment file is a few kilobytes.
 pub const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
@@ -33,6 +34,8 @@ const ROOT_FIELDS: &[&str] = &[
     "limits",
     "retention_ms",
     "auth",
+    "webhooks",
+    "webhook_retry_schedule_ms",
 ];
 
 /// Everything the deployment file configures. `P` is a parsed provider section, as the
@@ -51,6 +54,8 @@ pub struct DeploymentConfig<P> {
     pub event_store: EventStoreConfig,
     /// API keys and tenants; `None`: every request is anonymous (tenant `default`).
     pub auth: Option<AuthConfig>,
+    /// Webhook endpoints of every tenant and the retry schedule (none by default).
+    pub webhooks: WebhookConfig,
 }
 
 impl<P> DeploymentConfig<P> {
@@ -63,6 +68,7 @@ impl<P> DeploymentConfig<P> {
             retention: DEFAULT_RETENTION,
             event_store: EventStoreConfig::default(),
             auth: None,
+            webhooks: WebhookConfig::default(),
         }
     }
 }
@@ -135,6 +141,7 @@ fn from_value<C: ProviderCatalog>(
         Some(value) => EventStoreConfig::parse(value)?,
     };
     let auth = root.get("auth").map(AuthConfig::parse).transpose()?;
+    let webhooks = WebhookConfig::parse(&root)?;
     Ok(DeploymentConfig {
         providers,
         max_active_executions,
@@ -142,5 +149,6 @@ fn from_value<C: ProviderCatalog>(
         retention: Duration::from_millis(store_retention_ms.unwrap_or(root_retention_ms)),
         event_store,
         auth,
+        webhooks,
     })
 }

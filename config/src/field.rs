@@ -239,7 +239,7 @@ fn integer_requirement(min: u64) -> String {
     }
 }
 
-fn is_env_name(name: &str) -> bool {
+pub(crate) fn is_env_name(name: &str) -> bool {
     let bytes = name.as_bytes();
     (2..=128).contains(&bytes.len())
         && bytes[0].is_ascii_uppercase()

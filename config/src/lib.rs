@@ -12,6 +12,8 @@
 //!   [`ProviderCatalog`] through which the worker's adapters parse their own sections.
 //! - [`auth`]: the `auth` section: tenants, their quotas, and API key hashes.
 //! - [`base_url`]: provider base URLs, restricted to safe origins.
+//! - [`webhook`]: each tenant's webhook endpoints, the retry schedule, and signing secrets
+//!   read from the variables the endpoints name.
 //! - [`field`]: the strict JSON walker every section is parsed with.
 //! - [`error`]: [`ConfigError`], which names paths and never values.
 //!
@@ -26,6 +28,7 @@ pub mod field;
 pub mod limits;
 pub mod process;
 pub mod provider;
+pub mod webhook;
 
 pub use auth::{ApiKeyEntry, AuthConfig, Scope, Scopes, TenantQuota};
 pub use base_url::{BaseUrl, UnsafeBaseUrl};
@@ -36,3 +39,4 @@ pub use field::Fields;
 pub use limits::Limits;
 pub use process::{BackendKind, CommonArgs, LogFormat, NatsAccessArgs, Secret};
 pub use provider::{FlowLimits, ProviderCatalog};
+pub use webhook::{SigningSecret, WebhookConfig, WebhookEndpoint, WebhookEvent};

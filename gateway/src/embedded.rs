@@ -91,6 +91,17 @@ impl Embedded {
         }
     }
 
+    /// Starts webhook deliveries fed by this runtime's event store (contract §11); they run
+    /// until `stopping` is cancelled or the process ends.
+    pub fn start_webhooks(
+        &self,
+        endpoints: Arc<webhook::Endpoints>,
+        sender: webhook::Sender,
+        stopping: tokio_util::sync::CancellationToken,
+    ) -> webhook::MemoryWebhooks {
+        webhook::MemoryWebhooks::start(&self.store, endpoints, sender, stopping)
+    }
+
     /// Executions retained in memory now.
     pub fn retained(&self) -> usize {
         self.store.retained()

@@ -60,6 +60,15 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
     }
     let grace = args.common.shutdown_grace();
     let limits = ConnectionLimits::new(&deployment.limits, open_files);
+    // Embedded mode delivers webhooks itself: its secrets are read now (contract §11).
+    let webhooks = match args.common.backend {
+        BackendKind::Memory => match webhook::setup(&deployment.webhooks) {
+            Ok(webhooks) => webhooks,
+            Err(e) => return startup_error(&e.to_string()),
+        },
+        BackendKind::Nats => None,
+    };
+    let _webhooks;
     let runtime = match args.common.backend {
         BackendKind::Memory => {
             let concurrency = worker::capacity::concurrency(
@@ -68,7 +77,11 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
                 args.common.workers_cap(),
             );
             tracing::info!(concurrency, "running executions in this process");
-            Runtime::Embedded(Embedded::start(&deployment, registry, concurrency))
+            let embedded = Embedded::start(&deployment, registry, concurrency);
+            _webhooks = webhooks.map(|(endpoints, sender)| {
+                embedded.start_webhooks(endpoints, sender, stop.clone())
+            });
+            Runtime::Embedded(embedded)
         }
         BackendKind::Nats => match tokio::select! {
             connected = crate::distributed::connect(&args.common, &deployment) => connected,
@@ -79,6 +92,15 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
             }
         } {
             Ok((backend, nats)) => {
+                // Workers deliver; the gateway only makes deliveries owed from its start on
+                // (`webhook::nats`).
+                if !deployment.webhooks.is_empty() {
+                    let schedule = webhook::RetrySchedule::of(&deployment.webhooks);
+                    if let Err(e) = webhook::nats::ensure_layout(&nats, &schedule).await {
+                        tracing::error!(error = %e, "cannot create the webhook streams");
+                        return startup_error(&format!("cannot start: {e}"));
+                    }
+                }
                 // Closes executions past their deadline that no worker runs (contract §8).
                 runtime::DeadlineSweeper::new(
                     Arc::clone(&backend.store),

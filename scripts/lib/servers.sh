@@ -29,6 +29,16 @@ ensure_nats_server() {
   export MRT_NATS_SERVER="$scripts_dir/nats-server"
 }
 
+# The Standard Webhooks reference library (PyPI), with which the webhook test's receiver
+# (tests/tests/webhooks/receiver.py) verifies signatures.
+STANDARDWEBHOOKS_VERSION=1.1.0
+ensure_standardwebhooks() {
+  if ! python3 -c "import standardwebhooks" 2>/dev/null; then
+    echo "installing standardwebhooks==$STANDARDWEBHOOKS_VERSION (pip)" >&2
+    python3 -m pip install --quiet --disable-pip-version-check "standardwebhooks==$STANDARDWEBHOOKS_VERSION" >&2
+  fi
+}
+
 # redis-server (and redis-cli, same package) from Debian.
 ensure_redis_server() {
   command -v redis-server >/dev/null || apt_install redis-server

@@ -19,6 +19,9 @@ pub const PROVIDER_ATTEMPTS_TOTAL: &str = "mrt_provider_attempts_total";
 pub const PROVIDER_INFLIGHT: &str = "mrt_provider_inflight";
 pub const EVENT_APPEND_DURATION_SECONDS: &str = "mrt_event_append_duration_seconds";
 pub const JOBS_PENDING: &str = "mrt_jobs_pending";
+pub const WEBHOOK_DELIVERIES_TOTAL: &str = "mrt_webhook_deliveries_total";
+pub const WEBHOOK_DELIVERY_SECONDS: &str = "mrt_webhook_delivery_seconds";
+pub const WEBHOOK_PENDING: &str = "mrt_webhook_pending";
 /// How long a worker's pace holds each execution's next output message now (`runtime::pace`):
 /// the adaptive default holds 0 while the event store keeps up; a fixed pace shows its value.
 /// Sampled by the worker at every scrape.
@@ -91,6 +94,11 @@ pub const TOKEN_BUCKETS: &[f64] = &[
     67_108_864.0,
 ];
 
+/// One webhook attempt: a local receiver answers in milliseconds, the timeout is 15 s.
+pub const WEBHOOK_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0,
+];
+
 /// Every histogram with its buckets.
 pub const HISTOGRAMS: &[(&str, &[f64])] = &[
     (HTTP_REQUEST_DURATION_SECONDS, HTTP_BUCKETS),
@@ -100,6 +108,7 @@ pub const HISTOGRAMS: &[(&str, &[f64])] = &[
     (OPERATION_DURATION_SECONDS, EXECUTION_BUCKETS),
     (TOKEN_USAGE, TOKEN_BUCKETS),
     (EVENT_APPEND_DURATION_SECONDS, APPEND_BUCKETS),
+    (WEBHOOK_DELIVERY_SECONDS, WEBHOOK_BUCKETS),
 ];
 
 /// Execution-level codes of contract.md section 2 (the `code` label of failed executions).
@@ -231,6 +240,44 @@ pub fn register_tenant_quota(tenant: &str) {
     for reason in [quota_reason::ACTIVE_LIMIT, quota_reason::RATE_LIMITED] {
         metrics::counter!(QUOTA_REJECTIONS_TOTAL, "tenant" => tenant.to_owned(), "reason" => reason)
             .absolute(0);
+    }
+}
+
+/// Outcomes of [`WEBHOOK_DELIVERIES_TOTAL`] (contract.md section 11): one per attempt that
+/// succeeded, failed and will be retried, failed for the last time, or was answered 410.
+pub mod webhook_outcome {
+    pub const DELIVERED: &str = "delivered";
+    pub const RETRIED: &str = "retried";
+    pub const ABANDONED: &str = "abandoned";
+    pub const GONE: &str = "gone";
+    pub const ALL: [&str; 4] = [DELIVERED, RETRIED, ABANDONED, GONE];
+}
+
+/// Describes the webhook metrics and registers one endpoint's series at 0, and the pending
+/// gauge, so an endpoint that never received anything still shows up.
+pub fn register_webhook_endpoint(tenant: &str, endpoint: &str) {
+    describe_counter!(
+        WEBHOOK_DELIVERIES_TOTAL,
+        "Webhook delivery attempts by tenant, endpoint and outcome (delivered, retried, abandoned, gone)."
+    );
+    describe_histogram!(
+        WEBHOOK_DELIVERY_SECONDS,
+        Unit::Seconds,
+        "Time of one webhook delivery attempt, by tenant and endpoint."
+    );
+    describe_gauge!(
+        WEBHOOK_PENDING,
+        "Webhook deliveries owed and not yet finished (nats mode: the deliveries stream, cluster-wide; embedded: this process)."
+    );
+    metrics::gauge!(WEBHOOK_PENDING).increment(0.0);
+    for outcome in webhook_outcome::ALL {
+        metrics::counter!(
+            WEBHOOK_DELIVERIES_TOTAL,
+            "tenant" => tenant.to_owned(),
+            "endpoint" => endpoint.to_owned(),
+            "outcome" => outcome
+        )
+        .absolute(0);
     }
 }
 

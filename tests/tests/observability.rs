@@ -121,9 +121,17 @@ async fn every_dashboard_query_returns_series_from_a_real_prometheus() {
     let config = json!({
         "providers": [{"type": "mock", "id": "provider-mock", "model": "model-alpha",
                        "abilities": ["text-generation"], "chunks": ["a ", "b ", "c"],
-                       "delay_ms": 20}]
+                       "delay_ms": 20}],
+        // Nothing listens there: every attempt fails fast, so the webhook panel's series
+        // (attempts, their latency, deliveries pending) exist.
+        "webhooks": [{"id": "unreachable", "url": "http://127.0.0.1:9/hook",
+                      "secret_env": ["MRT_TEST_WEBHOOK_SECRET"]}]
     });
-    let cluster = Cluster::start(&config);
+    let mut cluster = Cluster::start(&config);
+    cluster.extra_env.push((
+        "MRT_TEST_WEBHOOK_SECRET".into(),
+        "whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into(),
+    ));
     let gateway = cluster.gateway();
     let (_worker, admin) = cluster.worker_with_admin(&[]);
     let prometheus = start_prometheus(&[

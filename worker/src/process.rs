@@ -138,6 +138,11 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         Ok(partitions) => partitions,
         Err(e) => return startup_error(&e, 1),
     };
+    // Secrets are read now, so a missing one stops the start before anything connects.
+    let webhooks = match webhook::setup(&deployment.webhooks) {
+        Ok(webhooks) => webhooks,
+        Err(e) => return startup_error(&e.to_string(), 1),
+    };
     let settings = NatsConnectSettings {
         url: common.nats_url.clone(),
         access: nats_access(&common.nats_access),
@@ -228,6 +233,19 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         })
     };
     let store: Arc<dyn runtime::EventStore> = Arc::new(nats.store);
+    // Every worker feeds and delivers the namespace's webhooks (contract §11).
+    if let Some((endpoints, sender)) = webhooks {
+        let started = webhook::NatsWebhooks::start(
+            nats.connection.clone(),
+            Arc::clone(&store),
+            endpoints,
+            sender,
+            stopping.clone(),
+        );
+        if let Err(e) = started.await {
+            return backend_failure("NATS", "--nats-url", &e);
+        }
+    }
     // Closes executions past their deadline that no worker runs, e.g. a dead worker's
     // (contract §8); gateways run one too.
     runtime::DeadlineSweeper::new(

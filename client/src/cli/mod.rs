@@ -125,6 +125,9 @@ pub enum Command {
         #[arg(long, value_name = "LIST")]
         scopes: Option<String>,
     },
+    /// Generate a webhook signing secret (`whsec_…`) for the variable an endpoint's
+    /// `secret_env` names; give the same value to the receiver. Contacts no gateway.
+    WebhookSecret,
 }
 
 /// A command-line value that must never be printed (`Debug` hides it).
@@ -281,6 +284,9 @@ async fn dispatch(cli: Cli, term: &mut Terminal<'_>) -> Result<Exit, Failure> {
     if let Command::Keygen { tenant, id, scopes } = &cli.command {
         return keygen(term, tenant, id, scopes.as_deref());
     }
+    if let Command::WebhookSecret = &cli.command {
+        return webhook_secret(term);
+    }
     let mut builder = Client::builder(&cli.url).retry(RetryPolicy {
         max_retries: cli.retries,
         ..RetryPolicy::default()
@@ -354,6 +360,7 @@ async fn dispatch(cli: Cli, term: &mut Terminal<'_>) -> Result<Exit, Failure> {
             Ok(Exit::Success)
         }
         Command::Keygen { tenant, id, scopes } => keygen(term, &tenant, &id, scopes.as_deref()),
+        Command::WebhookSecret => webhook_secret(term),
         Command::Runtime => {
             let info = client.runtime_info().await?;
             term.json_document(&info)?;
@@ -389,6 +396,18 @@ fn keygen(
         term.note("mrt: add this entry to auth.keys in the deployment file:");
         let entry = serde_json::to_string(&generated.entry).map_err(|_| Failure::Output)?;
         term.line(&entry)?;
+    }
+    Ok(Exit::Success)
+}
+
+/// `mrt webhook-secret`: the secret on stdout; `--json`: `{"secret": …}`.
+fn webhook_secret(term: &mut Terminal<'_>) -> Result<Exit, Failure> {
+    let secret = crate::webhook_secret::generate().map_err(|e| Failure::Usage(e.to_string()))?;
+    if term.json() {
+        term.json_document(&serde_json::json!({ "secret": secret }))?;
+    } else {
+        term.note("mrt: set this in the variable named by the endpoint's secret_env, and give it to the receiver:");
+        term.line(&secret)?;
     }
     Ok(Exit::Success)
 }

@@ -6,7 +6,8 @@
 //!
 //! A [`TerminalHook`] learns of every terminal event right after it is stored (embedded mode
 //! releases the execution's quota slot with it); it runs outside the store's locks and cannot
-//! change what was stored.
+//! change what was stored. A [`StoredHook`] likewise learns of every stored event with its
+//! owner (embedded mode feeds webhook deliveries with it).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -76,11 +77,17 @@ struct Registry {
 /// Called with an execution's id once its terminal event is stored; must not block.
 pub type TerminalHook = Arc<dyn Fn(ExecutionId) + Send + Sync>;
 
+/// Called with every event right after it is stored, and the execution's owner (embedded
+/// mode's webhook feed); must not block.
+pub type StoredHook = Arc<dyn Fn(&Arc<EventRecord>, &Tenant) + Send + Sync>;
+
 #[derive(derive_more::Debug)]
 struct Inner {
     limits: MemoryLimits,
     #[debug(skip)]
     on_terminal: RwLock<Option<TerminalHook>>,
+    #[debug(skip)]
+    on_stored: RwLock<Option<StoredHook>>,
     #[debug(skip)]
     executions: RwLock<HashMap<ExecutionId, Arc<Entry>>>,
     #[debug(skip)]
@@ -100,6 +107,7 @@ impl MemoryEventStore {
             inner: Arc::new(Inner {
                 limits,
                 on_terminal: RwLock::new(None),
+                on_stored: RwLock::new(None),
                 executions: RwLock::new(HashMap::new()),
                 registry: Mutex::new(Registry::default()),
                 total_bytes: AtomicUsize::new(0),
@@ -110,6 +118,18 @@ impl MemoryEventStore {
     /// Sets the hook told of every terminal event stored from now on (replacing any earlier).
     pub fn on_terminal(&self, hook: TerminalHook) {
         *self.inner.on_terminal.write() = Some(hook);
+    }
+
+    /// Sets the hook told of every event stored from now on (replacing any earlier).
+    pub fn on_stored(&self, hook: StoredHook) {
+        *self.inner.on_stored.write() = Some(hook);
+    }
+
+    fn stored(&self, record: &Arc<EventRecord>, owner: &Tenant) {
+        let hook = self.inner.on_stored.read().clone();
+        if let Some(hook) = hook {
+            hook(record, owner);
+        }
     }
 
     /// Retained executions (for metrics and tests).
@@ -199,7 +219,7 @@ impl EventStore for MemoryEventStore {
         let entry = Arc::new(Entry {
             owner: owner.clone(),
             state: Mutex::new(EntryState {
-                records: vec![record],
+                records: vec![Arc::clone(&record)],
                 materializer,
                 bytes,
             }),
@@ -208,6 +228,8 @@ impl EventStore for MemoryEventStore {
         self.inner.executions.write().insert(id, entry);
         self.inner.total_bytes.fetch_add(bytes, Ordering::Relaxed);
         registry.active += 1;
+        drop(registry);
+        self.stored(&record, owner);
         Ok(())
     }
 
@@ -216,7 +238,7 @@ impl EventStore for MemoryEventStore {
         let id = event.execution_id;
         let entry = self.entry(id).ok_or(StoreError::NotFound)?;
         let terminal = event.is_terminal();
-        {
+        let stored = {
             let mut state = entry.state.lock();
             let m = &state.materializer;
             if event.sequence != m.last_sequence().next() || m.is_terminal() {
@@ -236,11 +258,13 @@ impl EventStore for MemoryEventStore {
                 return Err(StoreError::ExecutionLimit);
             }
             state.materializer.apply(&record.event)?;
-            state.records.push(record);
+            state.records.push(Arc::clone(&record));
             state.bytes += size;
             self.inner.total_bytes.fetch_add(size, Ordering::Relaxed);
-        }
+            record
+        };
         entry.notify.notify_waiters();
+        self.stored(&stored, &entry.owner);
         if terminal {
             let mut registry = self.inner.registry.lock();
             registry.active = registry.active.saturating_sub(1);

@@ -10,7 +10,7 @@ mod idempotency;
 mod job_queue;
 
 pub use cancel::MemoryCancelBus;
-pub use event_store::{MemoryEventStore, MemoryLimits, TerminalHook};
+pub use event_store::{MemoryEventStore, MemoryLimits, StoredHook, TerminalHook};
 pub use idempotency::MemoryIdempotencyStore;
 pub use job_queue::MemoryJobQueue;
 

@@ -37,8 +37,10 @@ use async_nats::jetstream::{self, stream};
 
 pub use access::{NatsAccess, ResolvedAccess};
 pub use cancel::NatsCancelBus;
-pub use event_store::{NatsEventStore, OWNER_HEADER};
+pub use event_store::{NatsEventStore, OWNER_HEADER, stored_events};
 pub use job_queue::NatsJobQueue;
+// For other crates' streams and consumers in the namespace (webhook deliveries).
+pub use reconcile::{pull_consumer as reconcile_pull_consumer, stream as reconcile_stream};
 pub use services::{NatsConnectSettings, NatsServices};
 pub use shards::{DEFAULT_EVENT_SHARDS, EventShards, MAX_EVENT_SHARDS, SHARDS_METADATA_KEY};
 

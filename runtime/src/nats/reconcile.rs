@@ -97,10 +97,7 @@ pub(crate) fn duplicate_window(wanted: Duration, max_age: Duration) -> Duration 
 
 /// Creates the stream or brings an existing one to `desired` (see the module docs). Several
 /// processes may start at once: a create that loses the race is followed by a verify.
-pub(crate) async fn stream(
-    js: &jetstream::Context,
-    desired: stream::Config,
-) -> Result<(), StoreError> {
+pub async fn stream(js: &jetstream::Context, desired: stream::Config) -> Result<(), StoreError> {
     let name = desired.name.clone();
     let mut last_refusal = String::new();
     for _ in 0..3 {
@@ -201,7 +198,7 @@ fn consumer_differences(
 /// Creates the durable pull consumer or updates it to `desired` (JetStream's create-or-update),
 /// and returns it with the configuration the server holds now: the caller derives its lease
 /// from that, not from its own flags.
-pub(crate) async fn pull_consumer(
+pub async fn pull_consumer(
     stream: &stream::Stream,
     desired: consumer::pull::Config,
 ) -> Result<consumer::PullConsumer, StoreError> {
