@@ -61,7 +61,8 @@ pub struct NatsSettings {
     pub retention: Duration,
     /// Lease of a job delivery; heartbeats extend it while the execution runs.
     pub ack_wait: Duration,
-    /// Jobs waiting or running cluster-wide before submits get `queue_full`.
+    /// Jobs waiting or running cluster-wide before submits get `queue_full`, shared evenly by
+    /// the partitions (`partition_max_jobs`).
     pub max_jobs: i64,
     /// Bound of every request to the server, so an outage is answered promptly.
     pub request_timeout: Duration,
