@@ -348,8 +348,12 @@ impl Runner {
             Ending::Routed(Err(Stop::Failed(error))) | Ending::Interrupted(error) => {
                 EventBody::Failed { error }
             }
+            Ending::Routed(Err(Stop::Write(WriteError::Closed)))
+            | Ending::WriteFailed(WriteError::Closed) => return RunOutcome::Finished,
             Ending::Routed(Err(Stop::Write(e))) | Ending::WriteFailed(e) => {
-                // Continue from the last acknowledged event.
+                // Continue from the last acknowledged event; what may have landed after it is
+                // sent again first (`EventWriter::settle`), so a write of this worker's that
+                // landed late is continued after, not taken for another writer's.
                 writer.recover();
                 match write_failure_terminal(&writer, e) {
                     Some(terminal) => terminal,
@@ -425,7 +429,9 @@ impl Runner {
 
     /// Appends the terminal event, after everything submitted before it. If an earlier event
     /// failed (the terminal was then not written), the log is closed with the failure that
-    /// write error means instead.
+    /// write error means instead. Events whose append had an unknown outcome are settled first
+    /// (`EventWriter::settle`): if that stores everything before the terminal event, the
+    /// terminal event itself is appended again; if it was among them, the log is closed.
     async fn finish(
         &self,
         writer: &mut EventWriter,
@@ -434,18 +440,41 @@ impl Runner {
     ) -> RunOutcome {
         let terminal_sequence = writer.last_sequence().next();
         let metered = terminal.clone();
-        let error = match writer.append(terminal).await {
+        let error = match writer.append(terminal.clone()).await {
             Ok(()) => {
                 instrument::terminal(&metered, accepted_at);
                 return RunOutcome::Finished;
             }
             Err(WriteError::Fenced) => return RunOutcome::Dropped,
+            // A terminal event of this writer whose outcome was unknown had landed.
+            Err(WriteError::Closed) => return RunOutcome::Finished,
             Err(e) => e,
         };
         writer.recover();
-        if writer.last_sequence().next() != terminal_sequence
-            && let Some(fallback) = write_failure_terminal(writer, error.clone())
+        // What may have landed of the failed run (the terminal event included) is settled
+        // before anything else is decided.
+        match writer.settle().await {
+            Ok(()) if writer.closed() => return RunOutcome::Finished,
+            Ok(()) => {}
+            Err(WriteError::Fenced) => return RunOutcome::Dropped,
+            Err(WriteError::Closed) => return RunOutcome::Finished,
+            Err(e) => {
+                tracing::error!(execution_id = %writer.execution_id(), error = %e, "cannot append terminal event");
+                return RunOutcome::Abandoned;
+            }
+        }
+        // Everything before the terminal event is stored now (settled, or acknowledged): the
+        // terminal event itself was not sent (it was queued behind the failed run) or was
+        // refused; it is tried once more. Otherwise the failure the write error means closes
+        // the log.
+        let closing = if writer.last_sequence().next() == terminal_sequence
+            && !matches!(error, WriteError::Fenced)
         {
+            Some(terminal)
+        } else {
+            write_failure_terminal(writer, error.clone())
+        };
+        if let Some(fallback) = closing {
             let metered = fallback.clone();
             return match writer.append(fallback).await {
                 Ok(()) => {
@@ -453,6 +482,7 @@ impl Runner {
                     RunOutcome::Finished
                 }
                 Err(WriteError::Fenced) => RunOutcome::Dropped,
+                Err(WriteError::Closed) => RunOutcome::Finished,
                 Err(e) => {
                     tracing::error!(execution_id = %writer.execution_id(), error = %e, "cannot append terminal event");
                     RunOutcome::Abandoned
@@ -618,7 +648,7 @@ async fn withdrawn(
 fn write_failure_terminal(writer: &EventWriter, error: WriteError) -> Option<EventBody> {
     let id = writer.execution_id();
     let error = match error {
-        WriteError::Fenced => return None,
+        WriteError::Fenced | WriteError::Closed => return None,
         WriteError::Limit => limit_error(),
         WriteError::Store(
             e @ (runtime::StoreError::Unavailable(_) | runtime::StoreError::Closed),

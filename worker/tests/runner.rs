@@ -1314,6 +1314,104 @@ async fn a_writer_fenced_mid_attempt_stops_writing() {
     assert_eq!((a.calls(), a.finished(), b.calls()), (1, 1, 0));
 }
 
+/// Provider `a` streams "hel", then waits for the returned semaphore, then emits `after`
+/// and succeeds; its runner writes through a [`PartitionedStore`] (paused time).
+fn partitioned_a(after: Vec<Step>) -> (Harness, Arc<PartitionedStore>, Arc<Semaphore>) {
+    let release = Arc::new(Semaphore::new(0));
+    let mut script = vec![emit_delta("hel"), Step::Hold(Arc::clone(&release))];
+    script.extend(after);
+    let a = ScriptedProvider::new("a", script);
+    let store = Arc::new(runtime::memory::MemoryEventStore::new(
+        MemoryLimits::default(),
+    ));
+    let partitioned = PartitionedStore::new(Arc::clone(&store));
+    let h = Harness::with_store(
+        with_default_limits(&[&a]),
+        Arc::clone(&partitioned) as Arc<dyn EventStore>,
+        store,
+        RunnerSettings::default(),
+    );
+    (h, partitioned, release)
+}
+
+/// Runs a job of `h` whose provider streams "hel" and then holds until `release`; once "hel"
+/// is stored the link is cut for `cut` and the provider released.
+async fn run_across_a_cut(
+    h: &Harness,
+    store: &PartitionedStore,
+    release: &Semaphore,
+    cut: Duration,
+) -> (runtime::Job, RunOutcome) {
+    let job = h.submit(&text_request(""), LONG).await;
+    let id = job.execution_id;
+    let run = h.runner.run(&job, 1);
+    tokio::pin!(run);
+    loop {
+        tokio::select! {
+            outcome = &mut run => panic!("ended before the cut: {outcome:?}"),
+            () = tokio::time::sleep(Duration::from_millis(1)) => {}
+        }
+        if h.has_event(id, "output.delta").await {
+            break;
+        }
+    }
+    store.cut(cut);
+    release.add_permits(1);
+    let outcome = run.await;
+    (job.clone(), outcome)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_append_that_landed_after_the_worker_gave_up_is_continued_not_taken_for_a_fence() {
+    // The stuck executions: the worker lost the event store for longer than its append
+    // retries; its `usage.reported` landed after it had given up. The log must still be
+    // closed, after that event, by the worker itself (before: its terminal append met its own
+    // late write, was taken for another writer's, the job was acknowledged and dropped, and
+    // the log stayed open until the deadline).
+    let (h, store, release) =
+        partitioned_a(vec![Step::Emit(ProviderEvent::Usage(mock_usage_facts(1)))]);
+    let (job, outcome) = run_across_a_cut(&h, &store, &release, Duration::from_secs(40)).await;
+    assert_eq!(outcome, RunOutcome::Finished);
+    h.assert_log(
+        job.execution_id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            delta("hel"),
+            usage(1),
+            completed("a"),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_terminal_event_that_landed_after_the_worker_gave_up_closes_the_log() {
+    let (h, store, release) = partitioned_a(Vec::new());
+    let (job, outcome) = run_across_a_cut(&h, &store, &release, Duration::from_secs(40)).await;
+    assert_eq!(outcome, RunOutcome::Finished);
+    h.assert_log(
+        job.execution_id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            delta("hel"),
+            completed("a"),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cut_longer_than_every_retry_leaves_the_job_to_a_later_delivery() {
+    // Past both retry budgets the runner gives the job back unacknowledged; the redelivery
+    // after the heal closes the log (here: the same runner, a second delivery).
+    let (h, store, release) = partitioned_a(Vec::new());
+    let (job, outcome) = run_across_a_cut(&h, &store, &release, Duration::from_secs(600)).await;
+    assert_eq!(outcome, RunOutcome::Abandoned);
+    assert!(!h.is_terminal(job.execution_id).await);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Store limits and failures [R 47-48, 84]
 

@@ -82,16 +82,16 @@ impl NatsEventStore {
         let last = &run[run.len() - 1].event;
         let id = first.execution_id;
         let cached = self.heads.lock().get(&id).copied();
-        let (head, last_msg_id) = match cached {
+        let (head, fetched) = match cached {
             Some(h) if h.sequence.next() == first.sequence => (h, None),
             _ => match self.fetch_head(id).await? {
-                Some(f) => (f.head, f.msg_id),
+                Some(f) => (f.head, Some(f)),
                 None => return Err(StoreError::NotFound),
             },
         };
         if head.terminal || head.sequence.next() != first.sequence {
             self.remember(id, head);
-            if last_msg_id.as_deref() == Some(msg_id(run, writer).as_str()) {
+            if fetched.is_some_and(|f| f.is(run, writer)) {
                 // Our write is the last one: a retry after a lost ack.
                 return Ok(());
             }
@@ -117,7 +117,7 @@ impl NatsEventStore {
             Err(_) => {
                 self.heads.lock().remove(&id);
                 match self.fetch_head(id).await? {
-                    Some(f) if f.msg_id.as_deref() == Some(msg_id(run, writer).as_str()) => {
+                    Some(f) if f.is(run, writer) => {
                         // Our write landed earlier (a retry after a lost ack).
                         self.remember(id, f.head);
                         Ok(())

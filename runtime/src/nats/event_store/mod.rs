@@ -61,6 +61,19 @@ struct Head {
 struct Fetched {
     head: Head,
     msg_id: Option<String>,
+    /// The message's events.
+    records: Vec<EventRecord>,
+}
+
+impl Fetched {
+    /// Whether this message is `run` as written by `writer`: its msg id and its events. The
+    /// events are compared too, so a msg id of ours over other events (which a writer never
+    /// sends: see `writer`'s unknown outcomes) is never taken for our write.
+    fn is(&self, run: &[EventRecord], writer: WriterId) -> bool {
+        self.msg_id.as_deref() == Some(format::msg_id(run, writer).as_str())
+            && self.records.len() == run.len()
+            && self.records.iter().zip(run).all(|(a, b)| a.json == b.json)
+    }
 }
 
 /// Which message of an execution's subject a leader read confirms.
@@ -185,7 +198,11 @@ impl NatsEventStore {
                     terminal: record.event.is_terminal(),
                     time: record.event.time,
                 };
-                Ok(Some(Fetched { head, msg_id }))
+                Ok(Some(Fetched {
+                    head,
+                    msg_id,
+                    records,
+                }))
             }
             None => Ok(None),
         }
