@@ -13,6 +13,8 @@
 //! - [`flow`]: per-provider concurrency gates with bounded FIFO queues [R 35-37].
 //! - [`runner`]: one execution from job to terminal event: attempts, fallback, deadline,
 //!   cancellation.
+//! - [`holder`]: whether a redelivered execution's previous holder may still be alive
+//!   (running here, or still writing), so a lapsed lease is not taken for a stopped worker.
 //! - [`key_guard`]: the worker's half of a keyed submission's idempotency claim: a job whose
 //!   key is bound to another execution never runs.
 //! - [`pool`]: N concurrent runner slots pulling from a `JobQueue`, with graceful shutdown.
@@ -26,6 +28,7 @@
 pub mod admin;
 pub mod deployment;
 pub mod flow;
+pub mod holder;
 pub mod instrument;
 pub mod key_guard;
 pub mod pool;

@@ -882,6 +882,12 @@ impl PartitionedStore {
         *self.cut.lock() = Some(tokio::time::Instant::now() + lasting);
     }
 
+    /// Heals the link now; the runs on their way are lost (never stored).
+    pub fn heal_losing_in_flight(&self) {
+        *self.cut.lock() = None;
+        self.in_flight.lock().clear();
+    }
+
     /// Whether the link is cut now; heals it (landing the runs on their way) once the cut is
     /// over.
     async fn is_cut(&self) -> bool {
