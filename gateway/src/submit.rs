@@ -137,7 +137,7 @@ pub async fn submit(
                 }
                 tracing::info!(execution_id = %unrun.execution_id, "idempotency key bound to an execution closed unrun; binding it anew");
                 rebinds += 1;
-                request = unrun.request;
+                request = unrun.request.clone();
             }
             Submitted::KeyOfUnrun(unrun) => {
                 return Ok(ExecutionSubmission {
@@ -161,7 +161,7 @@ enum Submitted {
     /// The key is bound to an execution of the same request that was closed unqueued right
     /// after `execution.accepted` (its submission was answered 503, or 429): the job as that
     /// submission built it (its id, its key binding), so the key can be freed from it.
-    KeyOfUnrun(Job),
+    KeyOfUnrun(Box<Job>),
 }
 
 /// One pass of [`submit`]: a fresh execution id, its key bound, its log created and its job
@@ -842,7 +842,7 @@ async fn replay(
     let waited = Instant::now();
     let status = loop {
         match inner.backend.store.state(id).await? {
-            Some(m) if closed_unrun(&m) => return Ok(Submitted::KeyOfUnrun(job)),
+            Some(m) if closed_unrun(&m) => return Ok(Submitted::KeyOfUnrun(Box::new(job))),
             Some(m) => break m.status(),
             None if waited.elapsed() < inner.limits.replay_wait => {
                 // A concurrent first submission bound the key and is creating the log.
