@@ -54,9 +54,12 @@
 //!
 //! Settling is bounded so every submit is answered within 2 s ([`SETTLE_BOUND`]). When the
 //! outcome is still unknown then (a stream still unreachable), the answer is 503, a background
-//! task keeps settling, and the idempotency key stays bound: a keyed retry replays the same
-//! execution (which then shows the unqueued failure) rather than creating a second one, so
-//! one key still means at most one execution (invariant 3). The alternative, answering 202 and
+//! task keeps settling, and the idempotency key stays bound while the outcome is unknown: a
+//! keyed retry meanwhile replays the same execution rather than creating a second one, so one
+//! key still means at most one execution run (invariant 3). Once it is settled unrun (closed
+//! with the unqueued failure right after `execution.accepted`: nothing of it ran or can run),
+//! a keyed retry frees the key from it and creates the execution, as the 503's retry hint
+//! promised ([`replay`]); an execution that ran is replayed. The alternative, answering 202 and
 //! republishing the job in the background until acknowledged, was rejected: a gateway that
 //! dies before the republish lands leaves a 202 execution no job will ever run, and no scan
 //! covers logs without jobs (the deadline sweeper follows the queue).
