@@ -27,10 +27,12 @@ mod access;
 mod cancel;
 mod event_store;
 mod job_queue;
+pub mod quorum;
 mod reconcile;
 mod services;
 mod shards;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
@@ -141,6 +143,9 @@ pub struct NatsBackend {
     pub settings: NatsSettings,
     /// Where each execution's log lives, as the namespace records it.
     pub events: EventShards,
+    /// The quorum watches of both connections, stopped with the last clone (`quorum`).
+    #[debug(skip)]
+    _quorum: Arc<[quorum::Watch; 2]>,
 }
 
 /// The oldest nats-server (major, minor) this backend works with: batched direct gets (ADR-31),
@@ -197,12 +202,18 @@ impl NatsBackend {
         let access = access.resolve(credentials, tls_url)?;
         let deadline = tokio::time::Instant::now() + connect_timeout;
         let unreachable = || StoreError::Unavailable("NATS is unreachable".into());
-        let options = |role: &str| {
+        // Each connection picks its servers through a selector, so its quorum watch can move
+        // it away from a server cut off from the cluster (`quorum`).
+        let (selector, readers_selector) =
+            (quorum::Selector::default(), quorum::Selector::default());
+        let options = |role: &str, selector: &quorum::Selector| {
             access.apply(
-                async_nats::ConnectOptions::new()
-                    .name(format!("model-runtime-{}{role}", settings.namespace))
-                    .connection_timeout(Duration::from_secs(2))
-                    .request_timeout(Some(settings.request_timeout)),
+                selector.install(
+                    async_nats::ConnectOptions::new()
+                        .name(format!("model-runtime-{}{role}", settings.namespace))
+                        .connection_timeout(Duration::from_secs(2))
+                        .request_timeout(Some(settings.request_timeout)),
+                ),
             )
         };
         let mut attempt = 0u32;
@@ -210,7 +221,7 @@ impl NatsBackend {
         // refused credentials forever.
         let client = loop {
             attempt += 1;
-            let options = options("")?;
+            let options = options("", &selector)?;
             let connected = tokio::time::timeout_at(deadline, async {
                 let client = options.connect(servers.clone()).await?;
                 client.flush().await.map_err(|e| {
@@ -243,7 +254,7 @@ impl NatsBackend {
         check_server_version(&client.server_info().version)?;
         // The same servers just accepted these credentials: one attempt within the bound.
         let readers = tokio::time::timeout_at(deadline, async {
-            let readers = options("-readers")?
+            let readers = options("-readers", &readers_selector)?
                 .connect(servers.clone())
                 .await
                 .map_err(|_| unreachable())?;
@@ -268,12 +279,17 @@ impl NatsBackend {
                 Err(e) => return Err(e),
             }
         };
+        let watches = Arc::new([
+            quorum::watch(client.clone(), selector, "main"),
+            quorum::watch(readers.clone(), readers_selector, "readers"),
+        ]);
         Ok(Self {
             client,
             readers,
             jetstream: js,
             settings,
             events,
+            _quorum: watches,
         })
     }
 
