@@ -143,6 +143,9 @@ pub struct NatsBackend {
     pub settings: NatsSettings,
     /// Where each execution's log lives, as the namespace records it.
     pub events: EventShards,
+    /// Outcomes of the event writes on `client`, which its quorum watch reads (`quorum`).
+    #[debug(skip)]
+    pub(crate) writes: quorum::Writes,
     /// The quorum watches of both connections, stopped with the last clone (`quorum`).
     #[debug(skip)]
     _quorum: Arc<[quorum::Watch; 2]>,
@@ -279,9 +282,15 @@ impl NatsBackend {
                 Err(e) => return Err(e),
             }
         };
+        let writes = quorum::Writes::default();
         let watches = Arc::new([
-            quorum::watch(client.clone(), selector, "main"),
-            quorum::watch(readers.clone(), readers_selector, "readers"),
+            quorum::watch(client.clone(), selector, writes.clone(), "main"),
+            quorum::watch(
+                readers.clone(),
+                readers_selector,
+                quorum::Writes::default(),
+                "readers",
+            ),
         ]);
         Ok(Self {
             client,
@@ -289,6 +298,7 @@ impl NatsBackend {
             jetstream: js,
             settings,
             events,
+            writes,
             _quorum: watches,
         })
     }

@@ -9,9 +9,11 @@
 //! leaves a server that still answers pings.
 //!
 //! So each connection of a process is watched ([`watch`]): every [`PROBE_EVERY`] a JetStream
-//! account-info request (answered by the meta leader) is sent, bounded by [`PROBE_TIMEOUT`].
-//! Once probes have kept failing for [`LOST_AFTER`] (a timeout, or the server's own "cluster not
-//! available"), the server is taken for cut off: it is shunned for [`SHUN_FOR`] and the client
+//! account-info request (answered by the meta leader) is sent, bounded by [`PROBE_TIMEOUT`],
+//! and the outcome of the process's own latest event write on it is looked at ([`Writes`]: a
+//! cut-off server that holds the meta leader answers the probe until it steps down, but no
+//! write needing a quorum is acknowledged). Once either has kept failing for [`LOST_AFTER`] (a
+//! timeout, or the server's own "cluster not available"), the server is taken for cut off: it is shunned for [`SHUN_FOR`] and the client
 //! is told to reconnect (`Client::force_reconnect`); the server-selection hook installed on the
 //! connection ([`Selector`], `ConnectOptions::reconnect_to_server_callback`) then picks another
 //! server of the pool. Subscriptions are restored by the client; requests in flight fail and
@@ -115,6 +117,57 @@ fn connected_entry(pool: &[Server], info: &async_nats::ServerInfo) -> Option<Ser
     matching.next().is_none().then(|| first.addr.clone())
 }
 
+/// How recent a write's timeout must be to count as the connection failing now.
+const WRITE_FAILURE_RECENT: Duration = Duration::from_secs(2);
+
+/// What this process's own JetStream writes on a connection say: the probe alone misses a cut
+/// whose minority side holds the meta leader (it keeps answering until it steps down), while
+/// every write needing a quorum times out. A write that was answered (stored or refused)
+/// clears it.
+#[derive(Clone, Default)]
+pub struct Writes {
+    state: Arc<Mutex<WriteOutcomes>>,
+}
+
+#[derive(Default)]
+struct WriteOutcomes {
+    last_answered: Option<Instant>,
+    last_timed_out: Option<Instant>,
+}
+
+impl std::fmt::Debug for Writes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writes").finish_non_exhaustive()
+    }
+}
+
+impl Writes {
+    /// A write was answered by the server (stored, or refused on its merits).
+    pub fn answered(&self) {
+        self.state.lock().last_answered = Some(Instant::now());
+    }
+
+    /// A write's acknowledgement timed out.
+    pub fn timed_out(&self) {
+        self.state.lock().last_timed_out = Some(Instant::now());
+    }
+
+    /// Whether the latest write outcome is a recent timeout.
+    fn failing(&self) -> bool {
+        let state = self.state.lock();
+        match state.last_timed_out {
+            Some(t) if t.elapsed() < WRITE_FAILURE_RECENT => {
+                state.last_answered.is_none_or(|a| a < t)
+            }
+            _ => false,
+        }
+    }
+
+    fn forget(&self) {
+        *self.state.lock() = WriteOutcomes::default();
+    }
+}
+
 /// Stops its watch when dropped.
 #[derive(Debug)]
 pub struct Watch {
@@ -143,7 +196,12 @@ fn quorum_lost(kind: &AccountErrorKind) -> bool {
 /// Watches `client` (named `role` in logs), which `selector` was installed on, and moves it
 /// to another server of its pool when its server has lost the JetStream quorum (see the
 /// module docs).
-pub fn watch(client: async_nats::Client, selector: Selector, role: &'static str) -> Watch {
+pub fn watch(
+    client: async_nats::Client,
+    selector: Selector,
+    writes: Writes,
+    role: &'static str,
+) -> Watch {
     let task = tokio::spawn(async move {
         let mut js = jetstream::new(client.clone());
         js.set_timeout(PROBE_TIMEOUT);
@@ -155,11 +213,13 @@ pub fn watch(client: async_nats::Client, selector: Selector, role: &'static str)
                 failing_since = None;
                 continue;
             }
-            let failed = match tokio::time::timeout(PROBE_TIMEOUT * 2, js.query_account()).await {
-                Ok(Ok(_)) => false,
-                Ok(Err(e)) => quorum_lost(&e.kind()),
-                Err(_) => true,
-            };
+            let probe_failed =
+                match tokio::time::timeout(PROBE_TIMEOUT * 2, js.query_account()).await {
+                    Ok(Ok(_)) => false,
+                    Ok(Err(e)) => quorum_lost(&e.kind()),
+                    Err(_) => true,
+                };
+            let failed = probe_failed || writes.failing();
             if !failed {
                 failing_since = None;
                 continue;
@@ -197,6 +257,7 @@ pub fn watch(client: async_nats::Client, selector: Selector, role: &'static str)
                 "the NATS server this connection uses cannot reach the JetStream quorum (no meta leader, API requests time out): moving to another server of NATS_URL"
             );
             selector.shun(server);
+            writes.forget();
             if let Err(e) = client.force_reconnect().await {
                 tracing::warn!(connection = role, error = %e, "cannot move the NATS connection");
             }

@@ -48,10 +48,21 @@ impl NatsEventStore {
             Ok(ack) => ack,
             Err(e) => return Err(unavailable("publish", e)),
         };
+        // Outcomes feed the connection's quorum watch (`nats::quorum`).
         match ack.await {
-            Ok(ack) => Ok(Ok(ack.sequence)),
+            Ok(ack) => {
+                self.backend.writes.answered();
+                Ok(Ok(ack.sequence))
+            }
             Err(e) => match e.kind() {
-                kind @ PublishErrorKind::WrongLastSequence => Ok(Err(kind)),
+                kind @ PublishErrorKind::WrongLastSequence => {
+                    self.backend.writes.answered();
+                    Ok(Err(kind))
+                }
+                PublishErrorKind::TimedOut => {
+                    self.backend.writes.timed_out();
+                    Err(unavailable("publish ack", e))
+                }
                 _ => Err(unavailable("publish ack", e)),
             },
         }
