@@ -5,7 +5,9 @@
 //! connections: exactly what a partition looks like to a client, unlike a kill.
 //!
 //! Under a closed loop of keyed submits (each client retries a 503 with the same key, as the
-//! 503's hint says), two cuts of 20 s each, one after the other:
+//! 503's hint says), three cuts of 20 s each, one after the other:
+//! 0. a NATS node none of the processes is connected to (the meta leader when it is such a
+//!    node) is cut off from the other two: leaders move while the clients stay;
 //! 1. the NATS node the gateway is connected to is cut off from the other two (its clients keep
 //!    their connections to a server that has no JetStream quorum);
 //! 2. the worker is cut off from all three nodes.
@@ -14,7 +16,8 @@
 //! - every submit is answered (202, 200 replay, or 503 `unavailable`) within 2 s;
 //! - after the gateway's node is cut off, a fresh submit succeeds within 15 s (the gateway moves
 //!   to a server with the quorum: `runtime::nats::quorum`);
-//! - every accepted execution is terminal within lease + heal + 10 s of the last heal;
+//! - every accepted execution is terminal within lease + heal + 10 s of the last heal, and none
+//!   failed as "worker stopped heartbeating" (the one worker never stops);
 //! - every log is 1..n without gap, with exactly one terminal event, last, and at most one
 //!   `route.selected` (the mock provider runs in the worker: a second route selection would be a
 //!   second provider call);
@@ -309,6 +312,31 @@ async fn prober(base: String, stop: Arc<AtomicBool>, answers: Arc<Mutex<Vec<Answ
     }
 }
 
+/// The index of the node that leads the JetStream meta group, by the nodes' `/jsz`.
+async fn meta_leader(nodes: &[Node]) -> Option<usize> {
+    for node in nodes {
+        let url = format!("http://{}:8222/jsz", node.addr);
+        let Ok(resp) = client().get(&url).send().await else {
+            continue;
+        };
+        let jsz: Value = resp.json().await.unwrap_or(Value::Null);
+        if let Some(leader) = jsz["meta_cluster"]["leader"].as_str() {
+            return leader.strip_prefix("node").and_then(|i| i.parse().ok());
+        }
+    }
+    None
+}
+
+/// Cuts (or heals) node `i` off from the other nodes, both ways; its clients keep it.
+fn isolate(nodes: &[Node], i: usize, cut: bool) {
+    for (o, other) in nodes.iter().enumerate() {
+        if o != i {
+            Net::blackhole(&nodes[i].ns, &other.addr, cut);
+            Net::blackhole(&other.ns, &nodes[i].addr, cut);
+        }
+    }
+}
+
 /// The node (index) a connection of `namespace` from `from_addr` is held by, by the nodes'
 /// `/connz`.
 async fn node_of(nodes: &[Node], namespace: &str, from_addr: &str) -> Option<usize> {
@@ -439,17 +467,33 @@ async fn partitions_keep_every_execution_live_and_every_submit_prompt() {
     ));
     tokio::time::sleep(Duration::from_secs(3)).await;
 
+    // Cut 0: a node holding none of the processes' connections, the meta leader if it is
+    // one, from the other two (leaders elsewhere are elected while the clients stay put).
+    let gw_node = node_of(&nodes, &namespace, &gw_addr).await;
+    let wk_node = node_of(&nodes, &namespace, &wk_addr).await;
+    let clientless: Vec<usize> = (0..3)
+        .filter(|i| Some(*i) != gw_node && Some(*i) != wk_node)
+        .collect();
+    let leader = meta_leader(&nodes).await;
+    let leader_cut = match leader {
+        Some(l) if clientless.contains(&l) => Some(l),
+        _ => clientless.first().copied(),
+    };
+    match leader_cut {
+        Some(i) => {
+            isolate(&nodes, i, true);
+            tokio::time::sleep(CUT).await;
+            isolate(&nodes, i, false);
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        None => eprintln!("partitions: every node holds a connection; the leader cut is skipped"),
+    }
+
     // Cut 1: the gateway's node from the other two.
     let cut_node = node_of(&nodes, &namespace, &gw_addr)
         .await
         .expect("the gateway's NATS node");
-    let others: Vec<usize> = (0..3).filter(|i| *i != cut_node).collect();
-    let set_cut = |cut: bool| {
-        for &o in &others {
-            Net::blackhole(&nodes[cut_node].ns, &nodes[o].addr, cut);
-            Net::blackhole(&nodes[o].ns, &nodes[cut_node].addr, cut);
-        }
-    };
+    let set_cut = |cut: bool| isolate(&nodes, cut_node, cut);
     let probing = Arc::new(AtomicBool::new(false));
     let probes = tokio::spawn(prober(
         base.clone(),
@@ -535,6 +579,13 @@ async fn partitions_keep_every_execution_live_and_every_submit_prompt() {
             healed_at.elapsed(),
             logs()
         );
+        // The one worker never stopped: no failure may say it did.
+        let message = snapshot["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            !message.contains("stopped heartbeating"),
+            "execution {id} failed as if its worker had stopped: {snapshot}\n{}",
+            logs()
+        );
         let log = events(&base, id, 0).await;
         assert_log_well_formed(&log);
         let routed = log.iter().filter(|e| e["type"] == "route.selected").count();
@@ -563,7 +614,8 @@ async fn partitions_keep_every_execution_live_and_every_submit_prompt() {
             .count()
     };
     eprintln!(
-        "partitions: {} submits ({refused} answered 503), {audited} executions audited; gateway's \
+        "partitions: {} submits ({refused} answered 503), {audited} executions audited; node \
+         {leader_cut:?} cut off (meta leader: {leader:?}); gateway's \
          node n{cut_node} cut off, connections moved: gateway {}, worker {}; then the worker \
          cut off",
         answers.len(),
