@@ -317,6 +317,25 @@ mod tests {
         }
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn writes_count_as_failing_only_while_their_latest_outcome_is_a_recent_timeout() {
+        let writes = Writes::default();
+        assert!(!writes.failing(), "no write yet");
+        writes.timed_out();
+        assert!(writes.failing());
+        writes.answered();
+        assert!(!writes.failing(), "answered since");
+        writes.timed_out();
+        tokio::time::advance(WRITE_FAILURE_RECENT).await;
+        assert!(
+            !writes.failing(),
+            "an idle connection is not failing on an old timeout"
+        );
+        writes.timed_out();
+        writes.forget();
+        assert!(!writes.failing(), "forgotten after a move");
+    }
+
     #[test]
     fn the_connected_server_is_found_by_its_port_and_host() {
         let servers = pool(&[1, 2, 3]);
