@@ -54,9 +54,12 @@
 //!
 //! Settling is bounded so every submit is answered within 2 s ([`SETTLE_BOUND`]). When the
 //! outcome is still unknown then (a stream still unreachable), the answer is 503, a background
-//! task keeps settling, and the idempotency key stays bound: a keyed retry replays the same
-//! execution (which then shows the unqueued failure) rather than creating a second one, so
-//! one key still means at most one execution (invariant 3). The alternative, answering 202 and
+//! task keeps settling, and the idempotency key stays bound while the outcome is unknown: a
+//! keyed retry meanwhile replays the same execution rather than creating a second one, so one
+//! key still means at most one execution run (invariant 3). Once it is settled unrun (closed
+//! with the unqueued failure right after `execution.accepted`: nothing of it ran or can run),
+//! a keyed retry frees the key from it and creates the execution, as the 503's retry hint
+//! promised ([`replay`]); an execution that ran is replayed. The alternative, answering 202 and
 //! republishing the job in the background until acknowledged, was rejected: a gateway that
 //! dies before the republish lands leaves a 202 execution no job will ever run, and no scan
 //! covers logs without jobs (the deadline sweeper follows the queue).
@@ -114,6 +117,67 @@ pub async fn submit(
     if !inner.registry.can_serve(&request) {
         return Err(ApiError::CapabilityUnavailable);
     }
+    let mut request = request;
+    let mut rebinds = 0;
+    loop {
+        match submit_once(
+            state,
+            tenant,
+            request,
+            idempotency_key,
+            traceparent.clone(),
+            started,
+            deadline_ms,
+        )
+        .await?
+        {
+            Submitted::Answered(submission) => return Ok(submission),
+            Submitted::KeyOfUnrun(unrun) if rebinds < MAX_REBINDS => {
+                // The key's execution never ran and never will (closed unqueued after the
+                // submission was answered 503): free the key and submit again.
+                if let Some(claim) = &unrun.key {
+                    release_key(state, &claim.key_hash, unrun.execution_id).await;
+                }
+                tracing::info!(execution_id = %unrun.execution_id, "idempotency key bound to an execution closed unrun; binding it anew");
+                rebinds += 1;
+                request = unrun.request.clone();
+            }
+            Submitted::KeyOfUnrun(unrun) => {
+                return Ok(ExecutionSubmission {
+                    execution_id: unrun.execution_id,
+                    status: ExecutionStatus::Failed,
+                    created_at: unrun.accepted_at,
+                    idempotent_replay: true,
+                });
+            }
+        }
+    }
+}
+
+/// How many times one keyed submission frees its key from an execution closed unrun and binds
+/// it anew (each time a concurrent retry may have bound it to another one of those).
+const MAX_REBINDS: u8 = 2;
+
+/// What one pass of [`submit`] came to.
+enum Submitted {
+    Answered(ExecutionSubmission),
+    /// The key is bound to an execution of the same request that was closed unqueued right
+    /// after `execution.accepted` (its submission was answered 503, or 429): the job as that
+    /// submission built it (its id, its key binding), so the key can be freed from it.
+    KeyOfUnrun(Box<Job>),
+}
+
+/// One pass of [`submit`]: a fresh execution id, its key bound, its log created and its job
+/// published.
+async fn submit_once(
+    state: &AppState,
+    tenant: &Tenant,
+    request: ExecutionRequest,
+    idempotency_key: Option<&str>,
+    traceparent: Option<String>,
+    started: Instant,
+    deadline_ms: u64,
+) -> Result<Submitted, ApiError> {
     let id = ExecutionId::new_random();
     let created_at = runtime::writer::acceptance_time();
     let mut job = Job {
@@ -132,7 +196,7 @@ pub async fn submit(
         create_fresh(state, tenant, &job, started)
             .await
             .map_err(|f| f.error)?;
-        return Ok(accepted(id, created_at));
+        return Ok(Submitted::Answered(accepted(id, created_at)));
     };
     let key_hash = idempotency_key_hash(tenant, key);
     let record = IdempotencyRecord {
@@ -155,7 +219,7 @@ pub async fn submit(
                 }
                 return Err(failed.error);
             }
-            Ok(accepted(id, created_at))
+            Ok(Submitted::Answered(accepted(id, created_at)))
         }
         (Ok(Bound::Another(existing)), _) => {
             // A retry: an execution created for it is discarded by `claim_and_create`.
@@ -174,7 +238,7 @@ pub async fn submit(
                     // tenants without quotas: no slot to give back.
                     let attempt = Settle::new(true, None, true, tenant);
                     match settle(state, &job, attempt, unbound, started).await {
-                        Ok(_) => return Ok(accepted(id, created_at)),
+                        Ok(_) => return Ok(Submitted::Answered(accepted(id, created_at))),
                         Err(failed) => failed,
                     }
                 }
@@ -735,14 +799,26 @@ fn unqueued_failure() -> EventBody {
     }
 }
 
-/// The key is bound to an execution with the same request: answer with its current status.
+/// Whether a log is `execution.accepted` closed at once with the unqueued failure: its
+/// submission gave it up (answered 503 or 429) and nothing of it ran or ever will (no worker
+/// appends after a terminal event).
+fn closed_unrun(state: &protocol::materialize::Materializer) -> bool {
+    state.last_sequence() == Sequence(2)
+        && state.snapshot().error.as_ref() == Some(&RuntimeError::unqueued())
+}
+
+/// The key is bound to an execution with the same request: answer with its current status,
+/// unless that execution was closed unrun ([`closed_unrun`]): a client that followed the
+/// 503's retry hint gets its execution created rather than a replay of a failure it was
+/// told to retry (the key is then freed from it and bound anew by [`submit`]; invariant 3
+/// holds: the unrun execution never runs).
 async fn replay(
     state: &AppState,
     tenant: &Tenant,
     existing: IdempotencyRecord,
     key_hash: String,
     job: Job,
-) -> Result<ExecutionSubmission, ApiError> {
+) -> Result<Submitted, ApiError> {
     let inner = &state.inner;
     let id = existing.execution_id;
     let replayed = |status| ExecutionSubmission {
@@ -769,6 +845,7 @@ async fn replay(
     let waited = Instant::now();
     let status = loop {
         match inner.backend.store.state(id).await? {
+            Some(m) if closed_unrun(&m) => return Ok(Submitted::KeyOfUnrun(Box::new(job))),
             Some(m) => break m.status(),
             None if waited.elapsed() < inner.limits.replay_wait => {
                 // A concurrent first submission bound the key and is creating the log.
@@ -785,7 +862,7 @@ async fn replay(
                     .map_err(|f| f.error)?
                 {
                     Creation::Created | Creation::AlreadyExists => {
-                        return Ok(replayed(ExecutionStatus::Accepted));
+                        return Ok(Submitted::Answered(replayed(ExecutionStatus::Accepted)));
                     }
                 }
             }
@@ -801,7 +878,7 @@ async fn replay(
         // job; the queue absorbs the duplicate if it did publish.
         inner.backend.queue.publish(&job).await?;
     }
-    Ok(replayed(status))
+    Ok(Submitted::Answered(replayed(status)))
 }
 
 /// Cancels an execution [R 21, 41]. Returns `false` when it is unknown or already terminal.

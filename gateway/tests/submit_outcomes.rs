@@ -606,24 +606,63 @@ async fn a_publish_whose_acknowledgement_was_lost_is_settled_consistently() {
 }
 
 /// When the outcome cannot be learnt within the submit bound (the event store is down), the
-/// answer is 503 and the key stays bound: a keyed retry replays the same execution instead of
-/// creating a second one (invariant 3), and nothing runs twice.
+/// answer is 503 and the key stays bound while the outcome is unknown: a keyed retry then
+/// cannot create a second execution (invariant 3). Once the outcome is settled (the log
+/// closed unrun in the background when the store answers again), a retry with the same key,
+/// as the 503's retry hint invites, creates the execution, which runs once; a further retry
+/// replays it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unknown_outcome_keeps_the_key_bound() {
+async fn an_unknown_outcome_keeps_the_key_bound_until_settled_unrun() {
     let h = harness((Fault::Lost, 0), (Fault::Lost, 0)).await;
     h.gateway_store.outage.store(true, Ordering::SeqCst);
     let first = h.submit("unknown-outcome", Some("k-unknown")).await;
     assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
     assert!(first.latency <= Duration::from_secs(2), "{first:?}");
+    let first_id = *h
+        .gateway_queue
+        .publishes
+        .seen
+        .lock()
+        .iter()
+        .next()
+        .expect("the first submission's job");
+    // Still unknown: the retry finds the key bound and cannot read its execution.
+    let unsettled = h.submit("unknown-outcome", Some("k-unknown")).await;
+    assert_eq!(
+        unsettled.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{unsettled:?}"
+    );
     h.gateway_store.outage.store(false, Ordering::SeqCst);
+    let until = Instant::now() + WAIT;
+    while h
+        .store
+        .head(first_id)
+        .await
+        .unwrap()
+        .is_none_or(|head| !head.terminal)
+    {
+        assert!(
+            Instant::now() < until,
+            "the first submission was never settled"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        h.log_types(first_id).await,
+        ["execution.accepted", "execution.failed"],
+        "settled unrun"
+    );
     let retry = h.submit("unknown-outcome", Some("k-unknown")).await;
-    assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
-    assert_eq!(retry.body["idempotent_replay"], true, "{retry:?}");
+    assert_eq!(retry.status, StatusCode::ACCEPTED, "{retry:?}");
+    assert_ne!(execution_id(&retry), first_id);
     let again = h.submit("unknown-outcome", Some("k-unknown")).await;
+    assert_eq!(again.status, StatusCode::OK, "{again:?}");
+    assert_eq!(again.body["idempotent_replay"], true, "{again:?}");
     assert_eq!(again.body["execution_id"], retry.body["execution_id"]);
     h.terminal_log(execution_id(&retry)).await;
     h.drained().await;
-    assert!(h.calls_for("unknown-outcome") <= 1);
+    assert_eq!(h.calls_for("unknown-outcome"), 1, "the retry ran, once");
 }
 
 /// A keyed submission binds its key while the job is published, not before: here the key

@@ -39,8 +39,23 @@ fn decode(text: &str) -> Result<IdempotencyRecord, StoreError> {
         .map_err(|_| StoreError::Unavailable("redis: undecodable idempotency record".into()))
 }
 
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(format!("redis: {e}"))
+fn unavailable(e: &redis::RedisError) -> StoreError {
+    match denied(e) {
+        Some(why) => StoreError::Unavailable(format!("redis: {why}")),
+        None => StoreError::Unavailable(format!("redis: {e}")),
+    }
+}
+
+/// The words for a server that refuses this client outright (`DENIED`: protected mode, a
+/// server without a password that accepts only loopback clients). The client skips its
+/// `CLIENT SETINFO` handshake (feature `disable-client-setinfo`): that handshake's ignored
+/// reply swallowed the `DENIED` line, and the next command then failed as "broken pipe".
+fn denied(e: &redis::RedisError) -> Option<&'static str> {
+    (e.code() == Some("DENIED")).then_some(
+        "the server refused this client (DENIED: protected mode, which accepts only loopback \
+         clients of a server without a password); give Redis a password (and put it in \
+         REDIS_URL) or configure its protected-mode and bind settings",
+    )
 }
 
 /// Runs one Redis call within [`CALL_TIMEOUT`]; failures and timeouts are `Unavailable`.
@@ -49,7 +64,7 @@ pub(crate) async fn bounded<T>(
 ) -> Result<T, StoreError> {
     match tokio::time::timeout(CALL_TIMEOUT, f).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(unavailable(e)),
+        Ok(Err(e)) => Err(unavailable(&e)),
         Err(_) => Err(StoreError::Unavailable("redis: timed out".into())),
     }
 }
@@ -107,7 +122,7 @@ impl RedisIdempotencyStore {
                         return Err(StoreError::Misconfigured(message));
                     }
                     if tokio::time::Instant::now() >= deadline {
-                        return Err(unavailable(e));
+                        return Err(unavailable(&e));
                     }
                     tracing::warn!(error = %e, "redis not reachable yet; retrying");
                     tokio::time::sleep(Duration::from_millis(250)).await;
@@ -154,6 +169,9 @@ fn fatal(e: &redis::RedisError) -> Option<String> {
         return Some(
             "Redis refused the credentials; check the user and password in REDIS_URL".into(),
         );
+    }
+    if let Some(why) = denied(e) {
+        return Some(format!("Redis: {why}"));
     }
     crate::tls::tls_failure(e).map(|tls| format!("TLS with Redis failed ({tls}); check REDIS_CA"))
 }
@@ -215,5 +233,51 @@ impl IdempotencyStore for RedisIdempotencyStore {
         let mut conn = self.conn.clone();
         let _: String = bounded(redis::cmd("PING").query_async(&mut conn)).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    /// A server that answers every connection as Redis in protected mode does to a client
+    /// that is not on loopback: one `DENIED` error line, then it closes the connection.
+    async fn protected_mode_server() -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let _ = socket
+                    .write_all(
+                        b"-DENIED Redis is running in protected mode because protected mode is \
+                          enabled and no password is set for the default user.\r\n",
+                    )
+                    .await;
+                let _ = socket.shutdown().await;
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_server_in_protected_mode_is_named_as_refusing_this_client() {
+        let addr = protected_mode_server().await;
+        let url = format!("redis://{addr}");
+        let refused = RedisIdempotencyStore::connect(
+            &url,
+            "t",
+            Duration::from_secs(60),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect_err("refused");
+        let StoreError::Misconfigured(message) = refused else {
+            panic!("not named as a refusal: {refused:?}");
+        };
+        assert!(message.contains("DENIED"), "{message}");
+        assert!(message.contains("protected-mode"), "{message}");
+        assert!(!message.contains("broken pipe"), "{message}");
     }
 }

@@ -28,6 +28,20 @@
 //! (every later `submit`, `append` or `flush` returns it, and [`EventWriter::failure`] fires
 //! for a caller waiting on something else), and only [`EventWriter::recover`] resumes the
 //! writer, from the last event the store acknowledged, so the caller can close the log.
+//!
+//! **Unknown outcomes.** A run (or an inline event) whose append gave up on a transient failure
+//! (`Unavailable`, `Closed`: a lost acknowledgement, a partition) may still land later: a
+//! JetStream publish stuck behind a partition is stored when it heals, after the writer gave up.
+//! The writer keeps such events as *unconfirmed*, and before it appends anything new it sends
+//! them again, exactly as before, as the same writer ([`EventWriter::settle`]; every append
+//! does it first). The store recognises a write of its own writer that landed (the
+//! `append_run_as` contract: JetStream by the message id `{execution}:{first}-{last}:{writer}`
+//! and the message's content), so the writer continues after its own late write instead of
+//! taking it for another writer's and stopping as fenced, which left the log open until its
+//! deadline. The one decision: a writer never sends a different event under a sequence whose
+//! outcome it does not know, so a message id of its own always means exactly the events it
+//! holds. If the unconfirmed events held the terminal event, the log is closed by this writer
+//! ([`EventWriter::closed`]) and every later append returns [`WriteError::Closed`].
 //! [`EventWriter::append`] and [`EventWriter::flush`] return once everything submitted so far
 //! is acknowledged: a caller that needs an event durable (a route selection before the
 //! provider call, the terminal event before the job is acknowledged) waits for it there.
@@ -79,6 +93,21 @@ pub enum WriteError {
     /// The store failed (after retries) or refused the event.
     #[error("store failed: {0}")]
     Store(StoreError),
+    /// The log is already closed by this writer: a terminal event of its own whose outcome was
+    /// unknown turned out stored ([`EventWriter::settle`]). Nothing more may be appended.
+    #[error("log already closed by this writer")]
+    Closed,
+}
+
+impl WriteError {
+    /// Whether the write may have landed although it was not acknowledged: a transient store
+    /// failure (a lost acknowledgement, a partition) leaves the outcome unknown.
+    fn outcome_unknown(&self) -> bool {
+        matches!(
+            self,
+            WriteError::Store(StoreError::Unavailable(_) | StoreError::Closed)
+        )
+    }
 }
 
 /// The pauses between tries of a transiently failing append: from 50 ms, doubling, at most a
@@ -88,6 +117,11 @@ pub enum WriteError {
 fn append_backoff() -> Backoff {
     Backoff::new(Duration::from_millis(50), Duration::from_secs(1))
         .with_budget(Duration::from_secs(25))
+}
+
+/// One try, no retry (request paths that answer at once).
+fn no_retries() -> Backoff {
+    Backoff::new(Duration::from_millis(50), Duration::from_millis(50)).with_budget(Duration::ZERO)
 }
 
 /// Most events waiting in a pipelined writer's queue (submitted, not yet sent).
@@ -125,6 +159,12 @@ pub struct EventWriter {
     /// See [`EventWriter::paced`].
     #[debug(skip)]
     pace: Pace,
+    /// Events after `last` whose append gave up with an unknown outcome: sent again, as they
+    /// are, before anything new (see the module docs).
+    #[debug(skip)]
+    unconfirmed: Vec<EventRecord>,
+    /// The last event this writer holds as stored is terminal.
+    closed: bool,
 }
 
 /// What the writer and its appender task share.
@@ -144,6 +184,9 @@ struct PipeState {
     stored_time: Timestamp,
     /// Why the pipeline stopped; sticky until [`EventWriter::recover`].
     failure: Option<WriteError>,
+    /// The events of the failed run whose outcome is unknown (see the module docs), handed to
+    /// the writer by [`EventWriter::recover`].
+    unconfirmed: Vec<EventRecord>,
     /// A caller waits in [`EventWriter::flush`]: nothing queued is held back by the pace.
     flushing: bool,
 }
@@ -277,7 +320,10 @@ async fn run_appender(
                 state.stored = last.sequence();
                 state.stored_time = last.event.time;
             }
-            if let Err((_, error)) = result {
+            if let Err((stored, error)) = result {
+                if error.outcome_unknown() {
+                    state.unconfirmed = run[stored..].to_vec();
+                }
                 state.failure = Some(error);
                 state.queue.clear();
                 state.queued_bytes = 0;
@@ -333,8 +379,27 @@ async fn append_run(
     append_duration: &metrics::Histogram,
     pace: &Pace,
 ) -> Result<(), (usize, WriteError)> {
+    append_run_with(
+        store,
+        run,
+        writer_id,
+        append_duration,
+        pace,
+        append_backoff(),
+    )
+    .await
+}
+
+/// [`append_run`] with the given retry pauses.
+async fn append_run_with(
+    store: &dyn EventStore,
+    run: &[EventRecord],
+    writer_id: WriterId,
+    append_duration: &metrics::Histogram,
+    pace: &Pace,
+    mut backoff: Backoff,
+) -> Result<(), (usize, WriteError)> {
     let mut done = 0;
-    let mut backoff = append_backoff();
     loop {
         // Tokio's clock, so tests with a paused clock see the store's delays.
         let started = tokio::time::Instant::now();
@@ -409,6 +474,8 @@ impl EventWriter {
             append_duration: metrics::histogram!(telemetry::metric::EVENT_APPEND_DURATION_SECONDS),
             pipeline: None,
             pace: Pace::Off,
+            unconfirmed: Vec::new(),
+            closed: false,
         }
     }
 
@@ -447,6 +514,7 @@ impl EventWriter {
                 stored: self.last,
                 stored_time: self.last_time,
                 failure: None,
+                unconfirmed: Vec::new(),
                 flushing: false,
             }),
             wake_appender: Notify::new(),
@@ -485,6 +553,7 @@ impl EventWriter {
     /// pipeline is returned here (and by every later call) until [`EventWriter::recover`].
     /// Inline: the same as [`EventWriter::append`].
     pub async fn submit(&mut self, body: EventBody) -> Result<(), WriteError> {
+        self.settle().await?;
         let Some(pipeline) = &self.pipeline else {
             return self.append_inline(body).await;
         };
@@ -540,7 +609,9 @@ impl EventWriter {
 
     /// Takes the pipeline's failure, if any, and resumes the writer from the last event the
     /// store acknowledged (what was queued behind the failure is dropped), so the caller can
-    /// append the event that closes the log. `None` (and no change) without a failure.
+    /// append the event that closes the log. Events of the failed run whose outcome is unknown
+    /// stay with the writer and are sent again before anything new (see the module docs and
+    /// [`EventWriter::settle`]). `None` (and no change) without a failure.
     pub fn recover(&mut self) -> Option<WriteError> {
         let pipeline = self.pipeline.as_ref()?;
         let mut state = pipeline.shared.state.lock();
@@ -549,7 +620,79 @@ impl EventWriter {
         state.queued_bytes = 0;
         self.last = state.stored;
         self.last_time = state.stored_time;
+        self.unconfirmed = std::mem::take(&mut state.unconfirmed);
         Some(failure)
+    }
+
+    /// Sends the unconfirmed events (see the module docs) again, as they are and as this
+    /// writer, retrying transient failures like [`EventWriter::append`]; every append does it
+    /// first, so a caller only calls it to learn early whether the log was closed meanwhile.
+    /// `Ok` once none are left: each landed, earlier (the store recognised this writer's own
+    /// write) or now. If they held the terminal event the writer is then
+    /// [`EventWriter::closed`]. `Fenced` when another writer appended after the last
+    /// acknowledged event. A transient failure keeps the rest unconfirmed.
+    pub async fn settle(&mut self) -> Result<(), WriteError> {
+        self.settle_with(append_backoff()).await
+    }
+
+    /// [`EventWriter::settle`] with the given retry pauses (none: one attempt).
+    async fn settle_with(&mut self, backoff: Backoff) -> Result<(), WriteError> {
+        if self.closed {
+            return Err(WriteError::Closed);
+        }
+        if self.unconfirmed.is_empty() {
+            return Ok(());
+        }
+        // Nothing is in flight beside this direct append: unconfirmed events come from a
+        // recovery (which emptied the queue) or an inline append, and every submission settles
+        // them before it queues anything.
+        let run = std::mem::take(&mut self.unconfirmed);
+        let result = append_run_with(
+            &*self.store,
+            &run,
+            self.writer_id,
+            &self.append_duration,
+            &self.pace,
+            backoff,
+        )
+        .await;
+        let stored = match &result {
+            Ok(()) => run.len(),
+            Err((stored, _)) => *stored,
+        };
+        if let Some(last) = run[..stored].last() {
+            self.appended(&last.event.clone());
+            if let Some(pipeline) = &self.pipeline {
+                let mut state = pipeline.shared.state.lock();
+                state.stored = self.last;
+                state.stored_time = self.last_time;
+            }
+            for record in &run[..stored] {
+                self.output_exposed |= record.event.body.exposes_output();
+            }
+        }
+        match result {
+            Ok(()) => {
+                tracing::info!(
+                    execution_id = %self.id,
+                    last_sequence = self.last.get(),
+                    "events whose append had an unknown outcome are stored"
+                );
+                Ok(())
+            }
+            Err((stored, error)) => {
+                if error.outcome_unknown() {
+                    self.unconfirmed = run[stored..].to_vec();
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Whether the log is closed by this writer's own terminal event (see
+    /// [`EventWriter::settle`]).
+    pub fn closed(&self) -> bool {
+        self.closed
     }
 
     pub fn execution_id(&self) -> ExecutionId {
@@ -577,24 +720,40 @@ impl EventWriter {
         self.last = event.sequence;
         self.last_time = event.time;
         self.output_exposed |= event.body.exposes_output();
+        self.closed |= event.is_terminal();
     }
 
     /// Appends `body` as the next event in one attempt, for request paths that answer at once.
     /// The store's error is returned unchanged (`Conflict` when another writer appended first).
     pub async fn append_once(&mut self, body: EventBody) -> Result<(), StoreError> {
+        let as_store_error = |e: WriteError, last: Sequence| match e {
+            WriteError::Store(e) => e,
+            WriteError::Fenced => StoreError::Conflict {
+                last,
+                terminal: false,
+            },
+            WriteError::Closed => StoreError::Conflict {
+                last,
+                terminal: true,
+            },
+            WriteError::Limit => StoreError::ExecutionLimit,
+        };
         if self.pipeline.is_some() {
             // Nothing may be in flight beside a direct append.
-            self.flush().await.map_err(|e| match e {
-                WriteError::Store(e) => e,
-                WriteError::Fenced => StoreError::Conflict {
-                    last: self.last,
-                    terminal: false,
-                },
-                WriteError::Limit => StoreError::ExecutionLimit,
-            })?;
+            self.flush()
+                .await
+                .map_err(|e| as_store_error(e, self.last))?;
         }
+        self.settle_with(no_retries())
+            .await
+            .map_err(|e| as_store_error(e, self.last))?;
         let event = self.next_event(body);
-        self.store.append_as(event.clone(), self.writer_id).await?;
+        if let Err(e) = self.store.append_as(event.clone(), self.writer_id).await {
+            if matches!(e, StoreError::Unavailable(_) | StoreError::Closed) {
+                self.unconfirmed = vec![EventRecord::new(event)];
+            }
+            return Err(e);
+        }
         self.appended(&event);
         Ok(())
     }
@@ -606,10 +765,11 @@ impl EventWriter {
             self.submit(body).await?;
             return self.flush().await;
         }
+        self.settle().await?;
         self.append_inline(body).await
     }
 
-    /// [`EventWriter::append`] of an inline writer.
+    /// [`EventWriter::append`] of an inline writer (settled already).
     async fn append_inline(&mut self, body: EventBody) -> Result<(), WriteError> {
         let event = self.next_event(body);
         let mut backoff = append_backoff();
@@ -620,11 +780,18 @@ impl EventWriter {
                     self.append_duration.record(started.elapsed().as_secs_f64());
                     break;
                 }
-                Err(error) => {
-                    let (pause, e) = retry_or_fail(error, &mut backoff)?;
-                    tracing::warn!(execution_id = %self.id, error = %e, "append failed; retrying");
-                    tokio::time::sleep(pause).await;
-                }
+                Err(error) => match retry_or_fail(error, &mut backoff) {
+                    Ok((pause, e)) => {
+                        tracing::warn!(execution_id = %self.id, error = %e, "append failed; retrying");
+                        tokio::time::sleep(pause).await;
+                    }
+                    Err(e) => {
+                        if e.outcome_unknown() {
+                            self.unconfirmed = vec![EventRecord::new(event)];
+                        }
+                        return Err(e);
+                    }
+                },
             }
         }
         self.appended(&event);
@@ -1093,6 +1260,184 @@ mod tests {
                 "pipelined {pipelined}: gave up after {took:?}"
             );
         }
+    }
+
+    /// A memory store behind a cut link, as a worker partitioned from JetStream sees it: while
+    /// cut, a run is not stored and its append fails `Unavailable` after a while (a publish
+    /// whose acknowledgement timed out), but the last such run is still on its way; `heal`
+    /// stores it (late, after the writer gave up, as JetStream did once the partition healed)
+    /// and lets appends through again.
+    struct LateStore {
+        inner: MemoryEventStore,
+        cut: parking_lot::Mutex<bool>,
+        in_flight: parking_lot::Mutex<Option<(Vec<EventRecord>, WriterId)>>,
+    }
+
+    impl LateStore {
+        fn new() -> Arc<Self> {
+            Arc::new(Self {
+                inner: MemoryEventStore::new(MemoryLimits::default()),
+                cut: parking_lot::Mutex::new(false),
+                in_flight: parking_lot::Mutex::new(None),
+            })
+        }
+
+        fn cut(&self) {
+            *self.cut.lock() = true;
+        }
+
+        /// Ends the cut; the run last sent meanwhile lands now (when `lands`).
+        async fn heal(&self, lands: bool) {
+            *self.cut.lock() = false;
+            let in_flight = self.in_flight.lock().take();
+            if let Some((run, writer)) = in_flight
+                && lands
+            {
+                self.inner.append_run_as(&run, writer).await.unwrap();
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl crate::intercept::Intercept for LateStore {
+        fn inner(&self) -> &dyn EventStore {
+            &self.inner
+        }
+        async fn append_run_as(
+            &self,
+            run: &[EventRecord],
+            writer: WriterId,
+        ) -> Result<(), RunError> {
+            if *self.cut.lock() {
+                *self.in_flight.lock() = Some((run.to_vec(), writer));
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                return Err(RunError {
+                    stored: 0,
+                    error: StoreError::Unavailable("publish ack: timed out".into()),
+                });
+            }
+            self.inner.append_run_as(run, writer).await
+        }
+        fn pipelines_appends(&self) -> bool {
+            true
+        }
+    }
+
+    /// A pipelined writer whose log holds `accepted` and a delta; the link is then cut and
+    /// `bodies` are submitted: the pipeline fails once the retry budget is spent. The link
+    /// heals (the run in flight landing late when `lands`) and the writer recovers.
+    async fn cut_off_while_writing(
+        bodies: Vec<EventBody>,
+        lands: bool,
+    ) -> (Arc<LateStore>, ExecutionId, EventWriter) {
+        let store = LateStore::new();
+        let id = ExecutionId::new_random();
+        let dyn_store: Arc<dyn EventStore> = Arc::clone(&store) as Arc<dyn EventStore>;
+        let mut writer = EventWriter::create(dyn_store, id, Timestamp::now(), &Tenant::default())
+            .await
+            .unwrap()
+            .pipelined();
+        writer.append(delta("stored")).await.unwrap();
+        store.cut();
+        for body in bodies {
+            writer.submit(body).await.unwrap();
+        }
+        let failed = writer.flush().await;
+        assert!(
+            matches!(failed, Err(WriteError::Store(StoreError::Unavailable(_)))),
+            "{failed:?}"
+        );
+        store.heal(lands).await;
+        assert!(writer.recover().is_some());
+        assert_eq!(
+            writer.last_sequence(),
+            Sequence(2),
+            "the last acknowledged event"
+        );
+        (store, id, writer)
+    }
+
+    fn types(events: &[Arc<EventRecord>]) -> Vec<&'static str> {
+        events.iter().map(|r| r.event.type_name()).collect()
+    }
+
+    fn internal_failure() -> EventBody {
+        EventBody::Failed {
+            error: protocol::RuntimeError::internal(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_lands_after_the_writer_gave_up_is_recognised_as_its_own() {
+        // The stuck executions: `usage.reported` landed 0.9 s after the worker gave
+        // up; its terminal append then met its own write, was taken for fenced, and the log
+        // stayed open until the deadline.
+        let usage = EventBody::UsageReported {
+            facts: vec![
+                protocol::UsageFact::new(
+                    protocol::UsageUnit::output_token(),
+                    3.0,
+                    protocol::UsageSource::Runtime,
+                )
+                .unwrap(),
+            ],
+        };
+        for lands in [true, false] {
+            let (store, id, mut writer) =
+                cut_off_while_writing(vec![delta("late"), usage.clone()], lands).await;
+            // The log is closed after what may have landed, whether it had or not.
+            writer.append(internal_failure()).await.unwrap();
+            let events = store.read(id, Sequence::ZERO, 10).await.unwrap().unwrap();
+            assert_eq!(
+                types(&events),
+                [
+                    "execution.accepted",
+                    "output.delta",
+                    "output.delta",
+                    "usage.reported",
+                    "execution.failed"
+                ],
+                "landed late: {lands}"
+            );
+            let sequences: Vec<u64> = events.iter().map(|r| r.sequence().get()).collect();
+            assert_eq!(sequences, [1, 2, 3, 4, 5]);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_terminal_event_that_landed_late_closes_the_log_for_its_writer() {
+        let completed = EventBody::Completed {
+            target: crate::contract::target(),
+        };
+        let (store, id, mut writer) =
+            cut_off_while_writing(vec![delta("late"), completed], true).await;
+        writer.settle().await.unwrap();
+        assert!(writer.closed(), "its own terminal event is stored");
+        assert!(matches!(
+            writer.append(internal_failure()).await,
+            Err(WriteError::Closed)
+        ));
+        let head = store.head(id).await.unwrap().unwrap();
+        assert_eq!((head.last_sequence, head.terminal), (Sequence(4), true));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_writer_after_the_last_acknowledged_event_still_fences() {
+        let (store, id, mut writer) = cut_off_while_writing(vec![delta("late")], false).await;
+        // A deadline sweeper closed the log meanwhile.
+        let mut other = EventWriter::resume(
+            Arc::clone(&store) as Arc<dyn EventStore>,
+            id,
+            Sequence(2),
+            Timestamp::now(),
+        );
+        other.append(internal_failure()).await.unwrap();
+        assert!(matches!(
+            writer.append(internal_failure()).await,
+            Err(WriteError::Fenced)
+        ));
+        let head = store.head(id).await.unwrap().unwrap();
+        assert_eq!((head.last_sequence, head.terminal), (Sequence(3), true));
     }
 
     fn progress() -> EventBody {

@@ -13,6 +13,8 @@
 //! - [`flow`]: per-provider concurrency gates with bounded FIFO queues [R 35-37].
 //! - [`runner`]: one execution from job to terminal event: attempts, fallback, deadline,
 //!   cancellation.
+//! - [`holder`]: whether a redelivered execution's previous holder may still be alive
+//!   (running here, or still writing), so a lapsed lease is not taken for a stopped worker.
 //! - [`key_guard`]: the worker's half of a keyed submission's idempotency claim: a job whose
 //!   key is bound to another execution never runs.
 //! - [`capacity`]: how many executions a process runs at once (its providers' capacity, with
@@ -29,6 +31,7 @@ pub mod admin;
 pub mod capacity;
 pub mod deployment;
 pub mod flow;
+pub mod holder;
 pub mod instrument;
 pub mod key_guard;
 pub mod pool;

@@ -50,6 +50,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::holder;
 use crate::instrument::{self, AttemptMeter};
 use crate::key_guard::{self, KeyHolder};
 use crate::provider::{ProviderCall, ProviderEvent, ProviderSink};
@@ -108,7 +109,14 @@ pub struct Runner {
     /// Cancels every running execution (shutdown after the grace period).
     #[debug(skip)]
     abort_all: CancellationToken,
+    /// Which executions run here, and which this process gave up ([`crate::holder`]).
+    #[debug(skip)]
+    holders: holder::Holders,
 }
+
+/// How long after its deadline a redelivered execution whose holder still writes is left to
+/// that holder (which closes it at the deadline itself) before this delivery closes it.
+const DEADLINE_GRACE_MS: i64 = 2_000;
 
 /// Why routing stopped without success.
 enum Stop {
@@ -179,6 +187,7 @@ impl Runner {
             keys,
             settings,
             abort_all: CancellationToken::new(),
+            holders: holder::Holders::default(),
         }
     }
 
@@ -220,25 +229,39 @@ impl Runner {
         if delivered > 1 {
             instrument::redelivered();
         }
-        let mut writer = EventWriter::from_head(Arc::clone(&self.store), id, head)
-            .paced(self.settings.append_pace.clone())
-            .pipelined();
         if head.last_sequence.get() > 1 {
             if delivered <= 1 {
                 // A duplicate job while another attempt owns the log.
                 return RunOutcome::Dropped;
             }
-            // The previous holder died mid-execution: the provider may have accepted the call.
-            // Past the deadline, the deadline is what ended it (contract: no worker ran it).
+            // The lease of a started execution lapsed. Its holder may still be alive (its
+            // heartbeats were lost to a consumer leader election or a partition): wait for it
+            // while it is running here or still writing (see `holder`).
+            let head = match self.await_holder(job, head, held).await {
+                Ok(head) => head,
+                Err(outcome) => return outcome,
+            };
+            // The previous holder is gone mid-execution: the provider may have accepted the
+            // call. Past the deadline, the deadline is what ended it (contract: no worker ran
+            // it). A holder in this process that gave the job up because the event store was
+            // unreachable is named as such.
             let error = if job.deadline_at.unix_millis() <= Timestamp::now().unix_millis() {
                 RuntimeError::deadline_exceeded()
+            } else if self.holders.gave_up_unreachable(id) {
+                store_unreachable_error(true)
             } else {
                 interrupted_error()
             };
+            let mut writer = EventWriter::from_head(Arc::clone(&self.store), id, head)
+                .paced(self.settings.append_pace.clone())
+                .pipelined();
             return self
                 .finish(&mut writer, job.accepted_at, EventBody::Failed { error })
                 .await;
         }
+        let mut writer = EventWriter::from_head(Arc::clone(&self.store), id, head)
+            .paced(self.settings.append_pace.clone())
+            .pipelined();
         let Some(claim) = &job.key else {
             return self.run_claimable(job, writer).await;
         };
@@ -283,7 +306,7 @@ impl Runner {
 
     /// Runs `job` from its log's `execution.accepted` (the end `writer` starts from), once
     /// nothing forbids claiming it: its deadline, a cancellation, then routing and attempts.
-    async fn run_claimable(&self, job: &Job, mut writer: EventWriter) -> RunOutcome {
+    async fn run_claimable(&self, job: &Job, writer: EventWriter) -> RunOutcome {
         let id = job.execution_id;
         instrument::queue_wait(job.accepted_at);
         // Watch only once this delivery may claim the log (still before the claim itself): a
@@ -293,6 +316,22 @@ impl Runner {
             bus: &*self.cancel_bus,
             id,
         };
+        let _running = self.holders.running(id);
+        let outcome = self.run_claimed(job, writer, cancel).await;
+        if outcome == RunOutcome::Abandoned {
+            self.holders.gave_up(id);
+        }
+        outcome
+    }
+
+    /// [`Runner::run_claimable`] once the execution is watched for cancellation and known to
+    /// run here.
+    async fn run_claimed(
+        &self,
+        job: &Job,
+        mut writer: EventWriter,
+        cancel: CancellationToken,
+    ) -> RunOutcome {
         let deadline_in = Duration::from_millis(
             u64::try_from(job.deadline_at.unix_millis() - Timestamp::now().unix_millis())
                 .unwrap_or(0),
@@ -348,8 +387,12 @@ impl Runner {
             Ending::Routed(Err(Stop::Failed(error))) | Ending::Interrupted(error) => {
                 EventBody::Failed { error }
             }
+            Ending::Routed(Err(Stop::Write(WriteError::Closed)))
+            | Ending::WriteFailed(WriteError::Closed) => return RunOutcome::Finished,
             Ending::Routed(Err(Stop::Write(e))) | Ending::WriteFailed(e) => {
-                // Continue from the last acknowledged event.
+                // Continue from the last acknowledged event; what may have landed after it is
+                // sent again first (`EventWriter::settle`), so a write of this worker's that
+                // landed late is continued after, not taken for another writer's.
                 writer.recover();
                 match write_failure_terminal(&writer, e) {
                     Some(terminal) => terminal,
@@ -358,6 +401,53 @@ impl Runner {
             }
         };
         self.finish(&mut writer, job.accepted_at, terminal).await
+    }
+
+    /// Waits, for a redelivered job whose log is open past `execution.accepted`, while its
+    /// previous holder may still be alive (see [`crate::holder`]); returns the log's head
+    /// once it is not, or the outcome when the log was closed meanwhile.
+    async fn await_holder(
+        &self,
+        job: &Job,
+        head: LogHead,
+        held: Option<&dyn DeliveryHandle>,
+    ) -> Result<LogHead, RunOutcome> {
+        let id = job.execution_id;
+        let lease = held.and_then(DeliveryHandle::lease);
+        let mut head = head;
+        let mut announced = false;
+        loop {
+            let here = self.holders.is_running(id);
+            let past_deadline =
+                Timestamp::now().unix_millis() >= job.deadline_at.unix_millis() + DEADLINE_GRACE_MS;
+            let writing = !self.holders.gave_up_unreachable(id)
+                && lease.is_some_and(|lease| holder::written_within(&head, lease));
+            if past_deadline || !(here || writing) {
+                return Ok(head);
+            }
+            if !announced {
+                announced = true;
+                if here {
+                    tracing::info!(execution_id = %id, "lease of an execution running here lapsed (its heartbeats did not reach the job queue: a consumer leader election or a partition); it keeps running");
+                } else {
+                    tracing::info!(execution_id = %id, "redelivered while its previous holder still writes (its lease was lost, not its life); waiting for it");
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(holder::POLL) => {}
+                () = self.abort_all.cancelled() => return Err(RunOutcome::Abandoned),
+            }
+            match self.store.head(id).await {
+                Ok(Some(latest)) if latest.terminal => return Err(RunOutcome::Dropped),
+                Ok(Some(latest)) => head = latest,
+                Ok(None) => return Err(RunOutcome::Dropped),
+                // The holder's writes face the same store: keep waiting (this delivery is
+                // heartbeated meanwhile), bounded by the deadline.
+                Err(e) => {
+                    tracing::debug!(execution_id = %id, error = %e, "cannot read the log's head")
+                }
+            }
+        }
     }
 
     /// The end of the execution's log, waiting up to [`RunnerSettings::log_wait`] for a log
@@ -425,7 +515,9 @@ impl Runner {
 
     /// Appends the terminal event, after everything submitted before it. If an earlier event
     /// failed (the terminal was then not written), the log is closed with the failure that
-    /// write error means instead.
+    /// write error means instead. Events whose append had an unknown outcome are settled first
+    /// (`EventWriter::settle`): if that stores everything before the terminal event, the
+    /// terminal event itself is appended again; if it was among them, the log is closed.
     async fn finish(
         &self,
         writer: &mut EventWriter,
@@ -434,19 +526,42 @@ impl Runner {
     ) -> RunOutcome {
         let terminal_sequence = writer.last_sequence().next();
         let metered = terminal.clone();
-        let error = match writer.append(terminal).await {
+        let error = match writer.append(terminal.clone()).await {
             Ok(()) => {
                 instrument::terminal(&metered, accepted_at);
                 runtime::ended::log(writer.execution_id(), &metered);
                 return RunOutcome::Finished;
             }
             Err(WriteError::Fenced) => return RunOutcome::Dropped,
+            // A terminal event of this writer whose outcome was unknown had landed.
+            Err(WriteError::Closed) => return RunOutcome::Finished,
             Err(e) => e,
         };
         writer.recover();
-        if writer.last_sequence().next() != terminal_sequence
-            && let Some(fallback) = write_failure_terminal(writer, error.clone())
+        // What may have landed of the failed run (the terminal event included) is settled
+        // before anything else is decided.
+        match writer.settle().await {
+            Ok(()) if writer.closed() => return RunOutcome::Finished,
+            Ok(()) => {}
+            Err(WriteError::Fenced) => return RunOutcome::Dropped,
+            Err(WriteError::Closed) => return RunOutcome::Finished,
+            Err(e) => {
+                tracing::error!(execution_id = %writer.execution_id(), error = %e, "cannot append terminal event");
+                return RunOutcome::Abandoned;
+            }
+        }
+        // Everything before the terminal event is stored now (settled, or acknowledged): the
+        // terminal event itself was not sent (it was queued behind the failed run) or was
+        // refused; it is tried once more. Otherwise the failure the write error means closes
+        // the log.
+        let closing = if writer.last_sequence().next() == terminal_sequence
+            && !matches!(error, WriteError::Fenced)
         {
+            Some(terminal)
+        } else {
+            write_failure_terminal(writer, error.clone())
+        };
+        if let Some(fallback) = closing {
             let metered = fallback.clone();
             return match writer.append(fallback).await {
                 Ok(()) => {
@@ -455,6 +570,7 @@ impl Runner {
                     RunOutcome::Finished
                 }
                 Err(WriteError::Fenced) => RunOutcome::Dropped,
+                Err(WriteError::Closed) => RunOutcome::Finished,
                 Err(e) => {
                     tracing::error!(execution_id = %writer.execution_id(), error = %e, "cannot append terminal event");
                     RunOutcome::Abandoned
@@ -620,7 +736,7 @@ async fn withdrawn(
 fn write_failure_terminal(writer: &EventWriter, error: WriteError) -> Option<EventBody> {
     let id = writer.execution_id();
     let error = match error {
-        WriteError::Fenced => return None,
+        WriteError::Fenced | WriteError::Closed => return None,
         WriteError::Limit => limit_error(),
         WriteError::Store(
             e @ (runtime::StoreError::Unavailable(_) | runtime::StoreError::Closed),

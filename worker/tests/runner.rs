@@ -1116,6 +1116,126 @@ async fn a_redelivered_job_with_a_started_attempt_fails_as_interrupted() {
     assert_eq!(h.bus.watched(), 0);
 }
 
+/// A delivery from a queue whose leases lapse after `.0` without a heartbeat.
+struct Leased(Duration);
+
+#[async_trait::async_trait]
+impl runtime::DeliveryHandle for Leased {
+    async fn ack(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn in_progress(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn lease(&self) -> Option<Duration> {
+        Some(self.0)
+    }
+}
+
+#[tokio::test]
+async fn a_redelivery_of_an_execution_running_here_waits_for_it_and_writes_nothing() {
+    // The lease of a healthy execution lapsed (a consumer leader election, or a partition
+    // between this worker and the leader): the job comes back to this very worker while its
+    // attempt runs. The attempt is not failed as "stopped heartbeating"; it finishes, and the
+    // redelivery is then dropped (acknowledged).
+    let (a, release) = held_then_succeeding("a");
+    let h = Harness::scripted(&[&a]);
+    let job = h.submit(&text_request(""), LONG).await;
+    let id = job.execution_id;
+    let runner = Arc::clone(&h.runner);
+    let first = {
+        let job = job.clone();
+        tokio::spawn(async move { runner.run(&job, 1).await })
+    };
+    wait_until("the attempt holds the provider", PATIENCE, || async {
+        a.calls() == 1
+    })
+    .await;
+    let runner = Arc::clone(&h.runner);
+    let held = Leased(Duration::from_millis(200));
+    let second = {
+        let job = job.clone();
+        tokio::spawn(async move { runner.run_delivery(&job, 2, Some(&held)).await })
+    };
+    // Several leases pass: the redelivery still writes nothing.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert!(!second.is_finished());
+    h.assert_log_prefix(id, &[EventBody::Accepted, selected("a", 1)])
+        .await;
+    release.add_permits(1);
+    assert_eq!(first.await.unwrap(), RunOutcome::Finished);
+    let second = within("the redelivery ends", PATIENCE, second).await;
+    assert_eq!(second.unwrap(), RunOutcome::Dropped);
+    h.assert_log(id, &success_log("a")).await;
+    assert_eq!(a.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_redelivery_waits_while_its_previous_holder_writes_and_closes_the_log_once_silent() {
+    // Another process holds the execution and keeps writing although its lease lapsed: it is
+    // left to finish while it writes; once its log has been silent for a whole lease, the
+    // redelivery closes it as interrupted.
+    let (a, h) = succeeding_a();
+    let job = h.submit(&text_request(""), LONG).await;
+    let id = job.execution_id;
+    h.append_foreign(id, selected("a", 1)).await;
+    let lease = Duration::from_millis(600);
+    let runner = Arc::clone(&h.runner);
+    let redelivery = {
+        let job = job.clone();
+        tokio::spawn(async move { runner.run_delivery(&job, 2, Some(&Leased(lease))).await })
+    };
+    let mut written = vec![EventBody::Accepted, selected("a", 1)];
+    for i in 0..6 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(!redelivery.is_finished(), "left alone while written to");
+        let body = delta(&format!("chunk{i}"));
+        h.append_foreign(id, body.clone()).await;
+        written.push(body);
+    }
+    let outcome = within("the redelivery ends", PATIENCE, redelivery).await;
+    assert_eq!(outcome.unwrap(), RunOutcome::Finished);
+    written.push(failed(interrupted_error()));
+    h.assert_log(id, &written).await;
+    assert_eq!(a.calls(), 0);
+
+    // A holder that closes the log itself: the redelivery is dropped.
+    let job = h.submit(&text_request(""), LONG).await;
+    let id = job.execution_id;
+    h.append_foreign(id, selected("a", 1)).await;
+    let runner = Arc::clone(&h.runner);
+    let redelivery = {
+        let job = job.clone();
+        tokio::spawn(async move { runner.run_delivery(&job, 2, Some(&Leased(lease))).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.append_foreign(id, completed("a")).await;
+    let outcome = within("the redelivery ends", PATIENCE, redelivery).await;
+    assert_eq!(outcome.unwrap(), RunOutcome::Dropped);
+    h.assert_log(id, &[EventBody::Accepted, selected("a", 1), completed("a")])
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_redelivery_of_a_job_this_worker_gave_up_names_the_unreachable_store() {
+    // The cut outlasted every retry: the job was given back; its redelivery here, after the
+    // heal, names the cause it knows rather than a stopped worker.
+    let (h, store, release) = partitioned_a(Vec::new());
+    let (job, outcome) = run_across_a_cut(&h, &store, &release, Duration::from_secs(600)).await;
+    assert_eq!(outcome, RunOutcome::Abandoned);
+    store.heal_losing_in_flight();
+    let outcome = h
+        .runner
+        .run_delivery(&job, 2, Some(&Leased(Duration::from_secs(30))))
+        .await;
+    assert_eq!(outcome, RunOutcome::Finished);
+    let snapshot = h.snapshot(job.execution_id).await;
+    assert_eq!(
+        snapshot.error.unwrap().message,
+        "Execution event store was unreachable; remote outcome is unknown"
+    );
+}
+
 #[tokio::test]
 async fn a_redelivered_job_past_its_deadline_fails_with_deadline_exceeded() {
     // Contract §8: the deadline, not the lost worker, ended an execution nobody ran in time.
@@ -1312,6 +1432,104 @@ async fn a_writer_fenced_mid_attempt_stops_writing() {
 
     assert_a_failed(&h, job.execution_id, &[], interrupted_error()).await;
     assert_eq!((a.calls(), a.finished(), b.calls()), (1, 1, 0));
+}
+
+/// Provider `a` streams "hel", then waits for the returned semaphore, then emits `after`
+/// and succeeds; its runner writes through a [`PartitionedStore`] (paused time).
+fn partitioned_a(after: Vec<Step>) -> (Harness, Arc<PartitionedStore>, Arc<Semaphore>) {
+    let release = Arc::new(Semaphore::new(0));
+    let mut script = vec![emit_delta("hel"), Step::Hold(Arc::clone(&release))];
+    script.extend(after);
+    let a = ScriptedProvider::new("a", script);
+    let store = Arc::new(runtime::memory::MemoryEventStore::new(
+        MemoryLimits::default(),
+    ));
+    let partitioned = PartitionedStore::new(Arc::clone(&store));
+    let h = Harness::with_store(
+        with_default_limits(&[&a]),
+        Arc::clone(&partitioned) as Arc<dyn EventStore>,
+        store,
+        RunnerSettings::default(),
+    );
+    (h, partitioned, release)
+}
+
+/// Runs a job of `h` whose provider streams "hel" and then holds until `release`; once "hel"
+/// is stored the link is cut for `cut` and the provider released.
+async fn run_across_a_cut(
+    h: &Harness,
+    store: &PartitionedStore,
+    release: &Semaphore,
+    cut: Duration,
+) -> (runtime::Job, RunOutcome) {
+    let job = h.submit(&text_request(""), LONG).await;
+    let id = job.execution_id;
+    let run = h.runner.run(&job, 1);
+    tokio::pin!(run);
+    loop {
+        tokio::select! {
+            outcome = &mut run => panic!("ended before the cut: {outcome:?}"),
+            () = tokio::time::sleep(Duration::from_millis(1)) => {}
+        }
+        if h.has_event(id, "output.delta").await {
+            break;
+        }
+    }
+    store.cut(cut);
+    release.add_permits(1);
+    let outcome = run.await;
+    (job.clone(), outcome)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_append_that_landed_after_the_worker_gave_up_is_continued_not_taken_for_a_fence() {
+    // The stuck executions: the worker lost the event store for longer than its append
+    // retries; its `usage.reported` landed after it had given up. The log must still be
+    // closed, after that event, by the worker itself (before: its terminal append met its own
+    // late write, was taken for another writer's, the job was acknowledged and dropped, and
+    // the log stayed open until the deadline).
+    let (h, store, release) =
+        partitioned_a(vec![Step::Emit(ProviderEvent::Usage(mock_usage_facts(1)))]);
+    let (job, outcome) = run_across_a_cut(&h, &store, &release, Duration::from_secs(40)).await;
+    assert_eq!(outcome, RunOutcome::Finished);
+    h.assert_log(
+        job.execution_id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            delta("hel"),
+            usage(1),
+            completed("a"),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_terminal_event_that_landed_after_the_worker_gave_up_closes_the_log() {
+    let (h, store, release) = partitioned_a(Vec::new());
+    let (job, outcome) = run_across_a_cut(&h, &store, &release, Duration::from_secs(40)).await;
+    assert_eq!(outcome, RunOutcome::Finished);
+    h.assert_log(
+        job.execution_id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            delta("hel"),
+            completed("a"),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cut_longer_than_every_retry_leaves_the_job_to_a_later_delivery() {
+    // Past both retry budgets the runner gives the job back unacknowledged; the redelivery
+    // after the heal closes the log (here: the same runner, a second delivery).
+    let (h, store, release) = partitioned_a(Vec::new());
+    let (job, outcome) = run_across_a_cut(&h, &store, &release, Duration::from_secs(600)).await;
+    assert_eq!(outcome, RunOutcome::Abandoned);
+    assert!(!h.is_terminal(job.execution_id).await);
 }
 
 // ---------------------------------------------------------------------------------------------

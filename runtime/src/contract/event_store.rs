@@ -78,6 +78,49 @@ pub async fn event_store_suite(store: Arc<dyn EventStore>) {
     bad_runs_change_nothing(&*store).await;
     executions_belong_to_their_creator(&*store).await;
     logs_created_closed_read_closed(&*store).await;
+    a_retry_of_a_landed_write_is_recognised_only_for_its_writer(&*store).await;
+}
+
+/// A writer's retry of a run (or event) that landed although its outcome looked unknown
+/// succeeds and changes nothing, also when the run closed the log; the same sequences from
+/// another writer, or other events under the same writer, are a `Conflict`.
+async fn a_retry_of_a_landed_write_is_recognised_only_for_its_writer(store: &dyn EventStore) {
+    for closing in [false, true] {
+        let id = routed(store).await;
+        let writer = crate::WriterId::random();
+        let last = if closing { completed() } else { delta("b") };
+        let run = records(vec![event(id, 3, delta("a")), event(id, 4, last)]);
+        store.append_run_as(&run, writer).await.unwrap();
+        store.append_run_as(&run, writer).await.unwrap();
+        let other = store
+            .append_run_as(&run, crate::WriterId::random())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(other.error, StoreError::Conflict { .. }),
+            "{other:?}"
+        );
+        let changed = records(vec![event(id, 3, delta("a")), event(id, 4, delta("c"))]);
+        let changed = store.append_run_as(&changed, writer).await.unwrap_err();
+        assert!(
+            matches!(changed.error, StoreError::Conflict { .. }),
+            "{changed:?}"
+        );
+        let events = store.read(id, Sequence::ZERO, 10).await.unwrap().unwrap();
+        assert_eq!(sequences(&events), [1, 2, 3, 4], "closing: {closing}");
+        assert_eq!(events[3].json, run[1].json);
+        // One event alone, the same way.
+        if !closing {
+            let single = event(id, 5, delta("d"));
+            store.append_as(single.clone(), writer).await.unwrap();
+            store.append_as(single.clone(), writer).await.unwrap();
+            let other = store.append_as(single, crate::WriterId::random()).await;
+            assert!(
+                matches!(other, Err(StoreError::Conflict { .. })),
+                "{other:?}"
+            );
+        }
+    }
 }
 
 /// Runs and the per-execution limit, for a store built to hold 5 non-terminal events per

@@ -57,6 +57,10 @@ impl Default for MemoryLimits {
 
 struct EntryState {
     records: Vec<Arc<EventRecord>>,
+    /// The writer of the log's last events and the index of the first of them: a retry of
+    /// one of those by the same writer, unchanged, is recognised as landed (the
+    /// `append_as` contract; see [`EntryState::landed`]).
+    tail_writer: Option<(WriterId, usize)>,
     materializer: Materializer,
     bytes: usize,
 }
@@ -179,6 +183,29 @@ impl MemoryEventStore {
     }
 }
 
+impl EntryState {
+    /// Whether `event` is already stored, unchanged, by `writer`, with nothing of another
+    /// writer after it: a retry after an unknown outcome (a test store can lose an
+    /// acknowledgement) that must succeed.
+    fn landed(&self, event: &RuntimeEvent, writer: WriterId) -> bool {
+        let Some((tail_writer, from)) = self.tail_writer else {
+            return false;
+        };
+        let Some(index) = usize::try_from(event.sequence.get())
+            .ok()
+            .and_then(|s| s.checked_sub(1))
+        else {
+            return false;
+        };
+        tail_writer == writer
+            && index >= from
+            && self
+                .records
+                .get(index)
+                .is_some_and(|stored| stored.json == EventRecord::new(event.clone()).json)
+    }
+}
+
 /// The record at `index`, waiting for it if the log is still open; `None` once the log is
 /// terminal and fully read.
 async fn next_record(entry: &Entry, index: usize) -> Option<Arc<EventRecord>> {
@@ -220,6 +247,7 @@ impl EventStore for MemoryEventStore {
             owner: owner.clone(),
             state: Mutex::new(EntryState {
                 records: vec![Arc::clone(&record)],
+                tail_writer: None,
                 materializer,
                 bytes,
             }),
@@ -233,8 +261,8 @@ impl EventStore for MemoryEventStore {
         Ok(())
     }
 
-    async fn append_as(&self, event: RuntimeEvent, _writer: WriterId) -> Result<(), StoreError> {
-        // The log lock makes compare-and-set exact; the writer id is not needed here.
+    async fn append_as(&self, event: RuntimeEvent, writer: WriterId) -> Result<(), StoreError> {
+        // The log lock makes compare-and-set exact; the writer id only recognises a retry.
         let id = event.execution_id;
         let entry = self.entry(id).ok_or(StoreError::NotFound)?;
         let terminal = event.is_terminal();
@@ -242,6 +270,10 @@ impl EventStore for MemoryEventStore {
             let mut state = entry.state.lock();
             let m = &state.materializer;
             if event.sequence != m.last_sequence().next() || m.is_terminal() {
+                if state.landed(&event, writer) {
+                    return Ok(());
+                }
+                let m = &state.materializer;
                 return Err(StoreError::Conflict {
                     last: m.last_sequence(),
                     terminal: m.is_terminal(),
@@ -258,6 +290,9 @@ impl EventStore for MemoryEventStore {
                 return Err(StoreError::ExecutionLimit);
             }
             state.materializer.apply(&record.event)?;
+            if !state.tail_writer.is_some_and(|(w, _)| w == writer) {
+                state.tail_writer = Some((writer, state.records.len()));
+            }
             state.records.push(Arc::clone(&record));
             state.bytes += size;
             self.inner.total_bytes.fetch_add(size, Ordering::Relaxed);

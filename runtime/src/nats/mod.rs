@@ -27,10 +27,12 @@ mod access;
 mod cancel;
 mod event_store;
 mod job_queue;
+pub mod quorum;
 mod reconcile;
 mod services;
 mod shards;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
@@ -147,10 +149,21 @@ pub struct NatsBackend {
     /// [`MAX_LANES`] connections and partition `k` uses lane `k % lanes.len()`, so no one
     /// socket (and no one client task) carries every partition's traffic.
     #[debug(skip)]
-    lanes: std::sync::Arc<[jetstream::Context]>,
+    lanes: std::sync::Arc<[Lane]>,
     pub settings: NatsSettings,
     /// Where each execution's job and log live (its partition), as the namespace records it.
     pub events: EventShards,
+    /// The quorum watches of every connection, stopped with the last clone (`quorum`).
+    #[debug(skip)]
+    _quorum: Arc<[quorum::Watch]>,
+}
+
+/// One connection carrying partitions' jobs and appends, with the outcomes of the event writes
+/// on it that its quorum watch reads.
+#[derive(Clone)]
+pub(crate) struct Lane {
+    pub(crate) context: jetstream::Context,
+    pub(crate) writes: quorum::Writes,
 }
 
 /// Most connections a process holds for partitions' jobs and appends (see `NatsBackend`).
@@ -210,12 +223,18 @@ impl NatsBackend {
         let access = access.resolve(credentials, tls_url)?;
         let deadline = tokio::time::Instant::now() + connect_timeout;
         let unreachable = || StoreError::Unavailable("NATS is unreachable".into());
-        let options = |role: &str| {
+        // Each connection picks its servers through a selector, so its quorum watch can move
+        // it away from a server cut off from the cluster (`quorum`).
+        let (selector, readers_selector) =
+            (quorum::Selector::default(), quorum::Selector::default());
+        let options = |role: &str, selector: &quorum::Selector| {
             access.apply(
-                async_nats::ConnectOptions::new()
-                    .name(format!("model-runtime-{}{role}", settings.namespace))
-                    .connection_timeout(Duration::from_secs(2))
-                    .request_timeout(Some(settings.request_timeout)),
+                selector.install(
+                    async_nats::ConnectOptions::new()
+                        .name(format!("model-runtime-{}{role}", settings.namespace))
+                        .connection_timeout(Duration::from_secs(2))
+                        .request_timeout(Some(settings.request_timeout)),
+                ),
             )
         };
         let mut attempt = 0u32;
@@ -223,7 +242,7 @@ impl NatsBackend {
         // refused credentials forever.
         let client = loop {
             attempt += 1;
-            let options = options("")?;
+            let options = options("", &selector)?;
             let connected = tokio::time::timeout_at(deadline, async {
                 let client = options.connect(servers.clone()).await?;
                 client.flush().await.map_err(|e| {
@@ -256,7 +275,7 @@ impl NatsBackend {
         check_server_version(&client.server_info().version)?;
         // The same servers just accepted these credentials: one attempt within the bound.
         let readers = tokio::time::timeout_at(deadline, async {
-            let readers = options("-readers")?
+            let readers = options("-readers", &readers_selector)?
                 .connect(servers.clone())
                 .await
                 .map_err(|_| unreachable())?;
@@ -281,12 +300,27 @@ impl NatsBackend {
                 Err(e) => return Err(e),
             }
         };
+        let writes = quorum::Writes::default();
+        let mut watches = vec![
+            quorum::watch(client.clone(), selector, writes.clone(), "main"),
+            quorum::watch(
+                readers.clone(),
+                readers_selector,
+                quorum::Writes::default(),
+                "readers",
+            ),
+        ];
         // More connections for the partitions' jobs and appends (see `lanes`), made with the
-        // options the servers just accepted: one attempt each within the bound.
-        let mut lanes = vec![js.clone()];
+        // options the servers just accepted: one attempt each within the bound, each with a
+        // quorum watch of its own.
+        let mut lanes = vec![Lane {
+            context: js.clone(),
+            writes: writes.clone(),
+        }];
         for lane in 1..events.count().min(MAX_LANES) {
+            let lane_selector = quorum::Selector::default();
             let extra = tokio::time::timeout_at(deadline, async {
-                let extra = options(&format!("-lane{lane}"))?
+                let extra = options(&format!("-lane{lane}"), &lane_selector)?
                     .connect(servers.clone())
                     .await
                     .map_err(|_| unreachable())?;
@@ -295,9 +329,19 @@ impl NatsBackend {
             })
             .await
             .map_err(|_| unreachable())??;
+            let lane_writes = quorum::Writes::default();
+            watches.push(quorum::watch(
+                extra.clone(),
+                lane_selector,
+                lane_writes.clone(),
+                "lane",
+            ));
             let mut context = jetstream::new(extra);
             context.set_timeout(settings.request_timeout);
-            lanes.push(context);
+            lanes.push(Lane {
+                context,
+                writes: lane_writes,
+            });
         }
         Ok(Self {
             client,
@@ -306,12 +350,18 @@ impl NatsBackend {
             lanes: lanes.into(),
             settings,
             events,
+            _quorum: watches.into(),
         })
     }
 
     /// The JetStream context (connection) that carries partition `partition`'s jobs and
     /// appends.
     pub fn lane(&self, partition: u16) -> &jetstream::Context {
+        &self.lane_of(partition).context
+    }
+
+    /// The connection of partition `partition`, with its write outcomes.
+    pub(crate) fn lane_of(&self, partition: u16) -> &Lane {
         &self.lanes[usize::from(partition) % self.lanes.len()]
     }
 
@@ -319,7 +369,8 @@ impl NatsBackend {
     /// the servers to have it; a stopping process calls it so an orderly stop loses none.
     pub async fn flush(&self) -> Result<(), StoreError> {
         for lane in self.lanes.iter() {
-            lane.client()
+            lane.context
+                .client()
                 .flush()
                 .await
                 .map_err(|e| unavailable("flush", e))?;
@@ -334,7 +385,7 @@ impl NatsBackend {
             && self
                 .lanes
                 .iter()
-                .all(|lane| lane.client().connection_state() == State::Connected)
+                .all(|lane| lane.context.client().connection_state() == State::Connected)
     }
 
     pub(crate) fn check_connected(&self) -> Result<(), StoreError> {

@@ -845,3 +845,96 @@ impl runtime::intercept::Intercept for PipelinedStore {
         self.0.head(id).await
     }
 }
+
+/// A memory store behind a link that can be cut, as a worker partitioned from JetStream sees
+/// it (pipelined, like the JetStream store). While cut, a run is not stored: its append fails
+/// `Unavailable` after [`PartitionedStore::ACK_TIMEOUT`] (a publish whose acknowledgement
+/// timed out), but it is still on its way. The cut heals by itself `lasting` after it began,
+/// at the first append from then on: the runs on their way land then, in order, each
+/// compare-and-set like any append (late, after their writer may have given up, as JetStream
+/// stores publishes once a partition heals), before that append is served.
+pub struct PartitionedStore {
+    pub inner: Arc<MemoryEventStore>,
+    cut: parking_lot::Mutex<Option<tokio::time::Instant>>,
+    in_flight: parking_lot::Mutex<Vec<(Vec<runtime::EventRecord>, runtime::WriterId)>>,
+}
+
+impl std::fmt::Debug for PartitionedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartitionedStore").finish_non_exhaustive()
+    }
+}
+
+impl PartitionedStore {
+    /// How long an append waits for its acknowledgement across the cut.
+    pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+    pub fn new(inner: Arc<MemoryEventStore>) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            cut: parking_lot::Mutex::new(None),
+            in_flight: parking_lot::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Cuts the link for `lasting`.
+    pub fn cut(&self, lasting: Duration) {
+        *self.cut.lock() = Some(tokio::time::Instant::now() + lasting);
+    }
+
+    /// Heals the link now; the runs on their way are lost (never stored).
+    pub fn heal_losing_in_flight(&self) {
+        *self.cut.lock() = None;
+        self.in_flight.lock().clear();
+    }
+
+    /// Whether the link is cut now; heals it (landing the runs on their way) once the cut is
+    /// over.
+    async fn is_cut(&self) -> bool {
+        let until = *self.cut.lock();
+        match until {
+            Some(until) if tokio::time::Instant::now() < until => true,
+            Some(_) => {
+                *self.cut.lock() = None;
+                let in_flight = std::mem::take(&mut *self.in_flight.lock());
+                for (run, writer) in in_flight {
+                    // A later copy of a run, or a run behind one, may lose its compare-and-set.
+                    let _ = self.inner.append_run_as(&run, writer).await;
+                }
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+#[async_trait]
+impl runtime::intercept::Intercept for PartitionedStore {
+    fn inner(&self) -> &dyn EventStore {
+        self.inner.as_ref()
+    }
+
+    async fn append_run_as(
+        &self,
+        run: &[runtime::EventRecord],
+        writer: runtime::WriterId,
+    ) -> Result<(), runtime::RunError> {
+        if self.is_cut().await {
+            self.in_flight.lock().push((run.to_vec(), writer));
+            tokio::time::sleep(Self::ACK_TIMEOUT).await;
+            return Err(runtime::RunError {
+                stored: 0,
+                error: runtime::StoreError::Unavailable("publish ack: timed out".into()),
+            });
+        }
+        self.inner.append_run_as(run, writer).await
+    }
+
+    fn pipelines_appends(&self) -> bool {
+        true
+    }
+
+    async fn head(&self, id: ExecutionId) -> Result<Option<runtime::LogHead>, runtime::StoreError> {
+        self.inner.head(id).await
+    }
+}

@@ -39,19 +39,26 @@ impl NatsEventStore {
         if let Some(owner) = owner {
             message = message.header(OWNER_HEADER, owner.as_str());
         }
-        let ack = match self
-            .shard(id)
-            .lane
-            .send_publish(self.subject(id), message)
-            .await
-        {
+        let lane = &self.shard(id).lane;
+        let ack = match lane.context.send_publish(self.subject(id), message).await {
             Ok(ack) => ack,
             Err(e) => return Err(unavailable("publish", e)),
         };
+        // Outcomes feed the connection's quorum watch (`nats::quorum`).
         match ack.await {
-            Ok(ack) => Ok(Ok(ack.sequence)),
+            Ok(ack) => {
+                lane.writes.answered();
+                Ok(Ok(ack.sequence))
+            }
             Err(e) => match e.kind() {
-                kind @ PublishErrorKind::WrongLastSequence => Ok(Err(kind)),
+                kind @ PublishErrorKind::WrongLastSequence => {
+                    lane.writes.answered();
+                    Ok(Err(kind))
+                }
+                PublishErrorKind::TimedOut => {
+                    lane.writes.timed_out();
+                    Err(unavailable("publish ack", e))
+                }
                 _ => Err(unavailable("publish ack", e)),
             },
         }
@@ -82,16 +89,16 @@ impl NatsEventStore {
         let last = &run[run.len() - 1].event;
         let id = first.execution_id;
         let cached = self.heads.lock().get(&id).copied();
-        let (head, last_msg_id) = match cached {
+        let (head, fetched) = match cached {
             Some(h) if h.sequence.next() == first.sequence => (h, None),
             _ => match self.fetch_head(id).await? {
-                Some(f) => (f.head, f.msg_id),
+                Some(f) => (f.head, Some(f)),
                 None => return Err(StoreError::NotFound),
             },
         };
         if head.terminal || head.sequence.next() != first.sequence {
             self.remember(id, head);
-            if last_msg_id.as_deref() == Some(msg_id(run, writer).as_str()) {
+            if fetched.is_some_and(|f| f.is(run, writer)) {
                 // Our write is the last one: a retry after a lost ack.
                 return Ok(());
             }
@@ -117,7 +124,7 @@ impl NatsEventStore {
             Err(_) => {
                 self.heads.lock().remove(&id);
                 match self.fetch_head(id).await? {
-                    Some(f) if f.msg_id.as_deref() == Some(msg_id(run, writer).as_str()) => {
+                    Some(f) if f.is(run, writer) => {
                         // Our write landed earlier (a retry after a lost ack).
                         self.remember(id, f.head);
                         Ok(())

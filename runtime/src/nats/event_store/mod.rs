@@ -61,6 +61,19 @@ struct Head {
 struct Fetched {
     head: Head,
     msg_id: Option<String>,
+    /// The message's events.
+    records: Vec<EventRecord>,
+}
+
+impl Fetched {
+    /// Whether this message is `run` as written by `writer`: its msg id and its events. The
+    /// events are compared too, so a msg id of ours over other events (which a writer never
+    /// sends: see `writer`'s unknown outcomes) is never taken for our write.
+    fn is(&self, run: &[EventRecord], writer: WriterId) -> bool {
+        self.msg_id.as_deref() == Some(format::msg_id(run, writer).as_str())
+            && self.records.len() == run.len()
+            && self.records.iter().zip(run).all(|(a, b)| a.json == b.json)
+    }
 }
 
 /// Which message of an execution's subject a leader read confirms.
@@ -104,8 +117,9 @@ const MAX_CACHED_HEADS: usize = 65_536;
 
 /// One events stream (shard) of the namespace.
 struct Shard {
-    /// The connection carrying the partition's appends and gets (`NatsBackend::lane`).
-    lane: async_nats::jetstream::Context,
+    /// The connection carrying the partition's appends and gets (`NatsBackend::lane`), with
+    /// the outcomes of its writes (`nats::quorum`).
+    lane: crate::nats::Lane,
     stream: Stream,
     /// The stream's direct-get API subject (batched reads, [`direct`]).
     direct_get_subject: async_nats::Subject,
@@ -129,9 +143,10 @@ impl NatsEventStore {
         let mut shards = Vec::with_capacity(usize::from(backend.events.count()));
         for (shard, name) in backend.events.streams().enumerate() {
             let lane = backend
-                .lane(u16::try_from(shard).unwrap_or(u16::MAX))
+                .lane_of(u16::try_from(shard).unwrap_or(u16::MAX))
                 .clone();
             let stream = lane
+                .context
                 .get_stream(&name)
                 .await
                 .map_err(|e| unavailable("events stream", e))?;
@@ -200,7 +215,11 @@ impl NatsEventStore {
                     terminal: record.event.is_terminal(),
                     time: record.event.time,
                 };
-                Ok(Some(Fetched { head, msg_id }))
+                Ok(Some(Fetched {
+                    head,
+                    msg_id,
+                    records,
+                }))
             }
             None => Ok(None),
         }
