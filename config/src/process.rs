@@ -202,3 +202,47 @@ fn parse_namespace(s: &str) -> Result<String, String> {
         Err("namespace must be 1-32 characters of A-Z a-z 0-9 _ -".into())
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        common: CommonArgs,
+    }
+
+    fn parse(args: &[&str]) -> CommonArgs {
+        Cli::try_parse_from(std::iter::once("test").chain(args.iter().copied()))
+            .unwrap()
+            .common
+    }
+
+    #[test]
+    fn partitions_take_either_name_and_refuse_two_that_disagree() {
+        assert_eq!(parse(&[]).partitions().unwrap(), None);
+        assert_eq!(parse(&["--partitions", "4"]).partitions().unwrap(), Some(4));
+        assert_eq!(
+            parse(&["--event-shards", "3"]).partitions().unwrap(),
+            Some(3)
+        );
+        let both = ["--partitions", "4", "--event-shards", "4"];
+        assert_eq!(parse(&both).partitions().unwrap(), Some(4));
+        let message = parse(&["--partitions", "4", "--event-shards", "2"])
+            .partitions()
+            .unwrap_err();
+        assert!(message.contains("--partitions 4") && message.contains("--event-shards 2"));
+    }
+
+    #[test]
+    fn workers_is_only_a_cap_and_never_zero() {
+        assert_eq!(parse(&[]).workers_cap(), None);
+        assert_eq!(parse(&["--workers", "8"]).workers_cap(), Some(8));
+        let zero = Cli::try_parse_from(["test", "--workers", "0"]).unwrap_err();
+        assert!(zero.to_string().contains("--workers"), "{zero}");
+    }
+}

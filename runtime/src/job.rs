@@ -158,6 +158,16 @@ pub trait JobQueue: Send + Sync + 'static {
     fn partitions(&self) -> usize {
         1
     }
+    /// [`Self::receive_up_to`] from partition `partition` alone (below [`Self::partitions`]):
+    /// a worker runs one receive loop per partition, so a request to a partition without jobs
+    /// never holds up the others.
+    async fn receive_from(
+        &self,
+        _partition: usize,
+        max: usize,
+    ) -> Result<Option<Deliveries>, StoreError> {
+        self.receive_up_to(max).await
+    }
     /// [`Self::scan`] of partition `partition` (below [`Self::partitions`]).
     async fn scan_partition(
         &self,

@@ -1,5 +1,7 @@
 //! The job loop: `concurrency` slots. The loop waits for a free slot, then asks the queue for
-//! as many jobs as slots are free then (at most [`MAX_PULL`]) in one request, so no worker
+//! as many jobs as slots are free then (at most [`MAX_PULL`]) in one request (with a queue of
+//! several partitions, one loop per partition, each asking its partition for at most its share
+//! of the slots), so no worker
 //! buffers jobs it cannot start and under load one round trip brings several jobs. Each job
 //! runs in its slot, heartbeating the delivery while the execution runs, and is acknowledged
 //! once the log is terminal. The slot is freed when the execution ends, before that
@@ -60,7 +62,7 @@ impl WorkerPool {
     pub fn spawn(queue: Arc<dyn JobQueue>, runner: Arc<Runner>, config: PoolConfig) -> Self {
         let stop = CancellationToken::new();
         let tracker = TaskTracker::new();
-        let main = tokio::spawn(receive_loop(
+        let main = tokio::spawn(receive_loops(
             queue,
             Arc::clone(&runner),
             config,
@@ -101,7 +103,11 @@ impl WorkerPool {
 /// Most jobs asked for in one request (JetStream caps a pull's batch at 256).
 pub const MAX_PULL: usize = 64;
 
-async fn receive_loop(
+/// One receive loop per partition of the queue, all sharing the pool's slots: a request to one
+/// partition that waits for jobs never holds up the requests to the others. Each loop asks for
+/// at most its share of the slots (`concurrency / partitions`, rounded up), so a partition
+/// without jobs holds at most that share while its request is open.
+async fn receive_loops(
     queue: Arc<dyn JobQueue>,
     runner: Arc<Runner>,
     config: PoolConfig,
@@ -109,6 +115,58 @@ async fn receive_loop(
     tracker: TaskTracker,
 ) {
     let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
+    let partitions = queue.partitions().max(1);
+    if partitions == 1 {
+        let lane = Lane {
+            partition: None,
+            share: MAX_PULL,
+        };
+        return receive_loop(queue, runner, config, stop, tracker, slots, lane).await;
+    }
+    let share = config
+        .concurrency
+        .max(1)
+        .div_ceil(partitions)
+        .clamp(1, MAX_PULL);
+    let loops: Vec<_> = (0..partitions)
+        .map(|partition| {
+            let lane = Lane {
+                partition: Some(partition),
+                share,
+            };
+            tokio::spawn(receive_loop(
+                Arc::clone(&queue),
+                Arc::clone(&runner),
+                config.clone(),
+                stop.clone(),
+                tracker.clone(),
+                Arc::clone(&slots),
+                lane,
+            ))
+        })
+        .collect();
+    for receive in loops {
+        let _ = receive.await;
+    }
+}
+
+/// What one receive loop asks: one partition (`None`: the whole queue) for at most `share`
+/// jobs a request.
+#[derive(Debug, Clone, Copy)]
+struct Lane {
+    partition: Option<usize>,
+    share: usize,
+}
+
+async fn receive_loop(
+    queue: Arc<dyn JobQueue>,
+    runner: Arc<Runner>,
+    config: PoolConfig,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+    slots: Arc<Semaphore>,
+    lane: Lane,
+) {
     let mut backoff = receive_backoff();
     loop {
         let first = tokio::select! {
@@ -116,10 +174,10 @@ async fn receive_loop(
             () = stop.cancelled() => return,
             permit = Arc::clone(&slots).acquire_owned() => match permit { Ok(p) => p, Err(_) => return },
         };
-        // Every slot free now, in one permit; a delivery splits its slot off, and those the
-        // request does not fill are released when it ends.
+        // Every slot free now (up to the lane's share), in one permit; a delivery splits its
+        // slot off, and those the request does not fill are released when it ends.
         let mut permits = first;
-        let more = slots.available_permits().min(MAX_PULL - 1);
+        let more = slots.available_permits().min(lane.share.saturating_sub(1));
         if let Ok(extra) =
             Arc::clone(&slots).try_acquire_many_owned(u32::try_from(more).unwrap_or(0))
         {
@@ -128,7 +186,12 @@ async fn receive_loop(
         let deliveries = tokio::select! {
             biased;
             () = stop.cancelled() => return,
-            d = queue.receive_up_to(permits.num_permits()) => d,
+            d = async {
+                match lane.partition {
+                    Some(partition) => queue.receive_from(partition, permits.num_permits()).await,
+                    None => queue.receive_up_to(permits.num_permits()).await,
+                }
+            } => d,
         };
         let mut deliveries = match deliveries {
             Ok(Some(d)) => d,

@@ -2542,3 +2542,80 @@ async fn a_failed_execution_logs_one_warn_line_with_its_code_and_others_none() {
         "{text}"
     );
 }
+
+/// A queue of two partitions over a memory queue: partition 0's requests stay open forever
+/// with no job (a partition nobody submits to), partition 1 hands out the memory queue's jobs.
+struct OneSilentPartition {
+    inner: Arc<MemoryJobQueue>,
+}
+
+#[async_trait::async_trait]
+impl JobQueue for OneSilentPartition {
+    async fn publish(&self, job: &runtime::Job) -> Result<(), StoreError> {
+        self.inner.publish(job).await
+    }
+    async fn withdraw(&self, job: &runtime::Job) -> Result<(), StoreError> {
+        self.inner.withdraw(job).await
+    }
+    async fn receive(&self) -> Result<Option<runtime::Delivery>, StoreError> {
+        self.inner.receive().await
+    }
+    /// A request over both partitions: it ends only when partition 0's does, never.
+    async fn receive_up_to(&self, _max: usize) -> Result<Option<runtime::Deliveries>, StoreError> {
+        std::future::pending().await
+    }
+    fn partitions(&self) -> usize {
+        2
+    }
+    async fn receive_from(
+        &self,
+        partition: usize,
+        max: usize,
+    ) -> Result<Option<runtime::Deliveries>, StoreError> {
+        match partition {
+            0 => std::future::pending().await,
+            _ => self.inner.receive_up_to(max).await,
+        }
+    }
+    fn close(&self) {
+        self.inner.close();
+    }
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.inner.ready().await
+    }
+    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<runtime::QueuedJob>, StoreError> {
+        self.inner.scan(after, limit).await
+    }
+}
+
+#[tokio::test]
+async fn a_partition_without_jobs_never_holds_up_the_jobs_of_another() {
+    let a = ScriptedProvider::succeeding("a");
+    let h = Harness::scripted(&[&a]);
+    let inner = Arc::new(MemoryJobQueue::new());
+    let queue = Arc::new(OneSilentPartition {
+        inner: Arc::clone(&inner),
+    });
+    let pool = spawn_pool_on(&h, queue, 8, Duration::from_millis(50));
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        let job = h.submit(&text_request(""), LONG).await;
+        inner.publish(&job).await.unwrap();
+        ids.push(job.execution_id);
+    }
+    wait_until(
+        "every job of the busy partition ran",
+        Duration::from_secs(30),
+        || async {
+            for id in &ids {
+                if !h.is_terminal(*id).await {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+    assert_eq!(a.calls(), 20);
+    drop(pool);
+}

@@ -347,6 +347,41 @@ impl NatsJobQueue {
         }
     }
 
+    /// The deliveries of `requests` (pull requests sent together for at most `max` jobs in
+    /// all), merged as they arrive.
+    fn deliveries(
+        &self,
+        requests: Vec<(consumer::pull::Batch, Arc<Lease>, Stream)>,
+        max: usize,
+    ) -> Deliveries {
+        let closed = self.closed.clone();
+        // Each message is taken (and its reception timed) as soon as it arrives, and the
+        // large ones are decoded side by side, so no job waits for the decoding of a large one
+        // before it.
+        let merged =
+            futures_util::stream::select_all(requests.into_iter().map(|(batch, lease, stream)| {
+                batch
+                    .map(move |message| (message, Arc::clone(&lease), stream.clone()))
+                    .boxed()
+            }));
+        merged
+            .take_until(closed.cancelled_owned())
+            .map(move |(message, lease, stream)| {
+                let received_at = tokio::time::Instant::now();
+                async move {
+                    match message {
+                        Ok(message) => delivery(message, received_at, &lease, &stream)
+                            .await
+                            .map(Ok),
+                        Err(e) => Some(Err(unavailable("pulled job", e))),
+                    }
+                }
+            })
+            .buffer_unordered(max.max(1))
+            .filter_map(std::future::ready)
+            .boxed()
+    }
+
     /// How many jobs each partition is asked for when a worker has `max` free slots (see
     /// [`plan`]); successive small requests start at successive partitions.
     fn plan(&self, max: usize) -> Vec<(usize, usize)> {
@@ -566,32 +601,29 @@ impl JobQueue for NatsJobQueue {
         {
             return Err(e);
         }
-        let closed = self.closed.clone();
-        // Each message is taken (and its reception timed) as soon as it arrives, and the
-        // large ones are decoded side by side, so no job waits for the decoding of a large one
-        // before it.
-        let merged =
-            futures_util::stream::select_all(requests.into_iter().map(|(batch, lease, stream)| {
-                batch
-                    .map(move |message| (message, Arc::clone(&lease), stream.clone()))
-                    .boxed()
-            }));
-        let deliveries = merged
-            .take_until(closed.cancelled_owned())
-            .map(move |(message, lease, stream)| {
-                let received_at = tokio::time::Instant::now();
-                async move {
-                    match message {
-                        Ok(message) => delivery(message, received_at, &lease, &stream)
-                            .await
-                            .map(Ok),
-                        Err(e) => Some(Err(unavailable("pulled job", e))),
-                    }
-                }
-            })
-            .buffer_unordered(max.max(1))
-            .filter_map(std::future::ready);
-        Ok(Some(deliveries.boxed()))
+        Ok(Some(self.deliveries(requests, max)))
+    }
+
+    async fn receive_from(
+        &self,
+        partition: usize,
+        max: usize,
+    ) -> Result<Option<Deliveries>, StoreError> {
+        let Some(partition) = self.partitions.get(partition) else {
+            return Err(StoreError::Misconfigured(format!(
+                "no job partition {partition} in a namespace of {}",
+                self.partitions.len()
+            )));
+        };
+        let expires = if self.partitions.len() == 1 {
+            PULL_EXPIRES
+        } else {
+            PARTITIONED_PULL_EXPIRES
+        };
+        let Some(request) = self.pull(partition, max.max(1), expires).await? else {
+            return Ok(None);
+        };
+        Ok(Some(self.deliveries(vec![request], max)))
     }
 
     fn close(&self) {
