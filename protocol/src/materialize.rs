@@ -92,6 +92,9 @@ pub struct Materializer {
     tool_index: HashMap<String, usize>,
     synthesized: bool,
     output_result: Option<(Value, Option<Vec<OutputArtifact>>)>,
+    /// Whether output text, tool-call arguments and results are accumulated (`false`: the log
+    /// rules only, see [`Materializer::checking_only`]).
+    content: bool,
 }
 
 impl Materializer {
@@ -120,7 +123,22 @@ impl Materializer {
             tool_index: HashMap::new(),
             synthesized: false,
             output_result: None,
+            content: true,
         })
+    }
+
+    /// This materializer keeping only what the log rules need (status, sequence, target,
+    /// usage, error), not output text, tool-call arguments or results: for a store that holds
+    /// the events anyway and folds a full snapshot from them when asked, so the output is not
+    /// held twice.
+    pub fn checking_only(mut self) -> Self {
+        self.content = false;
+        self.outputs.clear();
+        self.tool_calls
+            .iter_mut()
+            .for_each(|call| call.arguments.clear());
+        self.output_result = None;
+        self
     }
 
     /// Replays a whole log.
@@ -174,10 +192,12 @@ impl Materializer {
                 delta,
             } => {
                 self.synthesized = true;
-                self.outputs
-                    .entry(*output_index)
-                    .or_default()
-                    .push_str(delta);
+                if self.content {
+                    self.outputs
+                        .entry(*output_index)
+                        .or_default()
+                        .push_str(delta);
+                }
             }
             EventBody::ToolCallStarted { call_id, name } => {
                 self.synthesized = true;
@@ -198,12 +218,15 @@ impl Materializer {
                     .tool_index
                     .get(call_id)
                     .and_then(|&i| self.tool_calls.get_mut(i))
+                    && self.content
                 {
                     call.arguments.push_str(delta);
                 }
             }
             EventBody::OutputResult { result, artifacts } => {
-                self.output_result = Some((result.clone(), artifacts.clone()));
+                if self.content {
+                    self.output_result = Some((result.clone(), artifacts.clone()));
+                }
             }
             EventBody::UsageReported { facts } => self.usage.extend(facts.iter().cloned()),
             EventBody::Failed { error } => self.error = Some(error.clone()),
@@ -501,6 +524,37 @@ mod tests {
         assert!(snap.result.is_none());
         let nr = m.result_response().unwrap_err();
         assert_eq!(nr.status, ExecutionStatus::Cancelled);
+    }
+
+    #[test]
+    fn a_checking_only_materializer_keeps_the_rules_and_state_but_no_output() {
+        let id = ExecutionId::new_random();
+        let events = mock_run(id);
+        let full = Materializer::from_events(&events).unwrap().unwrap();
+        let mut checking = Materializer::start(&events[0]).unwrap().checking_only();
+        for event in &events[1..] {
+            checking.apply(event).unwrap();
+        }
+        assert_eq!(checking.status(), full.status());
+        assert_eq!(checking.last_sequence(), full.last_sequence());
+        assert!(checking.is_terminal());
+        assert_eq!(checking.snapshot().usage, full.snapshot().usage);
+        assert_eq!(
+            full.snapshot().result.unwrap()["outputs"][0]["text"],
+            "hello from mock"
+        );
+        assert_eq!(checking.snapshot().result.unwrap()["outputs"], json!([]));
+        // The rules hold as before: nothing after the terminal event.
+        let late = RuntimeEvent::new(
+            id,
+            checking.last_sequence().next(),
+            Timestamp::from_unix_millis(9000),
+            EventBody::Progress {
+                phase: ProgressPhase::Processing,
+                progress: None,
+            },
+        );
+        assert_eq!(checking.check(&late), Err(LogViolation::AfterTerminal));
     }
 
     #[test]

@@ -231,7 +231,9 @@ async fn next_record(entry: &Entry, index: usize) -> Option<Arc<EventRecord>> {
 #[async_trait]
 impl EventStore for MemoryEventStore {
     async fn create_owned(&self, accepted: RuntimeEvent, owner: &Tenant) -> Result<(), StoreError> {
-        let materializer = Materializer::start(&accepted)?;
+        // The log rules only: the records hold the output, and a snapshot is folded from them
+        // when asked (`full_state`), so no output is held twice.
+        let materializer = Materializer::start(&accepted)?.checking_only();
         let id = accepted.execution_id;
         let record = Arc::new(EventRecord::new(accepted));
         let bytes = record.json.len();
@@ -314,7 +316,7 @@ impl EventStore for MemoryEventStore {
     }
 
     async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, StoreError> {
-        Ok(self.entry(id).map(|e| e.state.lock().materializer.clone()))
+        self.entry(id).map(|e| full_state(&e)).transpose()
     }
 
     async fn owner(&self, id: ExecutionId) -> Result<Option<Tenant>, StoreError> {
@@ -325,9 +327,9 @@ impl EventStore for MemoryEventStore {
         &self,
         id: ExecutionId,
     ) -> Result<Option<(Materializer, Tenant)>, StoreError> {
-        Ok(self
-            .entry(id)
-            .map(|e| (e.state.lock().materializer.clone(), e.owner.clone())))
+        self.entry(id)
+            .map(|e| Ok((full_state(&e)?, e.owner.clone())))
+            .transpose()
     }
 
     async fn head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
@@ -369,4 +371,12 @@ impl EventStore for MemoryEventStore {
     async fn ready(&self) -> Result<(), StoreError> {
         Ok(())
     }
+}
+
+/// The execution's full snapshot, folded from its records (the entry keeps the log rules
+/// only, see `create_owned`).
+fn full_state(entry: &Entry) -> Result<Materializer, StoreError> {
+    let state = entry.state.lock();
+    Materializer::from_events(state.records.iter().map(|r| &r.event))?
+        .ok_or_else(|| StoreError::Misconfigured("an execution without events".into()))
 }
