@@ -86,7 +86,16 @@ pub fn sse_response(
         }
         Some((chunk, p))
     });
-    let mut response = Response::new(Body::from_stream(body));
+    event_stream_response(body)
+}
+
+/// A `200 text/event-stream` response whose body is `chunks` (an error ends it, aborting the
+/// connection), with the headers every event stream carries: the native one above and the
+/// OpenAI-compatible ones (`crate::openai::stream`).
+pub fn event_stream_response(
+    chunks: impl futures_util::Stream<Item = Result<Bytes, StreamAborted>> + Send + 'static,
+) -> Response {
+    let mut response = Response::new(Body::from_stream(chunks));
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
     headers.insert(

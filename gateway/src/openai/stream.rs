@@ -12,8 +12,6 @@
 
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
@@ -153,16 +151,7 @@ pub fn sse_response(
         }
         Some((chunk, p))
     });
-    let mut response = Response::new(Body::from_stream(body));
-    *response.status_mut() = StatusCode::OK;
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    headers.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response
+    crate::events::event_stream_response(body)
 }
 
 /// The next body chunk: frames of the events available now (waiting for at least one that
