@@ -117,11 +117,11 @@ async fn receive_loops(
     let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
     let partitions = queue.partitions().max(1);
     if partitions == 1 {
-        let lane = Lane {
+        let target = PullTarget {
             partition: None,
             share: MAX_PULL,
         };
-        return receive_loop(queue, runner, config, stop, tracker, slots, lane).await;
+        return receive_loop(queue, runner, config, stop, tracker, slots, target).await;
     }
     let share = config
         .concurrency
@@ -130,7 +130,7 @@ async fn receive_loops(
         .clamp(1, MAX_PULL);
     let loops: Vec<_> = (0..partitions)
         .map(|partition| {
-            let lane = Lane {
+            let target = PullTarget {
                 partition: Some(partition),
                 share,
             };
@@ -141,7 +141,7 @@ async fn receive_loops(
                 stop.clone(),
                 tracker.clone(),
                 Arc::clone(&slots),
-                lane,
+                target,
             ))
         })
         .collect();
@@ -153,7 +153,7 @@ async fn receive_loops(
 /// What one receive loop asks: one partition (`None`: the whole queue) for at most `share`
 /// jobs a request.
 #[derive(Debug, Clone, Copy)]
-struct Lane {
+struct PullTarget {
     partition: Option<usize>,
     share: usize,
 }
@@ -165,7 +165,7 @@ async fn receive_loop(
     stop: CancellationToken,
     tracker: TaskTracker,
     slots: Arc<Semaphore>,
-    lane: Lane,
+    target: PullTarget,
 ) {
     let mut backoff = receive_backoff();
     loop {
@@ -174,10 +174,12 @@ async fn receive_loop(
             () = stop.cancelled() => return,
             permit = Arc::clone(&slots).acquire_owned() => match permit { Ok(p) => p, Err(_) => return },
         };
-        // Every slot free now (up to the lane's share), in one permit; a delivery splits its
+        // Every slot free now (up to the target's share), in one permit; a delivery splits its
         // slot off, and those the request does not fill are released when it ends.
         let mut permits = first;
-        let more = slots.available_permits().min(lane.share.saturating_sub(1));
+        let more = slots
+            .available_permits()
+            .min(target.share.saturating_sub(1));
         if let Ok(extra) =
             Arc::clone(&slots).try_acquire_many_owned(u32::try_from(more).unwrap_or(0))
         {
@@ -187,7 +189,7 @@ async fn receive_loop(
             biased;
             () = stop.cancelled() => return,
             d = async {
-                match lane.partition {
+                match target.partition {
                     Some(partition) => queue.receive_from(partition, permits.num_permits()).await,
                     None => queue.receive_up_to(permits.num_permits()).await,
                 }

@@ -102,8 +102,9 @@ impl NatsSettings {
         format!("{}_EVENTS", self.upper())
     }
 
+    /// Partition 0's jobs stream (names: `shards`).
     pub fn jobs_stream(&self) -> String {
-        format!("{}_JOBS", self.upper())
+        EventShards::first_of(self.namespace.clone()).jobs_stream(0)
     }
 
     pub fn cancel_bucket(&self) -> String {
@@ -115,16 +116,18 @@ impl NatsSettings {
         format!("{}.stored.{id}", self.namespace)
     }
 
+    /// Partition 0's jobs subject.
     pub fn jobs_subject(&self) -> String {
-        format!("{}.jobs", self.namespace)
+        EventShards::first_of(self.namespace.clone()).jobs_subject(0)
     }
 
     pub fn cancel_subject(&self, id: &protocol::ExecutionId) -> String {
         format!("{}.cancel.{id}", self.namespace)
     }
 
+    /// Partition 0's workers' consumer.
     pub fn workers_consumer(&self) -> String {
-        format!("{}_workers", self.namespace)
+        EventShards::first_of(self.namespace.clone()).jobs_consumer(0)
     }
 }
 

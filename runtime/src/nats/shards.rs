@@ -62,6 +62,15 @@ impl EventShards {
         })
     }
 
+    /// The layout of partition 0 alone, which every namespace has (its names are those of
+    /// versions before partitions).
+    pub(crate) fn first_of(namespace: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            count: 1,
+        }
+    }
+
     /// How many shards (streams) the namespace has.
     pub fn count(&self) -> u16 {
         self.count
