@@ -191,6 +191,8 @@ async fn submit_once(
         ),
         traceparent,
         key: None,
+        // The default tenant's jobs read as before (no member).
+        tenant: (!tenant.is_default()).then(|| tenant.clone()),
     };
     let Some(key) = idempotency_key else {
         create_fresh(state, tenant, &job, started)

@@ -73,6 +73,21 @@ impl fmt::Display for Tenant {
     }
 }
 
+/// Written as its name.
+impl serde::Serialize for Tenant {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+/// Read from its name, which must be valid (the error never echoes the input).
+impl<'de> serde::Deserialize<'de> for Tenant {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        Self::parse(&name).map_err(serde::de::Error::custom)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,5 +113,14 @@ mod tests {
         }
         assert!(Tenant::default().is_default());
         assert!(!"acme".parse::<Tenant>().is_ok_and(|t| t.is_default()));
+    }
+
+    #[test]
+    fn a_tenant_travels_as_its_name_and_an_invalid_name_is_refused() {
+        let acme: Tenant = "acme".parse().unwrap();
+        assert_eq!(serde_json::to_string(&acme).unwrap(), "\"acme\"");
+        assert_eq!(serde_json::from_str::<Tenant>("\"acme\"").unwrap(), acme);
+        let refused = serde_json::from_str::<Tenant>("\"a b\"").unwrap_err();
+        assert!(!refused.to_string().contains("a b"), "{refused}");
     }
 }

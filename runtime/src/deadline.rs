@@ -290,6 +290,7 @@ mod tests {
             deadline_at: Timestamp::from_unix_millis(accepted_at.unix_millis() + deadline_in_ms),
             traceparent: None,
             key: None,
+            tenant: None,
         };
         queue.publish(&job).await.unwrap();
         (id, writer)

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
-use protocol::{ExecutionId, ExecutionRequest, Timestamp};
+use protocol::{ExecutionId, ExecutionRequest, Tenant, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use crate::error::StoreError;
@@ -30,6 +30,21 @@ pub struct Job {
     /// published before keys travelled with them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<KeyClaim>,
+    /// The tenant that submitted the execution, which decides the job's tenant lane (see
+    /// [`JobQueue`]): a queue serves tenants in turn, so one tenant's backlog never holds
+    /// another's jobs back. Absent for the default tenant and in jobs published before jobs
+    /// carried their tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<Tenant>,
+}
+
+impl Job {
+    /// The tenant whose turn this job takes (the default tenant when none is recorded).
+    pub fn tenant_name(&self) -> &str {
+        self.tenant
+            .as_ref()
+            .map_or(Tenant::DEFAULT_NAME, Tenant::as_str)
+    }
 }
 
 /// An idempotency key and the binding its submission claims, carried by the job.
@@ -76,6 +91,12 @@ pub trait DeliveryHandle: Send + Sync {
     /// job. Errors: the queue could not be asked (the job must not run yet).
     async fn withdrawn(&self) -> Result<bool, StoreError> {
         Ok(false)
+    }
+    /// Gives the job back unstarted, for delivery to another worker now rather than after the
+    /// lease (a worker stopping while it held a job it had no slot for yet). Best effort: a
+    /// lost release is a redelivery after the lease.
+    async fn release(&self) -> Result<(), StoreError> {
+        Ok(())
     }
 }
 
@@ -158,15 +179,27 @@ pub trait JobQueue: Send + Sync + 'static {
     fn partitions(&self) -> usize {
         1
     }
-    /// [`Self::receive_up_to`] from partition `partition` alone (below [`Self::partitions`]):
-    /// a worker runs one receive loop per partition, so a request to a partition without jobs
-    /// never holds up the others.
+    /// How many sources a worker pulls from: every partition's tenant lanes (a queue that
+    /// serves tenants in turn by itself has one). A worker runs one receive loop per source
+    /// when there are several, so a source without jobs never holds up the others, and one
+    /// tenant's backlog waits in its own lane.
+    fn sources(&self) -> usize {
+        self.partitions()
+    }
+    /// [`Self::receive_up_to`] from source `source` alone (below [`Self::sources`]): the
+    /// request waits a while for jobs when the source has none.
     async fn receive_from(
         &self,
-        _partition: usize,
+        _source: usize,
         max: usize,
     ) -> Result<Option<Deliveries>, StoreError> {
         self.receive_up_to(max).await
+    }
+    /// The jobs source `source` holds now, up to `max`, without waiting for more: an empty
+    /// stream when it holds none. A worker asks so while a source has jobs, so a request never
+    /// keeps slots waiting while another source has jobs.
+    async fn take_from(&self, source: usize, max: usize) -> Result<Option<Deliveries>, StoreError> {
+        self.receive_from(source, max).await
     }
     /// [`Self::scan`] of partition `partition` (below [`Self::partitions`]).
     async fn scan_partition(

@@ -21,7 +21,7 @@ use testkit::{NatsServer, unique_namespace};
 const PROMPT: Duration = Duration::from_secs(20);
 
 mod support;
-use support::{connect, event_store, fresh_settings, node, node_with_small_messages};
+use support::{connect, event_store, fresh_settings, node, node_with, node_with_small_messages};
 
 fn json_of(records: &[Arc<EventRecord>]) -> Vec<String> {
     records
@@ -968,7 +968,12 @@ async fn logs_stored_before_owners_existed_belong_to_the_default_tenant() {
 async fn one_pull_request_brings_jobs_that_arrive_one_at_a_time() {
     use futures_util::StreamExt;
 
-    let (_server, _settings, backend, _store) = node().await;
+    // One tenant lane: one consumer, so one request covers every job.
+    let (_server, _settings, backend, _store) = node_with(NatsSettings {
+        tenant_lanes: Some(1),
+        ..fresh_settings()
+    })
+    .await;
     let queue = NatsJobQueue::new(backend);
     let mut deliveries = tokio::time::timeout(PROMPT, queue.receive_up_to(3))
         .await
@@ -1008,7 +1013,12 @@ async fn one_pull_request_brings_jobs_that_arrive_one_at_a_time() {
 async fn the_jobs_of_a_request_come_whole_with_when_they_were_received() {
     use futures_util::StreamExt;
 
-    let (_server, _settings, backend, _store) = node().await;
+    // One tenant lane: one consumer, so one request covers every job.
+    let (_server, _settings, backend, _store) = node_with(NatsSettings {
+        tenant_lanes: Some(1),
+        ..fresh_settings()
+    })
+    .await;
     let queue = NatsJobQueue::new(backend);
     let mut large = job(ExecutionId::new_random());
     large.request = serde_json::from_value(serde_json::json!({
@@ -1045,4 +1055,105 @@ async fn the_jobs_of_a_request_come_whole_with_when_they_were_received() {
     let jobs: Vec<_> = came.into_iter().map(|(d, _)| d.job).collect();
     assert!(jobs.contains(&large), "the large job came whole");
     assert!(jobs.contains(&small));
+}
+
+/// A namespace spreads each partition's jobs over tenant lanes: a subject and a workers'
+/// consumer each, so one tenant's backlog waits in its lane and another tenant's job is
+/// handed out by its own lane's consumer at once. A restart asking for another lane count is
+/// refused, naming both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_backlog_waits_in_its_own_lane() {
+    use futures_util::StreamExt;
+
+    let (server, settings, backend, _store) = node().await;
+    let layout = runtime::nats::EventShards::new(settings.namespace.clone(), 1)
+        .unwrap()
+        .with_lanes(runtime::nats::DEFAULT_TENANT_LANES)
+        .unwrap();
+    let a: protocol::Tenant = "tenant-a".parse().unwrap();
+    let b: protocol::Tenant = (0..)
+        .map(|i| format!("tenant-b{i}").parse::<protocol::Tenant>().unwrap())
+        .find(|b| layout.lane_of(b.as_str()) != layout.lane_of(a.as_str()))
+        .unwrap();
+    let stream = backend
+        .jetstream
+        .get_stream(settings.jobs_stream())
+        .await
+        .unwrap();
+    assert_eq!(
+        stream.cached_info().config.subjects,
+        layout.jobs_subjects(0),
+        "one subject per lane"
+    );
+    let queue = NatsJobQueue::new(backend.clone());
+    queue.reconcile_consumer().await.unwrap();
+    assert_eq!(queue.sources(), usize::from(layout.lanes()));
+    let mut backlog = Vec::new();
+    for _ in 0..20 {
+        let mut j = job(ExecutionId::new_random());
+        j.tenant = Some(a.clone());
+        queue.publish(&j).await.unwrap();
+        backlog.push(j.execution_id);
+    }
+    let mut first_of_b = job(ExecutionId::new_random());
+    first_of_b.tenant = Some(b.clone());
+    queue.publish(&first_of_b).await.unwrap();
+
+    // b's lane holds b's job alone, handed out at once.
+    let lane_b = usize::from(layout.lane_of(b.as_str()));
+    let taken: Vec<_> = queue
+        .take_from(lane_b, 5)
+        .await
+        .unwrap()
+        .unwrap()
+        .collect()
+        .await;
+    assert_eq!(taken.len(), 1);
+    let taken = taken.into_iter().next().unwrap().unwrap();
+    assert_eq!(taken.job.execution_id, first_of_b.execution_id);
+    assert_eq!(taken.job.tenant.as_ref(), Some(&b));
+    taken.handle.ack().await.unwrap();
+    // a's lane holds a's backlog in publish order; an empty take ends at once.
+    let lane_a = usize::from(layout.lane_of(a.as_str()));
+    let firsts: Vec<_> = queue
+        .take_from(lane_a, 3)
+        .await
+        .unwrap()
+        .unwrap()
+        .map(|d| d.unwrap().job.execution_id)
+        .collect()
+        .await;
+    assert_eq!(firsts, backlog[..3]);
+    let empty: Vec<_> = tokio::time::timeout(PROMPT, async {
+        queue
+            .take_from(lane_b, 5)
+            .await
+            .unwrap()
+            .unwrap()
+            .collect::<Vec<_>>()
+            .await
+    })
+    .await
+    .expect("a take from an empty lane ends at once");
+    assert!(empty.is_empty());
+    // The consumer of each lane is its own durable, filtered to its subject.
+    let consumer = stream
+        .consumer_info(layout.jobs_lane_consumer(0, layout.lane_of(a.as_str())))
+        .await
+        .unwrap();
+    assert_eq!(consumer.num_pending, 17);
+
+    let refused = NatsBackend::connect(
+        &server.url(),
+        NatsSettings {
+            tenant_lanes: Some(1),
+            ..settings.clone()
+        },
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(refused.contains("has 8 tenant lane(s)"), "{refused}");
+    assert!(refused.contains("asks for 1"), "{refused}");
 }

@@ -1,8 +1,13 @@
-//! The job loop: `concurrency` slots. The loop waits for a free slot, then asks the queue for
-//! as many jobs as slots are free then (at most [`MAX_PULL`]) in one request (with a queue of
-//! several partitions, one loop per partition, each asking its partition for at most its share
-//! of the slots), so no worker
-//! buffers jobs it cannot start and under load one round trip brings several jobs. Each job
+//! The job loop: `concurrency` slots. With a queue of one source, the loop waits for a free
+//! slot, then asks the queue for as many jobs as slots are free then (at most [`MAX_PULL`]) in
+//! one request, so no worker buffers jobs it cannot start and under load one round trip brings
+//! several jobs. With several sources (partitions, and their tenant lanes), one loop per
+//! source, all sharing the slots, each either *waiting* (one request for one job, holding no
+//! slot: a source without jobs holds none of the slots) or, once its source has jobs, *taking*
+//! (as many as slots are free, up to its share, without waiting on the source) until its
+//! source runs dry. Free slots go to the waiting loops in turn, so the lanes of tenants with
+//! jobs share the slots evenly whatever their backlogs: one tenant's thousand waiting jobs
+//! never stand in front of another tenant's first. Each job
 //! runs in its slot, heartbeating the delivery while the execution runs, and is acknowledged
 //! once the log is terminal. The slot is freed when the execution ends, before that
 //! acknowledgement's round trip, so a busy worker takes its next job one round trip sooner.
@@ -103,10 +108,9 @@ impl WorkerPool {
 /// Most jobs asked for in one request (JetStream caps a pull's batch at 256).
 pub const MAX_PULL: usize = 64;
 
-/// One receive loop per partition of the queue, all sharing the pool's slots: a request to one
-/// partition that waits for jobs never holds up the requests to the others. Each loop asks for
-/// at most its share of the slots (`concurrency / partitions`, rounded up), so a partition
-/// without jobs holds at most that share while its request is open.
+/// One receive loop per source of the queue (see the module docs), all sharing the pool's
+/// slots. A taking loop asks for at most its share of them (`concurrency / partitions`,
+/// rounded up) a request.
 async fn receive_loops(
     queue: Arc<dyn JobQueue>,
     runner: Arc<Runner>,
@@ -115,10 +119,10 @@ async fn receive_loops(
     tracker: TaskTracker,
 ) {
     let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
-    let partitions = queue.partitions().max(1);
-    if partitions == 1 {
+    let sources = queue.sources().max(1);
+    if sources == 1 {
         let target = PullTarget {
-            partition: None,
+            source: None,
             share: MAX_PULL,
         };
         return receive_loop(queue, runner, config, stop, tracker, slots, target).await;
@@ -126,15 +130,15 @@ async fn receive_loops(
     let share = config
         .concurrency
         .max(1)
-        .div_ceil(partitions)
+        .div_ceil(queue.partitions().max(1))
         .clamp(1, MAX_PULL);
-    let loops: Vec<_> = (0..partitions)
-        .map(|partition| {
+    let loops: Vec<_> = (0..sources)
+        .map(|source| {
             let target = PullTarget {
-                partition: Some(partition),
+                source: Some(source),
                 share,
             };
-            tokio::spawn(receive_loop(
+            tokio::spawn(source_loop(
                 Arc::clone(&queue),
                 Arc::clone(&runner),
                 config.clone(),
@@ -150,11 +154,11 @@ async fn receive_loops(
     }
 }
 
-/// What one receive loop asks: one partition (`None`: the whole queue) for at most `share`
-/// jobs a request.
+/// What one receive loop asks: one source (`None`: the whole queue) for at most `share` jobs
+/// a request.
 #[derive(Debug, Clone, Copy)]
 struct PullTarget {
-    partition: Option<usize>,
+    source: Option<usize>,
     share: usize,
 }
 
@@ -189,8 +193,8 @@ async fn receive_loop(
             biased;
             () = stop.cancelled() => return,
             d = async {
-                match target.partition {
-                    Some(partition) => queue.receive_from(partition, permits.num_permits()).await,
+                match target.source {
+                    Some(source) => queue.receive_from(source, permits.num_permits()).await,
                     None => queue.receive_up_to(permits.num_permits()).await,
                 }
             } => d,
@@ -237,6 +241,148 @@ async fn receive_loop(
                 break;
             };
             start(&tracker, &runner, delivery, permit, config.heartbeat);
+        }
+    }
+}
+
+/// The loop of one source of several (see the module docs): waiting for one job without a
+/// slot, then taking what the free slots allow until the source runs dry.
+async fn source_loop(
+    queue: Arc<dyn JobQueue>,
+    runner: Arc<Runner>,
+    config: PoolConfig,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+    slots: Arc<Semaphore>,
+    target: PullTarget,
+) {
+    let source = target.source.unwrap_or(0);
+    let mut backoff = receive_backoff();
+    loop {
+        // Waiting: one job, no slot held meanwhile.
+        let waited = tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            d = queue.receive_from(source, 1) => d,
+        };
+        let mut deliveries = match waited {
+            Ok(Some(d)) => d,
+            Ok(None) => return,
+            Err(e) => {
+                if !pause_after(&e, &mut backoff, &stop).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        let mut got = false;
+        while let Some(next) = tokio::select! {
+            biased;
+            () = stop.cancelled() => None,
+            next = deliveries.next() => next,
+        } {
+            match next {
+                Ok(delivery) => {
+                    let Some(permit) = slot_for(&slots, &delivery, &stop, config.heartbeat).await
+                    else {
+                        // Stopping before a slot freed: another worker runs it now.
+                        let _ = delivery.handle.release().await;
+                        return;
+                    };
+                    start(&tracker, &runner, delivery, permit, config.heartbeat);
+                    got = true;
+                }
+                Err(e) => {
+                    if !pause_after(&e, &mut backoff, &stop).await {
+                        return;
+                    }
+                    break;
+                }
+            }
+        }
+        if stop.is_cancelled() {
+            return;
+        }
+        if !got {
+            continue;
+        }
+        backoff.reset();
+        // Taking: the source has jobs; as many as slots are free (up to the share), never
+        // waiting on the source, until a request brings fewer than it asked for.
+        loop {
+            let first = tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                permit = Arc::clone(&slots).acquire_owned() => match permit { Ok(p) => p, Err(_) => return },
+            };
+            let mut permits = first;
+            let more = slots
+                .available_permits()
+                .min(target.share.saturating_sub(1));
+            if let Ok(extra) =
+                Arc::clone(&slots).try_acquire_many_owned(u32::try_from(more).unwrap_or(0))
+            {
+                permits.merge(extra);
+            }
+            let asked = permits.num_permits();
+            let mut deliveries = match queue.take_from(source, asked).await {
+                Ok(Some(d)) => d,
+                Ok(None) => return,
+                Err(e) => {
+                    if !pause_after(&e, &mut backoff, &stop).await {
+                        return;
+                    }
+                    break;
+                }
+            };
+            let mut taken = 0;
+            // A request that asks for jobs the source holds is answered at once; what it
+            // brought still runs when the pool stops meanwhile (the shutdown grace decides).
+            while let Some(next) = deliveries.next().await {
+                let Ok(delivery) = next else { break };
+                let Some(permit) = permits.split(1) else {
+                    tracing::error!("job queue yielded more jobs than asked for");
+                    break;
+                };
+                start(&tracker, &runner, delivery, permit, config.heartbeat);
+                taken += 1;
+            }
+            if taken < asked || stop.is_cancelled() {
+                break;
+            }
+        }
+    }
+}
+
+/// A slot for `delivery`, a job received before one was free: waits its turn among the
+/// loops (the semaphore is first come, first served), heartbeating the delivery meanwhile so
+/// its lease never lapses while it waits. `None`: the pool stopped first.
+async fn slot_for(
+    slots: &Arc<Semaphore>,
+    delivery: &Delivery,
+    stop: &CancellationToken,
+    heartbeat: Duration,
+) -> Option<OwnedSemaphorePermit> {
+    let acquire = Arc::clone(slots).acquire_owned();
+    tokio::pin!(acquire);
+    let interval = || {
+        delivery
+            .handle
+            .lease()
+            .map_or(heartbeat, heartbeat_interval)
+    };
+    let mut next_beat = delivery.handle.received_at().unwrap_or_else(Instant::now) + interval();
+    loop {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return None,
+            permit = &mut acquire => return permit.ok(),
+            () = tokio::time::sleep_until(next_beat) => {
+                next_beat = Instant::now() + interval();
+                if let Err(e) = delivery.handle.in_progress().await {
+                    tracing::warn!(execution_id = %delivery.job.execution_id, error = %e, "heartbeat failed");
+                }
+            }
         }
     }
 }

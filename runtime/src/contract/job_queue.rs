@@ -22,6 +22,7 @@ pub fn job(id: ExecutionId) -> Job {
         deadline_at: Timestamp::now(),
         traceparent: None,
         key: None,
+        tenant: None,
     }
 }
 

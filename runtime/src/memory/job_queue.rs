@@ -1,8 +1,11 @@
-//! The in-memory job queue: an unbounded channel (admission bounds it) with a short dedupe
-//! window on execution ids. Jobs are also listed by position until acknowledged, so `scan`
-//! behaves as in the NATS queue (admission bounds that list too).
+//! The in-memory job queue: one queue per tenant, served in turn (admission bounds them), with
+//! a short dedupe window on execution ids. A receive takes one job of each tenant with jobs
+//! waiting, in turn, so one tenant's backlog never holds another tenant's jobs back: a tenant
+//! whose first job arrives behind a thousand of another's is served next. Jobs are also listed
+//! by position until acknowledged, so `scan` behaves as in the NATS queue (admission bounds
+//! that list too).
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,7 +13,7 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use parking_lot::Mutex as SyncMutex;
 use protocol::ExecutionId;
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::StoreError;
@@ -36,10 +39,46 @@ struct Dedupe {
     order: VecDeque<(Instant, ExecutionId)>,
 }
 
+/// Jobs not yet received: per tenant in publish order, the tenants with jobs in turn.
+#[derive(Default)]
+struct Waiting {
+    by_tenant: HashMap<Arc<str>, VecDeque<(u64, Job)>>,
+    turn: VecDeque<Arc<str>>,
+}
+
+impl Waiting {
+    fn push(&mut self, position: u64, job: Job) {
+        let tenant = job.tenant_name();
+        match self.by_tenant.get_mut(tenant) {
+            Some(jobs) => jobs.push_back((position, job)),
+            None => {
+                let tenant: Arc<str> = Arc::from(tenant);
+                self.turn.push_back(Arc::clone(&tenant));
+                self.by_tenant
+                    .insert(tenant, VecDeque::from([(position, job)]));
+            }
+        }
+    }
+
+    /// The next tenant's oldest job; that tenant's turn comes again after every other's.
+    fn pop(&mut self) -> Option<(u64, Job)> {
+        let tenant = self.turn.pop_front()?;
+        let jobs = self.by_tenant.get_mut(&tenant)?;
+        let next = jobs.pop_front();
+        if jobs.is_empty() {
+            self.by_tenant.remove(&tenant);
+        } else {
+            self.turn.push_back(tenant);
+        }
+        next
+    }
+}
+
 /// See the module docs.
 pub struct MemoryJobQueue {
-    tx: mpsc::UnboundedSender<(u64, Job)>,
-    rx: Mutex<mpsc::UnboundedReceiver<(u64, Job)>>,
+    waiting: SyncMutex<Waiting>,
+    /// Woken on every publish and on close.
+    published: Notify,
     dedupe: SyncMutex<Dedupe>,
     /// Jobs published and not yet acknowledged, by position.
     held: Arc<SyncMutex<Held>>,
@@ -60,10 +99,9 @@ impl Default for MemoryJobQueue {
 
 impl MemoryJobQueue {
     pub fn new() -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
         Self {
-            tx,
-            rx: Mutex::new(rx),
+            waiting: SyncMutex::new(Waiting::default()),
+            published: Notify::new(),
             dedupe: SyncMutex::new(Dedupe::default()),
             held: Arc::new(SyncMutex::new(Held::default())),
             closed: CancellationToken::new(),
@@ -129,10 +167,9 @@ impl JobQueue for MemoryJobQueue {
             );
             position
         };
-        self.tx.send((position, job.clone())).map_err(|_| {
-            self.held.lock().jobs.remove(&position);
-            StoreError::Closed
-        })
+        self.waiting.lock().push(position, job.clone());
+        self.published.notify_waiters();
+        Ok(())
     }
 
     async fn withdraw(&self, job: &Job) -> Result<(), StoreError> {
@@ -156,8 +193,24 @@ impl JobQueue for MemoryJobQueue {
             .map(|taken| futures_util::stream::iter(taken.into_iter().map(Ok)).boxed()))
     }
 
+    /// The jobs waiting now, up to `max`, in turn (see the module docs).
+    async fn take_from(
+        &self,
+        _source: usize,
+        max: usize,
+    ) -> Result<Option<Deliveries>, StoreError> {
+        if self.closed.is_cancelled() {
+            return Ok(None);
+        }
+        let taken = self.take_waiting(max);
+        Ok(Some(
+            futures_util::stream::iter(taken.into_iter().map(Ok)).boxed(),
+        ))
+    }
+
     fn close(&self) {
         self.closed.cancel();
+        self.published.notify_waiters();
     }
 
     async fn ready(&self) -> Result<(), StoreError> {
@@ -180,31 +233,38 @@ impl JobQueue for MemoryJobQueue {
 }
 
 impl MemoryJobQueue {
-    /// Waits for the next job not withdrawn, then takes every job already waiting, up to `max`
-    /// in all (at least one); `None` once the queue is closed.
+    /// Waits for a job not withdrawn, then takes every job already waiting, up to `max` in all
+    /// (at least one), tenants in turn; `None` once the queue is closed.
     async fn take(&self, max: usize) -> Result<Option<Vec<Delivery>>, StoreError> {
-        let mut rx = tokio::select! {
-            rx = self.rx.lock() => rx,
-            () = self.closed.cancelled() => return Ok(None),
-        };
-        let mut taken = Vec::new();
-        while taken.is_empty() {
-            let received = tokio::select! {
-                job = rx.recv() => job,
-                () = self.closed.cancelled() => return Ok(None),
-            };
-            let Some((position, job)) = received else {
+        loop {
+            let published = self.published.notified();
+            tokio::pin!(published);
+            // Registered before looking, so a publish in between is not missed.
+            published.as_mut().enable();
+            if self.closed.is_cancelled() {
                 return Ok(None);
-            };
-            taken.extend(self.deliver(position, job));
+            }
+            let taken = self.take_waiting(max);
+            if !taken.is_empty() {
+                return Ok(Some(taken));
+            }
+            tokio::select! {
+                () = published => {}
+                () = self.closed.cancelled() => return Ok(None),
+            }
         }
-        while taken.len() < max {
-            let Ok((position, job)) = rx.try_recv() else {
+    }
+
+    /// The jobs waiting now, up to `max`, one of each tenant in turn; withdrawn ones dropped.
+    fn take_waiting(&self, max: usize) -> Vec<Delivery> {
+        let mut taken = Vec::new();
+        while taken.len() < max.max(1) {
+            let Some((position, job)) = self.waiting.lock().pop() else {
                 break;
             };
             taken.extend(self.deliver(position, job));
         }
-        Ok(Some(taken))
+        taken
     }
 
     /// The delivery of a received job; `None` for a withdrawn one (dropped).
@@ -227,15 +287,91 @@ impl MemoryJobQueue {
     /// cancel executions that never started).
     pub fn take_pending(&self) -> Vec<Job> {
         let mut out = Vec::new();
-        if let Ok(mut rx) = self.rx.try_lock() {
-            while let Ok((position, job)) = rx.try_recv() {
-                let mut held = self.held.lock();
-                held.jobs.remove(&position);
-                if !held.withdrawn.remove(&job.execution_id) {
-                    out.push(job);
-                }
+        while let Some((position, job)) = self.waiting.lock().pop() {
+            let mut held = self.held.lock();
+            held.jobs.remove(&position);
+            if !held.withdrawn.remove(&job.execution_id) {
+                out.push(job);
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job_of(tenant: Option<&str>) -> Job {
+        let mut job = crate::contract::job(ExecutionId::new_random());
+        job.tenant = tenant.map(|t| t.parse().unwrap());
+        job
+    }
+
+    /// One tenant's backlog of 100 waits behind nobody's first job: each receive serves the
+    /// tenants in turn, each in its own publish order.
+    #[tokio::test]
+    async fn tenants_are_served_in_turn_whatever_their_backlog() {
+        let queue = MemoryJobQueue::new();
+        let backlog: Vec<Job> = (0..100).map(|_| job_of(Some("a"))).collect();
+        for job in &backlog {
+            queue.publish(job).await.unwrap();
+        }
+        let b = job_of(Some("b"));
+        let anonymous = job_of(None);
+        queue.publish(&b).await.unwrap();
+        queue.publish(&anonymous).await.unwrap();
+
+        let first: Vec<ExecutionId> = queue
+            .take(4)
+            .await
+            .unwrap()
+            .unwrap()
+            .into_iter()
+            .map(|d| d.job.execution_id)
+            .collect();
+        assert_eq!(
+            first,
+            [
+                backlog[0].execution_id,
+                b.execution_id,
+                anonymous.execution_id,
+                backlog[1].execution_id
+            ]
+        );
+        let rest: Vec<ExecutionId> = queue
+            .take(1000)
+            .await
+            .unwrap()
+            .unwrap()
+            .into_iter()
+            .map(|d| d.job.execution_id)
+            .collect();
+        let expected: Vec<ExecutionId> = backlog[2..].iter().map(|j| j.execution_id).collect();
+        assert_eq!(rest, expected);
+        assert!(queue.take_waiting(10).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_waiting_receive_wakes_on_publish_and_on_close() {
+        let queue = Arc::new(MemoryJobQueue::new());
+        let waiting = tokio::spawn({
+            let queue = Arc::clone(&queue);
+            async move { queue.take(8).await }
+        });
+        tokio::task::yield_now().await;
+        let job = job_of(Some("a"));
+        queue.publish(&job).await.unwrap();
+        let taken = waiting.await.unwrap().unwrap().unwrap();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].job.execution_id, job.execution_id);
+
+        let closed = tokio::spawn({
+            let queue = Arc::clone(&queue);
+            async move { queue.take(8).await }
+        });
+        tokio::task::yield_now().await;
+        queue.close();
+        assert!(closed.await.unwrap().unwrap().is_none());
     }
 }

@@ -1,6 +1,7 @@
 //! The JetStream job queue: per partition of the namespace (see `shards`), a WorkQueue stream
-//! with one durable pull consumer shared by all workers; a job goes to its execution's
-//! partition, and a worker pulls from every partition. `receive_up_to(n)` asks the partitions
+//! with, per tenant lane, a subject and one durable pull consumer shared by all workers; a job
+//! goes to its execution's partition and its tenant's lane, and a worker pulls from every
+//! lane of every partition (a *source*: `receive_from`, `take_from`). `receive_up_to(n)` asks the partitions
 //! for at most `n` jobs together (a worker asks for as many as it has free slots, so a worker
 //! never holds jobs it has no free slot for): with one partition in one request, with several
 //! in one request each, sent at once and merged, `n` spread evenly over them, the partitions
@@ -144,20 +145,24 @@ const TRACEPARENT: &str = "traceparent";
 /// See the module docs.
 pub struct NatsJobQueue {
     backend: NatsBackend,
-    /// Indexed by partition number.
-    partitions: Box<[Partition]>,
+    /// Every partition's lanes: source `partition * lanes + lane`.
+    sources: Box<[Source]>,
+    lanes: usize,
     /// The partition a request for fewer jobs than there are partitions starts at.
     next: AtomicUsize,
     closed: CancellationToken,
 }
 
-/// One partition's jobs stream and workers' consumer, on its connection.
-struct Partition {
+/// One tenant lane of one partition: its subject of the partition's jobs stream and its
+/// workers' consumer, on the partition's connection.
+struct Source {
     number: u16,
     /// The connection carrying this partition (`NatsBackend::lane`).
     lane: async_nats::jetstream::Context,
     stream_name: String,
     subject: String,
+    /// The consumer's filter: the lane's subject; none with one lane (the layout before lanes).
+    filter: Option<String>,
     consumer_name: String,
     lease: OnceCell<Arc<Lease>>,
     /// The jobs stream, looked up on first use.
@@ -167,7 +172,7 @@ struct Partition {
 impl std::fmt::Debug for NatsJobQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NatsJobQueue")
-            .field("partitions", &self.partitions.len())
+            .field("sources", &self.sources.len())
             .finish_non_exhaustive()
     }
 }
@@ -175,33 +180,37 @@ impl std::fmt::Debug for NatsJobQueue {
 impl NatsJobQueue {
     pub fn new(backend: NatsBackend) -> Self {
         let layout = &backend.events;
-        let partitions = (0..layout.count())
-            .map(|number| Partition {
+        let lanes = layout.lanes();
+        let sources = (0..layout.count())
+            .flat_map(|number| (0..lanes).map(move |lane| (number, lane)))
+            .map(|(number, lane)| Source {
                 number,
                 lane: backend.lane(number).clone(),
                 stream_name: layout.jobs_stream(number),
-                subject: layout.jobs_subject(number),
-                consumer_name: layout.jobs_consumer(number),
+                subject: layout.jobs_lane_subject(number, lane),
+                filter: (lanes > 1).then(|| layout.jobs_lane_subject(number, lane)),
+                consumer_name: layout.jobs_lane_consumer(number, lane),
                 lease: OnceCell::new(),
                 stream: OnceCell::new(),
             })
             .collect();
         Self {
             backend,
-            partitions,
+            sources,
+            lanes: usize::from(lanes),
             next: AtomicUsize::new(0),
             closed: CancellationToken::new(),
         }
     }
 
-    /// Creates every partition's workers' consumer or updates it to this process's settings
+    /// Creates every source's workers' consumer or updates it to this process's settings
     /// (`ack_wait`, `max_ack_pending`), and returns the lease the server then holds. Workers
     /// call it at startup so a setting JetStream refuses stops the start; otherwise the first
     /// `receive` does it. Publishers (gateways) never touch the consumers.
     pub async fn reconcile_consumer(&self) -> Result<Duration, StoreError> {
         let mut lease = None;
-        for partition in self.partitions.iter() {
-            let held = self.shared_lease(partition).await?.get();
+        for source in self.sources.iter() {
+            let held = self.shared_lease(source).await?.get();
             lease.get_or_insert(held);
         }
         lease.ok_or_else(|| StoreError::Misconfigured("the namespace has no partition".into()))
@@ -210,19 +219,21 @@ impl NatsJobQueue {
     /// The lease (`ack_wait`) of a delivery as last read from the server; `None` until the
     /// consumer was reconciled.
     pub fn lease(&self) -> Option<Duration> {
-        self.partitions
-            .first()
-            .and_then(|p| p.lease.get())
-            .map(|l| l.get())
+        // Each source's consumer is read on its own; the latest read is the freshest.
+        self.sources
+            .iter()
+            .filter_map(|source| source.lease.get())
+            .max_by_key(|lease| *lease.read_at.lock())
+            .map(|lease| lease.get())
     }
 
     /// Jobs waiting plus jobs delivered and not yet acknowledged, as the server counts them for
-    /// the workers' consumers (one request per partition; callers poll it periodically, never
+    /// the workers' consumers (one request per source; callers poll it periodically, never
     /// per scrape).
     pub async fn backlog(&self) -> Result<u64, StoreError> {
         let mut total = 0u64;
-        for partition in self.partitions.iter() {
-            let lease = self.shared_lease(partition).await?;
+        for source in self.sources.iter() {
+            let lease = self.shared_lease(source).await?;
             let info = lease
                 .consumer
                 .get_info()
@@ -235,18 +246,16 @@ impl NatsJobQueue {
         Ok(total)
     }
 
-    /// A partition's durable consumer and its lease, reconciled on first use (workers only).
-    async fn shared_lease<'a>(
-        &self,
-        partition: &'a Partition,
-    ) -> Result<&'a Arc<Lease>, StoreError> {
-        partition
+    /// A source's durable consumer and its lease, reconciled on first use (workers only).
+    async fn shared_lease<'a>(&self, source: &'a Source) -> Result<&'a Arc<Lease>, StoreError> {
+        source
             .lease
             .get_or_try_init(|| async {
                 let s = &self.backend.settings;
-                let stream = self.stream(partition).await?;
+                let stream = self.stream(source).await?;
                 let config = consumer::pull::Config {
-                    durable_name: Some(partition.consumer_name.clone()),
+                    durable_name: Some(source.consumer_name.clone()),
+                    filter_subject: source.filter.clone().unwrap_or_default(),
                     ack_policy: consumer::AckPolicy::Explicit,
                     ack_wait: s.ack_wait,
                     max_ack_pending: super::partition_max_jobs(
@@ -262,32 +271,40 @@ impl NatsJobQueue {
             .await
     }
 
-    /// A partition's jobs stream, looked up once.
-    async fn stream<'a>(&self, partition: &'a Partition) -> Result<&'a Stream, StoreError> {
-        partition
+    /// A source's jobs stream (its partition's), looked up once.
+    async fn stream<'a>(&self, source: &'a Source) -> Result<&'a Stream, StoreError> {
+        source
             .stream
             .get_or_try_init(|| async {
-                partition
+                source
                     .lane
-                    .get_stream(&partition.stream_name)
+                    .get_stream(&source.stream_name)
                     .await
                     .map_err(|e| unavailable("jobs stream", e))
             })
             .await
     }
 
-    /// The partition holding the execution's job.
-    fn partition_of(&self, id: &protocol::ExecutionId) -> &Partition {
-        let number = usize::from(self.backend.events.shard_of(id));
-        // The layout and the partitions come from the same count.
-        &self.partitions[number.min(self.partitions.len() - 1)]
+    /// The source of the execution's job: its partition's lane of its tenant.
+    fn source_of(&self, job: &Job) -> &Source {
+        let layout = &self.backend.events;
+        let partition = usize::from(layout.shard_of(&job.execution_id));
+        let lane = usize::from(layout.lane_of(job.tenant_name()));
+        // The layout and the sources come from the same counts.
+        &self.sources[(partition * self.lanes + lane).min(self.sources.len() - 1)]
+    }
+
+    /// The source that lists partition `partition`'s jobs (its lane 0: every lane shares the
+    /// partition's stream).
+    fn partition(&self, partition: usize) -> Option<&Source> {
+        self.sources.get(partition.checked_mul(self.lanes)?)
     }
 
     /// Publishes `job` (or finds it stored: the execution id is its `Nats-Msg-Id`) and returns
-    /// its partition and stream sequence.
-    async fn publish_at(&self, job: &Job) -> Result<(&Partition, u64), StoreError> {
+    /// its source and stream sequence.
+    async fn publish_at(&self, job: &Job) -> Result<(&Source, u64), StoreError> {
         self.backend.check_connected()?;
-        let partition = self.partition_of(&job.execution_id);
+        let source = self.source_of(job);
         let payload = serde_json::to_vec(job)
             .map_err(|e| StoreError::Unavailable(format!("encode job: {e}")))?;
         let mut message = PublishMessage::build()
@@ -298,14 +315,14 @@ impl NatsJobQueue {
         }
         let mut pauses = FULL_QUEUE_RECHECKS.iter();
         loop {
-            let ack = partition
+            let ack = source
                 .lane
-                .send_publish(partition.subject.clone(), message.clone())
+                .send_publish(source.subject.clone(), message.clone())
                 .await
                 .map_err(|e| unavailable("publish job", e))?;
             match ack.await {
                 // A duplicate carries the sequence of the stored original.
-                Ok(ack) => return Ok((partition, ack.sequence)),
+                Ok(ack) => return Ok((source, ack.sequence)),
                 // `discard: new` on the jobs stream is the cluster-wide admission limit. A
                 // job whose execution just ended leaves it when its worker's acknowledgement
                 // lands, a moment after the terminal event became visible: a queue full only
@@ -319,28 +336,44 @@ impl NatsJobQueue {
         }
     }
 
-    /// Sends one pull request to `partition` for up to `max` jobs (at least one; they come as
-    /// they arrive, and the request ends once `max` came or after `expires`), with what their
-    /// deliveries need. `None`: the queue was closed.
+    /// Sends one pull request to `source` for up to `max` jobs (at least one; they come as
+    /// they arrive, and the request ends once `max` came or after `expires`; with `expires`
+    /// `None` it ends at once with the jobs the source holds now), with what their deliveries
+    /// need. `None`: the queue was closed.
     async fn pull(
         &self,
-        partition: &Partition,
+        source: &Source,
         max: usize,
-        expires: Duration,
+        expires: Option<Duration>,
     ) -> Result<Option<(consumer::pull::Batch, Arc<Lease>, Stream)>, StoreError> {
         if self.closed.is_cancelled() {
             return Ok(None);
         }
-        let lease = self.shared_lease(partition).await?;
+        let lease = self.shared_lease(source).await?;
         lease.refresh();
         // Looked up before pulling, so a lookup failure never strands a delivered job.
-        let stream = self.stream(partition).await?.clone();
-        let request = lease
-            .consumer
-            .batch()
-            .max_messages(max.max(1))
-            .expires(expires)
-            .messages();
+        let stream = self.stream(source).await?.clone();
+        let request = async {
+            match expires {
+                Some(expires) => {
+                    lease
+                        .consumer
+                        .batch()
+                        .max_messages(max.max(1))
+                        .expires(expires)
+                        .messages()
+                        .await
+                }
+                None => {
+                    lease
+                        .consumer
+                        .fetch()
+                        .max_messages(max.max(1))
+                        .messages()
+                        .await
+                }
+            }
+        };
         tokio::select! {
             batch = request => Ok(Some((batch.map_err(|e| unavailable("pull jobs", e))?, Arc::clone(lease), stream))),
             () = self.closed.cancelled() => Ok(None),
@@ -382,10 +415,60 @@ impl NatsJobQueue {
             .boxed()
     }
 
-    /// How many jobs each partition is asked for when a worker has `max` free slots (see
-    /// [`plan`]); successive small requests start at successive partitions.
+    /// One request to source `source` (see [`Self::pull`]), its deliveries as they arrive.
+    async fn pull_source(
+        &self,
+        source: usize,
+        max: usize,
+        expires: Option<Duration>,
+    ) -> Result<Option<Deliveries>, StoreError> {
+        let Some(found) = self.sources.get(source) else {
+            return Err(StoreError::Misconfigured(format!(
+                "no job source {source} in a namespace of {}",
+                self.sources.len()
+            )));
+        };
+        let Some(request) = self.pull(found, max.max(1), expires).await? else {
+            return Ok(None);
+        };
+        Ok(Some(self.deliveries(vec![request], max)))
+    }
+
+    /// The jobs the sources hold now, up to `max`, the sources asked one after another from
+    /// the next in turn, each for what is still missing (a source that fails is skipped).
+    async fn sweep(&self, max: usize) -> Result<Vec<Delivery>, StoreError> {
+        let count = self.sources.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % count;
+        let mut held = Vec::new();
+        for i in 0..count {
+            let missing = max.max(1) - held.len();
+            if missing == 0 {
+                break;
+            }
+            let source = &self.sources[(start + i) % count];
+            let Some((batch, lease, stream)) = (match self.pull(source, missing, None).await {
+                Ok(pulled) => pulled,
+                Err(e) => {
+                    tracing::debug!(partition = source.number, error = %e, "pull request failed");
+                    continue;
+                }
+            }) else {
+                return Ok(held);
+            };
+            let mut batch = std::pin::pin!(batch);
+            while let Some(message) = batch.next().await {
+                let Ok(message) = message else { break };
+                let received_at = tokio::time::Instant::now();
+                held.extend(delivery(message, received_at, &lease, &stream).await);
+            }
+        }
+        Ok(held)
+    }
+
+    /// How many jobs each source is asked for when a worker has `max` free slots (see
+    /// [`plan`]); successive small requests start at successive sources.
     fn plan(&self, max: usize) -> Vec<(usize, usize)> {
-        let count = self.partitions.len();
+        let count = self.sources.len();
         let start = if count > 1 {
             self.next.fetch_add(max.max(1), Ordering::Relaxed) % count
         } else {
@@ -509,6 +592,13 @@ impl DeliveryHandle for NatsDelivery {
         Some(self.received_at)
     }
 
+    async fn release(&self) -> Result<(), StoreError> {
+        self.acker
+            .ack_with(AckKind::Nak(None))
+            .await
+            .map_err(|e| unavailable("release", e))
+    }
+
     async fn withdrawn(&self) -> Result<bool, StoreError> {
         // A plain (not direct) get is answered by the stream leader, which applied the delete.
         match self.stream.get_raw_message(self.stream_sequence).await {
@@ -526,14 +616,14 @@ impl JobQueue for NatsJobQueue {
     }
 
     async fn withdraw(&self, job: &Job) -> Result<(), StoreError> {
-        let (partition, sequence) = match self.publish_at(job).await {
+        let (source, sequence) = match self.publish_at(job).await {
             Ok(found) => found,
             // The server checks the msg id before the stream's limits: a full queue that
             // refuses the republish holds no copy of the job.
             Err(StoreError::AdmissionFull) => return Ok(()),
             Err(e) => return Err(e),
         };
-        let stream = self.stream(partition).await?;
+        let stream = self.stream(source).await?;
         tracing::debug!(execution_id = %job.execution_id, sequence, "withdrawing job");
         match stream.delete_message(sequence).await {
             Ok(_) => Ok(()),
@@ -567,22 +657,34 @@ impl JobQueue for NatsJobQueue {
         }
     }
 
-    /// One pull request per partition asked (see `plan`), all sent at once; their deliveries
-    /// come merged as they arrive, and the whole ends when every request has. A partition
-    /// whose request fails (its stream's leader being elected, say) is left out of this
-    /// round, so the others keep flowing; only when every request fails is it an error.
+    /// One pull request per source asked (see `plan`), all sent at once; their deliveries
+    /// come merged as they arrive, and the whole ends when every request has. A source whose
+    /// request fails (its stream's leader being elected, say) is left out of this round, so
+    /// the others keep flowing; only when every request fails is it an error.
+    ///
+    /// With tenant lanes, the sources are first asked in turn for the jobs they hold now (so a
+    /// job in any lane is found at once, whichever lanes the plan would ask), and only when
+    /// none holds any does the round of waiting requests go out.
     async fn receive_up_to(&self, max: usize) -> Result<Option<Deliveries>, StoreError> {
+        if self.lanes > 1 {
+            let held = self.sweep(max).await?;
+            if !held.is_empty() {
+                return Ok(Some(
+                    futures_util::stream::iter(held.into_iter().map(Ok)).boxed(),
+                ));
+            }
+        }
         let plan = self.plan(max);
-        let expires = if self.partitions.len() == 1 {
+        let expires = if self.sources.len() == 1 {
             PULL_EXPIRES
-        } else if plan.len() < self.partitions.len() {
+        } else if plan.len() < self.sources.len() {
             TURN_PULL_EXPIRES
         } else {
             PARTITIONED_PULL_EXPIRES
         };
-        let pulls = plan.iter().map(|&(partition, n)| {
-            let partition = &self.partitions[partition];
-            async move { (partition.number, self.pull(partition, n, expires).await) }
+        let pulls = plan.iter().map(|&(source, n)| {
+            let source = &self.sources[source];
+            async move { (source.number, self.pull(source, n, Some(expires)).await) }
         });
         let mut requests = Vec::with_capacity(plan.len());
         let mut failure = None;
@@ -604,26 +706,25 @@ impl JobQueue for NatsJobQueue {
         Ok(Some(self.deliveries(requests, max)))
     }
 
+    fn sources(&self) -> usize {
+        self.sources.len()
+    }
+
     async fn receive_from(
         &self,
-        partition: usize,
+        source: usize,
         max: usize,
     ) -> Result<Option<Deliveries>, StoreError> {
-        let Some(partition) = self.partitions.get(partition) else {
-            return Err(StoreError::Misconfigured(format!(
-                "no job partition {partition} in a namespace of {}",
-                self.partitions.len()
-            )));
-        };
-        let expires = if self.partitions.len() == 1 {
+        let expires = if self.sources.len() == 1 {
             PULL_EXPIRES
         } else {
             PARTITIONED_PULL_EXPIRES
         };
-        let Some(request) = self.pull(partition, max.max(1), expires).await? else {
-            return Ok(None);
-        };
-        Ok(Some(self.deliveries(vec![request], max)))
+        self.pull_source(source, max, Some(expires)).await
+    }
+
+    async fn take_from(&self, source: usize, max: usize) -> Result<Option<Deliveries>, StoreError> {
+        self.pull_source(source, max, None).await
     }
 
     fn close(&self) {
@@ -639,7 +740,7 @@ impl JobQueue for NatsJobQueue {
     }
 
     fn partitions(&self) -> usize {
-        self.partitions.len()
+        self.sources.len() / self.lanes.max(1)
     }
 
     async fn scan_partition(
@@ -649,17 +750,23 @@ impl JobQueue for NatsJobQueue {
         limit: usize,
     ) -> Result<Vec<QueuedJob>, StoreError> {
         self.backend.check_connected()?;
-        let Some(partition) = self.partitions.get(partition) else {
+        let Some(source) = self.partition(partition) else {
             return Ok(Vec::new());
         };
-        let stream = self.stream(partition).await?;
+        let stream = self.stream(source).await?;
+        // Every lane of the partition: the stream holds its subjects alone.
+        let subjects = if self.lanes > 1 {
+            ">".to_owned()
+        } else {
+            source.subject.clone()
+        };
         let mut out = Vec::new();
         let mut next = after.saturating_add(1);
         while out.len() < limit {
             let message = match stream
                 .raw_message_builder()
                 .sequence(next)
-                .next_by_subject(partition.subject.clone())
+                .next_by_subject(subjects.clone())
                 .send()
                 .await
             {

@@ -44,7 +44,10 @@ pub use job_queue::NatsJobQueue;
 // For other crates' streams and consumers in the namespace (webhook deliveries).
 pub use reconcile::{pull_consumer as reconcile_pull_consumer, stream as reconcile_stream};
 pub use services::{NatsConnectSettings, NatsServices};
-pub use shards::{DEFAULT_EVENT_SHARDS, EventShards, MAX_EVENT_SHARDS, SHARDS_METADATA_KEY};
+pub use shards::{
+    DEFAULT_EVENT_SHARDS, DEFAULT_TENANT_LANES, EventShards, LANES_METADATA_KEY, MAX_EVENT_SHARDS,
+    MAX_TENANT_LANES, SHARDS_METADATA_KEY,
+};
 
 use crate::error::StoreError;
 
@@ -77,6 +80,9 @@ pub struct NatsSettings {
     /// an existing namespace keeps its own, and a different explicit count is a startup error
     /// (see `shards`).
     pub event_shards: Option<u16>,
+    /// Tenant lanes per partition a new namespace gets (`None`: [`DEFAULT_TENANT_LANES`]); an
+    /// existing namespace keeps its own, and a different explicit count is a startup error.
+    pub tenant_lanes: Option<u16>,
 }
 
 impl NatsSettings {
@@ -90,6 +96,7 @@ impl NatsSettings {
             max_event_bytes: 1024 * 1024 + 4096,
             replicas: 1,
             event_shards: None,
+            tenant_lanes: None,
         }
     }
 
@@ -416,20 +423,29 @@ async fn agreed_shards(
     js: &jetstream::Context,
     s: &NatsSettings,
 ) -> Result<(EventShards, bool), StoreError> {
-    let recorded = reconcile::stream_metadata(js, &s.events_stream(), SHARDS_METADATA_KEY).await?;
+    let recorded = reconcile::stream_metadata(js, &s.events_stream()).await?;
     let count = shards::agree(
         &s.namespace,
-        recorded.as_ref().map(Option::as_deref),
+        recorded
+            .as_ref()
+            .map(|m| m.get(SHARDS_METADATA_KEY).map(String::as_str)),
         s.event_shards,
     )?;
+    let lanes = shards::agree_lanes(
+        &s.namespace,
+        recorded
+            .as_ref()
+            .map(|m| m.get(LANES_METADATA_KEY).map(String::as_str)),
+        s.tenant_lanes,
+    )?;
     Ok((
-        EventShards::new(s.namespace.clone(), count)?,
+        EventShards::new(s.namespace.clone(), count)?.with_lanes(lanes)?,
         recorded.is_some(),
     ))
 }
 
-/// The settings of shard `shard`'s events stream; `record` adds the shard count to the
-/// metadata (shard 0 of a namespace being created).
+/// The settings of shard `shard`'s events stream; `record` adds the shard and lane counts to
+/// the metadata (shard 0 of a namespace being created).
 fn events_stream_config(
     s: &NatsSettings,
     events: &EventShards,
@@ -440,6 +456,7 @@ fn events_stream_config(
     let mut metadata = std::collections::HashMap::new();
     if record {
         metadata.insert(SHARDS_METADATA_KEY.to_owned(), events.count().to_string());
+        metadata.insert(LANES_METADATA_KEY.to_owned(), events.lanes().to_string());
     }
     stream::Config {
         name: events.stream(shard),
@@ -474,11 +491,11 @@ pub(crate) fn partition_max_jobs(max_jobs: i64, partitions: u16) -> i64 {
     max_jobs.saturating_add(n - 1) / n
 }
 
-/// The settings of partition `partition`'s jobs stream.
+/// The settings of partition `partition`'s jobs stream: one subject per tenant lane.
 fn jobs_stream_config(s: &NatsSettings, events: &EventShards, partition: u16) -> stream::Config {
     stream::Config {
         name: events.jobs_stream(partition),
-        subjects: vec![events.jobs_subject(partition)],
+        subjects: events.jobs_subjects(partition),
         retention: stream::RetentionPolicy::WorkQueue,
         storage: stream::StorageType::File,
         max_messages: partition_max_jobs(s.max_jobs, events.count()),

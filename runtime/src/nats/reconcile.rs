@@ -151,17 +151,13 @@ pub async fn stream(js: &jetstream::Context, desired: stream::Config) -> Result<
     )))
 }
 
-/// The stream's metadata value under `key`: `None` when the stream does not exist,
-/// `Some(None)` when it exists without that key.
+/// The stream's metadata: `None` when the stream does not exist.
 pub(crate) async fn stream_metadata(
     js: &jetstream::Context,
     name: &str,
-    key: &str,
-) -> Result<Option<Option<String>>, StoreError> {
+) -> Result<Option<std::collections::HashMap<String, String>>, StoreError> {
     match js.get_stream(name).await {
-        Ok(existing) => Ok(Some(
-            existing.cached_info().config.metadata.get(key).cloned(),
-        )),
+        Ok(existing) => Ok(Some(existing.cached_info().config.metadata.clone())),
         Err(e)
             if matches!(
                 e.kind(),

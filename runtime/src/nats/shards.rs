@@ -16,6 +16,23 @@
 //! (The type keeps its first name, `EventShards`: partitions began as shards of the events
 //! stream, and the namespace's record keeps that name.)
 //!
+//! **Tenant lanes.** Within a partition, jobs are further split by tenant into `lanes` lanes,
+//! each a subject of the partition's jobs stream with a durable consumer of its own, so one
+//! tenant's backlog waits in its lane and never in front of another tenant's jobs (workers
+//! serve the lanes in turn, see `worker::pool`). A tenant's lane is a stable hash of its name
+//! modulo `lanes` ([`EventShards::lane_of`]); two tenants may share a lane (one in `lanes`
+//! chance), and then share its turn. Lane 0 keeps the partition's names above; lane `j ≥ 1` is
+//! subject `{jobs subject}.t{j}` and consumer `{consumer}_t{j}`:
+//!
+//! | partition | lane | jobs subject | consumer |
+//! | --- | --- | --- | --- |
+//! | 0 | 0 / j | `{ns}.jobs` / `{ns}.jobs.t{j}` | `{ns}_workers` / `{ns}_workers_t{j}` |
+//! | k ≥ 1 | 0 / j | `{ns}.jobs.{k}` / `{ns}.jobs.{k}.t{j}` | `{ns}_workers_{k}` / `{ns}_workers_{k}_t{j}` |
+//!
+//! A namespace is created with [`DEFAULT_TENANT_LANES`] lanes, recorded beside the partition
+//! count ([`LANES_METADATA_KEY`]); one created before lanes has none recorded and one lane, its
+//! consumers without a filter, exactly as those versions left it.
+//!
 //! An execution's shard is its id (a UUID) read as a 128-bit big-endian integer, modulo `n`:
 //! every process computes it alone, and it never changes. Every shard republishes what it
 //! stores on the same `{ns}.stored.{id}`, so live readers do not care where a log lives.
@@ -41,11 +58,21 @@ pub const MAX_EVENT_SHARDS: u16 = 64;
 /// The metadata key of `{NS}_EVENTS` recording the namespace's shard count.
 pub const SHARDS_METADATA_KEY: &str = "mrt_event_shards";
 
-/// Where the logs of one namespace live (see the module docs).
+/// Tenant lanes of a namespace created by this version (see the module docs).
+pub const DEFAULT_TENANT_LANES: u16 = 8;
+
+/// Most tenant lanes a namespace may have.
+pub const MAX_TENANT_LANES: u16 = 64;
+
+/// The metadata key of `{NS}_EVENTS` recording the namespace's tenant lanes per partition.
+pub const LANES_METADATA_KEY: &str = "mrt_tenant_lanes";
+
+/// Where the logs and jobs of one namespace live (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventShards {
     namespace: String,
     count: u16,
+    lanes: u16,
 }
 
 impl EventShards {
@@ -59,7 +86,18 @@ impl EventShards {
         Ok(Self {
             namespace: namespace.into(),
             count,
+            lanes: 1,
         })
+    }
+
+    /// This layout with `lanes` tenant lanes per partition (1 to [`MAX_TENANT_LANES`]).
+    pub fn with_lanes(self, lanes: u16) -> Result<Self, StoreError> {
+        if !(1..=MAX_TENANT_LANES).contains(&lanes) {
+            return Err(StoreError::Misconfigured(format!(
+                "a job partition may have 1 to {MAX_TENANT_LANES} tenant lanes, not {lanes}"
+            )));
+        }
+        Ok(Self { lanes, ..self })
     }
 
     /// The layout of partition 0 alone, which every namespace has (its names are those of
@@ -68,7 +106,23 @@ impl EventShards {
         Self {
             namespace: namespace.into(),
             count: 1,
+            lanes: 1,
         }
+    }
+
+    /// How many tenant lanes each partition has.
+    pub fn lanes(&self) -> u16 {
+        self.lanes
+    }
+
+    /// The lane of tenant `tenant`: FNV-1a of its name modulo the lane count, so every
+    /// process and version computes the same lane.
+    pub fn lane_of(&self, tenant: &str) -> u16 {
+        let hash = tenant.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        // Lossless: the remainder is below `lanes`, a u16.
+        (hash % u64::from(self.lanes)) as u16
     }
 
     /// How many shards (streams) the namespace has.
@@ -129,11 +183,34 @@ impl EventShards {
         }
     }
 
-    /// The workers' durable consumer of partition `partition`'s jobs stream.
+    /// The workers' durable consumer of partition `partition`'s jobs stream (of its lane 0).
     pub fn jobs_consumer(&self, partition: u16) -> String {
         match partition {
             0 => format!("{}_workers", self.namespace),
             k => format!("{}_workers_{k}", self.namespace),
+        }
+    }
+
+    /// The subject of lane `lane` of partition `partition`'s jobs.
+    pub fn jobs_lane_subject(&self, partition: u16, lane: u16) -> String {
+        match lane {
+            0 => self.jobs_subject(partition),
+            j => format!("{}.t{j}", self.jobs_subject(partition)),
+        }
+    }
+
+    /// Every lane's subject of partition `partition`'s jobs stream, lane 0 first.
+    pub fn jobs_subjects(&self, partition: u16) -> Vec<String> {
+        (0..self.lanes)
+            .map(|lane| self.jobs_lane_subject(partition, lane))
+            .collect()
+    }
+
+    /// The workers' durable consumer of lane `lane` of partition `partition`.
+    pub fn jobs_lane_consumer(&self, partition: u16, lane: u16) -> String {
+        match lane {
+            0 => self.jobs_consumer(partition),
+            j => format!("{}_t{j}", self.jobs_consumer(partition)),
         }
     }
 
@@ -165,6 +242,38 @@ pub(crate) fn agree(
             "namespace {namespace} has {recorded} partition(s) and this process asks for \
              {wanted}; the count is fixed when a namespace is created (leave the setting out to \
              use the namespace's, or use another namespace)"
+        ))),
+        _ => Ok(recorded),
+    }
+}
+
+/// The tenant lanes a process uses, from what `{NS}_EVENTS` records (`None`: no stream yet;
+/// `Some(None)`: a namespace created before lanes, with one) and what the process asks for
+/// (`None`: whatever the namespace has, [`DEFAULT_TENANT_LANES`] for a new one).
+pub(crate) fn agree_lanes(
+    namespace: &str,
+    recorded: Option<Option<&str>>,
+    wanted: Option<u16>,
+) -> Result<u16, StoreError> {
+    let recorded = match recorded {
+        None => return Ok(wanted.unwrap_or(DEFAULT_TENANT_LANES)),
+        Some(None) => 1,
+        Some(Some(text)) => text
+            .parse::<u16>()
+            .ok()
+            .filter(|n| (1..=MAX_TENANT_LANES).contains(n))
+            .ok_or_else(|| {
+                StoreError::Misconfigured(format!(
+                    "the events stream of namespace {namespace} records an invalid tenant lane \
+                     count"
+                ))
+            })?,
+    };
+    match wanted {
+        Some(wanted) if wanted != recorded => Err(StoreError::Misconfigured(format!(
+            "namespace {namespace} has {recorded} tenant lane(s) per partition and this process \
+             asks for {wanted}; the count is fixed when a namespace is created (leave the \
+             setting out to use the namespace's, or use another namespace)"
         ))),
         _ => Ok(recorded),
     }
@@ -262,5 +371,56 @@ mod tests {
         assert!(message.contains("has 1 partition(s)"), "{message}");
         assert!(message.contains("asks for 4"), "{message}");
         assert!(agree("ns", Some(Some("x")), None).is_err());
+    }
+
+    #[test]
+    fn a_lane_has_its_own_subject_and_consumer_and_lane_zero_keeps_the_partition_names() {
+        let lanes = EventShards::new("mrt", 2).unwrap().with_lanes(4).unwrap();
+        assert_eq!(
+            lanes.jobs_subjects(0),
+            ["mrt.jobs", "mrt.jobs.t1", "mrt.jobs.t2", "mrt.jobs.t3"]
+        );
+        assert_eq!(lanes.jobs_lane_subject(1, 2), "mrt.jobs.1.t2");
+        assert_eq!(lanes.jobs_lane_consumer(0, 0), "mrt_workers");
+        assert_eq!(lanes.jobs_lane_consumer(1, 3), "mrt_workers_1_t3");
+        // One lane: the layout of versions before lanes.
+        let one = EventShards::new("mrt", 2).unwrap();
+        assert_eq!(one.lanes(), 1);
+        assert_eq!(one.jobs_subjects(1), ["mrt.jobs.1"]);
+        assert_eq!(one.lane_of("acme"), 0);
+    }
+
+    #[test]
+    fn a_tenant_lane_is_a_stable_hash_that_spreads_tenants() {
+        let eight = EventShards::new("mrt", 1).unwrap().with_lanes(8).unwrap();
+        // Pinned: a change would move a tenant's waiting jobs out of its lane's consumer.
+        assert_eq!(eight.lane_of("default"), eight.lane_of("default"));
+        let lanes: std::collections::BTreeSet<u16> = (0..64)
+            .map(|i| eight.lane_of(&format!("tenant-{i}")))
+            .collect();
+        assert_eq!(lanes.len(), 8, "{lanes:?}");
+        assert!(EventShards::new("mrt", 1).unwrap().with_lanes(0).is_err());
+        assert!(
+            EventShards::new("mrt", 1)
+                .unwrap()
+                .with_lanes(MAX_TENANT_LANES + 1)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_new_namespace_gets_the_default_lanes_and_an_old_one_keeps_one() {
+        assert_eq!(agree_lanes("ns", None, None).unwrap(), DEFAULT_TENANT_LANES);
+        assert_eq!(agree_lanes("ns", None, Some(1)).unwrap(), 1);
+        assert_eq!(agree_lanes("ns", Some(None), None).unwrap(), 1);
+        assert_eq!(agree_lanes("ns", Some(Some("4")), None).unwrap(), 4);
+        assert_eq!(agree_lanes("ns", Some(Some("4")), Some(4)).unwrap(), 4);
+        let Err(StoreError::Misconfigured(message)) = agree_lanes("ns", Some(None), Some(8)) else {
+            panic!("a namespace of one lane accepted 8");
+        };
+        assert!(message.contains("has 1 tenant lane(s)"), "{message}");
+        assert!(message.contains("asks for 8"), "{message}");
+        assert!(agree_lanes("ns", Some(Some("0")), None).is_err());
+        assert!(agree_lanes("ns", Some(Some("x")), None).is_err());
     }
 }

@@ -668,6 +668,7 @@ pub fn job(request_json: &str, deadline: Duration) -> Job {
         deadline_at: Timestamp::from_unix_millis(now.unix_millis() + deadline_ms),
         traceparent: None,
         key: None,
+        tenant: None,
     }
 }
 
