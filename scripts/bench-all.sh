@@ -23,7 +23,7 @@
 #      one from before the telemetry work) for the metrics cost. Then, for the collector-down
 #      target, open loop at OPEN_RATE executions/s (default 1500), export off vs collector down.
 #   s  issue 31: scaling. Throughput and latency against worker processes (1 2 4 8), partitions
-#      (1 4 8, MODEL_RUNTIME_PARTITIONS) and NATS nodes (1, 3 with R3), for a CPU-light workload
+#      (1 4 8, MODEL_RUNTIME_PARTITIONS), gateways (1 2) and NATS nodes (1, 3 with R3), for a CPU-light workload
 #      (zero-delay mock, c=256) and an I/O-bound one (3 chunks x 50 ms, 128 provider slots per
 #      worker process, c=128 per worker). Each report says the machine's cores and the cores
 #      each process used. Meant for a machine with many cores: on 2 cores every row measures
@@ -229,6 +229,12 @@ for group in $GROUPS_TO_RUN; do
           -c $((128 * w)) --provider-concurrency 128 --mock-chunks 3 --mock-delay-ms 50 \
           --max-active-executions 100000 --warmup 3 --ramp-up 1 "${T[@]}"
       done
+    done
+    # Gateways: one against two (executions in turn), 4 workers, 8 partitions.
+    for g in 1 2; do
+      MODEL_RUNTIME_PARTITIONS=8 run "s-zero-g$g" --backend nats --gateways "$g" --worker-procs 4 \
+        -c 256 --provider-concurrency 256 --max-active-executions 100000 --warmup 3 \
+        --ramp-up 1 "${T[@]}"
     done
     # A 3-node R3 cluster with the partitions' leaders spread over the nodes, against one node.
     for nodes in 1 3; do

@@ -5,7 +5,7 @@
 //! always drained past the terminal event (the gateway closes them right after it).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -110,20 +110,38 @@ struct Submission {
 #[derive(Debug, Clone)]
 pub struct Api {
     http: reqwest::Client,
-    base: String,
-    submit_url: reqwest::Url,
+    /// The gateways, each execution going to the next in turn (submit and events alike).
+    gateways: Arc<[Gateway]>,
+    next: Arc<AtomicUsize>,
     body: Bytes,
     /// `Some(prefix)`: every submit carries `Idempotency-Key: {prefix}-{n}`, unique per submit,
     /// so a gateway with an idempotency store (Redis in nats mode) claims a key each time.
     idempotency: Option<(Arc<str>, Arc<AtomicU64>)>,
 }
 
+/// One gateway's base URL and submit URL.
+#[derive(Debug)]
+struct Gateway {
+    base: String,
+    submit_url: reqwest::Url,
+}
+
 impl Api {
-    /// `base` is `http://HOST:PORT` (no trailing slash); `body` the request JSON to submit.
-    pub fn new(base: &str, body: Bytes, pool: usize) -> Result<Self, String> {
-        let base = base.trim_end_matches('/').to_string();
-        let submit_url = reqwest::Url::parse(&format!("{base}/v1/executions"))
-            .map_err(|e| format!("bad --url: {e}"))?;
+    /// Each of `bases` is `http://HOST:PORT` (no trailing slash); `body` the request JSON to
+    /// submit. Executions go to the gateways in turn.
+    pub fn new(bases: &[String], body: Bytes, pool: usize) -> Result<Self, String> {
+        let gateways = bases
+            .iter()
+            .map(|base| {
+                let base = base.trim_end_matches('/').to_string();
+                let submit_url = reqwest::Url::parse(&format!("{base}/v1/executions"))
+                    .map_err(|e| format!("bad --url: {e}"))?;
+                Ok(Gateway { base, submit_url })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        if gateways.is_empty() {
+            return Err("no gateway to send executions to".into());
+        }
         let http = reqwest::Client::builder()
             .no_proxy()
             .tcp_nodelay(true)
@@ -133,11 +151,17 @@ impl Api {
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
         Ok(Self {
             http,
-            base,
-            submit_url,
+            gateways: gateways.into(),
+            next: Arc::new(AtomicUsize::new(0)),
             body,
             idempotency: None,
         })
+    }
+
+    /// The gateway of the next execution.
+    fn gateway(&self) -> &Gateway {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        &self.gateways[n % self.gateways.len()]
     }
 
     /// Sends a unique `Idempotency-Key` (`{prefix}-{counter}`) with every submit.
@@ -146,29 +170,32 @@ impl Api {
         self
     }
 
-    /// `GET path` until it answers 200 or `within` passes.
+    /// `GET path` on every gateway until each answers 200 or `within` passes.
     pub async fn wait_ready(&self, path: &str, within: Duration) -> Result<(), String> {
         let deadline = Instant::now() + within;
-        let url = format!("{}{path}", self.base);
-        loop {
-            match self.http.get(&url).send().await {
-                Ok(r) if r.status().as_u16() == 200 => {
-                    let _ = r.bytes().await;
-                    return Ok(());
+        for gateway in self.gateways.iter() {
+            let url = format!("{}{path}", gateway.base);
+            loop {
+                match self.http.get(&url).send().await {
+                    Ok(r) if r.status().as_u16() == 200 => {
+                        let _ = r.bytes().await;
+                        break;
+                    }
+                    Ok(r) if Instant::now() >= deadline => {
+                        return Err(format!("{url} answered {}", r.status()));
+                    }
+                    Err(e) if Instant::now() >= deadline => return Err(format!("{url}: {e}")),
+                    _ => tokio::time::sleep(Duration::from_millis(50)).await,
                 }
-                Ok(r) if Instant::now() >= deadline => {
-                    return Err(format!("{url} answered {}", r.status()));
-                }
-                Err(e) if Instant::now() >= deadline => return Err(format!("{url}: {e}")),
-                _ => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
+        Ok(())
     }
 
-    fn post(&self) -> reqwest::RequestBuilder {
+    fn post(&self, gateway: &Gateway) -> reqwest::RequestBuilder {
         let request = self
             .http
-            .post(self.submit_url.clone())
+            .post(gateway.submit_url.clone())
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
             .body(self.body.clone());
         match &self.idempotency {
@@ -182,7 +209,11 @@ impl Api {
 
     /// `POST /v1/executions` and read the 202 body; returns the execution id.
     pub async fn submit(&self) -> Result<String, ExecError> {
-        let response = self.post().send().await?;
+        self.submit_to(self.gateway()).await
+    }
+
+    async fn submit_to(&self, gateway: &Gateway) -> Result<String, ExecError> {
+        let response = self.post(gateway).send().await?;
         let status = response.status().as_u16();
         let body = response.bytes().await?;
         if status != 202 {
@@ -198,11 +229,12 @@ impl Api {
     pub async fn execute(&self, start: Instant, mode: StreamMode) -> Result<ExecTiming, ExecError> {
         let start_wall = protocol::Timestamp::now().unix_millis()
             - i64::try_from(start.elapsed().as_millis()).unwrap_or(0);
+        let gateway = self.gateway();
         let (response, submit) = match mode {
             StreamMode::Get => {
-                let id = self.submit().await?;
+                let id = self.submit_to(gateway).await?;
                 let submit = start.elapsed();
-                let url = format!("{}/v1/executions/{id}/events", self.base);
+                let url = format!("{}/v1/executions/{id}/events", gateway.base);
                 let response = self.http.get(url).send().await?;
                 let status = response.status().as_u16();
                 if status != 200 {
@@ -213,7 +245,7 @@ impl Api {
             }
             StreamMode::Inline => {
                 let response = self
-                    .post()
+                    .post(gateway)
                     .header(ACCEPT, HeaderValue::from_static("text/event-stream"))
                     .send()
                     .await?;

@@ -159,6 +159,10 @@ struct Args {
     /// --backend nats: worker processes.
     #[arg(long, default_value_t = 1)]
     worker_procs: usize,
+    /// --backend nats: gateway processes (each execution goes to the next in turn, its events
+    /// read from the gateway it was submitted to).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    gateways: u16,
     /// Concurrent executions per executing process: the gateway's `--workers` in embedded mode,
     /// each worker's `--workers` in nats mode. Default: the binary's own in embedded mode,
     /// max(concurrency, 64) per worker in nats mode.
@@ -330,6 +334,10 @@ fn default_label(args: &Args) -> String {
         }
         (true, Backend::Nats) => "nats".to_string(),
     };
+    let backend = match args.gateways {
+        1 => backend,
+        n => format!("{backend}-g{n}"),
+    };
     let load = match args.mode {
         Mode::Open => format!("open{}", args.rate.unwrap_or(0.0)),
         Mode::Submit => format!("submit-c{}", args.concurrency),
@@ -422,13 +430,25 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         .gateway_log
         .clone()
         .or_else(|| args.log_dir.as_ref().map(|d| d.join("gateway.log")));
-    let gateway = if args.spawn {
+    if args.gateways > 1 && !(args.spawn && args.backend == Backend::Nats) {
+        return Err("--gateways above 1 needs --spawn --backend nats".into());
+    }
+    let mut gateways = Vec::new();
+    for n in 0..if args.spawn { args.gateways } else { 0 } {
+        // The first gateway's log keeps its name; the others are numbered.
+        let log = match n {
+            0 => gateway_log.clone(),
+            n => args
+                .log_dir
+                .as_ref()
+                .map(|d| d.join(format!("gateway-{}.log", n + 1))),
+        };
         let g = SpawnedGateway::start(
             &args.gateway_bin,
             &config_json,
             args.config.as_deref(),
             &gateway_args,
-            gateway_log.as_deref(),
+            log.as_deref(),
         )?;
         if !args.quiet {
             eprintln!(
@@ -439,11 +459,10 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
                 g.config.display()
             );
         }
-        Some(g)
-    } else {
-        None
-    };
-    if let (Some(stack), Some(g)) = (stack.as_mut(), gateway.as_ref()) {
+        gateways.push(g);
+    }
+    let gateway_pid = gateways.first().map(|g| g.pid);
+    if let (Some(stack), Some(g)) = (stack.as_mut(), gateways.first()) {
         stack.start_workers(&stack_plan, &g.config).await?;
         if !args.quiet {
             eprintln!(
@@ -452,16 +471,18 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
             );
         }
     }
-    let url = gateway
-        .as_ref()
-        .map_or_else(|| args.url.clone(), |g| g.url.clone());
+    let urls: Vec<String> = if gateways.is_empty() {
+        vec![args.url.clone()]
+    } else {
+        gateways.iter().map(|g| g.url.clone()).collect()
+    };
     let body = serde_json::json!({
         "ability": args.ability,
         "input": [{"type": "text", "text": args.prompt}],
     });
     let body = Bytes::from(serde_json::to_vec(&body).map_err(|e| e.to_string())?);
     let pool = args.concurrency.max(args.max_in_flight.min(4096)).max(1);
-    let mut api = Api::new(&url, body, pool)?;
+    let mut api = Api::new(&urls, body, pool)?;
     if let Some(prefix) = &args.idempotency_prefix {
         api = api.with_idempotency_keys(prefix);
     }
@@ -492,8 +513,12 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         (None, None) => Some(Duration::from_secs(60)),
     };
     let mut processes: Vec<(String, u32)> = Vec::new();
-    if let Some(g) = &gateway {
-        processes.push(("gateway".into(), g.pid));
+    for (n, g) in gateways.iter().enumerate() {
+        let name = match n {
+            0 => "gateway".to_owned(),
+            n => format!("gateway-{}", n + 1),
+        };
+        processes.push((name, g.pid));
     }
     if let Some(stack) = &stack {
         processes.extend(stack.processes());
@@ -515,7 +540,7 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         max_in_flight: args.max_in_flight.max(1),
         timeout: Duration::from_secs_f64(args.timeout),
         quiet: args.quiet,
-        gateway_pid: gateway.as_ref().map(|g| g.pid),
+        gateway_pid,
         processes,
         timeline_bucket: Duration::from_secs_f64(args.timeline_bucket),
         clock_ticks: clock_ticks(),
@@ -535,17 +560,18 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         _ => None,
     };
     let crashed = stack.as_mut().and_then(Stack::exited);
-    let (pid, exit_code) = match gateway {
-        Some(g) => {
-            let pid = g.pid;
-            let code = tokio::task::spawn_blocking(move || g.stop(Duration::from_secs(15)))
-                .await
-                .ok()
-                .flatten();
-            (Some(pid), code)
+    // The first gateway's exit code is reported; the others are stopped the same way.
+    let mut exit_code = None;
+    for (n, g) in gateways.into_iter().enumerate() {
+        let code = tokio::task::spawn_blocking(move || g.stop(Duration::from_secs(15)))
+            .await
+            .ok()
+            .flatten();
+        if n == 0 {
+            exit_code = code;
         }
-        None => (None, None),
-    };
+    }
+    let pid = gateway_pid;
     drop(stack);
     let gateway_report = GatewayReport {
         spawned: args.spawn,
@@ -569,6 +595,7 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         replicas: (args.backend == Backend::Nats).then_some(args.replicas),
         sync_interval: args.sync_interval.clone(),
         worker_processes: (args.backend == Backend::Nats).then_some(args.worker_procs),
+        gateways: (args.backend == Backend::Nats).then_some(args.gateways),
         exec_slots,
         mock_chunks: args.chunks,
         mock_delay_ms: args.delay_ms,
@@ -580,7 +607,7 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
     let report = Report::new(
         Params {
             load,
-            url,
+            url: urls.join(" "),
             client_threads: threads,
             label: label.clone(),
             setup,

@@ -36,6 +36,8 @@ pub struct Setup {
     /// JetStream `sync_interval` the harness set (`None`: the server's default).
     pub sync_interval: Option<String>,
     pub worker_processes: Option<usize>,
+    /// Gateway processes the harness started (nats mode).
+    pub gateways: Option<u16>,
     /// Concurrent executions per executing process (`--workers` of the gateway in embedded mode
     /// or of each worker); `None`: the binary's default.
     pub exec_slots: Option<usize>,
@@ -449,6 +451,7 @@ mod tests {
                 replicas: None,
                 sync_interval: None,
                 worker_processes: None,
+                gateways: None,
                 exec_slots: None,
                 mock_chunks: None,
                 mock_delay_ms: 0,

@@ -150,21 +150,16 @@ async fn a_namespace_with_several_partitions_serves_every_gateway_and_keeps_its_
         assert!(state.messages > 0, "{name} holds no log");
     }
     // Each partition's jobs went through its own stream and consumer (work-queue streams
-    // drop acknowledged jobs, so their last sequence shows what they carried).
-    for (name, consumer) in [
-        (
-            format!("{upper}_JOBS"),
-            format!("{}_workers", cluster.namespace),
-        ),
-        (
-            format!("{upper}_JOBS_1"),
-            format!("{}_workers_1", cluster.namespace),
-        ),
-        (
-            format!("{upper}_JOBS_2"),
-            format!("{}_workers_2", cluster.namespace),
-        ),
-    ] {
+    // drop acknowledged jobs, so their last sequence shows what they carried): the consumer of
+    // the default tenant's lane, which anonymous submits go to.
+    let layout = runtime::nats::EventShards::new(cluster.namespace.clone(), 3)
+        .unwrap()
+        .with_lanes(runtime::nats::DEFAULT_TENANT_LANES)
+        .unwrap();
+    let lane = layout.lane_of(protocol::Tenant::DEFAULT_NAME);
+    for (name, consumer) in
+        (0..3).map(|p| (layout.jobs_stream(p), layout.jobs_lane_consumer(p, lane)))
+    {
         let state = testkit::jetstream::stream_state(&js, &name).await;
         assert!(state.last_sequence > 0, "{name} carried no job");
         let stream = js.get_stream(&name).await.unwrap();
