@@ -114,7 +114,7 @@ pub async fn submit(
             "Request deadline exceeds the configured maximum",
         ));
     }
-    if !inner.registry.can_serve(&request) {
+    if !inner.capabilities.can_serve(&request) {
         return Err(ApiError::CapabilityUnavailable);
     }
     let mut request = request;

@@ -3,45 +3,16 @@
 //! under `openai-chat`), fal-queue (`input`).
 //!
 //! The one decision a reader must know: an extension is the *base* of the provider body and
-//! never more. [`admits`] refuses, at routing and before any credential read or I/O, a request
-//! whose extension is not an object or would enable tools the deployment did not declare
-//! [R 68]; the adapter then writes the fields it owns over a [`copy`] of it.
+//! never more. [`admits`] (the policy, `providers::extension`, which the gateway checks at
+//! submit too) refuses, at routing and before any credential read or I/O, a request whose
+//! extension is not an object or would enable tools the deployment did not declare [R 68];
+//! the adapter then writes the fields it owns over a copy of it ([`body_over`]).
 
 use protocol::ExecutionRequest;
-use protocol::json::{self, RawValue};
+use protocol::json;
 
 pub use protocol::json::NotAnObject;
-
-/// `extensions.<key>.<field>`: `Ok(None)` when absent, an error when it (or
-/// `extensions.<key>`) is present but not an object. Read in place from the caller's text:
-/// nothing but `<key>`'s members is looked at, and nothing is built.
-pub fn object<'a>(
-    request: &'a ExecutionRequest,
-    key: &str,
-    field: &str,
-) -> Result<Option<&'a RawValue>, NotAnObject> {
-    let Some(extension) = request.extensions.as_ref().and_then(|e| e.get(key)) else {
-        return Ok(None);
-    };
-    match json::member(extension.as_raw(), field)? {
-        None => Ok(None),
-        Some(object) if json::is_object(object) => Ok(Some(object)),
-        Some(_) => Err(NotAnObject),
-    }
-}
-
-/// The extension policy: `extensions.<key>` and its `<field>`, when present, must be objects,
-/// and that object must contain none of `forbidden` (whatever their value, `null` included).
-/// Text adapters pass their tool fields as `forbidden` unless the deployment enabled tools.
-pub fn admits(request: &ExecutionRequest, key: &str, field: &str, forbidden: &[&str]) -> bool {
-    match object(request, key, field) {
-        Err(NotAnObject) => false,
-        Ok(None) => true,
-        Ok(Some(fields)) => !forbidden
-            .iter()
-            .any(|f| matches!(json::member(fields, f), Ok(Some(_)))),
-    }
-}
+pub use providers::extension::{admits, object};
 
 /// A provider body: `extensions.<key>.<field>` (nothing when absent or not an object: routing
 /// refuses such requests before they reach an adapter) without the members named in `drop`,
