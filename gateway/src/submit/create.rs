@@ -110,7 +110,7 @@ pub(super) async fn create_unique(
 /// Creates the log and publishes the job concurrently: one round trip to each stream at the
 /// same time instead of one after the other. Safe because a worker claims an execution only by
 /// appending to its log with compare-and-set: a job whose log does not exist cannot run, and
-/// the worker waits for the log a bounded time (see `worker::runner`).
+/// the worker waits for the log a bounded time (see the worker's runner).
 ///
 /// When either step fails, the submission learns what became of the other before it answers
 /// ([`settle`]): a 503 means nothing will run, a 202 that the execution is queued or already

@@ -31,7 +31,7 @@ pub(super) enum Bound {
 /// created for it is then discarded in the background, see [`discard`]).
 ///
 /// While the key store answers, both run at once: the job carries its key and the worker that
-/// takes it binds the key too before it runs anything (`worker::key_guard`), so the answer
+/// takes it binds the key too before it runs anything (the worker's key guard), so the answer
 /// costs no round trip for the key. The key is claimed first, and nothing is created unless it
 /// is this execution's, for a tenant with quotas (a replay takes no token and no slot), for a
 /// key this gateway saw bound lately (most likely a retry, `crate::recent_keys`), and after a

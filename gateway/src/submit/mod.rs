@@ -12,7 +12,7 @@
 //! quotas, a key this gateway saw bound lately, and while Redis is out of reach (see
 //! [`keys::claim_and_create`]). The job carries the key's
 //! binding ([`runtime::KeyClaim`]) and the worker that takes it reads the binding, and makes the
-//! same claim when it finds the key free, before it claims the log (`worker::key_guard`), so an
+//! same claim when it finds the key free, before it claims the log (the worker's key guard), so an
 //! execution whose key turns out to be another's never runs, whichever claim lands first. Then:
 //! - the key was free, or bound to this execution by the worker: the submission is answered
 //!   as if unkeyed (202, or the failure of a failed step, which releases the key when nothing
@@ -30,7 +30,7 @@
 //! because a worker can only run an execution by appending `route.selected` to its log with
 //! compare-and-set: a job whose log does not exist cannot run. A worker that receives a job
 //! before its log waits for the log a bounded time, then drops the job; when the log appears
-//! after such a wait, it first checks that the job was not withdrawn (`worker::runner`).
+//! after such a wait, it first checks that the job was not withdrawn (the worker's runner).
 //!
 //! What a failed step means ("outcome unknown" included). A JetStream publish whose
 //! acknowledgement timed out (a leader election) may have been stored. The rule kept here: a
