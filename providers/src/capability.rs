@@ -182,7 +182,7 @@ mod tests {
     #[test]
     fn the_policy_refuses_tools_the_deployment_did_not_enable() {
         let chat = TextProviderConfig::parse(
-            &serde_json::json!({"type": "openai-chat", "model": "m", "base_url": "https://example.com/v1"}),
+            &serde_json::json!({"type": "openai-chat", "model": "m", "api_key_env": "KEY", "base_url": "https://example.com/v1"}),
             "providers[0]".into(),
             &OPENAI_CHAT,
         )
