@@ -3,8 +3,8 @@
 //! rest.
 //!
 //! The one decision a reader must know: this crate does not know any provider type. The
-//! worker's catalog (`worker::provider::catalog`) maps each type name to the adapter that owns
-//! its section, as mini-redis commands own their frame parsing; this module only dispatches,
+//! `providers` crate's catalog (`providers::Catalog`) maps each type name to the module that
+//! owns its section, as mini-redis commands own their frame parsing; this module only dispatches,
 //! so adding a provider type never touches the file format's code.
 
 use std::collections::HashSet;

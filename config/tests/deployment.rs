@@ -1,6 +1,6 @@
 //! The file format without any real provider type: a stub catalog shows what this crate does
 //! itself (root fields, dispatch by `type`, unique ids, defaults) and what it leaves to the
-//! catalog. The worker's `tests/deployment_file.rs` covers the real provider sections.
+//! catalog. `providers/tests/deployment_file.rs` covers the real provider sections.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -139,7 +139,7 @@ async fn runtime_info(State(state): State<AppState>) -> Response {
     };
     json_response(
         status,
-        &RuntimeInfo::new(state.inner.registry.len(), runtime_state),
+        &RuntimeInfo::new(state.inner.capabilities.len(), runtime_state),
     )
 }
 
@@ -147,7 +147,7 @@ async fn providers(State(state): State<AppState>) -> Response {
     json_response(
         StatusCode::OK,
         &ProviderList {
-            data: state.inner.registry.manifests(),
+            data: state.inner.capabilities.manifests(),
         },
     )
 }

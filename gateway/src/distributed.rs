@@ -1,12 +1,12 @@
 //! Distributed mode wiring: JetStream for jobs, events and cancellation, Redis for idempotency
-//! keys and tenant quotas. The gateway holds no execution state, so any number of gateways serve any execution.
+//! keys and tenant quotas, connected with the settings the worker uses too
+//! (`startup::backend`). The gateway holds no execution state, so any number of gateways serve any execution.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use config::{CommonArgs, DeploymentConfig};
-use runtime::nats::{NatsBackend, NatsConnectSettings, NatsServices, NatsSettings};
-use runtime::redis_idempotency::RedisIdempotencyStore;
+use runtime::nats::{NatsBackend, NatsServices};
 use runtime::{EventStore, StoreError};
 
 use crate::state::Backend;
@@ -39,43 +39,18 @@ pub fn effective_body_limit(configured: usize, max_payload: usize) -> usize {
     }
 }
 
-/// The JetStream layout settings for this deployment; `Misconfigured` when the partition
-/// flags disagree.
-pub fn nats_settings<P>(
-    args: &CommonArgs,
-    deployment: &DeploymentConfig<P>,
-) -> Result<NatsSettings, StoreError> {
-    Ok(NatsSettings {
-        retention: deployment.retention,
-        max_jobs: i64::try_from(deployment.max_active_executions).unwrap_or(i64::MAX),
-        ack_wait: args.ack_wait(),
-        replicas: usize::from(args.replicas),
-        event_shards: args.partitions().map_err(StoreError::Misconfigured)?,
-        ..NatsSettings::new(args.namespace.clone())
-    })
-}
-
 /// Connects every distributed backend (bounded by [`CONNECT_TIMEOUT`] each).
 pub async fn connect<P>(
     args: &CommonArgs,
     deployment: &DeploymentConfig<P>,
 ) -> Result<(Backend, NatsBackend), StoreError> {
-    let nats = NatsServices::connect(&NatsConnectSettings {
-        url: args.nats_url.clone(),
-        access: worker::process::nats_access(&args.nats_access),
-        layout: nats_settings(args, deployment)?,
-        max_events: deployment.event_store.max_events as u64,
-        connect_timeout: CONNECT_TIMEOUT,
-    })
-    .await?;
-    let idempotency = RedisIdempotencyStore::connect_with(
-        &args.redis_url,
-        args.redis_ca.as_deref(),
-        &args.namespace,
-        deployment.retention,
+    let nats = NatsServices::connect(&startup::backend::nats_connect_settings(
+        args,
+        deployment,
         CONNECT_TIMEOUT,
-    )
+    )?)
     .await?;
+    let idempotency = startup::backend::redis_keys(args, deployment, CONNECT_TIMEOUT).await?;
     let store: Arc<dyn EventStore> = Arc::new(nats.store);
     let quotas =
         crate::quota::distributed_gate(deployment, &idempotency, &args.namespace, store.clone())

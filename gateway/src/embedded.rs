@@ -1,5 +1,10 @@
 //! Embedded mode: every backend in memory and the worker pool in this process, so one command
 //! runs the whole system with no services.
+//!
+//! The one decision a reader must know: this is the only module of the gateway that names
+//! the `worker` crate, because only here does the gateway run executions itself (adapters,
+//! runner, pool, and how many at once). Everything else reads providers through
+//! `providers::Capabilities`, as a distributed gateway does.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +14,7 @@ use runtime::JobQueue;
 use runtime::memory::{
     MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
 };
+use worker::deployment::BuildError;
 use worker::runner::{Runner, RunnerSettings};
 use worker::{PoolConfig, ProviderRegistry, WorkerPool};
 
@@ -39,6 +45,19 @@ pub fn api_limits<P>(config: &DeploymentConfig<P>) -> ApiLimits {
 const STREAM_FLUSH: Duration = Duration::from_millis(250);
 
 impl Embedded {
+    /// Starts the deployment's providers (their adapters) with as many runner slots as they
+    /// can run at once, at most the operator's `cap` (`worker::capacity`).
+    pub fn open(
+        deployment: &providers::DeploymentConfig,
+        cap: Option<usize>,
+    ) -> Result<Self, BuildError> {
+        let registry = Arc::new(worker::deployment::build_registry(deployment)?);
+        let concurrency =
+            worker::capacity::concurrency(&registry, deployment.max_active_executions, cap);
+        tracing::info!(concurrency, "running executions in this process");
+        Ok(Self::start(deployment, registry, concurrency))
+    }
+
     /// Builds the memory backends and starts `workers` runner slots.
     pub fn start<P>(
         config: &DeploymentConfig<P>,
@@ -66,8 +85,9 @@ impl Embedded {
             quotas: Arc::new(crate::quota::embedded_gate(config, &store)),
             heal_missing: false,
         };
+        let capabilities = registry.capabilities();
         let runner = Arc::new(Runner::new(
-            Arc::clone(&registry),
+            registry,
             store.clone(),
             cancel,
             keys,
@@ -82,7 +102,7 @@ impl Embedded {
             },
         );
         let auth = Authenticator::from_config(config.auth.as_ref());
-        let state = AppState::with_auth(backend, registry, api_limits(config), auth);
+        let state = AppState::with_auth(backend, capabilities, api_limits(config), auth);
         Self {
             state,
             pool,

@@ -16,7 +16,9 @@
 //! - [`response`]: JSON responses and the headers every response carries.
 //! - [`state`]: backends, limits, lifecycle and metrics shared by handlers.
 //! - [`metrics`]: Prometheus counters.
-//! - [`embedded`]: the in-memory runtime with the worker pool in-process.
+//! - [`embedded`]: the in-memory runtime with the worker pool in-process; the only module
+//!   that names the `worker` crate (providers are read through `providers::Capabilities`;
+//!   signals and backend settings come from the `startup` crate).
 //! - [`distributed`]: NATS JetStream (`runtime::nats::NatsServices`, as the worker connects) and
 //!   Redis backends for stateless gateways.
 //! - [`connections`]: the accept loop, connection bounds and per-connection timeouts.

@@ -40,7 +40,7 @@ fn startup_error(message: &str) -> ExitCode {
 pub async fn run(args: GatewayArgs) -> ExitCode {
     // First of all, so a signal at any later instant is a graceful stop.
     let stop = CancellationToken::new();
-    let signal = install_shutdown_signal();
+    let signal = startup::install_shutdown_signal();
     let on_signal = stop.clone();
     tokio::spawn(async move {
         signal.await;
@@ -51,8 +51,8 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
         telemetry::LogFormat::json_if(args.common.json_logs()),
     );
     let open_files = crate::connections::raise_open_file_limit();
-    let (deployment, registry) = match worker::deployment::open(args.common.config.as_deref()) {
-        Ok((deployment, registry)) => (deployment, Arc::new(registry)),
+    let deployment = match providers::deployment::open(args.common.config.as_deref()) {
+        Ok(deployment) => deployment,
         Err(e) => return startup_error(&e.to_string()),
     };
     if let Err(e) = crate::quota::tenant_limits(&deployment) {
@@ -71,13 +71,10 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
     let _webhooks;
     let runtime = match args.common.backend {
         BackendKind::Memory => {
-            let concurrency = worker::capacity::concurrency(
-                &registry,
-                deployment.max_active_executions,
-                args.common.workers_cap(),
-            );
-            tracing::info!(concurrency, "running executions in this process");
-            let embedded = Embedded::start(&deployment, registry, concurrency);
+            let embedded = match Embedded::open(&deployment, args.common.workers_cap()) {
+                Ok(embedded) => embedded,
+                Err(e) => return startup_error(&e.to_string()),
+            };
             _webhooks = webhooks.map(|(endpoints, sender)| {
                 embedded.start_webhooks(endpoints, sender, stop.clone())
             });
@@ -114,7 +111,8 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
                     nats.client.server_info().max_payload,
                 );
                 let auth = crate::auth::Authenticator::from_config(deployment.auth.as_ref());
-                Runtime::Distributed(AppState::with_auth(backend, registry, limits, auth))
+                let capabilities = providers::Capabilities::of(&deployment.providers);
+                Runtime::Distributed(AppState::with_auth(backend, capabilities, limits, auth))
             }
             // Refused credentials, a failed TLS handshake, or a setting JetStream refuses to
             // change: the detail names what failed (never a credential or an address). Say it,
@@ -269,5 +267,3 @@ pub async fn serve_with(
 /// Time for connections to write their last frames once the shutdown hook has ended the
 /// streams after the grace period.
 const CLOSE_FLUSH: Duration = Duration::from_millis(100);
-
-pub use worker::process::{install_shutdown_signal, shutdown_signal};

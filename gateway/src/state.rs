@@ -4,10 +4,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use providers::Capabilities;
 use runtime::{CancelBus, EventStore, IdempotencyStore, JobQueue, QuotaGate};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use worker::ProviderRegistry;
 
 use crate::auth::Authenticator;
 use crate::metrics::Metrics;
@@ -69,7 +69,8 @@ impl Default for ApiLimits {
 pub(crate) struct Inner {
     pub backend: Backend,
     pub auth: Authenticator,
-    pub registry: Arc<ProviderRegistry>,
+    /// What the configured providers can serve (`/v1/providers`, the submit check).
+    pub capabilities: Capabilities,
     pub limits: ApiLimits,
     pub metrics: Metrics,
     pub exporter: telemetry::MetricsExporter,
@@ -94,14 +95,14 @@ pub struct AppState {
 
 impl AppState {
     /// Anonymous: every request is tenant `default` (see [`AppState::with_auth`]).
-    pub fn new(backend: Backend, registry: Arc<ProviderRegistry>, limits: ApiLimits) -> Self {
-        Self::with_auth(backend, registry, limits, Authenticator::anonymous())
+    pub fn new(backend: Backend, capabilities: Capabilities, limits: ApiLimits) -> Self {
+        Self::with_auth(backend, capabilities, limits, Authenticator::anonymous())
     }
 
     /// With the API keys of the deployment's `auth` section.
     pub fn with_auth(
         backend: Backend,
-        registry: Arc<ProviderRegistry>,
+        capabilities: Capabilities,
         limits: ApiLimits,
         auth: Authenticator,
     ) -> Self {
@@ -111,7 +112,7 @@ impl AppState {
             inner: Arc::new(Inner {
                 backend,
                 auth,
-                registry,
+                capabilities,
                 limits,
                 metrics: Metrics::new(&exporter),
                 exporter,

@@ -32,7 +32,7 @@ impl Drop for Served {
 
 /// An embedded gateway with the mock (`delay_ms` between chunks) and `limits`.
 async fn serve(limits: ConnectionLimits, delay_ms: u64) -> Served {
-    let config = worker::deployment::parse(
+    let config = providers::deployment::parse(
         &deployment(
             vec![mock("provider-mock", json!({ "delay_ms": delay_ms }))],
             json!({}),

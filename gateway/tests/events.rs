@@ -403,7 +403,7 @@ async fn an_idle_stream_receives_keep_alive_comments() {
         keep_alive: Duration::from_millis(100),
         ..gateway::ApiLimits::default()
     };
-    let state = gateway::AppState::new(memory_backend(), standalone_registry(), limits);
+    let state = gateway::AppState::new(memory_backend(), standalone_capabilities(), limits);
     let gw = Gateway::from_state(state).await;
     let id = gw.submit_ok(&text_request("hi")).await;
     let mut sse = gw.stream(&id).await;

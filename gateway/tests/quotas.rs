@@ -217,7 +217,7 @@ async fn cancelling_a_queued_execution_frees_its_slot_at_once() {
     };
     let gw = Gateway::from_state(gateway::AppState::new(
         backend,
-        standalone_registry(),
+        standalone_capabilities(),
         gateway::ApiLimits::default(),
     ))
     .await;

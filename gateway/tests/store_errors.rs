@@ -19,7 +19,7 @@ use protocol::{ExecutionId, RuntimeEvent, Sequence};
 use runtime::memory::{MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits};
 use runtime::{EventStore, IdempotencyRecord, IdempotencyStore, StoreError};
 use serde_json::{Value, json};
-use testkit::gateway::{memory_backend, standalone_registry};
+use testkit::gateway::{memory_backend, standalone_capabilities};
 use tower::ServiceExt;
 
 /// A memory store whose `create` always fails with one error.
@@ -90,7 +90,7 @@ fn harness(create_error: StoreError) -> Harness {
         replay_wait: Duration::from_millis(10),
         ..gateway::ApiLimits::default()
     };
-    let state = gateway::AppState::new(backend, standalone_registry(), limits);
+    let state = gateway::AppState::new(backend, standalone_capabilities(), limits);
     Harness {
         app: gateway::router(state),
         queue,

@@ -343,13 +343,14 @@ async fn harness(create_fault: (Fault, usize), publish_fault: (Fault, usize)) ->
         replay_wait: Duration::from_millis(50),
         ..gateway::ApiLimits::default()
     };
+    let capabilities = registry.capabilities();
     Harness {
         app: gateway::router(gateway::AppState::new(
             backend.clone(),
-            Arc::clone(&registry),
+            capabilities.clone(),
             limits.clone(),
         )),
-        other_gateway: gateway::router(gateway::AppState::new(backend, registry, limits)),
+        other_gateway: gateway::router(gateway::AppState::new(backend, capabilities, limits)),
         store,
         queue,
         gateway_store,

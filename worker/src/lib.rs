@@ -2,12 +2,12 @@
 //! cancellation and flow control, and turns what providers do into runtime events.
 //!
 //! Module map:
-//! - [`deployment`]: the deployment this process runs (the `config` crate's file format with
-//!   provider sections parsed by their adapters) and the registry built from it; the one entry
-//!   point the binaries, and the gateway's embedded mode, use.
+//! - [`deployment`]: the registry of the deployment this process runs (opened with
+//!   `providers::deployment`): one adapter per declared provider; what this binary and the
+//!   gateway's embedded mode run.
 //! - [`provider`]: the `Provider` trait adapters implement, the adapters (`mock`, ...), the
-//!   catalog of provider types, and the kit the adapters share (`http`, `frame_loop`,
-//!   `credential`, `extension`, `manifest`, `text`, `usage`).
+//!   adapter of each provider type (`catalog`), and the kit the adapters share (`http`,
+//!   `frame_loop`, `credential`, `extension`, `text`, `usage`).
 //! - [`registry`]: configured providers in registration order with their manifests; candidate
 //!   selection [R 25-28].
 //! - [`flow`]: per-provider concurrency gates with bounded FIFO queues [R 35-37].

@@ -12,6 +12,6 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> ExitCode {
     // Handlers first: a signal at any later instant is a graceful stop.
-    let signal = worker::process::install_shutdown_signal();
+    let signal = startup::install_shutdown_signal();
     worker::process::run(worker::process::WorkerArgs::parse(), signal).await
 }

@@ -10,12 +10,11 @@ use std::time::Duration;
 
 use clap::Parser;
 use runtime::Pace;
-use runtime::nats::{NatsAccess, NatsConnectSettings, NatsServices, NatsSettings};
-use runtime::redis_idempotency::RedisIdempotencyStore;
+use runtime::nats::NatsServices;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use config::{BackendKind, CommonArgs, NatsAccessArgs};
+use config::{BackendKind, CommonArgs};
 
 use crate::runner::{Runner, RunnerSettings};
 use crate::{PoolConfig, WorkerPool};
@@ -78,21 +77,6 @@ fn parse_append_pace(value: &str) -> Result<AppendPace, String> {
     }
 }
 
-/// The NATS credentials and TLS settings of the command line and environment (the gateway
-/// uses this too).
-pub fn nats_access(args: &NatsAccessArgs) -> NatsAccess {
-    NatsAccess {
-        user: args.nats_user.clone(),
-        password: args.nats_password.as_ref().map(|s| s.expose().to_owned()),
-        token: args.nats_token.as_ref().map(|s| s.expose().to_owned()),
-        creds_file: args.nats_creds.clone(),
-        nkey_file: args.nats_nkey.clone(),
-        ca_file: args.nats_ca.clone(),
-        cert_file: args.nats_cert.clone(),
-        key_file: args.nats_key.clone(),
-    }
-}
-
 fn startup_error(message: &str, code: u8) -> ExitCode {
     eprintln!("worker: {message}");
     ExitCode::from(code)
@@ -134,30 +118,17 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         deployment.max_active_executions,
         common.workers_cap(),
     );
-    let partitions = match common.partitions() {
-        Ok(partitions) => partitions,
-        Err(e) => return startup_error(&e, 1),
-    };
+    // Checked before anything connects (the NATS settings below repeat it).
+    if let Err(e) = common.partitions() {
+        return startup_error(&e, 1);
+    }
     // Secrets are read now, so a missing one stops the start before anything connects.
     let webhooks = match webhook::setup(&deployment.webhooks) {
         Ok(webhooks) => webhooks,
         Err(e) => return startup_error(&e.to_string(), 1),
     };
-    let settings = NatsConnectSettings {
-        url: common.nats_url.clone(),
-        access: nats_access(&common.nats_access),
-        layout: NatsSettings {
-            retention: deployment.retention,
-            max_jobs: i64::try_from(deployment.max_active_executions).unwrap_or(i64::MAX),
-            ack_wait: common.ack_wait(),
-            replicas: usize::from(common.replicas),
-            event_shards: partitions,
-            ..NatsSettings::new(common.namespace.clone())
-        },
-        max_events: deployment.event_store.max_events as u64,
-        connect_timeout: Duration::from_secs(15),
-    };
     let connected = async {
+        let settings = startup::backend::nats_connect_settings(common, &deployment, CONNECT)?;
         let nats = NatsServices::connect(&settings).await?;
         // The consumer is reconciled now, so a setting JetStream refuses stops the start.
         nats.queue.reconcile_consumer().await?;
@@ -168,13 +139,7 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         Err(e) => return backend_failure("NATS", "--nats-url", &e),
     };
     // Keyed jobs are claimed here too before they run (`crate::key_guard`).
-    let keys = RedisIdempotencyStore::connect_with(
-        &common.redis_url,
-        common.redis_ca.as_deref(),
-        &common.namespace,
-        deployment.retention,
-        Duration::from_secs(15),
-    );
+    let keys = startup::backend::redis_keys(common, &deployment, CONNECT);
     let keys: Arc<dyn runtime::IdempotencyStore> = match keys.await {
         Ok(keys) => Arc::new(keys),
         Err(e) => return backend_failure("Redis", "--redis-url", &e),
@@ -294,68 +259,14 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
     ExitCode::SUCCESS
 }
 
+/// How long startup waits for NATS and Redis, each.
+const CONNECT: Duration = Duration::from_secs(15);
+
 /// How often the worker reads the queue depth from the server.
 const JOBS_PENDING_PERIOD: Duration = Duration::from_secs(5);
 
 /// How long a stopping worker waits for its NATS connection to send what it buffers.
 const SHUTDOWN_FLUSH: Duration = Duration::from_secs(2);
-
-/// Installs the SIGTERM and SIGINT handlers now and resolves on the first signal.
-///
-/// Installing before anything else means a signal during startup is a graceful stop, never the
-/// default disposition (which kills the process). `tokio::signal::ctrl_c` would install its
-/// handler only when first polled, hence the explicit unix signals.
-pub fn install_shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let term = signal(SignalKind::terminate());
-        let int = signal(SignalKind::interrupt());
-        async move {
-            match (term, int) {
-                (Ok(mut term), Ok(mut int)) => {
-                    tokio::select! {
-                        _ = term.recv() => {}
-                        _ = int.recv() => {}
-                    }
-                }
-                (term, int) => {
-                    if let Err(e) = term.as_ref().and(int.as_ref()) {
-                        tracing::warn!(error = %e, "cannot install a signal handler");
-                    }
-                    shutdown_signal().await;
-                }
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        shutdown_signal()
-    }
-}
-
-/// Resolves on SIGTERM or SIGINT; installs the handlers only when first polled (prefer
-/// [`install_shutdown_signal`]).
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
-    }
-}
 
 #[cfg(test)]
 mod tests {

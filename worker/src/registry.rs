@@ -1,9 +1,11 @@
-//! Configured providers in registration order, and candidate selection [R 25-28].
+//! Configured providers in registration order, and candidate selection [R 25-28] with the
+//! rule of the capability check the gateway makes (`providers::capability`).
 
 use std::sync::Arc;
 
-use protocol::manifest::{ModelCapability, ProviderManifest};
+use protocol::manifest::ProviderManifest;
 use protocol::{ExecutionRequest, Target};
+use providers::capability::{Capabilities, Capability, order_by_preference, serving_models};
 
 use crate::flow::ConcurrencyGate;
 use crate::provider::Provider;
@@ -114,11 +116,7 @@ impl ProviderRegistry {
             .iter()
             .filter(|e| e.provider.admits(request))
             .flat_map(|e| {
-                e.provider
-                    .manifest()
-                    .models
-                    .iter()
-                    .filter(|m: &&ModelCapability| m.satisfies(request))
+                serving_models(e.provider.manifest(), request)
                     .map(|m| Candidate {
                         entry: Arc::clone(e),
                         model: m.model.clone(),
@@ -126,32 +124,37 @@ impl ProviderRegistry {
                     .collect::<Vec<_>>()
             })
             .collect();
-        if let Some(order) = request
-            .routing
-            .as_ref()
-            .and_then(|r| r.provider_order.as_ref())
-        {
-            let rank = |c: &Candidate| {
-                order
-                    .iter()
-                    .position(|p| p == c.entry.provider.id())
-                    .unwrap_or(order.len())
-            };
-            out.sort_by_key(rank);
-        }
+        order_by_preference(&mut out, request, |c| c.entry.provider.id());
         out
     }
 
     /// Whether any configured model can serve `request` (the synchronous capability check).
     pub fn can_serve(&self, request: &ExecutionRequest) -> bool {
-        self.entries.iter().any(|e| {
-            e.provider.admits(request)
-                && e.provider
-                    .manifest()
-                    .models
-                    .iter()
-                    .any(|m| m.satisfies(request))
-        })
+        self.capabilities().can_serve(request)
+    }
+
+    /// The capability check of these providers (their manifests and policies), as the
+    /// gateway's embedded mode serves it.
+    pub fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            self.entries
+                .iter()
+                .map(|e| Arc::new(Adapter(Arc::clone(&e.provider))) as Arc<dyn Capability>)
+                .collect(),
+        )
+    }
+}
+
+/// An adapter as the capability check sees it.
+struct Adapter(Arc<dyn Provider>);
+
+impl Capability for Adapter {
+    fn manifest(&self) -> &ProviderManifest {
+        self.0.manifest()
+    }
+
+    fn admits(&self, request: &ExecutionRequest) -> bool {
+        self.0.admits(request)
     }
 }
 

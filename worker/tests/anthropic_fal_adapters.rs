@@ -1691,7 +1691,7 @@ async fn fal_attempt_dropped_mid_poll_still_cancels_once() {
 
 #[tokio::test]
 async fn the_deployment_file_builds_both_adapters() {
-    let config = worker::deployment::parse(
+    let config = providers::deployment::parse(
         r#"{"providers":[
             {"type":"anthropic-messages","model":"claude-sonnet-4-5","api_key_env":"ANTHROPIC_API_KEY",
              "capabilities":{"input_modalities":["text","image"],"tools":true}},

@@ -1043,7 +1043,7 @@ async fn the_credential_never_reaches_events_errors_or_logs() {
 
 #[test]
 fn the_deployment_file_declares_the_capabilities() {
-    let config = worker::deployment::parse(
+    let config = providers::deployment::parse(
         r#"{"providers":[
             {"type":"openai-responses","model":"gpt-4.1-mini","api_key_env":"OPENAI_API_KEY",
              "capabilities":{"input_modalities":["text","image","file"],"tools":true}},

@@ -76,7 +76,7 @@ const DEADLINE_SLACK: Duration = Duration::from_secs(5);
 async fn list_models(State(state): State<AppState>) -> Response {
     json_response(
         StatusCode::OK,
-        &model::list(&state.inner.registry.manifests()),
+        &model::list(&state.inner.capabilities.manifests()),
     )
 }
 
@@ -112,16 +112,12 @@ async fn submit_openai<T>(
     let parsed = parse(&bytes)?;
     drop(bytes);
     let (model_name, intent, streaming) = plan(&parsed);
-    let manifests = state.inner.registry.manifests();
+    let manifests = state.inner.capabilities.manifests();
     let resolved = model::resolve(&manifests, model_name)?;
     let dialect = state.dialect(&resolved.provider);
     let mut request: ExecutionRequest = translate::execution_request(intent, &resolved, dialect)?;
-    let candidates = state.inner.registry.candidates(&request);
-    translate::pin_to_model(
-        &mut request,
-        &resolved,
-        candidates.iter().map(|c| c.target()),
-    )?;
+    let targets = state.inner.capabilities.targets(&request);
+    translate::pin_to_model(&mut request, &resolved, targets)?;
     // Reserved before anything is created, as for native streams.
     let permit = if streaming {
         Some(stream_permit(state)?)

@@ -5,11 +5,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use providers::DeploymentConfig;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use worker::deployment::DeploymentConfig;
 
 use super::{Api, default_deployment};
 
@@ -27,10 +27,10 @@ pub struct Embedded {
 /// The name tests use.
 pub type Gateway = Embedded;
 
-/// The providers of `worker::deployment::standalone()` (one default mock).
-pub fn standalone_registry() -> Arc<worker::ProviderRegistry> {
-    let config = worker::deployment::standalone();
-    Arc::new(worker::deployment::build_registry(&config).expect("buildable registry"))
+/// The providers of `providers::deployment::standalone()` (one default mock), as a gateway
+/// checks requests against them.
+pub fn standalone_capabilities() -> providers::Capabilities {
+    providers::Capabilities::of(&providers::deployment::standalone().providers)
 }
 
 /// Memory backends as an embedded gateway has them (keys kept a minute, no quotas), for a test
@@ -76,18 +76,19 @@ impl Embedded {
 
     /// The deployment `config` with `workers` runner slots and a shutdown `grace`.
     pub async fn start_with(config: Value, workers: usize, grace: Duration) -> Self {
-        let config = worker::deployment::parse(&config.to_string()).expect("valid deployment file");
+        let config =
+            providers::deployment::parse(&config.to_string()).expect("valid deployment file");
         Self::from_config(&config, workers, grace).await
     }
 
     /// One mock streaming `chunks` (a log too large to write as a file: up to 64 MiB per
     /// execution), two workers and a 10 s shutdown grace.
     pub async fn with_long_log(chunks: Vec<String>) -> Self {
-        let mut config = worker::deployment::standalone();
+        let mut config = providers::deployment::standalone();
         config.providers = vec![
-            worker::provider::mock::MockConfig {
+            providers::mock::MockConfig {
                 chunks,
-                ..worker::provider::mock::MockConfig::default()
+                ..providers::mock::MockConfig::default()
             }
             .into(),
         ];

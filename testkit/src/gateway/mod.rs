@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 #[cfg(feature = "embedded")]
-pub use embedded::{Embedded, Gateway, memory_backend, standalone_registry};
+pub use embedded::{Embedded, Gateway, memory_backend, standalone_capabilities};
 use protocol::sse::{SseEvent, SseParser};
 use reqwest::StatusCode;
 use reqwest::header::HeaderMap;

@@ -5,17 +5,17 @@
 //! [`ProviderEvent`]s. It never assigns sequences, timestamps or execution ids, never decides
 //! about fallback, and never touches the event store: the runner does all of that.
 //!
-//! Adapters (one folder each; each owns its section of the deployment file in `config.rs`):
-//! [`mock`], [`openai_responses`], [`openai_chat`], [`anthropic_messages`], [`fal_queue`].
-//! [`catalog`] maps each file `type` to its adapter.
+//! Adapters (one folder each): [`mock`], [`openai_responses`], [`openai_chat`],
+//! [`anthropic_messages`], [`fal_queue`]. Their sections of the deployment file, manifests
+//! and request policies are the `providers` crate's (the gateway checks capabilities with
+//! them); [`catalog`] builds each type's adapter from its parsed section.
 //!
 //! The kit the adapters share (an adapter imports from these and never from another adapter):
 //! - [`http`]: the one HTTP client, status classification, bounded bodies and SSE frames.
 //! - [`frame_loop`]: the streaming attempt: request, frames through a `FrameMapper`, completion.
 //! - [`credential`]: `Secret`, `KeySource`, sensitive headers, scrubbing echoed keys.
 //! - [`extension`]: `extensions.<key>.<field>` shape checks, tool policy, copies.
-//! - [`manifest`]: the single-model manifest built from the deployment's declaration.
-//! - [`text`]: the text adapters' section, manifest and target.
+//! - [`text`]: what the text adapters keep from their section, and their attempt.
 //! - [`openai_compat`]: the OpenAI-compatible adapter, generic over its dialect (Responses,
 //!   Chat Completions), including the body both dialects send (one user message).
 //! - [`usage`]: usage facts from a table of counter paths.
@@ -27,7 +27,6 @@ pub mod extension;
 pub mod fal_queue;
 pub mod frame_loop;
 pub mod http;
-pub mod manifest;
 pub mod mock;
 pub mod openai_chat;
 pub mod openai_compat;

@@ -19,16 +19,14 @@ use serde::Serialize;
 
 use super::credential::KeySource;
 use super::frame_loop::FrameMapper;
-use super::text::{TextProviderConfig, TextTarget};
+use super::text::{TextKind, TextProviderConfig, TextTarget};
 use super::{AttemptResult, Provider, ProviderCall, ProviderSink, extension};
 
 /// One OpenAI-compatible API: what differs between the adapters built on [`OpenAiCompatible`].
 pub trait OpenAiDialect: Send + Sync + 'static {
-    /// The `extensions` key whose `request` object seeds the body.
-    const EXTENSION_KEY: &'static str;
-    /// Extension fields that enable tools; refused unless the deployment declared
-    /// `capabilities.tools` [R 68].
-    const TOOL_FIELDS: &'static [&'static str];
+    /// Its provider type: the `extensions` key whose `request` object seeds the body, and
+    /// the tool fields refused unless the deployment declared `capabilities.tools` [R 68].
+    const KIND: TextKind;
     /// The path below the base URL one attempt POSTs to.
     const PATH: &'static str;
     /// The body field that holds the one user message (`messages`, `input`).
@@ -61,7 +59,7 @@ pub trait OpenAiDialect: Send + Sync + 'static {
         }];
         extension::body_over(
             call.request,
-            Self::EXTENSION_KEY,
+            Self::KIND.extension_key,
             "request",
             &[],
             &[
@@ -124,8 +122,7 @@ impl<D: OpenAiDialect> Provider for OpenAiCompatible<D> {
     }
 
     fn admits(&self, request: &ExecutionRequest) -> bool {
-        self.target
-            .admits(request, D::EXTENSION_KEY, D::TOOL_FIELDS)
+        self.target.admits(request, &D::KIND)
     }
 
     async fn execute(&self, call: ProviderCall<'_>, sink: &mut dyn ProviderSink) -> AttemptResult {

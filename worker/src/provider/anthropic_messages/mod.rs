@@ -10,7 +10,6 @@
 //! (`extensions.anthropic.request.tools` / `tool_choice`) is refused at routing by
 //! [`Provider::admits`], before any credential is read or request sent.
 
-pub mod config;
 pub mod stream;
 pub mod wire;
 
@@ -22,11 +21,12 @@ use url::Url;
 use super::credential::{self, KeySource, Secret};
 use super::text::{TextProviderConfig, TextTarget};
 use super::{AttemptResult, Provider, ProviderCall, ProviderSink, frame_loop, http};
+use providers::text::ANTHROPIC_MESSAGES;
 use stream::MessageStream;
 
 /// Extension fields that enable tools in the Messages API; refused unless the deployment
 /// declared `capabilities.tools` [R 68].
-pub const TOOL_FIELDS: &[&str] = &["tools", "tool_choice"];
+pub const TOOL_FIELDS: &[&str] = ANTHROPIC_MESSAGES.tool_fields;
 
 /// See the module docs.
 #[derive(Debug)]
@@ -78,7 +78,7 @@ impl Provider for AnthropicMessagesProvider {
     /// Refuses a non-object `extensions.anthropic` or `extensions.anthropic.request`, and
     /// `tools` / `tool_choice` in it when the deployment disabled tools [R 68].
     fn admits(&self, request: &ExecutionRequest) -> bool {
-        self.target.admits(request, wire::EXTENSION, TOOL_FIELDS)
+        self.target.admits(request, &ANTHROPIC_MESSAGES)
     }
 
     async fn execute(&self, call: ProviderCall<'_>, sink: &mut dyn ProviderSink) -> AttemptResult {

@@ -20,7 +20,7 @@ pub const MESSAGES_PATH: &str = "v1/messages";
 /// `max_tokens` sent when the extension does not set a positive integer (the reference's value).
 pub const DEFAULT_MAX_TOKENS: u64 = 1024;
 /// The extension key under `extensions`.
-pub const EXTENSION: &str = "anthropic";
+pub const EXTENSION: &str = providers::text::ANTHROPIC_MESSAGES.extension_key;
 
 /// One content block of the user message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -10,7 +10,6 @@
 //! (architecture invariant 4). Only an explicit HTTP rejection of the submit keeps the usual
 //! status mapping [R 61], so a 429 or 503 at submit may still fall back.
 
-pub mod config;
 pub mod stream;
 pub mod wire;
 
@@ -18,15 +17,15 @@ use std::time::Duration;
 
 use ::config::BaseUrl;
 use async_trait::async_trait;
-use protocol::manifest::{ModelCapability, ProviderManifest};
+use protocol::manifest::ProviderManifest;
 use protocol::{ErrorCode, ExecutionRequest, RuntimeError};
 use reqwest::header::{AUTHORIZATION, HeaderValue};
 use serde_json::Value;
 use url::Url;
 
-pub use self::config::FalConfig;
 use super::credential::{self, KeySource};
-use super::{AttemptResult, Provider, ProviderCall, ProviderSink, extension, http, manifest};
+use super::{AttemptResult, Provider, ProviderCall, ProviderSink, http};
+pub use providers::fal::FalConfig;
 use stream::{Lifecycle, RemoteTask};
 
 /// Polling and cleanup timing.
@@ -76,18 +75,7 @@ impl FalQueueProvider {
 
     /// The adapter with an explicit credential source and timing (tests).
     pub fn new(config: &FalConfig, key: KeySource, options: FalOptions) -> Self {
-        let model = ModelCapability {
-            model: config.model.clone(),
-            abilities: vec![config.ability.clone()],
-            input_modalities: config.input_modalities.clone(),
-            output_modalities: config.output_modalities.clone(),
-            stream: false,
-            tools: false,
-            structured_output: false,
-            r#async: true,
-            cancel: true,
-        };
-        let manifest = manifest::single_model(&config.id, model, config.flow);
+        let manifest = config.manifest();
         Self {
             submit_url: config.base_url.endpoint(&config.model),
             base_url: config.base_url.clone(),
@@ -177,7 +165,7 @@ impl Provider for FalQueueProvider {
 
     /// Refuses a non-object `extensions.fal` or `extensions.fal.input`.
     fn admits(&self, request: &ExecutionRequest) -> bool {
-        extension::object(request, wire::EXTENSION, "input").is_ok()
+        providers::fal::admits(request)
     }
 
     async fn execute(&self, call: ProviderCall<'_>, sink: &mut dyn ProviderSink) -> AttemptResult {

@@ -17,7 +17,7 @@ use crate::provider::extension;
 use crate::provider::http::protocol_error;
 
 /// The extension key under `extensions`.
-pub const EXTENSION: &str = "fal";
+pub use providers::fal::EXTENSION;
 /// Body fields the runtime owns: whatever the extension says about them is replaced.
 pub const OWNED_FIELDS: [&str; 3] = ["prompt", "image_url", "image_urls"];
 

@@ -3,19 +3,14 @@
 //! (i + 1) after the call, so a busy worker makes chunks late but not the stream slower (a
 //! remote model's tokens do not wait for the runtime either; BENCHMARKS.md, "Mock at a fixed
 //! rate").
-//! `config.rs` has its settings, which are its section of the deployment file.
-
-pub mod config;
+//! Its settings are its section of the deployment file (`providers::mock`).
 
 use async_trait::async_trait;
-use protocol::manifest::{ModelCapability, ProviderManifest};
+use protocol::manifest::ProviderManifest;
 use protocol::{ErrorCode, RuntimeError, UsageFact, UsageSource, UsageUnit};
-use serde_json::Value;
 
-pub use self::config::MockConfig;
-use super::catalog::ProviderType;
-use super::manifest;
 use super::{AttemptResult, Provider, ProviderCall, ProviderEvent, ProviderSink};
+pub use providers::mock::MockConfig;
 
 /// See the module docs.
 #[derive(Debug)]
@@ -26,23 +21,8 @@ pub struct MockProvider {
 
 impl MockProvider {
     pub fn new(options: MockConfig) -> Self {
-        let model =
-            ModelCapability::streamed_text(options.model.clone(), options.abilities.clone());
-        let manifest = manifest::single_model(&options.id, model, options.flow);
+        let manifest = options.manifest();
         Self { options, manifest }
-    }
-}
-
-impl ProviderType for MockProvider {
-    const NAME: &'static str = "mock";
-    type Config = MockConfig;
-
-    fn parse(section: &Value, path: String) -> Result<MockConfig, ::config::ConfigError> {
-        MockConfig::parse(section, path)
-    }
-
-    fn build(config: &MockConfig) -> Self {
-        Self::new(config.clone())
     }
 }
 

@@ -13,7 +13,6 @@
 //! deployment's declaration, and an extension that would enable tools (`tools`, `tool_choice`, or the legacy
 //! `functions`, `function_call`) is refused unless the deployment enabled them.
 
-pub mod config;
 pub mod stream;
 pub mod wire;
 
@@ -24,14 +23,14 @@ use protocol::request::InputPart;
 
 use self::stream::ChatStream;
 use super::openai_compat::{OpenAiCompatible, OpenAiDialect};
-use super::text::json_text;
+use super::text::{TextKind, json_text};
 
 /// The `extensions` key this adapter reads: `extensions["openai-chat"].request`.
-pub const EXTENSION_KEY: &str = "openai-chat";
+pub const EXTENSION_KEY: &str = providers::text::OPENAI_CHAT.extension_key;
 
 /// Extension fields that enable tools in Chat Completions, including the legacy function
 /// calling fields; refused unless the deployment declared `capabilities.tools`.
-pub const TOOL_FIELDS: &[&str] = &["tools", "tool_choice", "functions", "function_call"];
+pub const TOOL_FIELDS: &[&str] = providers::text::OPENAI_CHAT.tool_fields;
 
 /// See the module docs.
 pub type OpenAiChatProvider = OpenAiCompatible<ChatCompletions>;
@@ -41,8 +40,7 @@ pub type OpenAiChatProvider = OpenAiCompatible<ChatCompletions>;
 pub enum ChatCompletions {}
 
 impl OpenAiDialect for ChatCompletions {
-    const EXTENSION_KEY: &'static str = EXTENSION_KEY;
-    const TOOL_FIELDS: &'static [&'static str] = TOOL_FIELDS;
+    const KIND: TextKind = providers::text::OPENAI_CHAT;
     const PATH: &'static str = "chat/completions";
     const MESSAGES_FIELD: &'static str = "messages";
     const OWNED_FIELD: (&'static str, &'static str) =

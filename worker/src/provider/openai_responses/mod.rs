@@ -16,7 +16,6 @@
 //! The pieces shared with the other text adapters (section, manifest, extension policy,
 //! credential, frame loop) live in the provider kit beside `http.rs`.
 
-pub mod config;
 pub mod stream;
 pub mod wire;
 
@@ -27,14 +26,14 @@ use protocol::request::InputPart;
 
 use self::stream::ResponsesStream;
 use super::openai_compat::{OpenAiCompatible, OpenAiDialect};
-use super::text::json_text;
+use super::text::{TextKind, json_text};
 
 /// The `extensions` key this adapter reads: `extensions.openai.request` [R 63].
-pub const EXTENSION_KEY: &str = "openai";
+pub const EXTENSION_KEY: &str = providers::text::OPENAI_RESPONSES.extension_key;
 
 /// Extension fields that enable tools in the Responses API; refused unless the deployment
 /// declared `capabilities.tools` [R 68].
-pub const TOOL_FIELDS: &[&str] = &["tools", "tool_choice"];
+pub const TOOL_FIELDS: &[&str] = providers::text::OPENAI_RESPONSES.tool_fields;
 
 /// See the module docs.
 pub type OpenAiResponsesProvider = OpenAiCompatible<Responses>;
@@ -44,8 +43,7 @@ pub type OpenAiResponsesProvider = OpenAiCompatible<Responses>;
 pub enum Responses {}
 
 impl OpenAiDialect for Responses {
-    const EXTENSION_KEY: &'static str = EXTENSION_KEY;
-    const TOOL_FIELDS: &'static [&'static str] = TOOL_FIELDS;
+    const KIND: TextKind = providers::text::OPENAI_RESPONSES;
     const PATH: &'static str = "responses";
     const MESSAGES_FIELD: &'static str = "input";
     const OWNED_FIELD: (&'static str, &'static str) = ("store", "false");

@@ -1,5 +1,6 @@
 //! The mock's section of the deployment file (`type: "mock"`) [R 74-75], which is also the
-//! mock's one settings struct.
+//! mock adapter's one settings struct (the worker's `provider::mock` runs it), and its
+//! manifest: streamed text from one model.
 
 use std::time::Duration;
 
@@ -7,8 +8,13 @@ use config::field::DEFAULT_ABILITY;
 use config::{ConfigError, Fields, FlowLimits};
 use serde_json::Value;
 
-use super::MockProvider;
-use crate::provider::catalog::{ProviderConfig, section_from_fields};
+use protocol::manifest::{ModelCapability, ProviderManifest};
+
+use crate::catalog::ProviderConfig;
+use crate::manifest;
+
+/// The `type` the file names it by.
+pub const NAME: &str = "mock";
 
 /// Largest mock `delay_ms` (one hour).
 pub const MAX_MOCK_DELAY_MS: u64 = 3_600_000;
@@ -73,12 +79,16 @@ impl MockConfig {
             flow: FlowLimits::parse(&fields)?,
         })
     }
-}
 
-section_from_fields!(MockConfig);
+    /// Streamed text from its one model, with its flow limits.
+    pub fn manifest(&self) -> ProviderManifest {
+        let model = ModelCapability::streamed_text(self.model.clone(), self.abilities.clone());
+        manifest::single_model(&self.id, model, self.flow)
+    }
+}
 
 impl From<MockConfig> for ProviderConfig {
     fn from(config: MockConfig) -> Self {
-        ProviderConfig::new::<MockProvider>(config)
+        ProviderConfig::Mock(config)
     }
 }

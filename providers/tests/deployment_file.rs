@@ -1,5 +1,5 @@
-//! The deployment file as the worker parses it: the `config` crate's format with every
-//! provider section parsed by its adapter through the catalog. Errors name paths, never values.
+//! The deployment file as both binaries parse it: the `config` crate's format with every
+//! provider section parsed by its type through the catalog. Errors name paths, never values.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -9,19 +9,50 @@ use config::deployment::MAX_FILE_BYTES;
 use config::limits::{DEFAULT_MAX_ACTIVE_EXECUTIONS, DEFAULT_RETENTION};
 use config::{ConfigError, EventStoreConfig, FlowLimits, Limits};
 use protocol::request::Modality;
-use worker::deployment::{load, parse, standalone};
-use worker::provider::catalog::ProviderConfig;
-use worker::provider::fal_queue::FalConfig;
-use worker::provider::mock::MockConfig;
-use worker::provider::text::TextProviderConfig;
+use providers::ProviderConfig;
+use providers::deployment::{load, parse, standalone};
+use providers::fal::FalConfig;
+use providers::mock::MockConfig;
+use providers::text::TextProviderConfig;
+
+/// A section type of [`ProviderConfig`]'s variants.
+trait Section: Sized {
+    fn of(provider: &ProviderConfig) -> Option<Self>;
+}
+
+impl Section for MockConfig {
+    fn of(provider: &ProviderConfig) -> Option<Self> {
+        match provider {
+            ProviderConfig::Mock(c) => Some(c.clone()),
+            _ => None,
+        }
+    }
+}
+
+impl Section for TextProviderConfig {
+    fn of(provider: &ProviderConfig) -> Option<Self> {
+        match provider {
+            ProviderConfig::OpenAiResponses(c)
+            | ProviderConfig::AnthropicMessages(c)
+            | ProviderConfig::OpenAiChat(c) => Some(c.clone()),
+            _ => None,
+        }
+    }
+}
+
+impl Section for FalConfig {
+    fn of(provider: &ProviderConfig) -> Option<Self> {
+        match provider {
+            ProviderConfig::FalQueue(c) => Some(c.clone()),
+            _ => None,
+        }
+    }
+}
 
 /// The settings of `provider`, which must be of type `type_name`.
-fn settings_of<T: Clone + 'static>(provider: &ProviderConfig, type_name: &str) -> T {
+fn settings_of<T: Section>(provider: &ProviderConfig, type_name: &str) -> T {
     assert_eq!(provider.type_name(), type_name);
-    provider
-        .settings::<T>()
-        .cloned()
-        .expect("settings of the type's config")
+    T::of(provider).expect("settings of the type's config")
 }
 
 fn err(json: &str) -> String {
@@ -42,7 +73,7 @@ fn only_provider(provider: &str) -> ProviderConfig {
 }
 
 /// The settings of the one provider of a file holding only `provider`, checking its type.
-fn only_section<T: Clone + 'static>(provider: &str, type_name: &str) -> T {
+fn only_section<T: Section>(provider: &str, type_name: &str) -> T {
     settings_of(&only_provider(provider), type_name)
 }
 
@@ -969,7 +1000,7 @@ fn invalid_json_reports_position_only() {
     assert!(matches!(
         config::deployment::parse_bytes(
             b"{\"providers\":[{\"type\":\"mo\xffck\"}]}",
-            &worker::provider::catalog::Catalog
+            &providers::Catalog
         ),
         Err(ConfigError::Json { .. })
     ));

@@ -1,11 +1,19 @@
-//! The `fal-queue` section of the deployment file [R 69-73].
+//! The `fal-queue` section of the deployment file [R 69-73], its manifest (one asynchronous,
+//! cancellable model) and its request policy (`extensions.fal.input` must be an object).
 
 use config::{BaseUrl, ConfigError, Fields, FlowLimits};
+use protocol::ExecutionRequest;
+use protocol::manifest::{ModelCapability, ProviderManifest};
 use protocol::request::Modality;
 use serde_json::Value;
 
-use super::FalQueueProvider;
-use crate::provider::catalog::{ProviderType, section_from_fields};
+use crate::{extension, manifest};
+
+/// The `type` the file names it by.
+pub const NAME: &str = "fal-queue";
+
+/// The `extensions` key the adapter reads: `extensions.fal.input`.
+pub const EXTENSION: &str = "fal";
 
 const FAL_FIELDS: &[&str] = &[
     "type",
@@ -72,17 +80,26 @@ impl FalConfig {
     }
 }
 
-section_from_fields!(FalConfig);
-
-impl ProviderType for FalQueueProvider {
-    const NAME: &'static str = "fal-queue";
-    type Config = FalConfig;
-
-    fn parse(section: &Value, path: String) -> Result<FalConfig, ConfigError> {
-        FalConfig::parse(section, path)
+impl FalConfig {
+    /// Exactly the deployment's declaration: one model, asynchronous and cancellable, never
+    /// streamed [R 68].
+    pub fn manifest(&self) -> ProviderManifest {
+        let model = ModelCapability {
+            model: self.model.clone(),
+            abilities: vec![self.ability.clone()],
+            input_modalities: self.input_modalities.clone(),
+            output_modalities: self.output_modalities.clone(),
+            stream: false,
+            tools: false,
+            structured_output: false,
+            r#async: true,
+            cancel: true,
+        };
+        manifest::single_model(&self.id, model, self.flow)
     }
+}
 
-    fn build(config: &FalConfig) -> Self {
-        Self::from_config(config)
-    }
+/// Refuses a non-object `extensions.fal` or `extensions.fal.input`.
+pub fn admits(request: &ExecutionRequest) -> bool {
+    extension::object(request, EXTENSION, "input").is_ok()
 }

@@ -34,27 +34,30 @@
 //! job is acknowledged. A write failure (fenced, limit, store down) stops the attempt as soon as
 //! the appender reports it, even while the provider is quiet; the log is then closed from the
 //! last acknowledged event.
+//!
+//! Files: this one has the runner, its settings and outcomes, claiming the log and appending
+//! the terminal event; `claim.rs` waits for a job's log and for a redelivery's previous
+//! holder; `attempt.rs` routes over the candidates and turns adapter events into runtime
+//! events.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use protocol::event::EventBody;
-use protocol::request::RoutingPreferences;
 use protocol::{ErrorCode, RuntimeError, Target, Timestamp};
 use runtime::{
-    CancelBus, DeliveryHandle, EventStore, EventWriter, IdempotencyStore, Job, LogHead, Pace,
-    WriteError,
+    CancelBus, DeliveryHandle, EventStore, EventWriter, IdempotencyStore, Job, Pace, WriteError,
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use crate::holder;
-use crate::instrument::{self, AttemptMeter};
+use crate::instrument::{self};
 use crate::key_guard::{self, KeyHolder};
-use crate::provider::{ProviderCall, ProviderEvent, ProviderSink};
 use crate::registry::ProviderRegistry;
+
+mod attempt;
+mod claim;
 
 /// What the job loop should do with the delivery afterwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -403,116 +406,6 @@ impl Runner {
         self.finish(&mut writer, job.accepted_at, terminal).await
     }
 
-    /// Waits, for a redelivered job whose log is open past `execution.accepted`, while its
-    /// previous holder may still be alive (see [`crate::holder`]); returns the log's head
-    /// once it is not, or the outcome when the log was closed meanwhile.
-    async fn await_holder(
-        &self,
-        job: &Job,
-        head: LogHead,
-        held: Option<&dyn DeliveryHandle>,
-    ) -> Result<LogHead, RunOutcome> {
-        let id = job.execution_id;
-        let lease = held.and_then(DeliveryHandle::lease);
-        let mut head = head;
-        let mut announced = false;
-        loop {
-            let here = self.holders.is_running(id);
-            let past_deadline =
-                Timestamp::now().unix_millis() >= job.deadline_at.unix_millis() + DEADLINE_GRACE_MS;
-            let writing = !self.holders.gave_up_unreachable(id)
-                && lease.is_some_and(|lease| holder::written_within(&head, lease));
-            if past_deadline || !(here || writing) {
-                return Ok(head);
-            }
-            if !announced {
-                announced = true;
-                if here {
-                    tracing::info!(execution_id = %id, "lease of an execution running here lapsed (its heartbeats did not reach the job queue: a consumer leader election or a partition); it keeps running");
-                } else {
-                    tracing::info!(execution_id = %id, "redelivered while its previous holder still writes (its lease was lost, not its life); waiting for it");
-                }
-            }
-            tokio::select! {
-                () = tokio::time::sleep(holder::POLL) => {}
-                () = self.abort_all.cancelled() => return Err(RunOutcome::Abandoned),
-            }
-            match self.store.head(id).await {
-                Ok(Some(latest)) if latest.terminal => return Err(RunOutcome::Dropped),
-                Ok(Some(latest)) => head = latest,
-                Ok(None) => return Err(RunOutcome::Dropped),
-                // The holder's writes face the same store: keep waiting (this delivery is
-                // heartbeated meanwhile), bounded by the deadline.
-                Err(e) => {
-                    tracing::debug!(execution_id = %id, error = %e, "cannot read the log's head")
-                }
-            }
-        }
-    }
-
-    /// The end of the execution's log, waiting up to [`RunnerSettings::log_wait`] for a log
-    /// that does not exist yet (see the module docs). Only the end of the log matters here,
-    /// which every store reads cheaply.
-    async fn await_log(
-        &self,
-        id: protocol::ExecutionId,
-        held: Option<&dyn DeliveryHandle>,
-    ) -> Result<LogHead, RunOutcome> {
-        let started = Instant::now();
-        let mut delay = Duration::from_millis(1);
-        let mut polls = 0u32;
-        let mut waited = false;
-        loop {
-            match self.store.head(id).await {
-                Ok(Some(head)) => {
-                    if waited
-                        && !head.terminal
-                        && let Some(held) = held
-                    {
-                        match withdrawn(id, held).await {
-                            Ok(false) => {}
-                            Ok(true) => return Err(RunOutcome::Dropped),
-                            Err(e) => {
-                                tracing::warn!(execution_id = %id, error = %e, "cannot tell whether the job was withdrawn");
-                                return Err(RunOutcome::Abandoned);
-                            }
-                        }
-                    }
-                    tracing::debug!(execution_id = %id, waited, last_sequence = head.last_sequence.get(), "log found");
-                    return Ok(head);
-                }
-                Ok(None) if started.elapsed() < self.settings.log_wait => {
-                    polls += 1;
-                    // A withdrawn job's log may never come: once the quick polls are spent,
-                    // stop waiting as soon as the job is found withdrawn.
-                    if polls > QUICK_POLLS
-                        && let Some(held) = held
-                        && let Ok(true) = withdrawn(id, held).await
-                    {
-                        return Err(RunOutcome::Dropped);
-                    }
-                    waited = true;
-                    tokio::select! {
-                        () = tokio::time::sleep(delay) => {}
-                        // Shutting down: leave the job to another worker.
-                        () = self.abort_all.cancelled() => return Err(RunOutcome::Abandoned),
-                    }
-                    if polls >= QUICK_POLLS {
-                        delay = (delay * 2).min(Duration::from_millis(500));
-                    }
-                }
-                Ok(None) => {
-                    tracing::info!(execution_id = %id, "job without a log; dropped");
-                    return Err(RunOutcome::Dropped);
-                }
-                Err(e) => {
-                    tracing::warn!(execution_id = %id, error = %e, "cannot read execution state");
-                    return Err(RunOutcome::Abandoned);
-                }
-            }
-        }
-    }
-
     /// Appends the terminal event, after everything submitted before it. If an earlier event
     /// failed (the terminal was then not written), the log is closed with the failure that
     /// write error means instead. Events whose append had an unknown outcome are settled first
@@ -583,126 +476,6 @@ impl Runner {
         tracing::error!(execution_id = %writer.execution_id(), error = %error, "cannot append terminal event");
         RunOutcome::Abandoned
     }
-
-    /// Routing and attempts; returns the completed target or why the execution stops.
-    async fn route(
-        &self,
-        writer: &mut EventWriter,
-        job: &Job,
-        cancel: CancellationToken,
-    ) -> Result<Target, Stop> {
-        let request = &job.request;
-        let candidates = self.registry.candidates(request);
-        if candidates.is_empty() {
-            return Err(Stop::Failed(RuntimeError::capability_unavailable()));
-        }
-        let no_preferences = RoutingPreferences::default();
-        let routing = request.routing.as_ref().unwrap_or(&no_preferences);
-        let max_attempts = if routing.allow_fallback == Some(true) {
-            routing
-                .max_attempts
-                .map_or(candidates.len(), |m| m as usize)
-                .min(candidates.len())
-        } else {
-            1
-        };
-        let started = Instant::now();
-        let budget = routing.retry_budget_ms.map(Duration::from_millis);
-        let budget_spent = || budget.is_some_and(|b| started.elapsed() >= b);
-        let mut last_error: Option<RuntimeError> = None;
-        for (index, candidate) in candidates.iter().take(max_attempts).enumerate() {
-            let attempt = u32::try_from(index + 1).unwrap_or(u32::MAX);
-            if budget_spent() {
-                break;
-            }
-            let target = candidate.target();
-            writer
-                .append(EventBody::RouteSelected {
-                    target: target.clone(),
-                    attempt,
-                })
-                .await?;
-            let mut sink = AttemptSink {
-                writer: &mut *writer,
-                cancel: cancel.clone(),
-                write_error: None,
-                refused: None,
-                meter: None,
-            };
-            // The gate is taken after route.selected: a queued attempt is already routing [R 35].
-            // Waiting for the gate is interruptible: a cancelled or expired execution leaves the
-            // queue at once instead of waiting for a slot (and then calling the provider).
-            let permit = tokio::select! {
-                biased;
-                () = cancel.cancelled() => Err(RuntimeError::cancelled()),
-                permit = candidate.entry.gate.acquire() => permit,
-            };
-            let result = match permit {
-                Ok(_permit) => {
-                    let call = ProviderCall {
-                        request,
-                        model: &candidate.model,
-                        cancel: cancel.clone(),
-                    };
-                    // Metrics and the attempt span (GenAI semantic-convention attributes, no
-                    // prompt or output content).
-                    let meter = AttemptMeter::start(
-                        candidate.entry.provider.id(),
-                        &candidate.model,
-                        &request.ability,
-                        attempt,
-                    );
-                    let span = meter.span();
-                    sink.meter = Some(meter);
-                    let result = candidate
-                        .entry
-                        .provider
-                        .execute(call, &mut sink)
-                        .instrument(span)
-                        .await;
-                    if let Some(meter) = sink.meter.take() {
-                        meter.finish(result.as_ref().map(|_| ()));
-                    }
-                    result
-                }
-                Err(e) => Err(e),
-            };
-            if let Some(e) = sink.write_error.take() {
-                return Err(Stop::Write(e));
-            }
-            // An adapter that reports success after the sink refused one of its events did not
-            // complete: the refusal is the attempt's error.
-            let error = match (result, sink.refused.take()) {
-                (Ok(()), None) => return Ok(target),
-                (Ok(()), Some(refused)) => refused,
-                (Err(e), _) => e,
-            };
-            if writer.output_exposed() {
-                // No fallback once output is exposed [R 31].
-                return Err(Stop::Failed(error.not_retryable()));
-            }
-            // An interrupted execution (cancel, deadline, shutdown) never starts another attempt,
-            // whatever error the interrupted adapter reported.
-            if !error.retryable
-                || index + 1 == max_attempts
-                || budget_spent()
-                || cancel.is_cancelled()
-            {
-                return Err(Stop::Failed(error));
-            }
-            writer
-                .append(EventBody::RouteAttemptFailed {
-                    target,
-                    attempt,
-                    error: error.clone(),
-                })
-                .await?;
-            last_error = Some(error);
-        }
-        Err(Stop::Failed(last_error.unwrap_or_else(|| {
-            RuntimeError::new(ErrorCode::ProviderUnavailable, "Execution failed", true)
-        })))
-    }
 }
 
 enum Ending {
@@ -710,25 +483,6 @@ enum Ending {
     Interrupted(RuntimeError),
     /// The writer's pipeline failed while the attempt ran.
     WriteFailed(WriteError),
-}
-
-/// Polls of a missing log 1 ms apart, without asking the queue about the job, before the
-/// backoff starts: a job usually reaches the worker only a few milliseconds before its log
-/// (the gateway publishes both at once, and the jobs stream answers faster under load), and
-/// each of these polls is one direct get. Past them, every poll also asks whether the job was
-/// withdrawn, and the final check before a claim after any wait is always made.
-const QUICK_POLLS: u32 = 8;
-
-/// Whether the submitter of the job `held` delivers withdrew it (logged as a drop when it did).
-async fn withdrawn(
-    id: protocol::ExecutionId,
-    held: &dyn DeliveryHandle,
-) -> Result<bool, runtime::StoreError> {
-    let withdrawn = held.withdrawn().await?;
-    if withdrawn {
-        tracing::info!(execution_id = %id, "job withdrawn by its submitter; dropped");
-    }
-    Ok(withdrawn)
 }
 
 /// The terminal event that closes a log whose write failed with `error`; `None` when the
@@ -756,89 +510,4 @@ fn write_failure_terminal(writer: &EventWriter, error: WriteError) -> Option<Eve
         }
     };
     Some(EventBody::Failed { error })
-}
-
-/// Turns adapter events into runtime events through the writer.
-struct AttemptSink<'a> {
-    writer: &'a mut EventWriter,
-    cancel: CancellationToken,
-    write_error: Option<WriteError>,
-    /// The first event this sink refused (cancelled, invalid usage).
-    refused: Option<RuntimeError>,
-    /// The running attempt's metrics.
-    meter: Option<AttemptMeter>,
-}
-
-impl AttemptSink<'_> {
-    fn refuse(&mut self, error: RuntimeError) -> Result<(), RuntimeError> {
-        self.refused.get_or_insert_with(|| error.clone());
-        Err(error)
-    }
-}
-
-#[async_trait]
-impl ProviderSink for AttemptSink<'_> {
-    async fn emit(&mut self, event: ProviderEvent) -> Result<(), RuntimeError> {
-        if self.cancel.is_cancelled() {
-            return self.refuse(RuntimeError::cancelled());
-        }
-        if self.write_error.is_some() {
-            return Err(RuntimeError::internal());
-        }
-        let body = match event {
-            ProviderEvent::OutputDelta {
-                output_index,
-                delta,
-            } => EventBody::OutputDelta {
-                output_index,
-                delta,
-            },
-            ProviderEvent::ToolCallStarted { call_id, name } => {
-                EventBody::ToolCallStarted { call_id, name }
-            }
-            ProviderEvent::ToolCallArgumentsDelta { call_id, delta } => {
-                EventBody::ToolCallArgumentsDelta { call_id, delta }
-            }
-            ProviderEvent::Progress { phase, progress } => EventBody::Progress { phase, progress },
-            ProviderEvent::OutputResult { result, artifacts } => {
-                EventBody::OutputResult { result, artifacts }
-            }
-            ProviderEvent::Usage(facts) => {
-                if facts.iter().any(|f| f.check().is_err()) {
-                    return self.refuse(RuntimeError::new(
-                        ErrorCode::ProviderProtocolError,
-                        "Provider reported invalid usage",
-                        false,
-                    ));
-                }
-                if facts.is_empty() {
-                    return Ok(());
-                }
-                if let Some(meter) = &mut self.meter {
-                    meter.usage(&facts);
-                }
-                EventBody::UsageReported { facts }
-            }
-        };
-        let output = matches!(
-            body,
-            EventBody::OutputDelta { .. }
-                | EventBody::ToolCallStarted { .. }
-                | EventBody::OutputResult { .. }
-        );
-        // Handed over without waiting for the acknowledgement (pipelined writer); a failure
-        // comes back here on a later event, or through the runner's failure watch.
-        match self.writer.submit(body).await {
-            Ok(()) => {
-                if output && let Some(meter) = &mut self.meter {
-                    meter.output();
-                }
-                Ok(())
-            }
-            Err(e) => {
-                self.write_error = Some(e);
-                Err(RuntimeError::internal())
-            }
-        }
-    }
 }

@@ -1,0 +1,144 @@
+//! Before a delivery is claimed: waiting for its log (a job can arrive a few milliseconds
+//! before it) and, for a redelivery, for its previous holder to be gone
+//! ([`crate::holder`]); a job its submitter withdrew meanwhile is dropped.
+
+use std::time::Duration;
+
+use protocol::Timestamp;
+use runtime::{DeliveryHandle, Job, LogHead};
+use tokio::time::Instant;
+
+use crate::holder;
+
+use super::{DEADLINE_GRACE_MS, RunOutcome, Runner};
+
+impl Runner {
+    /// Waits, for a redelivered job whose log is open past `execution.accepted`, while its
+    /// previous holder may still be alive (see [`crate::holder`]); returns the log's head
+    /// once it is not, or the outcome when the log was closed meanwhile.
+    pub(super) async fn await_holder(
+        &self,
+        job: &Job,
+        head: LogHead,
+        held: Option<&dyn DeliveryHandle>,
+    ) -> Result<LogHead, RunOutcome> {
+        let id = job.execution_id;
+        let lease = held.and_then(DeliveryHandle::lease);
+        let mut head = head;
+        let mut announced = false;
+        loop {
+            let here = self.holders.is_running(id);
+            let past_deadline =
+                Timestamp::now().unix_millis() >= job.deadline_at.unix_millis() + DEADLINE_GRACE_MS;
+            let writing = !self.holders.gave_up_unreachable(id)
+                && lease.is_some_and(|lease| holder::written_within(&head, lease));
+            if past_deadline || !(here || writing) {
+                return Ok(head);
+            }
+            if !announced {
+                announced = true;
+                if here {
+                    tracing::info!(execution_id = %id, "lease of an execution running here lapsed (its heartbeats did not reach the job queue: a consumer leader election or a partition); it keeps running");
+                } else {
+                    tracing::info!(execution_id = %id, "redelivered while its previous holder still writes (its lease was lost, not its life); waiting for it");
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(holder::POLL) => {}
+                () = self.abort_all.cancelled() => return Err(RunOutcome::Abandoned),
+            }
+            match self.store.head(id).await {
+                Ok(Some(latest)) if latest.terminal => return Err(RunOutcome::Dropped),
+                Ok(Some(latest)) => head = latest,
+                Ok(None) => return Err(RunOutcome::Dropped),
+                // The holder's writes face the same store: keep waiting (this delivery is
+                // heartbeated meanwhile), bounded by the deadline.
+                Err(e) => {
+                    tracing::debug!(execution_id = %id, error = %e, "cannot read the log's head")
+                }
+            }
+        }
+    }
+
+    /// The end of the execution's log, waiting up to [`RunnerSettings::log_wait`] for a log
+    /// that does not exist yet (see the module docs). Only the end of the log matters here,
+    /// which every store reads cheaply.
+    pub(super) async fn await_log(
+        &self,
+        id: protocol::ExecutionId,
+        held: Option<&dyn DeliveryHandle>,
+    ) -> Result<LogHead, RunOutcome> {
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(1);
+        let mut polls = 0u32;
+        let mut waited = false;
+        loop {
+            match self.store.head(id).await {
+                Ok(Some(head)) => {
+                    if waited
+                        && !head.terminal
+                        && let Some(held) = held
+                    {
+                        match withdrawn(id, held).await {
+                            Ok(false) => {}
+                            Ok(true) => return Err(RunOutcome::Dropped),
+                            Err(e) => {
+                                tracing::warn!(execution_id = %id, error = %e, "cannot tell whether the job was withdrawn");
+                                return Err(RunOutcome::Abandoned);
+                            }
+                        }
+                    }
+                    tracing::debug!(execution_id = %id, waited, last_sequence = head.last_sequence.get(), "log found");
+                    return Ok(head);
+                }
+                Ok(None) if started.elapsed() < self.settings.log_wait => {
+                    polls += 1;
+                    // A withdrawn job's log may never come: once the quick polls are spent,
+                    // stop waiting as soon as the job is found withdrawn.
+                    if polls > QUICK_POLLS
+                        && let Some(held) = held
+                        && let Ok(true) = withdrawn(id, held).await
+                    {
+                        return Err(RunOutcome::Dropped);
+                    }
+                    waited = true;
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        // Shutting down: leave the job to another worker.
+                        () = self.abort_all.cancelled() => return Err(RunOutcome::Abandoned),
+                    }
+                    if polls >= QUICK_POLLS {
+                        delay = (delay * 2).min(Duration::from_millis(500));
+                    }
+                }
+                Ok(None) => {
+                    tracing::info!(execution_id = %id, "job without a log; dropped");
+                    return Err(RunOutcome::Dropped);
+                }
+                Err(e) => {
+                    tracing::warn!(execution_id = %id, error = %e, "cannot read execution state");
+                    return Err(RunOutcome::Abandoned);
+                }
+            }
+        }
+    }
+}
+
+/// Polls of a missing log 1 ms apart, without asking the queue about the job, before the
+/// backoff starts: a job usually reaches the worker only a few milliseconds before its log
+/// (the gateway publishes both at once, and the jobs stream answers faster under load), and
+/// each of these polls is one direct get. Past them, every poll also asks whether the job was
+/// withdrawn, and the final check before a claim after any wait is always made.
+const QUICK_POLLS: u32 = 8;
+
+/// Whether the submitter of the job `held` delivers withdrew it (logged as a drop when it did).
+async fn withdrawn(
+    id: protocol::ExecutionId,
+    held: &dyn DeliveryHandle,
+) -> Result<bool, runtime::StoreError> {
+    let withdrawn = held.withdrawn().await?;
+    if withdrawn {
+        tracing::info!(execution_id = %id, "job withdrawn by its submitter; dropped");
+    }
+    Ok(withdrawn)
+}
