@@ -68,6 +68,13 @@ pub struct CommonArgs {
     #[arg(long, env = "MODEL_RUNTIME_PARTITIONS",
           value_parser = clap::value_parser!(u16).range(1..=64))]
     pub partitions: Option<u16>,
+    /// Tenant lanes per partition of a new namespace (1-64; default 8): each tenant's jobs
+    /// wait in its lane (a hash of its name), and workers serve the lanes in turn, so one
+    /// tenant's backlog never holds back another's executions. 1: first come, first served.
+    /// Fixed when the namespace is created, like `--partitions`.
+    #[arg(long, env = "MODEL_RUNTIME_TENANT_LANES",
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub tenant_lanes: Option<u16>,
     /// The earlier name of `--partitions` (when partitions held only event logs).
     #[arg(long, env = "MODEL_RUNTIME_EVENT_SHARDS", hide = true,
           value_parser = clap::value_parser!(u16).range(1..=64))]

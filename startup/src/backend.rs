@@ -36,6 +36,7 @@ pub fn nats_settings<P>(
         ack_wait: args.ack_wait(),
         replicas: usize::from(args.replicas),
         event_shards: args.partitions().map_err(StoreError::Misconfigured)?,
+        tenant_lanes: args.tenant_lanes,
         ..NatsSettings::new(args.namespace.clone())
     })
 }

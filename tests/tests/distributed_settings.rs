@@ -193,6 +193,15 @@ async fn a_namespace_with_several_partitions_serves_every_gateway_and_keeps_its_
             "{binary_name} with {variable}: {log}"
         );
     }
+    // The tenant lanes are fixed the same way: 8 for a namespace created without the setting.
+    for binary_name in ["gateway", "worker"] {
+        let (code, log) = run_to_exit(&cluster, binary_name, ("MODEL_RUNTIME_TENANT_LANES", "2"));
+        assert_ne!(code, Some(0), "{binary_name}: {log}");
+        assert!(
+            log.contains("has 8 tenant lane(s) per partition and this process asks for 2"),
+            "{binary_name}: {log}"
+        );
+    }
 }
 
 /// Messages the events stream holds for execution `id` (the one-stream layout).
