@@ -188,7 +188,7 @@ fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
 async fn every_terminal_event_reaches_its_tenants_endpoint_signed_and_only_that_one() {
     const ACME_EXECUTIONS: usize = 200;
     const BETA_EXECUTIONS: usize = 20;
-    let (logs, log, port, _receiver) = receiving();
+    let (_logs, log, port, _receiver) = receiving();
     let base = format!("http://127.0.0.1:{port}");
     let (acme_key, beta_key) = (
         "mrt_test_acme_key_0123456789",
@@ -348,7 +348,7 @@ async fn failures_are_retried_with_the_same_id_and_a_dead_endpoint_delays_no_oth
     // More than a process's attempt slots per endpoint (16): were slots shared between
     // endpoints, the dead endpoint's hanging attempts would take them all.
     const EXECUTIONS: usize = 20;
-    let (logs, log, port, _receiver) = receiving();
+    let (_logs, log, port, _receiver) = receiving();
     let base = format!("http://127.0.0.1:{port}");
     let dead = Blackhole::start();
     // No auth: top-level endpoints belong to tenant `default`.
