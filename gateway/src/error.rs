@@ -6,13 +6,13 @@
 
 use std::time::Duration;
 
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use protocol::error::ErrorResponse;
 use protocol::{ErrorCode, RuntimeError};
 use runtime::StoreError;
 
-use crate::response::json_response;
+use crate::response::error_response;
 
 /// An API failure.
 #[derive(Debug, Clone)]
@@ -176,24 +176,15 @@ impl IntoResponse for ApiError {
         let body = ErrorResponse {
             error: self.to_runtime_error(),
         };
-        let mut response = json_response(status, &body);
-        if let Some(secs) = self.retry_after_secs() {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        if matches!(self, ApiError::Unauthenticated) {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        response
+        error_response(status, &body, self.retry_after_secs())
     }
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use axum::http::header;
+
     use super::*;
 
     #[test]

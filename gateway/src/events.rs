@@ -12,7 +12,12 @@
 //! (for a tenant with an active cap; a no-op otherwise): an execution stops counting against
 //! its tenant's quota no later than a client sees it end, so a client that submits again as
 //! soon as it read the terminal event is never refused for the execution it just watched.
+//!
+//! The subscription with its stream slot, keep-alive and shutdown signal ([`LogFeed`]) and the
+//! body built from a [`Projector`] are shared with the OpenAI streams (`crate::openai::stream`),
+//! which write other frames from the same log.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -21,7 +26,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
 use protocol::{ExecutionId, Tenant};
-use runtime::EventStream;
+use runtime::{EventRecord, EventStream, StoreError};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
@@ -30,30 +35,156 @@ use crate::state::AppState;
 /// Most bytes of frames coalesced into one body chunk.
 pub const BATCH_BYTES: usize = 64 * 1024;
 
-const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
+/// The comment frame sent when the log is idle, so proxies keep the connection open.
+pub const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
 
 /// Failure after the headers were sent; aborts the connection.
 #[derive(Debug, thiserror::Error)]
 #[error("event stream failed")]
 pub struct StreamAborted;
 
-struct Projection {
-    /// The execution streamed, named by the stream's log lines.
-    id: ExecutionId,
+/// A subscription to an execution's log as a response body reads it, shared by the native
+/// projection here and the OpenAI ones (`crate::openai::stream`): the stream slot it holds,
+/// the keep-alive timer and the shutdown signal. It counts as an open stream from
+/// [`LogFeed::open`] until it is dropped, however the body ends.
+#[derive(derive_more::Debug)]
+pub struct LogFeed {
     /// Fused: batching peeks with `now_or_never`, which may observe the end of the stream.
+    #[debug(skip)]
     records: futures_util::stream::Fuse<EventStream>,
     keep_alive: Duration,
     close: CancellationToken,
-    state: AppState,
-    /// The execution's owner, whose quota slot the terminal event releases.
-    owner: Tenant,
+    pub state: AppState,
     _permit: OwnedSemaphorePermit,
-    done: bool,
+    /// Set once the body must end: after an error, or (for a projection that says so) the
+    /// terminal event.
+    pub done: bool,
 }
 
-impl Drop for Projection {
+/// What [`LogFeed::wait`] saw first.
+#[derive(Debug)]
+pub enum Waited {
+    /// The next record; `None` at the end of the subscription.
+    Record(Option<Result<Arc<EventRecord>, StoreError>>),
+    /// Nothing for the keep-alive period: send [`KEEP_ALIVE`].
+    Idle,
+    /// The gateway shuts down its streams.
+    Closed,
+}
+
+impl LogFeed {
+    pub fn open(state: &AppState, records: EventStream, permit: OwnedSemaphorePermit) -> Self {
+        state.metrics().stream_opened();
+        Self {
+            records: records.fuse(),
+            keep_alive: state.inner.limits.keep_alive,
+            close: state.inner.close_streams.clone(),
+            state: state.clone(),
+            _permit: permit,
+            done: false,
+        }
+    }
+
+    /// Waits for the next record, the keep-alive period or the shutdown signal, whichever
+    /// comes first (shutdown wins a tie).
+    pub async fn wait(&mut self) -> Waited {
+        tokio::select! {
+            biased;
+            () = self.close.cancelled() => Waited::Closed,
+            item = self.records.next() => Waited::Record(item),
+            () = tokio::time::sleep(self.keep_alive) => Waited::Idle,
+        }
+    }
+
+    /// The next record if it is available now, without waiting (to coalesce a batch).
+    pub fn ready(&mut self) -> Option<Result<Arc<EventRecord>, StoreError>> {
+        self.records.next().now_or_never().flatten()
+    }
+}
+
+impl Drop for LogFeed {
     fn drop(&mut self) {
         self.state.metrics().stream_closed();
+    }
+}
+
+/// What writes a body's frames from a [`LogFeed`], one chunk at a time.
+pub trait Projector: Send + 'static {
+    /// The next body chunk read from `feed`; `None` ends the body, an error aborts the
+    /// connection.
+    fn next_chunk(
+        &mut self,
+        feed: &mut LogFeed,
+    ) -> impl Future<Output = Option<Result<Bytes, StreamAborted>>> + Send;
+}
+
+/// A `200 text/event-stream` response whose body `projector` writes from `feed`; it ends at
+/// the first error or once the feed is done.
+pub fn projected_response(feed: LogFeed, projector: impl Projector) -> Response {
+    let body = futures_util::stream::unfold((feed, projector), |(mut feed, mut p)| async move {
+        if feed.done {
+            return None;
+        }
+        let chunk = p.next_chunk(&mut feed).await?;
+        if chunk.is_err() {
+            feed.done = true;
+        }
+        Some((chunk, (feed, p)))
+    });
+    event_stream_response(body)
+}
+
+/// The native projection of one execution's log.
+struct Projection {
+    /// The execution streamed, named by the stream's log lines.
+    id: ExecutionId,
+    /// The execution's owner, whose quota slot the terminal event releases.
+    owner: Tenant,
+}
+
+impl Projector for Projection {
+    async fn next_chunk(&mut self, feed: &mut LogFeed) -> Option<Result<Bytes, StreamAborted>> {
+        let first = match feed.wait().await {
+            Waited::Record(item) => item?,
+            Waited::Idle => return Some(Ok(Bytes::from_static(KEEP_ALIVE))),
+            Waited::Closed => return None,
+        };
+        let mut out = String::new();
+        let mut sent = 0u64;
+        let mut ended = None;
+        let mut item = Some(first);
+        while let Some(next) = item.take() {
+            let record = match next {
+                Ok(record) => record,
+                Err(e) => {
+                    tracing::warn!(execution_id = %self.id, error = %e, "event stream failed after headers");
+                    return Some(Err(StreamAborted));
+                }
+            };
+            let Ok(json) = std::str::from_utf8(&record.json) else {
+                return Some(Err(StreamAborted));
+            };
+            protocol::sse::write_event_frame(
+                &mut out,
+                record.sequence().get(),
+                record.event.type_name(),
+                json,
+            );
+            sent += 1;
+            if record.event.is_terminal() {
+                ended = Some(record.event.execution_id);
+            }
+            if out.len() >= BATCH_BYTES {
+                break;
+            }
+            // Coalesce events that are already available, without waiting.
+            item = feed.ready();
+        }
+        if let Some(id) = ended {
+            crate::quota::release(&feed.state, &self.owner, id).await;
+        }
+        feed.state.metrics().events_sent(sent);
+        Some(Ok(Bytes::from(out)))
     }
 }
 
@@ -65,28 +196,8 @@ pub fn sse_response(
     permit: OwnedSemaphorePermit,
     owner: Tenant,
 ) -> Response {
-    state.metrics().stream_opened();
-    let projection = Projection {
-        id,
-        records: records.fuse(),
-        keep_alive: state.inner.limits.keep_alive,
-        close: state.inner.close_streams.clone(),
-        state: state.clone(),
-        owner,
-        _permit: permit,
-        done: false,
-    };
-    let body = futures_util::stream::unfold(projection, |mut p| async move {
-        if p.done {
-            return None;
-        }
-        let chunk = next_chunk(&mut p).await?;
-        if chunk.is_err() {
-            p.done = true;
-        }
-        Some((chunk, p))
-    });
-    event_stream_response(body)
+    let feed = LogFeed::open(state, records, permit);
+    projected_response(feed, Projection { id, owner })
 }
 
 /// A `200 text/event-stream` response whose body is `chunks` (an error ends it, aborting the
@@ -117,49 +228,4 @@ pub fn empty_sse_response() -> Response {
     );
     headers.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
     response
-}
-
-async fn next_chunk(p: &mut Projection) -> Option<Result<Bytes, StreamAborted>> {
-    let first = tokio::select! {
-        biased;
-        () = p.close.cancelled() => return None,
-        item = p.records.next() => item?,
-        () = tokio::time::sleep(p.keep_alive) => return Some(Ok(Bytes::from_static(KEEP_ALIVE))),
-    };
-    let mut out = String::new();
-    let mut sent = 0u64;
-    let mut ended = None;
-    let mut item = Some(first);
-    while let Some(next) = item.take() {
-        let record = match next {
-            Ok(record) => record,
-            Err(e) => {
-                tracing::warn!(execution_id = %p.id, error = %e, "event stream failed after headers");
-                return Some(Err(StreamAborted));
-            }
-        };
-        let Ok(json) = std::str::from_utf8(&record.json) else {
-            return Some(Err(StreamAborted));
-        };
-        protocol::sse::write_event_frame(
-            &mut out,
-            record.sequence().get(),
-            record.event.type_name(),
-            json,
-        );
-        sent += 1;
-        if record.event.is_terminal() {
-            ended = Some(record.event.execution_id);
-        }
-        if out.len() >= BATCH_BYTES {
-            break;
-        }
-        // Coalesce events that are already available, without waiting.
-        item = p.records.next().now_or_never().flatten();
-    }
-    if let Some(id) = ended {
-        crate::quota::release(&p.state, &p.owner, id).await;
-    }
-    p.state.metrics().events_sent(sent);
-    Some(Ok(Bytes::from(out)))
 }

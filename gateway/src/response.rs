@@ -1,4 +1,5 @@
-//! JSON response construction and the headers every response carries.
+//! JSON response construction (error responses of both APIs included) and the headers every
+//! response carries.
 
 use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -25,6 +26,27 @@ pub fn json_response<T: Serialize>(status: StatusCode, body: &T) -> Response {
     let mut response = Response::new(Body::from(bytes));
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, JSON);
+    response
+}
+
+/// An error response in either API's shape (`body`): `Retry-After` when the refusal says when
+/// to come back, and `WWW-Authenticate: Bearer` on a 401.
+pub fn error_response<T: Serialize>(
+    status: StatusCode,
+    body: &T,
+    retry_after_secs: Option<u64>,
+) -> Response {
+    let mut response = json_response(status, body);
+    if let Some(secs) = retry_after_secs {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    if status == StatusCode::UNAUTHORIZED {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
     response
 }
 

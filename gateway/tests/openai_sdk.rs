@@ -8,11 +8,10 @@
 
 mod support;
 
-use std::process::Command;
-
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::*;
+use testkit::openai_sdk::{NODE_CASES, PYTHON_CASES, Sdk};
 
 fn api_key(tenant: &str) -> String {
     format!("mrt-openai-test-{tenant}-5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d")
@@ -41,96 +40,38 @@ async fn gateway() -> Gateway {
     .await
 }
 
-/// Whether the SDK is installed (`scripts/test.sh` installs it; a bare `cargo test` on a
-/// machine without it fails with this message rather than an obscure import error).
-fn python_with_sdk() -> bool {
-    Command::new("python3")
-        .args(["-c", "import openai"])
-        .status()
-        .is_ok_and(|s| s.success())
+/// Runs `sdk`'s check script against a fresh [`gateway`] with the key of each `(variable,
+/// tenant)`, and asserts that it passed `cases`.
+async fn check_sdk(sdk: Sdk, keys: &[(&'static str, &str)], cases: &[&str]) {
+    sdk.assert_installed();
+    let gw = gateway().await;
+    let mut env = vec![("OPENAI_BASE_URL", gw.url("/v1"))];
+    env.extend(
+        keys.iter()
+            .map(|(variable, tenant)| (*variable, api_key(tenant))),
+    );
+    let output = sdk.spawn(env).await.unwrap();
+    sdk.assert_passed(&output, cases, "");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_python_sdk_works_unchanged() {
-    assert!(
-        python_with_sdk(),
-        "the openai Python package is missing: run scripts/test.sh, which installs it"
-    );
-    let gw = gateway().await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai/sdk_check.py");
-    let base = gw.url("/v1");
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new("python3")
-            .arg(script)
-            .env("OPENAI_BASE_URL", base)
-            .env("MRT_KEY", api_key("acme"))
-            .env("MRT_OTHER_KEY", api_key("other"))
-            .env("MRT_LIMITED_KEY", api_key("limited"))
-            .env_remove("OPENAI_API_KEY")
-            .output()
-            .expect("run python3")
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    for case in [
-        "create_plain",
-        "create_stream",
-        "background",
-        "resume",
-        "stream_helper",
-        "cancel",
-        "chat",
-        "models",
-        "idempotency",
-        "errors",
-    ] {
-        assert!(
-            stdout.contains(&format!("ok {case}\n")),
-            "{case}:\n{stdout}"
-        );
-    }
+    let keys = [
+        ("MRT_KEY", "acme"),
+        ("MRT_OTHER_KEY", "other"),
+        ("MRT_LIMITED_KEY", "limited"),
+    ];
+    check_sdk(Sdk::Python, &keys, &PYTHON_CASES).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_node_sdk_works_unchanged() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai");
-    assert!(
-        std::path::Path::new(dir)
-            .join("node_modules/openai")
-            .exists(),
-        "the openai npm package is missing: run scripts/test.sh, which installs it"
-    );
-    let gw = gateway().await;
-    let base = gw.url("/v1");
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new("node")
-            .arg(format!("{dir}/sdk_check.cjs"))
-            .env("OPENAI_BASE_URL", base)
-            .env("MRT_KEY", api_key("acme"))
-            .env_remove("OPENAI_API_KEY")
-            .output()
-            .expect("run node")
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    for case in ["create", "stream", "background", "resume", "cancel"] {
-        assert!(
-            stdout.contains(&format!("ok {case}\n")),
-            "{case}:\n{stdout}"
-        );
-    }
+    check_sdk(Sdk::Node, &[("MRT_KEY", "acme")], &NODE_CASES).await;
+}
+
+/// A Responses request saying "hi" to `model`.
+fn say_hi(model: &str) -> Value {
+    json!({"model": model, "input": "hi"})
 }
 
 async fn post(gw: &Gateway, path: &str, key: Option<&str>, body: &Value) -> reqwest::Response {
@@ -141,18 +82,22 @@ async fn post(gw: &Gateway, path: &str, key: Option<&str>, body: &Value) -> reqw
     request.send().await.unwrap()
 }
 
+/// The status and JSON body of `GET path`, with `key` as the bearer token if there is one.
+async fn get(gw: &Gateway, path: &str, key: Option<&str>) -> (StatusCode, Value) {
+    let mut request = gw.client.get(gw.url(path));
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await.unwrap();
+    (response.status(), response.json().await.unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_take_openai_shape_and_echo_nothing_while_native_routes_keep_theirs() {
     let gw = gateway().await;
     let acme = api_key("acme");
     // 401 on an OpenAI route: OpenAI's shape and WWW-Authenticate.
-    let r = post(
-        &gw,
-        "/v1/responses",
-        None,
-        &json!({"model": "model-alpha", "input": "hi"}),
-    )
-    .await;
+    let r = post(&gw, "/v1/responses", None, &say_hi("model-alpha")).await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(r.headers()["www-authenticate"], "Bearer");
     let body: Value = r.json().await.unwrap();
@@ -211,27 +156,13 @@ async fn errors_take_openai_shape_and_echo_nothing_while_native_routes_keep_thei
         "nope",
         "%ff%fe",
     ] {
-        let r = gw
-            .client
-            .get(gw.url(&format!("/v1/responses/{id}")))
-            .bearer_auth(&acme)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), StatusCode::NOT_FOUND);
-        let body: Value = r.json().await.unwrap();
+        let (status, body) = get(&gw, &format!("/v1/responses/{id}"), Some(&acme)).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
         assert_eq!(body["error"]["type"], "not_found_error");
     }
     // Unknown routes below the OpenAI ones answer in OpenAI's shape too.
-    let r = gw
-        .client
-        .get(gw.url("/v1/responses/resp_x/input_items"))
-        .bearer_auth(&acme)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::NOT_FOUND);
-    let body: Value = r.json().await.unwrap();
+    let (status, body) = get(&gw, "/v1/responses/resp_x/input_items", Some(&acme)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(body["error"]["type"], "not_found_error");
 }
 
@@ -239,66 +170,25 @@ async fn errors_take_openai_shape_and_echo_nothing_while_native_routes_keep_thei
 async fn an_execution_made_through_one_api_reads_through_the_other() {
     let gw = gateway().await;
     let acme = api_key("acme");
-    let r = post(
-        &gw,
-        "/v1/responses",
-        Some(&acme),
-        &json!({"model": "model-alpha", "input": "hi"}),
-    )
-    .await;
+    let r = post(&gw, "/v1/responses", Some(&acme), &say_hi("model-alpha")).await;
     assert_eq!(r.status(), StatusCode::OK);
     let response: Value = r.json().await.unwrap();
     assert_eq!(response["status"], "completed");
-    let hex = response["id"]
-        .as_str()
-        .unwrap()
-        .trim_start_matches("resp_")
-        .to_owned();
-    let native = format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    );
-    let snapshot: Value = gw
-        .client
-        .get(gw.url(&format!("/v1/executions/{native}")))
-        .bearer_auth(&acme)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let hex = response["id"].as_str().unwrap().trim_start_matches("resp_");
+    let native = uuid::Uuid::parse_str(hex).unwrap();
+    let (_, snapshot) = get(&gw, &format!("/v1/executions/{native}"), Some(&acme)).await;
     assert_eq!(snapshot["status"], "succeeded");
     assert_eq!(snapshot["result"]["outputs"][0]["text"], "hello from mock");
     // And a native execution reads as a Response, by either id.
-    let submitted: Value = gw
-        .client
-        .post(gw.url("/v1/executions"))
-        .bearer_auth(&acme)
-        .json(&text_request("hi"))
-        .send()
+    let submitted: Value = post(&gw, "/v1/executions", Some(&acme), &text_request("hi"))
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
     let id = submitted["execution_id"].as_str().unwrap().to_owned();
     let deadline = std::time::Instant::now() + WAIT;
     loop {
-        let r: Value = gw
-            .client
-            .get(gw.url(&format!("/v1/responses/{id}")))
-            .bearer_auth(&acme)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let (_, r) = get(&gw, &format!("/v1/responses/{id}"), Some(&acme)).await;
         assert_eq!(r["object"], "response");
         assert_eq!(r["id"], format!("resp_{}", id.replace('-', "")));
         if r["status"] == "completed" {
@@ -309,16 +199,7 @@ async fn an_execution_made_through_one_api_reads_through_the_other() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     // Models list in OpenAI's shape.
-    let models: Value = gw
-        .client
-        .get(gw.url("/v1/models"))
-        .bearer_auth(&acme)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, models) = get(&gw, "/v1/models", Some(&acme)).await;
     assert_eq!(models["object"], "list");
     assert_eq!(
         models["data"][0],
@@ -342,7 +223,7 @@ async fn model_names_a_provider_and_fallback_stays_within_the_model() {
     ))
     .await;
     let create = |model: &str| {
-        let body = json!({"model": model, "input": "hi"});
+        let body = say_hi(model);
         let gw = &gw;
         async move {
             let r = post(gw, "/v1/responses", None, &body).await;
@@ -359,15 +240,7 @@ async fn model_names_a_provider_and_fallback_stays_within_the_model() {
         "fell back to the other provider of the model"
     );
     assert_eq!(body["model"], "model-beta");
-    let models: Value = gw
-        .client
-        .get(gw.url("/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, models) = get(&gw, "/v1/models", None).await;
     let ids: Vec<&str> = models["data"]
         .as_array()
         .unwrap()
@@ -387,13 +260,7 @@ async fn model_names_a_provider_and_fallback_stays_within_the_model() {
         json!({}),
     ))
     .await;
-    let r = post(
-        &gw2,
-        "/v1/responses",
-        None,
-        &json!({"model": "model-beta", "input": "hi"}),
-    )
-    .await;
+    let r = post(&gw2, "/v1/responses", None, &say_hi("model-beta")).await;
     let body: Value = r.json().await.unwrap();
     assert_eq!(
         body["status"], "failed",

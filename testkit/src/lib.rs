@@ -10,6 +10,8 @@
 //!   provider's wire format.
 //! - [`logs`] (feature `logs`): capture of the log lines a test produces.
 //! - [`jetstream`] (feature `jetstream`): what a JetStream server holds, for assertions.
+//! - [`openai_sdk`] (feature `openai-sdk`): the official `openai` SDKs' check scripts run
+//!   against a gateway.
 //! - [`canary`]: the assertion that a planted secret never comes back out.
 //! - [`KillOnDrop`]: a child process that cannot outlive its owner.
 //!
@@ -30,6 +32,8 @@ pub mod gateway;
 pub mod jetstream;
 #[cfg(feature = "logs")]
 pub mod logs;
+#[cfg(feature = "openai-sdk")]
+pub mod openai_sdk;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -9,12 +9,11 @@
 //! received bodies show what the OpenAI request became.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::process::Command;
-
 use e2e_tests::*;
 use serde_json::{Value, json};
 use testkit::fake_provider::{FakeProvider, Piece, Received, Reply};
 use testkit::gateway::auth_matrix;
+use testkit::openai_sdk::{NODE_CASES, PYTHON_CASES, Sdk};
 
 /// One Chat Completions stream frame of the fixture with this `delta` and `finish_reason`.
 fn frame(delta: Value, finish: Option<&str>) -> String {
@@ -60,13 +59,8 @@ fn api_key(tenant: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_python_and_node_sdks_work_across_gateways() {
-    let sdk = Command::new("python3")
-        .args(["-c", "import openai"])
-        .status();
-    assert!(
-        sdk.is_ok_and(|s| s.success()),
-        "the openai Python package is missing: run scripts/test.sh, which installs it"
-    );
+    Sdk::Python.assert_installed();
+    Sdk::Node.assert_installed();
     let mock = |id: &str, model: &str, chunks: Vec<&str>, delay_ms: u64| {
         json!({"type": "mock", "id": id, "model": model, "abilities": ["text-generation"],
                "chunks": chunks, "delay_ms": delay_ms, "max_concurrency": 64, "max_queue_depth": 256})
@@ -94,83 +88,27 @@ async fn the_official_python_and_node_sdks_work_across_gateways() {
     let g1 = cluster.gateway();
     let g2 = cluster.gateway();
     let _worker = cluster.worker();
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../gateway/tests/openai/sdk_check.py"
-    );
     let (first, second) = (format!("{}/v1", g1.url), format!("{}/v1", g2.url));
-    let node_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../gateway/tests/openai");
-    assert!(
-        std::path::Path::new(node_dir)
-            .join("node_modules/openai")
-            .exists(),
-        "the openai npm package is missing: run scripts/test.sh, which installs it"
-    );
-    let (node_first, node_second) = (first.clone(), second.clone());
-    let node = tokio::task::spawn_blocking(move || {
-        Command::new("node")
-            .arg(format!("{node_dir}/sdk_check.cjs"))
-            .env("OPENAI_BASE_URL", node_first)
-            .env("MRT_SECOND_BASE_URL", node_second)
-            .env("MRT_KEY", api_key("acme"))
-            .env_remove("OPENAI_API_KEY")
-            .output()
-            .expect("run node")
-    });
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new("python3")
-            .arg(script)
-            .env("OPENAI_BASE_URL", first)
-            .env("MRT_SECOND_BASE_URL", second)
-            .env("MRT_TOOL_MODEL", "tool-model")
-            .env("MRT_KEY", api_key("acme"))
-            .env("MRT_OTHER_KEY", api_key("other"))
-            .env("MRT_LIMITED_KEY", api_key("limited"))
-            .env_remove("OPENAI_API_KEY")
-            .output()
-            .expect("run python3")
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{stderr}\ngateway log:\n{}",
-        g1.process.log_text()
-    );
-    for case in [
-        "create_plain",
-        "create_stream",
-        "background",
-        "resume",
-        "stream_helper",
-        "cancel",
-        "chat",
-        "models",
-        "idempotency",
-        "errors",
-        "resume_elsewhere",
-        "tool_round_trip",
-    ] {
-        assert!(
-            stdout.contains(&format!("ok {case}\n")),
-            "{case}:\n{stdout}"
-        );
-    }
-    let node = node.await.unwrap();
-    let node_out = String::from_utf8_lossy(&node.stdout);
-    assert!(
-        node.status.success(),
-        "node stdout:\n{node_out}\nstderr:\n{}",
-        String::from_utf8_lossy(&node.stderr)
-    );
-    for case in ["create", "stream", "background", "resume", "cancel"] {
-        assert!(
-            node_out.contains(&format!("ok {case}\n")),
-            "node {case}:\n{node_out}"
-        );
-    }
+    let node = Sdk::Node.spawn(vec![
+        ("OPENAI_BASE_URL", first.clone()),
+        ("MRT_SECOND_BASE_URL", second.clone()),
+        ("MRT_KEY", api_key("acme")),
+    ]);
+    let output = Sdk::Python
+        .spawn(vec![
+            ("OPENAI_BASE_URL", first),
+            ("MRT_SECOND_BASE_URL", second),
+            ("MRT_TOOL_MODEL", "tool-model".into()),
+            ("MRT_KEY", api_key("acme")),
+            ("MRT_OTHER_KEY", api_key("other")),
+            ("MRT_LIMITED_KEY", api_key("limited")),
+        ])
+        .await
+        .unwrap();
+    let cases = [&PYTHON_CASES[..], &["resume_elsewhere", "tool_round_trip"]].concat();
+    let log = format!("gateway log:\n{}", g1.process.log_text());
+    Sdk::Python.assert_passed(&output, &cases, &log);
+    Sdk::Node.assert_passed(&node.await.unwrap(), &NODE_CASES, "");
     // What the OpenAI requests became at the provider: the tools in Chat Completions' shape,
     // and the tool's output carried in the follow-up's input.
     let bodies: Vec<Value> = fixture.received().iter().map(Received::json).collect();

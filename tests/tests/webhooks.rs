@@ -39,6 +39,16 @@ struct Receiver {
     _process: KillOnDrop,
 }
 
+/// A fresh directory for a test's files, and a receiver on a free port recording what it is
+/// sent to `received.jsonl` there: the directory, that file, the port and the receiver.
+fn receiving() -> (TempDir, PathBuf, u16, Receiver) {
+    let logs = TempDir::new("mrt-webhooks-");
+    let log = logs.path().join("received.jsonl");
+    let port = free_port();
+    let receiver = Receiver::start(port, &log);
+    (logs, log, port, receiver)
+}
+
 impl Receiver {
     fn start(port: u16, log: &Path) -> Self {
         let mut child = Command::new("python3")
@@ -123,6 +133,25 @@ fn with_secrets(cluster: &mut Cluster) {
 }
 
 /// Submits `text_request` as the bearer of `key` (if any); returns the execution id.
+/// The `gateway` binary in embedded mode (`memory` backend) with deployment `config` and both
+/// test secrets, its files under `logs`; returns it and its base URL.
+fn embedded_gateway(logs: &TempDir, config: &Value) -> (Process, String) {
+    let config_path = logs.path().join("deployment.json");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let env: Vec<(String, String)> = vec![
+        ("MODEL_RUNTIME_BACKEND".into(), "memory".into()),
+        (
+            "MODEL_RUNTIME_CONFIG".into(),
+            config_path.display().to_string(),
+        ),
+        ("MRT_TEST_OLD_SECRET".into(), OLD_SECRET.into()),
+        ("MRT_TEST_NEW_SECRET".into(), NEW_SECRET.into()),
+    ];
+    let (gateway, line) = spawn("gateway", &["--port", "0"], &env, "listening on ", logs);
+    let url = line.trim_start_matches("listening on ").trim().to_owned();
+    (gateway, url)
+}
+
 async fn submit_as(base: &str, key: Option<&str>) -> String {
     let mut request = client()
         .post(format!("{base}/v1/executions"))
@@ -159,10 +188,7 @@ fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
 async fn every_terminal_event_reaches_its_tenants_endpoint_signed_and_only_that_one() {
     const ACME_EXECUTIONS: usize = 200;
     const BETA_EXECUTIONS: usize = 20;
-    let logs = TempDir::new("mrt-webhooks-");
-    let log = logs.path().join("received.jsonl");
-    let port = free_port();
-    let _receiver = Receiver::start(port, &log);
+    let (_logs, log, port, _receiver) = receiving();
     let base = format!("http://127.0.0.1:{port}");
     let (acme_key, beta_key) = (
         "mrt_test_acme_key_0123456789",
@@ -322,10 +348,7 @@ async fn failures_are_retried_with_the_same_id_and_a_dead_endpoint_delays_no_oth
     // More than a process's attempt slots per endpoint (16): were slots shared between
     // endpoints, the dead endpoint's hanging attempts would take them all.
     const EXECUTIONS: usize = 20;
-    let logs = TempDir::new("mrt-webhooks-");
-    let log = logs.path().join("received.jsonl");
-    let port = free_port();
-    let _receiver = Receiver::start(port, &log);
+    let (_logs, log, port, _receiver) = receiving();
     let base = format!("http://127.0.0.1:{port}");
     let dead = Blackhole::start();
     // No auth: top-level endpoints belong to tenant `default`.
@@ -534,29 +557,14 @@ async fn a_receiver_down_then_back_and_a_worker_killed_mid_delivery_lose_nothing
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_mode_delivers_signed_outcomes() {
-    let logs = TempDir::new("mrt-webhooks-");
-    let log = logs.path().join("received.jsonl");
-    let port = free_port();
-    let _receiver = Receiver::start(port, &log);
-    let config_path = logs.path().join("deployment.json");
+    let (logs, log, port, _receiver) = receiving();
     let config = json!({
         "providers": [mock(0)],
         "webhook_retry_schedule_ms": [100, 100],
         "webhooks": [endpoint("main", &format!("http://127.0.0.1:{port}/flaky"),
                               &["execution.completed", "execution.failed"])]
     });
-    std::fs::write(&config_path, config.to_string()).unwrap();
-    let env: Vec<(String, String)> = vec![
-        ("MODEL_RUNTIME_BACKEND".into(), "memory".into()),
-        (
-            "MODEL_RUNTIME_CONFIG".into(),
-            config_path.display().to_string(),
-        ),
-        ("MRT_TEST_OLD_SECRET".into(), OLD_SECRET.into()),
-        ("MRT_TEST_NEW_SECRET".into(), NEW_SECRET.into()),
-    ];
-    let (_gateway, line) = spawn("gateway", &["--port", "0"], &env, "listening on ", &logs);
-    let url = line.trim_start_matches("listening on ").trim().to_owned();
+    let (_gateway, url) = embedded_gateway(&logs, &config);
     let mut ids = BTreeSet::new();
     for _ in 0..5 {
         ids.insert(submit_as(&url, None).await);
@@ -621,11 +629,7 @@ fn a_missing_secret_stops_the_start_naming_the_field_never_a_value() {
 async fn gone_stops_an_endpoint_redirects_fail_and_an_exhausted_schedule_abandons_with_a_log_line()
 {
     const EXECUTIONS: usize = 3;
-    let logs = TempDir::new("mrt-webhooks-");
-    let log = logs.path().join("received.jsonl");
-    let port = free_port();
-    let _receiver = Receiver::start(port, &log);
-    let config_path = logs.path().join("deployment.json");
+    let (logs, log, port, _receiver) = receiving();
     let config = json!({
         "providers": [mock(0)],
         // No retry: the first failure abandons the delivery.
@@ -638,18 +642,7 @@ async fn gone_stops_an_endpoint_redirects_fail_and_an_exhausted_schedule_abandon
                      &["execution.completed"]),
         ]
     });
-    std::fs::write(&config_path, config.to_string()).unwrap();
-    let env: Vec<(String, String)> = vec![
-        ("MODEL_RUNTIME_BACKEND".into(), "memory".into()),
-        (
-            "MODEL_RUNTIME_CONFIG".into(),
-            config_path.display().to_string(),
-        ),
-        ("MRT_TEST_OLD_SECRET".into(), OLD_SECRET.into()),
-        ("MRT_TEST_NEW_SECRET".into(), NEW_SECRET.into()),
-    ];
-    let (gateway, line) = spawn("gateway", &["--port", "0"], &env, "listening on ", &logs);
-    let url = line.trim_start_matches("listening on ").trim().to_owned();
+    let (gateway, url) = embedded_gateway(&logs, &config);
     let mut ids = Vec::new();
     for _ in 0..EXECUTIONS {
         let id = submit_as(&url, None).await;
@@ -744,10 +737,7 @@ async fn submit_through_elections(base: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_death_of_a_nats_node_loses_no_delivery_and_two_workers_share_them() {
     const EXECUTIONS: usize = 20;
-    let logs = TempDir::new("mrt-webhooks-");
-    let log = logs.path().join("received.jsonl");
-    let port = free_port();
-    let _receiver = Receiver::start(port, &log);
+    let (logs, log, port, _receiver) = receiving();
     let mut nats = testkit::NatsCluster::start(3);
     let redis = testkit::RedisServer::start();
     let config_path = logs.path().join("deployment.json");

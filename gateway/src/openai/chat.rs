@@ -163,27 +163,12 @@ impl Chunks {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use protocol::{ExecutionId, Sequence, Target, Timestamp};
-
+    use super::super::fixture::says_hi_then;
     use super::*;
 
     #[test]
     fn chunks_carry_role_content_tool_calls_by_index_finish_and_usage() {
-        let id = ExecutionId::new_random();
-        let target = Target {
-            provider: "p".into(),
-            model: "m".into(),
-        };
-        let bodies = vec![
-            EventBody::Accepted,
-            EventBody::RouteSelected {
-                target: target.clone(),
-                attempt: 1,
-            },
-            EventBody::OutputDelta {
-                output_index: 0,
-                delta: "hi".into(),
-            },
+        let log = says_hi_then(vec![
             EventBody::ToolCallStarted {
                 call_id: "call_1".into(),
                 name: "f".into(),
@@ -192,18 +177,11 @@ mod tests {
                 call_id: "call_1".into(),
                 delta: "{\"a\":1}".into(),
             },
-            EventBody::Completed { target },
-        ];
+        ]);
         let mut chunks = Chunks::new(true);
         let mut out = Vec::new();
-        for (i, body) in bodies.into_iter().enumerate() {
-            let e = RuntimeEvent::new(
-                id,
-                Sequence(i as u64 + 1),
-                Timestamp::from_unix_millis(0),
-                body,
-            );
-            chunks.apply(&e, &mut out);
+        for e in &log {
+            chunks.apply(e, &mut out);
         }
         let deltas: Vec<&Value> = out.iter().map(|c| &c["choices"][0]["delta"]).collect();
         assert_eq!(*deltas[0], json!({"role": "assistant", "content": ""}));

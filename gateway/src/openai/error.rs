@@ -8,13 +8,13 @@
 //! of the fixed sentences below. `param` names a request field only by its fixed name; nothing
 //! of the caller's request is ever echoed.
 
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use protocol::{ErrorCode, RuntimeError};
 use serde::Serialize;
 
 use crate::error::ApiError;
-use crate::response::json_response;
+use crate::response::error_response;
 
 /// OpenAI's error `type`s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -199,18 +199,7 @@ impl IntoResponse for OpenAiError {
         if let Some(detail) = &self.internal {
             tracing::error!(error = %detail, "internal error");
         }
-        let mut response = json_response(self.status, &self.body());
-        if let Some(secs) = self.retry_after {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        if self.status == StatusCode::UNAUTHORIZED {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        response
+        error_response(self.status, &self.body(), self.retry_after)
     }
 }
 
@@ -218,6 +207,8 @@ impl IntoResponse for OpenAiError {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use std::time::Duration;
+
+    use axum::http::header;
 
     use super::*;
 

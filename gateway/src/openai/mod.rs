@@ -17,6 +17,8 @@
 
 pub mod chat;
 pub mod error;
+#[cfg(test)]
+mod fixture;
 pub mod id;
 pub mod model;
 pub mod projection;

@@ -435,25 +435,10 @@ pub fn was_cancelled(error: Option<&RuntimeError>) -> bool {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use protocol::{Sequence, Target, Timestamp, UsageFact, UsageSource, UsageUnit};
+    use protocol::{Target, UsageFact, UsageSource, UsageUnit};
 
+    use super::super::fixture::log;
     use super::*;
-
-    fn log(bodies: Vec<EventBody>) -> Vec<RuntimeEvent> {
-        let id = ExecutionId::new_random();
-        bodies
-            .into_iter()
-            .enumerate()
-            .map(|(i, b)| {
-                RuntimeEvent::new(
-                    id,
-                    Sequence(i as u64 + 1),
-                    Timestamp::from_unix_millis(5_000),
-                    b,
-                )
-            })
-            .collect()
-    }
 
     fn target() -> Target {
         Target {

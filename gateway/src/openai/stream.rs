@@ -3,31 +3,27 @@
 //! projected from the store's subscription to an execution's log.
 //!
 //! Backpressure, batching, keep-alives, the stream slot and the shutdown signal work as in
-//! the native projection (`crate::events`): the body is pulled only as fast as the socket
+//! the native projection, whose [`LogFeed`] and [`Projector`] this module uses: the body is pulled only as fast as the socket
 //! drains, events already available are coalesced, and a store failure after the headers
 //! aborts the connection so the client sees a truncation and resumes. The one decision a reader
 //! must know: a Responses stream always reads the log from its start, whatever the cursor, and
 //! only drops the events numbered at or below `starting_after` ([`super::projection`]), so
 //! the numbering does not depend on where a reader joined.
 
-use std::time::Duration;
-
 use axum::response::Response;
 use bytes::Bytes;
-use futures_util::{FutureExt, StreamExt};
 use protocol::{ExecutionStatus, RuntimeEvent};
 use runtime::EventStream;
 use serde_json::Value;
 use tokio::sync::OwnedSemaphorePermit;
-use tokio_util::sync::CancellationToken;
 
 use super::chat::Chunks;
 use super::error::OpenAiError;
 use super::projection::Projection;
-use crate::events::{BATCH_BYTES, StreamAborted};
+use crate::events::{
+    BATCH_BYTES, KEEP_ALIVE, LogFeed, Projector, StreamAborted, Waited, projected_response,
+};
 use crate::state::AppState;
-
-const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
 
 /// Which API's frames a stream writes.
 #[derive(Debug)]
@@ -108,19 +104,53 @@ impl Grammar {
     }
 }
 
-struct Projector {
-    records: futures_util::stream::Fuse<EventStream>,
-    grammar: Grammar,
-    keep_alive: Duration,
-    close: CancellationToken,
-    state: AppState,
-    _permit: OwnedSemaphorePermit,
-    done: bool,
-}
-
-impl Drop for Projector {
-    fn drop(&mut self) {
-        self.state.metrics().stream_closed();
+impl Projector for Grammar {
+    /// The next body chunk: frames of the events available now (waiting for at least one that
+    /// writes a frame), a keep-alive when idle, `None` at the end.
+    async fn next_chunk(&mut self, feed: &mut LogFeed) -> Option<Result<Bytes, StreamAborted>> {
+        let mut out = String::new();
+        let mut sent = 0u64;
+        loop {
+            let first = match feed.wait().await {
+                Waited::Record(item) => item,
+                Waited::Idle => return Some(Ok(Bytes::from_static(KEEP_ALIVE))),
+                Waited::Closed => return None,
+            };
+            let Some(first) = first else {
+                feed.done = true;
+                break;
+            };
+            let mut item = Some(first);
+            while let Some(next) = item.take() {
+                let record = match next {
+                    Ok(record) => record,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "event stream failed after headers");
+                        return Some(Err(StreamAborted));
+                    }
+                };
+                sent += self.write(&record.event, &mut out);
+                if record.event.is_terminal() {
+                    // The tenant's quota slot is free before the client sees the end (as on the
+                    // native event stream).
+                    crate::quota::release_ended(&feed.state, record.event.execution_id).await;
+                    feed.done = true;
+                    break;
+                }
+                if out.len() >= BATCH_BYTES {
+                    break;
+                }
+                item = feed.ready();
+            }
+            if !out.is_empty() || feed.done {
+                break;
+            }
+        }
+        feed.state.metrics().events_sent(sent);
+        if out.is_empty() {
+            return None;
+        }
+        Some(Ok(Bytes::from(out)))
     }
 }
 
@@ -131,100 +161,16 @@ pub fn sse_response(
     permit: OwnedSemaphorePermit,
     grammar: Grammar,
 ) -> Response {
-    state.metrics().stream_opened();
-    let projector = Projector {
-        records: records.fuse(),
-        grammar,
-        keep_alive: state.inner.limits.keep_alive,
-        close: state.inner.close_streams.clone(),
-        state: state.clone(),
-        _permit: permit,
-        done: false,
-    };
-    let body = futures_util::stream::unfold(projector, |mut p| async move {
-        if p.done {
-            return None;
-        }
-        let chunk = next_chunk(&mut p).await?;
-        if chunk.is_err() {
-            p.done = true;
-        }
-        Some((chunk, p))
-    });
-    crate::events::event_stream_response(body)
-}
-
-/// The next body chunk: frames of the events available now (waiting for at least one that
-/// writes a frame), a keep-alive when idle, `None` at the end.
-async fn next_chunk(p: &mut Projector) -> Option<Result<Bytes, StreamAborted>> {
-    let mut out = String::new();
-    let mut sent = 0u64;
-    loop {
-        let first = tokio::select! {
-            biased;
-            () = p.close.cancelled() => return None,
-            item = p.records.next() => item,
-            () = tokio::time::sleep(p.keep_alive) => return Some(Ok(Bytes::from_static(KEEP_ALIVE))),
-        };
-        let Some(first) = first else {
-            p.done = true;
-            break;
-        };
-        let mut item = Some(first);
-        while let Some(next) = item.take() {
-            let record = match next {
-                Ok(record) => record,
-                Err(e) => {
-                    tracing::warn!(error = %e, "event stream failed after headers");
-                    return Some(Err(StreamAborted));
-                }
-            };
-            sent += p.grammar.write(&record.event, &mut out);
-            if record.event.is_terminal() {
-                // The tenant's quota slot is free before the client sees the end (as on the
-                // native event stream).
-                crate::quota::release_ended(&p.state, record.event.execution_id).await;
-                p.done = true;
-                break;
-            }
-            if out.len() >= BATCH_BYTES {
-                break;
-            }
-            item = p.records.next().now_or_never().flatten();
-        }
-        if !out.is_empty() || p.done {
-            break;
-        }
-    }
-    p.state.metrics().events_sent(sent);
-    if out.is_empty() {
-        return None;
-    }
-    Some(Ok(Bytes::from(out)))
+    projected_response(LogFeed::open(state, records, permit), grammar)
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use protocol::{EventBody, ExecutionId, RuntimeError, Sequence, Target, Timestamp};
+    use protocol::{EventBody, RuntimeError};
 
+    use super::super::fixture::{log, says_hi_then};
     use super::*;
-
-    fn log(bodies: Vec<EventBody>) -> Vec<RuntimeEvent> {
-        let id = ExecutionId::new_random();
-        bodies
-            .into_iter()
-            .enumerate()
-            .map(|(i, b)| {
-                RuntimeEvent::new(
-                    id,
-                    Sequence(i as u64 + 1),
-                    Timestamp::from_unix_millis(0),
-                    b,
-                )
-            })
-            .collect()
-    }
 
     fn written(mut grammar: Grammar, log: &[RuntimeEvent]) -> String {
         let mut out = String::new();
@@ -234,28 +180,9 @@ mod tests {
         out
     }
 
-    fn run() -> Vec<RuntimeEvent> {
-        let target = Target {
-            provider: "p".into(),
-            model: "m".into(),
-        };
-        log(vec![
-            EventBody::Accepted,
-            EventBody::RouteSelected {
-                target: target.clone(),
-                attempt: 1,
-            },
-            EventBody::OutputDelta {
-                output_index: 0,
-                delta: "hi".into(),
-            },
-            EventBody::Completed { target },
-        ])
-    }
-
     #[test]
     fn responses_frames_name_their_type_and_a_resume_starts_after_the_cursor() {
-        let log = run();
+        let log = says_hi_then(vec![]);
         let whole = written(Grammar::responses(None), &log);
         let frames: Vec<&str> = whole.split_terminator("\n\n").collect();
         for (n, frame) in frames.iter().enumerate() {
@@ -273,7 +200,7 @@ mod tests {
 
     #[test]
     fn a_chat_stream_ends_with_done_or_with_the_error() {
-        let ok = written(Grammar::Chat(Chunks::new(false)), &run());
+        let ok = written(Grammar::Chat(Chunks::new(false)), &says_hi_then(vec![]));
         assert!(ok.ends_with("data: [DONE]\n\n"), "{ok}");
         assert!(!ok.contains("event:"));
         let failed = log(vec![

@@ -1,0 +1,48 @@
+//! Execution logs for the unit tests of the OpenAI projections (`projection`, `stream`,
+//! `chat`), which all read the same shapes of log.
+
+use protocol::{EventBody, ExecutionId, RuntimeEvent, Sequence, Target, Timestamp};
+
+/// One new execution's events with `bodies`, numbered from 1, all stamped 5 s after the epoch
+/// (a Response's `created_at` of 5).
+pub fn log(bodies: Vec<EventBody>) -> Vec<RuntimeEvent> {
+    let id = ExecutionId::new_random();
+    bodies
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| {
+            RuntimeEvent::new(
+                id,
+                Sequence(i as u64 + 1),
+                Timestamp::from_unix_millis(5_000),
+                b,
+            )
+        })
+        .collect()
+}
+
+/// The provider `p`'s model `m`.
+pub fn target() -> Target {
+    Target {
+        provider: "p".into(),
+        model: "m".into(),
+    }
+}
+
+/// A run that routes to [`target`], writes `hi`, then `more`, and completes.
+pub fn says_hi_then(more: Vec<EventBody>) -> Vec<RuntimeEvent> {
+    let mut bodies = vec![
+        EventBody::Accepted,
+        EventBody::RouteSelected {
+            target: target(),
+            attempt: 1,
+        },
+        EventBody::OutputDelta {
+            output_index: 0,
+            delta: "hi".into(),
+        },
+    ];
+    bodies.extend(more);
+    bodies.push(EventBody::Completed { target: target() });
+    log(bodies)
+}
