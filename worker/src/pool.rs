@@ -173,22 +173,9 @@ async fn receive_loop(
 ) {
     let mut backoff = receive_backoff();
     loop {
-        let first = tokio::select! {
-            biased;
-            () = stop.cancelled() => return,
-            permit = Arc::clone(&slots).acquire_owned() => match permit { Ok(p) => p, Err(_) => return },
+        let Some(mut permits) = free_slots(&slots, target.share, &stop).await else {
+            return;
         };
-        // Every slot free now (up to the target's share), in one permit; a delivery splits its
-        // slot off, and those the request does not fill are released when it ends.
-        let mut permits = first;
-        let more = slots
-            .available_permits()
-            .min(target.share.saturating_sub(1));
-        if let Ok(extra) =
-            Arc::clone(&slots).try_acquire_many_owned(u32::try_from(more).unwrap_or(0))
-        {
-            permits.merge(extra);
-        }
         let deliveries = tokio::select! {
             biased;
             () = stop.cancelled() => return,
@@ -310,20 +297,9 @@ async fn source_loop(
         // Taking: the source has jobs; as many as slots are free (up to the share), never
         // waiting on the source, until a request brings fewer than it asked for.
         loop {
-            let first = tokio::select! {
-                biased;
-                () = stop.cancelled() => return,
-                permit = Arc::clone(&slots).acquire_owned() => match permit { Ok(p) => p, Err(_) => return },
+            let Some(mut permits) = free_slots(&slots, target.share, &stop).await else {
+                return;
             };
-            let mut permits = first;
-            let more = slots
-                .available_permits()
-                .min(target.share.saturating_sub(1));
-            if let Ok(extra) =
-                Arc::clone(&slots).try_acquire_many_owned(u32::try_from(more).unwrap_or(0))
-            {
-                permits.merge(extra);
-            }
             let asked = permits.num_permits();
             let mut deliveries = match queue.take_from(source, asked).await {
                 Ok(Some(d)) => d,
@@ -352,6 +328,26 @@ async fn source_loop(
             }
         }
     }
+}
+
+/// Every slot free now, up to `share` (at least one, waiting for it in turn), in one permit:
+/// a delivery splits its slot off, and those a request does not fill are released when the
+/// permit drops. `None`: the pool stopped first.
+async fn free_slots(
+    slots: &Arc<Semaphore>,
+    share: usize,
+    stop: &CancellationToken,
+) -> Option<OwnedSemaphorePermit> {
+    let mut permits = tokio::select! {
+        biased;
+        () = stop.cancelled() => return None,
+        permit = Arc::clone(slots).acquire_owned() => permit.ok()?,
+    };
+    let more = slots.available_permits().min(share.saturating_sub(1));
+    if let Ok(extra) = Arc::clone(slots).try_acquire_many_owned(u32::try_from(more).unwrap_or(0)) {
+        permits.merge(extra);
+    }
+    Some(permits)
 }
 
 /// A slot for `delivery`, a job received before one was free: waits its turn among the

@@ -4,6 +4,11 @@
 //! anything for it, and no event is ever dropped for a reader. An evicted execution's readers
 //! keep their `Arc` and finish normally.
 //!
+//! While a log is open each event is held as its record (the event and its JSON, shared by
+//! every reader). Once the log is terminal only the JSON is kept ([`Held`]): a retained
+//! execution then costs about the size of its events, and a read of it decodes them again, as
+//! a read from NATS does.
+//!
 //! A [`TerminalHook`] learns of every terminal event right after it is stored (embedded mode
 //! releases the execution's quota slot with it); it runs outside the store's locks and cannot
 //! change what was stored. A [`StoredHook`] likewise learns of every stored event with its
@@ -15,6 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use futures_util::StreamExt;
 use parking_lot::{Mutex, RwLock};
 use protocol::materialize::Materializer;
@@ -55,8 +61,43 @@ impl Default for MemoryLimits {
     }
 }
 
+/// One stored event (see the module docs).
+enum Held {
+    /// The log is open: the record readers share.
+    Record(Arc<EventRecord>),
+    /// The log is terminal: its JSON alone, decoded when read.
+    Json(Bytes),
+}
+
+impl Held {
+    fn json(&self) -> &Bytes {
+        match self {
+            Self::Record(record) => &record.json,
+            Self::Json(json) => json,
+        }
+    }
+
+    fn record(&self) -> Result<Arc<EventRecord>, StoreError> {
+        match self {
+            Self::Record(record) => Ok(Arc::clone(record)),
+            Self::Json(json) => EventRecord::decode(json.clone())
+                .map(Arc::new)
+                .ok_or_else(|| {
+                    StoreError::Misconfigured("a stored event no longer decodes".into())
+                }),
+        }
+    }
+
+    /// Keeps the JSON alone, in an allocation of its own size (the encoder's may be larger).
+    fn compact(&mut self) {
+        if let Self::Record(record) = self {
+            *self = Self::Json(Bytes::copy_from_slice(&record.json));
+        }
+    }
+}
+
 struct EntryState {
-    records: Vec<Arc<EventRecord>>,
+    records: Vec<Held>,
     /// The writer of the log's last events and the index of the first of them: a retry of
     /// one of those by the same writer, unchanged, is recognised as landed (the
     /// `append_as` contract; see [`EntryState::landed`]).
@@ -202,13 +243,13 @@ impl EntryState {
             && self
                 .records
                 .get(index)
-                .is_some_and(|stored| stored.json == EventRecord::new(event.clone()).json)
+                .is_some_and(|stored| *stored.json() == EventRecord::new(event.clone()).json)
     }
 }
 
 /// The record at `index`, waiting for it if the log is still open; `None` once the log is
 /// terminal and fully read.
-async fn next_record(entry: &Entry, index: usize) -> Option<Arc<EventRecord>> {
+async fn next_record(entry: &Entry, index: usize) -> Option<Result<Arc<EventRecord>, StoreError>> {
     loop {
         // Register interest before looking, so an append between the look and the wait
         // cannot be missed.
@@ -217,8 +258,8 @@ async fn next_record(entry: &Entry, index: usize) -> Option<Arc<EventRecord>> {
         notified.as_mut().enable();
         {
             let state = entry.state.lock();
-            if let Some(record) = state.records.get(index) {
-                return Some(Arc::clone(record));
+            if let Some(held) = state.records.get(index) {
+                return Some(held.record());
             }
             if state.materializer.is_terminal() {
                 return None;
@@ -248,7 +289,7 @@ impl EventStore for MemoryEventStore {
         let entry = Arc::new(Entry {
             owner: owner.clone(),
             state: Mutex::new(EntryState {
-                records: vec![Arc::clone(&record)],
+                records: vec![Held::Record(Arc::clone(&record))],
                 tail_writer: None,
                 materializer,
                 bytes,
@@ -295,7 +336,10 @@ impl EventStore for MemoryEventStore {
             if !state.tail_writer.is_some_and(|(w, _)| w == writer) {
                 state.tail_writer = Some((writer, state.records.len()));
             }
-            state.records.push(Arc::clone(&record));
+            state.records.push(Held::Record(Arc::clone(&record)));
+            if terminal {
+                state.records.iter_mut().for_each(Held::compact);
+            }
             state.bytes += size;
             self.inner.total_bytes.fetch_add(size, Ordering::Relaxed);
             record
@@ -333,14 +377,17 @@ impl EventStore for MemoryEventStore {
     }
 
     async fn head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
-        Ok(self.entry(id).and_then(|e| {
-            let state = e.state.lock();
-            state.records.last().map(|last| LogHead {
+        let Some(entry) = self.entry(id) else {
+            return Ok(None);
+        };
+        let last = entry.state.lock().records.last().map(Held::record);
+        last.transpose().map(|last| {
+            last.map(|last| LogHead {
                 last_sequence: last.sequence(),
                 terminal: last.event.is_terminal(),
                 last_time: last.event.time,
             })
-        }))
+        })
     }
 
     async fn read(&self, id: ExecutionId, after: Sequence, limit: usize) -> ReadResult {
@@ -351,9 +398,12 @@ impl EventStore for MemoryEventStore {
         let start = usize::try_from(after.get())
             .unwrap_or(usize::MAX)
             .min(state.records.len());
-        Ok(Some(
-            state.records[start..].iter().take(limit).cloned().collect(),
-        ))
+        state.records[start..]
+            .iter()
+            .take(limit)
+            .map(Held::record)
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
     }
 
     async fn subscribe(&self, id: ExecutionId, after: Sequence) -> SubscribeResult {
@@ -363,7 +413,7 @@ impl EventStore for MemoryEventStore {
         let start = usize::try_from(after.get()).unwrap_or(usize::MAX);
         let stream = futures_util::stream::unfold((entry, start), |(entry, index)| async move {
             let next = next_record(&entry, index).await?;
-            Some((Ok(next), (entry, index + 1)))
+            Some((next, (entry, index + 1)))
         });
         Ok(Some(stream.fuse().boxed()))
     }
@@ -376,7 +426,58 @@ impl EventStore for MemoryEventStore {
 /// The execution's full snapshot, folded from its records (the entry keeps the log rules
 /// only, see `create_owned`).
 fn full_state(entry: &Entry) -> Result<Materializer, StoreError> {
-    let state = entry.state.lock();
-    Materializer::from_events(state.records.iter().map(|r| &r.event))?
+    let records = entry
+        .state
+        .lock()
+        .records
+        .iter()
+        .map(Held::record)
+        .collect::<Result<Vec<_>, _>>()?;
+    Materializer::from_events(records.iter().map(|r| &r.event))?
         .ok_or_else(|| StoreError::Misconfigured("an execution without events".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::{completed, delta, drain, event, routed};
+
+    /// A terminal log keeps each event's JSON alone, and reads, subscriptions, the head and the
+    /// snapshot see exactly what they saw while it was open.
+    #[tokio::test]
+    async fn a_terminal_log_keeps_its_json_alone_and_reads_back_the_same() {
+        let store = MemoryEventStore::new(MemoryLimits::default());
+        let id = routed(&store).await;
+        for (seq, text) in [(3, "one "), (4, "two")] {
+            store.append(event(id, seq, delta(text))).await.unwrap();
+        }
+        let open = store.read(id, Sequence::ZERO, 100).await.unwrap().unwrap();
+        store.append(event(id, 5, completed())).await.unwrap();
+
+        let entry = store.entry(id).unwrap();
+        assert!(
+            entry
+                .state
+                .lock()
+                .records
+                .iter()
+                .all(|h| matches!(h, Held::Json(_))),
+            "a terminal log holds only JSON"
+        );
+        let closed = store.read(id, Sequence::ZERO, 100).await.unwrap().unwrap();
+        assert_eq!(closed.len(), 5);
+        assert_eq!(
+            closed[..4].iter().map(|r| &**r).collect::<Vec<_>>(),
+            open.iter().map(|r| &**r).collect::<Vec<_>>()
+        );
+        let subscribed = drain(store.subscribe(id, Sequence::ZERO).await.unwrap().unwrap()).await;
+        assert_eq!(subscribed, closed);
+        let head = store.head(id).await.unwrap().unwrap();
+        assert!(head.terminal);
+        assert_eq!(head.last_sequence.get(), 5);
+        let snapshot = store.state(id).await.unwrap().unwrap();
+        assert!(snapshot.is_terminal());
+        let result = serde_json::to_value(snapshot.result_response().unwrap()).unwrap();
+        assert!(result.to_string().contains("one two"), "{result}");
+    }
 }

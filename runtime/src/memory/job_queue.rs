@@ -322,16 +322,12 @@ mod tests {
         queue.publish(&b).await.unwrap();
         queue.publish(&anonymous).await.unwrap();
 
-        let first: Vec<ExecutionId> = queue
-            .take(4)
-            .await
-            .unwrap()
-            .unwrap()
-            .into_iter()
-            .map(|d| d.job.execution_id)
-            .collect();
+        let taken = async |max| -> Vec<ExecutionId> {
+            let taken = queue.take(max).await.unwrap().unwrap();
+            taken.into_iter().map(|d| d.job.execution_id).collect()
+        };
         assert_eq!(
-            first,
+            taken(4).await,
             [
                 backlog[0].execution_id,
                 b.execution_id,
@@ -339,14 +335,7 @@ mod tests {
                 backlog[1].execution_id
             ]
         );
-        let rest: Vec<ExecutionId> = queue
-            .take(1000)
-            .await
-            .unwrap()
-            .unwrap()
-            .into_iter()
-            .map(|d| d.job.execution_id)
-            .collect();
+        let rest = taken(1000).await;
         let expected: Vec<ExecutionId> = backlog[2..].iter().map(|j| j.execution_id).collect();
         assert_eq!(rest, expected);
         assert!(queue.take_waiting(10).is_empty());
