@@ -138,11 +138,11 @@ impl EventShards {
 
     /// The name of shard `shard`'s stream.
     pub fn stream(&self, shard: u16) -> String {
-        let upper = self.namespace.to_ascii_uppercase();
-        match shard {
-            0 => format!("{upper}_EVENTS"),
-            k => format!("{upper}_EVENTS_{k}"),
-        }
+        numbered(
+            format!("{}_EVENTS", self.namespace.to_ascii_uppercase()),
+            "_",
+            shard,
+        )
     }
 
     /// The subjects of shard `shard`'s stream (one per execution).
@@ -168,35 +168,26 @@ impl EventShards {
 
     /// The jobs stream of partition `partition`.
     pub fn jobs_stream(&self, partition: u16) -> String {
-        let upper = self.namespace.to_ascii_uppercase();
-        match partition {
-            0 => format!("{upper}_JOBS"),
-            k => format!("{upper}_JOBS_{k}"),
-        }
+        numbered(
+            format!("{}_JOBS", self.namespace.to_ascii_uppercase()),
+            "_",
+            partition,
+        )
     }
 
     /// The subject of partition `partition`'s jobs.
     pub fn jobs_subject(&self, partition: u16) -> String {
-        match partition {
-            0 => format!("{}.jobs", self.namespace),
-            k => format!("{}.jobs.{k}", self.namespace),
-        }
+        numbered(format!("{}.jobs", self.namespace), ".", partition)
     }
 
     /// The workers' durable consumer of partition `partition`'s jobs stream (of its lane 0).
     pub fn jobs_consumer(&self, partition: u16) -> String {
-        match partition {
-            0 => format!("{}_workers", self.namespace),
-            k => format!("{}_workers_{k}", self.namespace),
-        }
+        numbered(format!("{}_workers", self.namespace), "_", partition)
     }
 
     /// The subject of lane `lane` of partition `partition`'s jobs.
     pub fn jobs_lane_subject(&self, partition: u16, lane: u16) -> String {
-        match lane {
-            0 => self.jobs_subject(partition),
-            j => format!("{}.t{j}", self.jobs_subject(partition)),
-        }
+        numbered(self.jobs_subject(partition), ".t", lane)
     }
 
     /// Every lane's subject of partition `partition`'s jobs stream, lane 0 first.
@@ -208,15 +199,21 @@ impl EventShards {
 
     /// The workers' durable consumer of lane `lane` of partition `partition`.
     pub fn jobs_lane_consumer(&self, partition: u16, lane: u16) -> String {
-        match lane {
-            0 => self.jobs_consumer(partition),
-            j => format!("{}_t{j}", self.jobs_consumer(partition)),
-        }
+        numbered(self.jobs_consumer(partition), "_t", lane)
     }
 
     /// Every shard's stream, shard 0 first.
     pub fn streams(&self) -> impl Iterator<Item = String> + '_ {
         (0..self.count).map(|shard| self.stream(shard))
+    }
+}
+
+/// Member `k` of a numbered family: `base` itself for 0 (the name every namespace had before
+/// the family grew), `base{sep}{k}` after.
+fn numbered(base: String, sep: &str, k: u16) -> String {
+    match k {
+        0 => base,
+        k => format!("{base}{sep}{k}"),
     }
 }
 
