@@ -11,7 +11,7 @@ use async_nats::jetstream::{self, stream};
 use protocol::event::EventBody;
 use protocol::{ExecutionId, Sequence};
 use runtime::contract::{
-    accepted, completed, delta, drain, event as ev, job, output_usage, race_to,
+    accepted, completed, delta, drain, event as ev, job, output_usage, race_to, read,
     route_selected as route, routed,
 };
 use runtime::nats::{NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings};
@@ -35,13 +35,7 @@ fn json_of(records: &[Arc<EventRecord>]) -> Vec<String> {
 
 /// The log as stored, for comparison with what readers saw.
 async fn stored(store: &NatsEventStore, id: ExecutionId) -> Vec<String> {
-    json_of(
-        &store
-            .read(id, Sequence(0), usize::MAX)
-            .await
-            .unwrap()
-            .unwrap(),
-    )
+    json_of(&read(store, id, 0, usize::MAX).await)
 }
 
 /// Two live readers of one execution: from the start and from after sequence 2.
@@ -706,11 +700,7 @@ async fn long_logs_of_runs_read_in_one_batch_and_long_logs_of_messages_by_the_or
     append_in_runs(&store, id, writer, 3..=98, 32).await;
     store.append(ev(id, 99, completed())).await.unwrap();
     assert_eq!(stored_messages(&backend).await, 6);
-    let all = store
-        .read(id, Sequence(0), usize::MAX)
-        .await
-        .unwrap()
-        .unwrap();
+    let all = read(&store, id, 0, usize::MAX).await;
     assert_eq!(sequences(&all), (1..=99).collect::<Vec<_>>());
     let from_inside = store.subscribe(id, Sequence(70)).await.unwrap().unwrap();
     assert_eq!(
@@ -725,11 +715,7 @@ async fn long_logs_of_runs_read_in_one_batch_and_long_logs_of_messages_by_the_or
         store.append(ev(id, seq, delta("x"))).await.unwrap();
     }
     store.append(ev(id, 106, completed())).await.unwrap();
-    let all = store
-        .read(id, Sequence(0), usize::MAX)
-        .await
-        .unwrap()
-        .unwrap();
+    let all = read(&store, id, 0, usize::MAX).await;
     assert_eq!(sequences(&all), (1..=106).collect::<Vec<_>>());
     for after in [0u64, 3, 70, 104] {
         let stream = store.subscribe(id, Sequence(after)).await.unwrap().unwrap();

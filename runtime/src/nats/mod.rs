@@ -425,27 +425,21 @@ pub async fn recorded_event_shards(
     Ok(exists.then_some(events))
 }
 
-/// The shards `{NS}_EVENTS` records (see `shards::agree`), checked against what `s` asks for,
+/// The shards `{NS}_EVENTS` records (see `shards::RecordedCount`), checked against what `s` asks for,
 /// and whether that stream exists yet.
 async fn agreed_shards(
     js: &jetstream::Context,
     s: &NatsSettings,
 ) -> Result<(EventShards, bool), StoreError> {
     let recorded = reconcile::stream_metadata(js, &s.events_stream()).await?;
-    let count = shards::agree(
-        &s.namespace,
-        recorded
+    let agree = |count: shards::RecordedCount, wanted| {
+        let record = recorded
             .as_ref()
-            .map(|m| m.get(SHARDS_METADATA_KEY).map(String::as_str)),
-        s.event_shards,
-    )?;
-    let lanes = shards::agree_lanes(
-        &s.namespace,
-        recorded
-            .as_ref()
-            .map(|m| m.get(LANES_METADATA_KEY).map(String::as_str)),
-        s.tenant_lanes,
-    )?;
+            .map(|m| m.get(count.key).map(String::as_str));
+        count.agree(&s.namespace, record, wanted)
+    };
+    let count = agree(shards::SHARD_COUNT, s.event_shards)?;
+    let lanes = agree(shards::LANE_COUNT, s.tenant_lanes)?;
     Ok((
         EventShards::new(s.namespace.clone(), count)?.with_lanes(lanes)?,
         recorded.is_some(),
