@@ -8,6 +8,7 @@ mod support;
 use model_runtime_client::{IdempotencyKey, SubmitOptions, text_request};
 use serde_json::{Value, json};
 use support::*;
+use testkit::gateway::delta_texts;
 
 /// Runs `mrt ARGS` with `MODEL_RUNTIME_URL=url` (when given) and `stdin`.
 async fn mrt(url: Option<&str>, args: &[&str], stdin: Option<&str>) -> Run {
@@ -106,11 +107,7 @@ async fn json_prints_one_event_per_line_with_contiguous_sequences() {
     }
     assert_eq!(events[0]["type"], "execution.accepted");
     assert_eq!(events[6]["type"], "execution.completed");
-    let text: String = events
-        .iter()
-        .filter(|e| e["type"] == "output.delta")
-        .map(|e| e["delta"].as_str().unwrap())
-        .collect();
+    let text: String = delta_texts(&events).concat();
     assert_eq!(text, "hello from mock");
 }
 

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use config::DeploymentConfig;
-use runtime::JobQueue;
 use runtime::memory::{
     MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
 };
+use runtime::{CancelBus, EventStore, IdempotencyStore, JobQueue};
 use worker::deployment::BuildError;
 use worker::runner::{Runner, RunnerSettings};
 use worker::{PoolConfig, ProviderRegistry, WorkerPool};
@@ -43,6 +43,25 @@ pub fn api_limits<P>(config: &DeploymentConfig<P>) -> ApiLimits {
 
 /// Time open streams get to deliver the terminal events written when the grace ran out.
 const STREAM_FLUSH: Duration = Duration::from_millis(250);
+
+/// `concurrency` runner slots taking jobs from `queue` and running them with `registry`'s
+/// providers over `store`, `cancel` and `keys`, with the default runner settings: the embedded
+/// runtime's workers, which the gateway's tests also start over backends of their own.
+pub fn spawn_pool(
+    registry: Arc<ProviderRegistry>,
+    store: Arc<dyn EventStore>,
+    queue: Arc<dyn JobQueue>,
+    cancel: Arc<dyn CancelBus>,
+    keys: Arc<dyn IdempotencyStore>,
+    concurrency: usize,
+) -> WorkerPool {
+    let runner = Runner::new(registry, store, cancel, keys, RunnerSettings::default());
+    let config = PoolConfig {
+        concurrency,
+        ..PoolConfig::default()
+    };
+    WorkerPool::spawn(queue, Arc::new(runner), config)
+}
 
 impl Embedded {
     /// Starts the deployment's providers (their adapters) with as many runner slots as they
@@ -75,7 +94,7 @@ impl Embedded {
         let store = Arc::new(MemoryEventStore::new(limits));
         let queue = Arc::new(MemoryJobQueue::new());
         let cancel = Arc::new(MemoryCancelBus::new());
-        let keys: Arc<dyn runtime::IdempotencyStore> =
+        let keys: Arc<dyn IdempotencyStore> =
             Arc::new(MemoryIdempotencyStore::new(config.retention));
         let backend = Backend {
             store: store.clone(),
@@ -86,20 +105,13 @@ impl Embedded {
             heal_missing: false,
         };
         let capabilities = registry.capabilities();
-        let runner = Arc::new(Runner::new(
+        let pool = spawn_pool(
             registry,
             store.clone(),
+            queue.clone(),
             cancel,
             keys,
-            RunnerSettings::default(),
-        ));
-        let pool = WorkerPool::spawn(
-            queue.clone(),
-            runner,
-            PoolConfig {
-                concurrency: workers,
-                ..PoolConfig::default()
-            },
+            workers,
         );
         let auth = Authenticator::from_config(config.auth.as_ref());
         let state = AppState::with_auth(backend, capabilities, api_limits(config), auth);

@@ -11,17 +11,14 @@ mod support;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::*;
+use testkit::gateway::auth_matrix::tenant_key;
 use testkit::openai_sdk::{NODE_CASES, PYTHON_CASES, Sdk};
-
-fn api_key(tenant: &str) -> String {
-    format!("mrt-openai-test-{tenant}-5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d")
-}
 
 /// `model-alpha` (the default mock's three chunks), `model-slow` (ten chunks, 200 ms apart)
 /// and `model-stuck` (a minute per chunk: still running when cancelled); tenants `acme` and
 /// `other` without limits, `limited` with one submit token.
 async fn gateway() -> Gateway {
-    let keys = auth_matrix::tenant_keys(&["acme", "other", "limited"], api_key);
+    let keys = auth_matrix::tenant_keys(&["acme", "other", "limited"], tenant_key);
     let slow = mock(
         "provider-slow",
         json!({"model": "model-slow", "chunks": vec!["s "; 10], "delay_ms": 200}),
@@ -48,7 +45,7 @@ async fn check_sdk(sdk: Sdk, keys: &[(&'static str, &str)], cases: &[&str]) {
     let mut env = vec![("OPENAI_BASE_URL", gw.url("/v1"))];
     env.extend(
         keys.iter()
-            .map(|(variable, tenant)| (*variable, api_key(tenant))),
+            .map(|(variable, tenant)| (*variable, tenant_key(tenant))),
     );
     let output = sdk.spawn(env).await.unwrap();
     sdk.assert_passed(&output, cases, "");
@@ -95,7 +92,7 @@ async fn get(gw: &Gateway, path: &str, key: Option<&str>) -> (StatusCode, Value)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_take_openai_shape_and_echo_nothing_while_native_routes_keep_theirs() {
     let gw = gateway().await;
-    let acme = api_key("acme");
+    let acme = tenant_key("acme");
     // 401 on an OpenAI route: OpenAI's shape and WWW-Authenticate.
     let r = post(&gw, "/v1/responses", None, &say_hi("model-alpha")).await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
@@ -169,7 +166,7 @@ async fn errors_take_openai_shape_and_echo_nothing_while_native_routes_keep_thei
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_execution_made_through_one_api_reads_through_the_other() {
     let gw = gateway().await;
-    let acme = api_key("acme");
+    let acme = tenant_key("acme");
     let r = post(&gw, "/v1/responses", Some(&acme), &say_hi("model-alpha")).await;
     assert_eq!(r.status(), StatusCode::OK);
     let response: Value = r.json().await.unwrap();

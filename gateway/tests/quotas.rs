@@ -11,17 +11,14 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::*;
+use testkit::gateway::auth_matrix::tenant_key;
 
 const TENANTS: [&str; 3] = ["capped", "rated", "free"];
-
-fn api_key(tenant: &str) -> String {
-    format!("mrt-quota-test-{tenant}-0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f")
-}
 
 /// Each execution streams three chunks 300 ms apart: long enough to be active while the test
 /// submits again.
 async fn gateway() -> Gateway {
-    let keys = auth_matrix::tenant_keys(&TENANTS, api_key);
+    let keys = auth_matrix::tenant_keys(&TENANTS, tenant_key);
     Gateway::start(slow_mock(
         300,
         json!({"auth": {
@@ -42,7 +39,7 @@ async fn submit(
     tenant: &str,
     idempotency_key: Option<&str>,
 ) -> (StatusCode, Option<String>, Value) {
-    let auth = format!("Bearer {}", api_key(tenant));
+    let auth = format!("Bearer {}", tenant_key(tenant));
     let mut headers = vec![("authorization", auth.as_str())];
     if let Some(key) = idempotency_key {
         headers.push(("idempotency-key", key));
@@ -75,7 +72,7 @@ async fn wait_terminal(gw: &Gateway, tenant: &str, id: &str) {
         let response = gw
             .client
             .get(gw.url(&format!("/v1/executions/{id}")))
-            .bearer_auth(api_key(tenant))
+            .bearer_auth(tenant_key(tenant))
             .send()
             .await
             .unwrap();

@@ -25,8 +25,8 @@ use runtime::memory::{
     MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
 };
 use runtime::{
-    CancelBus, Delivery, EventStore, IdempotencyRecord, IdempotencyStore, Job, JobQueue, LogHead,
-    QueuedJob, StoreError,
+    Delivery, EventStore, IdempotencyRecord, IdempotencyStore, Job, JobQueue, LogHead, QueuedJob,
+    StoreError,
 };
 use serde_json::{Value, json};
 use testkit::fake_provider::{FakeProvider, Reply};
@@ -35,8 +35,7 @@ use tower::ServiceExt;
 use worker::provider::credential::{KeySource, Secret};
 use worker::provider::openai_chat::OpenAiChatProvider;
 use worker::provider::text::TextProviderConfig;
-use worker::runner::{Runner, RunnerSettings};
-use worker::{PoolConfig, ProviderRegistry, WorkerPool};
+use worker::{ProviderRegistry, WorkerPool};
 
 /// Longest any condition is awaited (busy two-core machines).
 const WAIT: Duration = Duration::from_secs(30);
@@ -324,20 +323,13 @@ async fn harness(create_fault: (Fault, usize), publish_fault: (Fault, usize)) ->
         heal_missing: true,
         ..memory_backend()
     };
-    let runner = Arc::new(Runner::new(
+    let pool = gateway::embedded::spawn_pool(
         Arc::clone(&registry),
         store.clone(),
-        cancel as Arc<dyn CancelBus>,
-        keys,
-        RunnerSettings::default(),
-    ));
-    let pool = WorkerPool::spawn(
         queue.clone(),
-        runner,
-        PoolConfig {
-            concurrency: 4,
-            ..PoolConfig::default()
-        },
+        cancel,
+        keys,
+        4,
     );
     let limits = gateway::ApiLimits {
         replay_wait: Duration::from_millis(50),

@@ -15,7 +15,7 @@ use runtime::{CancelBus, EventStore, JobQueue, StoreError, contract};
 use testkit::{NatsServer, RedisServer, unique_namespace};
 
 mod support;
-use support::{MAX_EVENTS, backend, connect, event_store, fresh_settings, store_on};
+use support::{MAX_EVENTS, backend, event_store, fresh_settings, store_on, two_processes};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_event_store_passes_the_contract() {
@@ -143,10 +143,7 @@ async fn redis_quotas_hold_across_connections_and_stay_in_their_namespace() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_requested_in_another_process_reaches_the_watcher() {
-    let server = NatsServer::start();
-    let settings = fresh_settings();
-    let worker_side = connect(&server, settings.clone()).await;
-    let gateway_side = connect(&server, settings).await;
+    let (_server, worker_side, gateway_side) = two_processes().await;
     let worker_bus = NatsCancelBus::new(worker_side).await.unwrap();
     let gateway_bus = NatsCancelBus::new(gateway_side).await.unwrap();
     let id = ExecutionId::new_random();
@@ -161,10 +158,11 @@ async fn a_cancel_requested_in_another_process_reaches_the_watcher() {
 async fn a_second_store_instance_is_fenced_like_another_process() {
     // Two store instances with separate head caches race on one log: CAS in the server, not
     // the cache, decides.
-    let server = NatsServer::start();
-    let settings = fresh_settings();
-    let a = event_store(&server, settings.clone()).await;
-    let b = event_store(&server, settings).await;
+    let (_server, a, b) = two_processes().await;
+    let (a, b) = (
+        store_on(&a, MAX_EVENTS).await,
+        store_on(&b, MAX_EVENTS).await,
+    );
     let id = ExecutionId::new_random();
     let ev = |seq, body| RuntimeEvent::new(id, Sequence(seq), Timestamp::now(), body);
     a.create(ev(1, EventBody::Accepted)).await.unwrap();

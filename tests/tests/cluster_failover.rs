@@ -97,17 +97,12 @@ impl Stack {
         // Each process is given one node only: it connects there and learns the others from
         // the cluster's gossip, so it fails over when that node dies.
         let env = |node: usize| -> Vec<(String, String)> {
-            vec![
-                ("MODEL_RUNTIME_BACKEND".into(), "nats".into()),
-                ("NATS_URL".into(), nats.node_url(node)),
-                ("REDIS_URL".into(), redis.url()),
-                ("MODEL_RUNTIME_NAMESPACE".into(), namespace.clone()),
-                ("MODEL_RUNTIME_CONFIG".into(), config.display().to_string()),
+            nats_env(nats.node_url(node), &redis, &namespace, &config)
+                .into_iter()
+                .chain([
                 ("MODEL_RUNTIME_REPLICAS".into(), "3".into()),
                 ("MODEL_RUNTIME_ACK_WAIT_MS".into(), "5000".into()),
                 ("MODEL_RUNTIME_SHUTDOWN_GRACE_MS".into(), "5000".into()),
-                // Three workers on one machine: each admin endpoint on a free port.
-                ("MODEL_RUNTIME_ADMIN_PORT".into(), "0".into()),
                 // What a failed audit prints about an execution includes how its submission
                 // was settled, where its job was delivered and withdrawn, and how its log was
                 // found.
@@ -116,8 +111,7 @@ impl Stack {
                     "info,gateway::submit=debug,worker::runner=debug,runtime::nats::job_queue=debug"
                         .into(),
                 ),
-            ]
-            .into_iter()
+            ])
             .chain(
                 layout
                     .shards

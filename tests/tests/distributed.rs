@@ -194,11 +194,7 @@ async fn a_killed_worker_leaves_exactly_one_terminal_and_no_repeated_output() {
     );
     let all = events(&gateway.url, &id, 0).await;
     assert_log_well_formed(&all);
-    let deltas: Vec<&str> = all
-        .iter()
-        .filter(|e| e["type"] == "output.delta")
-        .map(|e| e["delta"].as_str().unwrap())
-        .collect();
+    let deltas = delta_texts(&all);
     let unique: HashSet<&&str> = deltas.iter().collect();
     assert_eq!(
         unique.len(),

@@ -140,22 +140,17 @@ async fn a_namespace_with_several_partitions_serves_every_gateway_and_keeps_its_
         assert_eq!(all.last().unwrap()["type"], "execution.completed");
     }
     let js = testkit::jetstream::connect(&cluster.nats.url()).await;
-    let upper = cluster.namespace.to_ascii_uppercase();
-    for name in [
-        format!("{upper}_EVENTS"),
-        format!("{upper}_EVENTS_1"),
-        format!("{upper}_EVENTS_2"),
-    ] {
+    let layout = runtime::nats::EventShards::new(cluster.namespace.clone(), 3)
+        .unwrap()
+        .with_lanes(runtime::nats::DEFAULT_TENANT_LANES)
+        .unwrap();
+    for name in layout.streams() {
         let state = testkit::jetstream::stream_state(&js, &name).await;
         assert!(state.messages > 0, "{name} holds no log");
     }
     // Each partition's jobs went through its own stream and consumer (work-queue streams
     // drop acknowledged jobs, so their last sequence shows what they carried): the consumer of
     // the default tenant's lane, which anonymous submits go to.
-    let layout = runtime::nats::EventShards::new(cluster.namespace.clone(), 3)
-        .unwrap()
-        .with_lanes(runtime::nats::DEFAULT_TENANT_LANES)
-        .unwrap();
     let lane = layout.lane_of(protocol::Tenant::DEFAULT_NAME);
     for (name, consumer) in
         (0..3).map(|p| (layout.jobs_stream(p), layout.jobs_lane_consumer(p, lane)))
@@ -233,11 +228,7 @@ async fn a_paced_worker_stores_a_token_stream_in_fewer_messages_with_the_same_ev
     let id = submit_accepted(&gateway.url, &text_request("hi")).await;
     let all = events(&gateway.url, &id, 0).await;
     assert_log_well_formed(&all);
-    let texts: Vec<&str> = all
-        .iter()
-        .filter(|e| e["type"] == "output.delta")
-        .map(|e| e["delta"].as_str().unwrap())
-        .collect();
+    let texts = delta_texts(&all);
     let expected: Vec<String> = (0..20).map(|i| format!("c{i} ")).collect();
     assert_eq!(texts, expected);
     assert_eq!(all.last().unwrap()["type"], "execution.completed");

@@ -13,7 +13,7 @@ use std::time::Duration;
 use e2e_tests::*;
 use serde_json::{Value, json};
 use testkit::TempDir;
-use testkit::gateway::auth_matrix;
+use testkit::gateway::auth_matrix::{self, tenant_key};
 
 /// Slots of the one provider (and so of the process).
 const SLOTS: u32 = 4;
@@ -21,10 +21,8 @@ const SLOTS: u32 = 4;
 const BACKLOG: usize = 48;
 /// How long each execution holds its slot.
 const HOLD_MS: u64 = 1000;
-
-fn api_key(tenant: &str) -> String {
-    format!("mrt-fairness-test-{tenant}-3c9e1f0a5b7d2e4c6a8b0d1f3e5a7c9b")
-}
+/// How long the backlog may take to drain on a slow machine.
+const LONG: Duration = Duration::from_secs(120);
 
 fn deployment() -> Value {
     json!({
@@ -36,7 +34,7 @@ fn deployment() -> Value {
         "max_active_executions": 1000,
         "auth": {
             "tenants": {"heavy": {}, "light": {}},
-            "keys": auth_matrix::tenant_keys(&["heavy", "light"], api_key)
+            "keys": auth_matrix::tenant_keys(&["heavy", "light"], tenant_key)
         }
     })
 }
@@ -44,7 +42,7 @@ fn deployment() -> Value {
 async fn submit_as(base: &str, tenant: &str) -> String {
     let resp = client()
         .post(format!("{base}/v1/executions"))
-        .bearer_auth(api_key(tenant))
+        .bearer_auth(tenant_key(tenant))
         .json(&json!({"ability": "text-generation", "input": [{"type": "text", "text": "hi"}]}))
         .send()
         .await
@@ -55,15 +53,8 @@ async fn submit_as(base: &str, tenant: &str) -> String {
 }
 
 async fn status_as(base: &str, tenant: &str, id: &str) -> String {
-    let body: Value = client()
-        .get(format!("{base}/v1/executions/{id}"))
-        .bearer_auth(api_key(tenant))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let url = format!("{base}/v1/executions/{id}");
+    let (_, body) = get_json_as(&url, &tenant_key(tenant)).await;
     body["status"].as_str().unwrap_or_default().to_owned()
 }
 
@@ -77,20 +68,8 @@ async fn light_is_not_served_after_heavys_backlog(base: &str) {
     let backlog =
         futures_util::future::join_all((0..BACKLOG).map(|_| submit_as(base, "heavy"))).await;
     let light = submit_as(base, "light").await;
-    poll_until(
-        Duration::from_secs(120),
-        Duration::from_millis(50),
-        async || {
-            let status = status_as(base, "light", &light).await;
-            if terminal(&status) {
-                Ok(())
-            } else {
-                Err(format!("light's execution is {status}"))
-            }
-        },
-    )
-    .await;
-    assert_eq!(status_as(base, "light", &light).await, "succeeded");
+    let light = wait_terminal_as(base, &tenant_key("light"), &light, LONG).await;
+    assert_eq!(light["status"], "succeeded");
     let mut unfinished = 0;
     for id in &backlog {
         if !terminal(&status_as(base, "heavy", id).await) {
@@ -106,19 +85,7 @@ async fn light_is_not_served_after_heavys_backlog(base: &str) {
     );
     // And the backlog is not starved in turn: all of it completes.
     for id in &backlog {
-        poll_until(
-            Duration::from_secs(120),
-            Duration::from_millis(200),
-            async || {
-                let status = status_as(base, "heavy", id).await;
-                if terminal(&status) {
-                    Ok(())
-                } else {
-                    Err(format!("{id} is {status}"))
-                }
-            },
-        )
-        .await;
+        wait_terminal_as(base, &tenant_key("heavy"), id, LONG).await;
     }
 }
 

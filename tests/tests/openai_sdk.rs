@@ -12,7 +12,7 @@
 use e2e_tests::*;
 use serde_json::{Value, json};
 use testkit::fake_provider::{FakeProvider, Piece, Received, Reply};
-use testkit::gateway::auth_matrix;
+use testkit::gateway::auth_matrix::{self, tenant_key};
 use testkit::openai_sdk::{NODE_CASES, PYTHON_CASES, Sdk};
 
 /// One Chat Completions stream frame of the fixture with this `delta` and `finish_reason`.
@@ -53,10 +53,6 @@ fn weather_provider(request: &Received) -> Reply {
     Reply::Stream(frames.into_iter().map(Piece::text).collect())
 }
 
-fn api_key(tenant: &str) -> String {
-    format!("mrt-openai-e2e-{tenant}-9f8e7d6c5b4a39281706f5e4d3c2b1a0")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_python_and_node_sdks_work_across_gateways() {
     Sdk::Python.assert_installed();
@@ -78,7 +74,7 @@ async fn the_official_python_and_node_sdks_work_across_gateways() {
         ],
         "auth": {
             "tenants": {"acme": {}, "other": {}, "limited": {"submits_per_second": 0.001, "burst": 1}},
-            "keys": auth_matrix::tenant_keys(&["acme", "other", "limited"], api_key)
+            "keys": auth_matrix::tenant_keys(&["acme", "other", "limited"], tenant_key)
         }
     });
     let mut cluster = Cluster::start(&config);
@@ -92,16 +88,16 @@ async fn the_official_python_and_node_sdks_work_across_gateways() {
     let node = Sdk::Node.spawn(vec![
         ("OPENAI_BASE_URL", first.clone()),
         ("MRT_SECOND_BASE_URL", second.clone()),
-        ("MRT_KEY", api_key("acme")),
+        ("MRT_KEY", tenant_key("acme")),
     ]);
     let output = Sdk::Python
         .spawn(vec![
             ("OPENAI_BASE_URL", first),
             ("MRT_SECOND_BASE_URL", second),
             ("MRT_TOOL_MODEL", "tool-model".into()),
-            ("MRT_KEY", api_key("acme")),
-            ("MRT_OTHER_KEY", api_key("other")),
-            ("MRT_LIMITED_KEY", api_key("limited")),
+            ("MRT_KEY", tenant_key("acme")),
+            ("MRT_OTHER_KEY", tenant_key("other")),
+            ("MRT_LIMITED_KEY", tenant_key("limited")),
         ])
         .await
         .unwrap();

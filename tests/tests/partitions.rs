@@ -27,7 +27,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -159,29 +158,8 @@ struct Node {
     _child: KillOnDrop,
 }
 
-/// A process of ours (gateway or worker) in a namespace, stderr to a log file.
-struct Proc {
-    _child: KillOnDrop,
-    log: std::path::PathBuf,
-}
-
-impl Proc {
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-/// Starts `binary` in namespace `ns` with `env`, waits for a stdout line starting with
-/// `ready`, and returns it with that line.
-fn spawn_in(
-    ns: &str,
-    name: &str,
-    args: &[&str],
-    env: &[(String, String)],
-    ready: &str,
-    dir: &TempDir,
-) -> (Proc, String) {
-    let log = dir.path().join(format!("{name}.log"));
+/// Our binary `name` (gateway or worker) with `args` and `env`, run in network namespace `ns`.
+fn in_namespace(ns: &str, name: &str, args: &[&str], env: &[(String, String)]) -> Command {
     let mut command = Command::new("ip");
     command
         .args(["netns", "exec", ns])
@@ -189,30 +167,8 @@ fn spawn_in(
         .args(args)
         .env_clear()
         .env("RUST_LOG", "info")
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap());
-    let mut child = command.spawn().expect("spawn in namespace");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let proc = Proc {
-        _child: KillOnDrop(child),
-        log,
-    };
-    let deadline = Instant::now() + PROMPT;
-    loop {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) if line.starts_with(ready) => return (proc, line),
-            Ok(_) => {}
-            Err(_) => panic!("{name} did not start; log:\n{}", proc.log_text()),
-        }
-    }
+        .envs(env.iter().map(|(k, v)| (k, v)));
+    command
 }
 
 /// What one submit got.
@@ -447,16 +403,12 @@ async fn partitions_keep_every_execution_live_and_every_submit_prompt() {
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
-    let (gateway, line) = spawn_in(
-        &gw_ns,
-        "gateway",
-        &["--host", &gw_addr, "--port", "0"],
-        &env,
-        "listening on ",
-        &dir,
-    );
+    let gateway_args = ["--host", gw_addr.as_str(), "--port", "0"];
+    let gateway = in_namespace(&gw_ns, "gateway", &gateway_args, &env);
+    let (gateway, line) = spawn_command(gateway, "gateway", "listening on ", &dir);
     let base = line.trim_start_matches("listening on ").trim().to_owned();
-    let (worker, _) = spawn_in(&wk_ns, "worker", &[], &env, "worker started", &dir);
+    let worker = in_namespace(&wk_ns, "worker", &[], &env);
+    let (worker, _) = spawn_command(worker, "worker", "worker started", &dir);
 
     let stop = Arc::new(AtomicBool::new(false));
     let answers = Arc::new(Mutex::new(Vec::new()));
@@ -608,7 +560,7 @@ async fn partitions_keep_every_execution_live_and_every_submit_prompt() {
         .collect();
     eprintln!("probes after the cut: {}", timeline.join(" "));
     let refused = answers.iter().filter(|a| a.status == 503).count();
-    let moved = |p: &Proc| {
+    let moved = |p: &Process| {
         p.log_text()
             .matches("cannot reach the JetStream quorum")
             .count()

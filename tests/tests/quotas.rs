@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use e2e_tests::*;
 use serde_json::{Value, json};
-use testkit::gateway::auth_matrix;
+use testkit::gateway::auth_matrix::{self, tenant_key};
 use tokio::task::JoinSet;
 
 /// The bucket of tenants `rated` and `steady`. The burst covers 3 s without submits, so a
@@ -15,10 +15,6 @@ const RATE: f64 = 10.0;
 const BURST: u64 = 30;
 /// The cap of tenant `capped`.
 const CAP: usize = 3;
-
-fn api_key(tenant: &str) -> String {
-    format!("mrt-quota-test-{tenant}-5f1c0e9a7b2d4c6e8a0b1c2d3e4f5a6b")
-}
 
 /// A deployment with the three tenants and one key each; the mock streams `chunks` chunks,
 /// waiting `delay_ms` before each.
@@ -30,7 +26,7 @@ fn deployment(chunks: usize, delay_ms: u64) -> Value {
             "steady": {"submits_per_second": RATE, "burst": BURST},
             "capped": {"max_active_executions": CAP}
         },
-        "keys": auth_matrix::tenant_keys(&["rated", "steady", "capped"], api_key)
+        "keys": auth_matrix::tenant_keys(&["rated", "steady", "capped"], tenant_key)
     });
     deployment
 }
@@ -60,7 +56,7 @@ async fn submit_as(base: String, tenant: &'static str) -> Answer {
 async fn submit_with(client: reqwest::Client, base: String, tenant: &'static str) -> Answer {
     let resp = client
         .post(format!("{base}/v1/executions"))
-        .bearer_auth(api_key(tenant))
+        .bearer_auth(tenant_key(tenant))
         .json(&text_request("hi"))
         .send()
         .await
@@ -85,25 +81,6 @@ fn assert_rejected(answer: &Answer, code: &str) {
     assert_eq!(answer.body["error"]["code"], code, "{answer:?}");
     assert_eq!(answer.body["error"]["retryable"], true, "{answer:?}");
     assert!(answer.retry_after.is_some_and(|s| s >= 1), "{answer:?}");
-}
-
-async fn wait_terminal_as(base: &str, tenant: &str, id: &str) {
-    poll_until(PROMPT, Duration::from_millis(100), async || {
-        let resp = client()
-            .get(format!("{base}/v1/executions/{id}"))
-            .bearer_auth(api_key(tenant))
-            .send()
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        let snap: Value = resp.json().await.unwrap_or(Value::Null);
-        if status == 200 && testkit::gateway::is_terminal_snapshot(&snap) {
-            Ok(())
-        } else {
-            Err(format!("{id} not terminal in time: {snap}"))
-        }
-    })
-    .await;
 }
 
 /// `rated` offers three times its rate for 5 s, alternating between the gateways: the accepted
@@ -190,7 +167,7 @@ async fn max_active_holds_across_two_gateways_and_frees_when_executions_end() {
         let other = submit_as(bases[1].clone(), "steady").await;
         assert_eq!(other.status, 202, "{other:?}");
         for id in &accepted {
-            wait_terminal_as(&bases[0], "capped", id).await;
+            wait_terminal_as(&bases[0], &tenant_key("capped"), id, PROMPT).await;
         }
     }
 }

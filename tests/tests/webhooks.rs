@@ -171,6 +171,31 @@ async fn eventually(within: Duration, mut probe: impl FnMut() -> Result<(), Stri
     poll_until(within, Duration::from_millis(200), async || probe()).await;
 }
 
+/// Waits until endpoint `prefix` has received deliveries of at least `n` executions.
+async fn wait_received(log: &Path, prefix: &str, n: usize) {
+    eventually(LONG, || {
+        let received = by_id(log, prefix).len();
+        (received >= n)
+            .then_some(())
+            .ok_or(format!("{prefix} received {received} of {n}"))
+    })
+    .await;
+}
+
+/// Waits until endpoint `prefix` has answered 200 to a delivery of at least `n` executions.
+async fn wait_answered(log: &Path, prefix: &str, n: usize) {
+    eventually(LONG, || {
+        let answered = by_id(log, prefix)
+            .values()
+            .filter(|d| d.iter().any(|r| r["status"] == 200))
+            .count();
+        (answered >= n)
+            .then_some(())
+            .ok_or(format!("{prefix} answered {answered} of {n}"))
+    })
+    .await;
+}
+
 async fn get_text(url: &str) -> (u16, String) {
     let response = client().get(url).send().await.unwrap();
     let status = response.status().as_u16();
@@ -272,12 +297,8 @@ async fn every_terminal_event_reaches_its_tenants_endpoint_signed_and_only_that_
     }
     // Every shard's feed consumer read its stream.
     let js = testkit::jetstream::connect(&cluster.nats.url()).await;
-    let upper = cluster.namespace.to_ascii_uppercase();
-    for stream in [
-        format!("{upper}_EVENTS"),
-        format!("{upper}_EVENTS_1"),
-        format!("{upper}_EVENTS_2"),
-    ] {
+    let shards = runtime::nats::EventShards::new(cluster.namespace.clone(), 3).unwrap();
+    for stream in shards.streams() {
         let info = js
             .get_stream(&stream)
             .await
@@ -372,13 +393,7 @@ async fn failures_are_retried_with_the_same_id_and_a_dead_endpoint_delays_no_oth
     }
     // The healthy endpoint gets everything while no attempt at the dead one has even ended
     // (each waits 15 s for an answer): it never waited behind them.
-    eventually(LONG, || {
-        let healthy = by_id(&log, "/ok").len();
-        (healthy >= EXECUTIONS)
-            .then_some(())
-            .ok_or(format!("healthy endpoint has {healthy}"))
-    })
-    .await;
+    wait_received(&log, "/ok", EXECUTIONS).await;
     let (accepted, closed) = (
         dead.accepted.load(Ordering::SeqCst),
         dead.closed.load(Ordering::SeqCst),
@@ -394,17 +409,7 @@ async fn failures_are_retried_with_the_same_id_and_a_dead_endpoint_delays_no_oth
     }
     // The flaky endpoint answers 500 twice per delivery, then 200: three attempts each, one
     // webhook-id, each attempt signed afresh.
-    eventually(LONG, || {
-        let flaky = by_id(&log, "/flaky");
-        let done = flaky
-            .values()
-            .filter(|d| d.iter().any(|r| r["status"] == 200))
-            .count();
-        (done >= EXECUTIONS)
-            .then_some(())
-            .ok_or(format!("flaky endpoint answered 200 to {done}"))
-    })
-    .await;
+    wait_answered(&log, "/flaky", EXECUTIONS).await;
     let flaky = by_id(&log, "/flaky");
     assert_eq!(flaky.len(), EXECUTIONS);
     for (webhook_id, attempts) in &flaky {
@@ -481,13 +486,7 @@ async fn a_receiver_down_then_back_and_a_worker_killed_mid_delivery_lose_nothing
     // The receiver comes back on the same address and gets everything.
     let _receiver = Receiver::start(port, &log);
     let expected = 2 * ids.len();
-    eventually(LONG, || {
-        let received = by_id(&log, "/ok").len();
-        (received >= expected)
-            .then_some(())
-            .ok_or(format!("received {received} of {expected}"))
-    })
-    .await;
+    wait_received(&log, "/ok", expected).await;
     let received = by_id(&log, "/ok");
     let mut heard: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
     let mut repeats = 0;
@@ -531,18 +530,7 @@ async fn a_receiver_down_then_back_and_a_worker_killed_mid_delivery_lose_nothing
     );
     // Every attempt the killed worker had in flight was made again, by the other worker,
     // and answered.
-    eventually(LONG, || {
-        let slow = by_id(&hang_log, "/hang");
-        let answered = slow
-            .values()
-            .filter(|d| d.iter().any(|r| r["status"] == 200))
-            .count();
-        (answered >= ids.len()).then_some(()).ok_or(format!(
-            "slow endpoint answered {answered} of {}",
-            ids.len()
-        ))
-    })
-    .await;
+    wait_answered(&hang_log, "/hang", ids.len()).await;
     let slow = by_id(&hang_log, "/hang");
     let executions: BTreeSet<String> = slow
         .keys()
@@ -569,16 +557,7 @@ async fn embedded_mode_delivers_signed_outcomes() {
     for _ in 0..5 {
         ids.insert(submit_as(&url, None).await);
     }
-    eventually(LONG, || {
-        let done = by_id(&log, "/flaky")
-            .values()
-            .filter(|d| d.iter().any(|r| r["status"] == 200))
-            .count();
-        (done >= ids.len())
-            .then_some(())
-            .ok_or(format!("delivered {done}"))
-    })
-    .await;
+    wait_answered(&log, "/flaky", ids.len()).await;
     for (webhook_id, attempts) in by_id(&log, "/flaky") {
         assert_well_signed(&attempts);
         assert_eq!(attempts.len(), 3, "{webhook_id}: 500, 500, then 200");
@@ -752,21 +731,14 @@ async fn the_death_of_a_nats_node_loses_no_delivery_and_two_workers_share_them()
     let namespace = testkit::unique_namespace("w");
     // Each process is given one node and learns the others from the cluster's gossip.
     let env = |node: usize| -> Vec<(String, String)> {
-        vec![
-            ("MODEL_RUNTIME_BACKEND".into(), "nats".into()),
-            ("NATS_URL".into(), nats.node_url(node)),
-            ("REDIS_URL".into(), redis.url()),
-            ("MODEL_RUNTIME_NAMESPACE".into(), namespace.clone()),
-            (
-                "MODEL_RUNTIME_CONFIG".into(),
-                config_path.display().to_string(),
-            ),
+        let mut env = nats_env(nats.node_url(node), &redis, &namespace, &config_path);
+        env.extend([
             ("MODEL_RUNTIME_REPLICAS".into(), "3".into()),
             ("MODEL_RUNTIME_ACK_WAIT_MS".into(), "5000".into()),
-            ("MODEL_RUNTIME_ADMIN_PORT".into(), "0".into()),
             ("MRT_TEST_OLD_SECRET".into(), OLD_SECRET.into()),
             ("MRT_TEST_NEW_SECRET".into(), NEW_SECRET.into()),
-        ]
+        ]);
+        env
     };
     let (_gateway, line) = spawn("gateway", &["--port", "0"], &env(1), "listening on ", &logs);
     let url = line.trim_start_matches("listening on ").trim().to_owned();

@@ -76,14 +76,7 @@ impl MemoryWebhooks {
         let reader = store.clone();
         let counter = Arc::clone(&pending);
         tokio::spawn(async move {
-            loop {
-                let (record, owner) = tokio::select! {
-                    next = feed.recv() => match next {
-                        Some(next) => next,
-                        None => return,
-                    },
-                    () = stopping.cancelled() => return,
-                };
+            while let Some((record, owner)) = next_until_stopped(&mut feed, &stopping).await {
                 let event = &record.event;
                 let usage = if event.is_terminal() {
                     match reader.state(event.execution_id).await {
@@ -150,6 +143,17 @@ fn overflow(endpoint: &Endpoint, delivery: &Delivery) {
         "webhook delivery abandoned: the endpoint owes too many deliveries");
 }
 
+/// The channel's next item; `None` once it is closed or the runtime is stopping.
+async fn next_until_stopped<T>(
+    channel: &mut mpsc::UnboundedReceiver<T>,
+    stopping: &CancellationToken,
+) -> Option<T> {
+    tokio::select! {
+        next = channel.recv() => next,
+        () = stopping.cancelled() => None,
+    }
+}
+
 async fn deliver(
     endpoint: Arc<Endpoint>,
     sender: Sender,
@@ -160,14 +164,7 @@ async fn deliver(
     stopping: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(SLOTS_PER_ENDPOINT));
-    loop {
-        let (delivery, number) = tokio::select! {
-            next = queue.recv() => match next {
-                Some(next) => next,
-                None => return,
-            },
-            () = stopping.cancelled() => return,
-        };
+    while let Some((delivery, number)) = next_until_stopped(&mut queue, &stopping).await {
         let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
             return;
         };

@@ -31,6 +31,11 @@ pub fn target() -> Target {
 
 /// A run that routes to [`target`], writes `hi`, then `more`, and completes.
 pub fn says_hi_then(more: Vec<EventBody>) -> Vec<RuntimeEvent> {
+    says_then("hi", more)
+}
+
+/// A run that routes to [`target`], writes `first`, then `more`, and completes.
+pub fn says_then(first: &str, more: Vec<EventBody>) -> Vec<RuntimeEvent> {
     let mut bodies = vec![
         EventBody::Accepted,
         EventBody::RouteSelected {
@@ -39,7 +44,7 @@ pub fn says_hi_then(more: Vec<EventBody>) -> Vec<RuntimeEvent> {
         },
         EventBody::OutputDelta {
             output_index: 0,
-            delta: "hi".into(),
+            delta: first.into(),
         },
     ];
     bodies.extend(more);

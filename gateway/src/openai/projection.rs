@@ -435,49 +435,37 @@ pub fn was_cancelled(error: Option<&RuntimeError>) -> bool {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use protocol::{Target, UsageFact, UsageSource, UsageUnit};
+    use protocol::{UsageFact, UsageSource, UsageUnit};
 
-    use super::super::fixture::log;
+    use super::super::fixture::{log, says_then};
     use super::*;
 
-    fn target() -> Target {
-        Target {
-            provider: "provider-mock".into(),
-            model: "model-alpha".into(),
-        }
-    }
-
     fn mock_run() -> Vec<RuntimeEvent> {
-        log(vec![
-            EventBody::Accepted,
-            EventBody::RouteSelected {
-                target: target(),
-                attempt: 1,
-            },
-            EventBody::OutputDelta {
-                output_index: 0,
-                delta: "hello".into(),
-            },
-            EventBody::ToolCallStarted {
-                call_id: "c1".into(),
-                name: "f".into(),
-            },
-            EventBody::OutputDelta {
-                output_index: 0,
-                delta: " mock".into(),
-            },
-            EventBody::ToolCallArgumentsDelta {
-                call_id: "c1".into(),
-                delta: "{}".into(),
-            },
-            EventBody::UsageReported {
-                facts: vec![
-                    UsageFact::new(UsageUnit::input_token(), 1.0, UsageSource::Runtime).unwrap(),
-                    UsageFact::new(UsageUnit::output_token(), 2.0, UsageSource::Runtime).unwrap(),
-                ],
-            },
-            EventBody::Completed { target: target() },
-        ])
+        says_then(
+            "hello",
+            vec![
+                EventBody::ToolCallStarted {
+                    call_id: "c1".into(),
+                    name: "f".into(),
+                },
+                EventBody::OutputDelta {
+                    output_index: 0,
+                    delta: " mock".into(),
+                },
+                EventBody::ToolCallArgumentsDelta {
+                    call_id: "c1".into(),
+                    delta: "{}".into(),
+                },
+                EventBody::UsageReported {
+                    facts: vec![
+                        UsageFact::new(UsageUnit::input_token(), 1.0, UsageSource::Runtime)
+                            .unwrap(),
+                        UsageFact::new(UsageUnit::output_token(), 2.0, UsageSource::Runtime)
+                            .unwrap(),
+                    ],
+                },
+            ],
+        )
     }
 
     fn events(log: &[RuntimeEvent]) -> Vec<Value> {
@@ -520,7 +508,7 @@ mod tests {
         assert_eq!(out[0]["response"]["status"], "queued");
         let done = &out[13]["response"];
         assert_eq!(done["status"], "completed");
-        assert_eq!(done["model"], "model-alpha");
+        assert_eq!(done["model"], "m");
         assert_eq!(done["output"][0]["content"][0]["text"], "hello mock");
         assert_eq!(done["output"][1]["arguments"], "{}");
         assert_eq!(done["usage"]["total_tokens"], 3);

@@ -42,6 +42,20 @@ pub fn route_selected() -> EventBody {
     }
 }
 
+/// A `usage.reported` of `tokens` output tokens the runtime counted.
+pub fn output_usage(tokens: f64) -> EventBody {
+    EventBody::UsageReported {
+        facts: vec![
+            protocol::UsageFact::new(
+                protocol::UsageUnit::output_token(),
+                tokens,
+                protocol::UsageSource::Runtime,
+            )
+            .expect("a finite, non-negative token count"),
+        ],
+    }
+}
+
 /// The `completed` event of [`target`].
 pub fn completed() -> EventBody {
     EventBody::Completed { target: target() }

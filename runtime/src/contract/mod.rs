@@ -24,8 +24,8 @@ use std::time::Duration;
 
 pub use self::cancel::cancel_suite;
 pub use self::event_store::{
-    accepted, completed, delta, drain, event, event_store_suite, race_to, read, records,
-    route_selected, routed, run_limit_suite, target,
+    accepted, completed, delta, drain, event, event_store_suite, output_usage, race_to, read,
+    records, route_selected, routed, run_limit_suite, target,
 };
 pub use self::idempotency::idempotency_suite;
 pub use self::job_queue::{job, job_queue_suite};

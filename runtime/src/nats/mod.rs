@@ -200,6 +200,26 @@ pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("{what}: {e}"))
 }
 
+/// One more connection with options the servers just accepted: one attempt within `deadline`
+/// (the first connection's retries already waited for the servers).
+async fn connect_accepted(
+    options: async_nats::ConnectOptions,
+    servers: &[async_nats::ServerAddr],
+    deadline: tokio::time::Instant,
+) -> Result<async_nats::Client, StoreError> {
+    let unreachable = || StoreError::Unavailable("NATS is unreachable".into());
+    tokio::time::timeout_at(deadline, async {
+        let client = options
+            .connect(servers.to_vec())
+            .await
+            .map_err(|_| unreachable())?;
+        client.flush().await.map_err(|_| unreachable())?;
+        Ok(client)
+    })
+    .await
+    .map_err(|_| unreachable())?
+}
+
 impl NatsBackend {
     /// Connects without credentials beyond those in `url`; see [`NatsBackend::connect_with`].
     pub async fn connect(
@@ -284,16 +304,8 @@ impl NatsBackend {
         };
         check_server_version(&client.server_info().version)?;
         // The same servers just accepted these credentials: one attempt within the bound.
-        let readers = tokio::time::timeout_at(deadline, async {
-            let readers = options("-readers", &readers_selector)?
-                .connect(servers.clone())
-                .await
-                .map_err(|_| unreachable())?;
-            readers.flush().await.map_err(|_| unreachable())?;
-            Ok::<_, StoreError>(readers)
-        })
-        .await
-        .map_err(|_| unreachable())??;
+        let readers =
+            connect_accepted(options("-readers", &readers_selector)?, &servers, deadline).await?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(settings.request_timeout);
         // A cluster that is still electing its JetStream leaders (all nodes starting together,
@@ -329,16 +341,12 @@ impl NatsBackend {
         }];
         for lane in 1..events.count().min(MAX_LANES) {
             let lane_selector = quorum::Selector::default();
-            let extra = tokio::time::timeout_at(deadline, async {
-                let extra = options(&format!("-lane{lane}"), &lane_selector)?
-                    .connect(servers.clone())
-                    .await
-                    .map_err(|_| unreachable())?;
-                extra.flush().await.map_err(|_| unreachable())?;
-                Ok::<_, StoreError>(extra)
-            })
-            .await
-            .map_err(|_| unreachable())??;
+            let extra = connect_accepted(
+                options(&format!("-lane{lane}"), &lane_selector)?,
+                &servers,
+                deadline,
+            )
+            .await?;
             let lane_writes = quorum::Writes::default();
             watches.push(quorum::watch(
                 extra.clone(),
@@ -417,27 +425,21 @@ pub async fn recorded_event_shards(
     Ok(exists.then_some(events))
 }
 
-/// The shards `{NS}_EVENTS` records (see `shards::agree`), checked against what `s` asks for,
+/// The shards `{NS}_EVENTS` records (see `shards::RecordedCount`), checked against what `s` asks for,
 /// and whether that stream exists yet.
 async fn agreed_shards(
     js: &jetstream::Context,
     s: &NatsSettings,
 ) -> Result<(EventShards, bool), StoreError> {
     let recorded = reconcile::stream_metadata(js, &s.events_stream()).await?;
-    let count = shards::agree(
-        &s.namespace,
-        recorded
+    let agree = |count: shards::RecordedCount, wanted| {
+        let record = recorded
             .as_ref()
-            .map(|m| m.get(SHARDS_METADATA_KEY).map(String::as_str)),
-        s.event_shards,
-    )?;
-    let lanes = shards::agree_lanes(
-        &s.namespace,
-        recorded
-            .as_ref()
-            .map(|m| m.get(LANES_METADATA_KEY).map(String::as_str)),
-        s.tenant_lanes,
-    )?;
+            .map(|m| m.get(count.key).map(String::as_str));
+        count.agree(&s.namespace, record, wanted)
+    };
+    let count = agree(shards::SHARD_COUNT, s.event_shards)?;
+    let lanes = agree(shards::LANE_COUNT, s.tenant_lanes)?;
     Ok((
         EventShards::new(s.namespace.clone(), count)?.with_lanes(lanes)?,
         recorded.is_some(),

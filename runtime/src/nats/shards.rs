@@ -138,11 +138,11 @@ impl EventShards {
 
     /// The name of shard `shard`'s stream.
     pub fn stream(&self, shard: u16) -> String {
-        let upper = self.namespace.to_ascii_uppercase();
-        match shard {
-            0 => format!("{upper}_EVENTS"),
-            k => format!("{upper}_EVENTS_{k}"),
-        }
+        numbered(
+            format!("{}_EVENTS", self.namespace.to_ascii_uppercase()),
+            "_",
+            shard,
+        )
     }
 
     /// The subjects of shard `shard`'s stream (one per execution).
@@ -168,35 +168,26 @@ impl EventShards {
 
     /// The jobs stream of partition `partition`.
     pub fn jobs_stream(&self, partition: u16) -> String {
-        let upper = self.namespace.to_ascii_uppercase();
-        match partition {
-            0 => format!("{upper}_JOBS"),
-            k => format!("{upper}_JOBS_{k}"),
-        }
+        numbered(
+            format!("{}_JOBS", self.namespace.to_ascii_uppercase()),
+            "_",
+            partition,
+        )
     }
 
     /// The subject of partition `partition`'s jobs.
     pub fn jobs_subject(&self, partition: u16) -> String {
-        match partition {
-            0 => format!("{}.jobs", self.namespace),
-            k => format!("{}.jobs.{k}", self.namespace),
-        }
+        numbered(format!("{}.jobs", self.namespace), ".", partition)
     }
 
     /// The workers' durable consumer of partition `partition`'s jobs stream (of its lane 0).
     pub fn jobs_consumer(&self, partition: u16) -> String {
-        match partition {
-            0 => format!("{}_workers", self.namespace),
-            k => format!("{}_workers_{k}", self.namespace),
-        }
+        numbered(format!("{}_workers", self.namespace), "_", partition)
     }
 
     /// The subject of lane `lane` of partition `partition`'s jobs.
     pub fn jobs_lane_subject(&self, partition: u16, lane: u16) -> String {
-        match lane {
-            0 => self.jobs_subject(partition),
-            j => format!("{}.t{j}", self.jobs_subject(partition)),
-        }
+        numbered(self.jobs_subject(partition), ".t", lane)
     }
 
     /// Every lane's subject of partition `partition`'s jobs stream, lane 0 first.
@@ -208,10 +199,7 @@ impl EventShards {
 
     /// The workers' durable consumer of lane `lane` of partition `partition`.
     pub fn jobs_lane_consumer(&self, partition: u16, lane: u16) -> String {
-        match lane {
-            0 => self.jobs_consumer(partition),
-            j => format!("{}_t{j}", self.jobs_consumer(partition)),
-        }
+        numbered(self.jobs_consumer(partition), "_t", lane)
     }
 
     /// Every shard's stream, shard 0 first.
@@ -220,62 +208,86 @@ impl EventShards {
     }
 }
 
-/// The shard count a process uses, from what `{NS}_EVENTS` records (`None`: no stream yet;
-/// `Some(None)`: a stream of a version before sharding) and what the process asks for
-/// (`None`: whatever the namespace has).
-pub(crate) fn agree(
-    namespace: &str,
-    recorded: Option<Option<&str>>,
-    wanted: Option<u16>,
-) -> Result<u16, StoreError> {
-    let recorded = match recorded {
-        None => return Ok(wanted.unwrap_or(DEFAULT_EVENT_SHARDS)),
-        Some(None) => 1,
-        Some(Some(text)) => text.parse::<u16>().map_err(|_| {
-            StoreError::Misconfigured(format!(
-                "the events stream of namespace {namespace} records an invalid shard count"
-            ))
-        })?,
-    };
-    match wanted {
-        Some(wanted) if wanted != recorded => Err(StoreError::Misconfigured(format!(
-            "namespace {namespace} has {recorded} partition(s) and this process asks for \
-             {wanted}; the count is fixed when a namespace is created (leave the setting out to \
-             use the namespace's, or use another namespace)"
-        ))),
-        _ => Ok(recorded),
+/// Member `k` of a numbered family: `base` itself for 0 (the name every namespace had before
+/// the family grew), `base{sep}{k}` after.
+fn numbered(base: String, sep: &str, k: u16) -> String {
+    match k {
+        0 => base,
+        k => format!("{base}{sep}{k}"),
     }
 }
 
-/// The tenant lanes a process uses, from what `{NS}_EVENTS` records (`None`: no stream yet;
-/// `Some(None)`: a namespace created before lanes, with one) and what the process asks for
-/// (`None`: whatever the namespace has, [`DEFAULT_TENANT_LANES`] for a new one).
-pub(crate) fn agree_lanes(
-    namespace: &str,
-    recorded: Option<Option<&str>>,
-    wanted: Option<u16>,
-) -> Result<u16, StoreError> {
-    let recorded = match recorded {
-        None => return Ok(wanted.unwrap_or(DEFAULT_TENANT_LANES)),
-        Some(None) => 1,
-        Some(Some(text)) => text
-            .parse::<u16>()
-            .ok()
-            .filter(|n| (1..=MAX_TENANT_LANES).contains(n))
-            .ok_or_else(|| {
-                StoreError::Misconfigured(format!(
-                    "the events stream of namespace {namespace} records an invalid tenant lane \
-                     count"
-                ))
-            })?,
-    };
-    match wanted {
-        Some(wanted) if wanted != recorded => Err(StoreError::Misconfigured(format!(
-            "namespace {namespace} has {recorded} tenant lane(s) per partition and this process \
-             asks for {wanted}; the count is fixed when a namespace is created (leave the \
-             setting out to use the namespace's, or use another namespace)"
-        ))),
-        _ => Ok(recorded),
+/// A count fixed when a namespace is created and recorded in the metadata of `{NS}_EVENTS`:
+/// the shards, and the tenant lanes per partition.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecordedCount {
+    /// The metadata key it is recorded under.
+    pub key: &'static str,
+    /// What a new namespace gets when the process asks for nothing.
+    default: u16,
+    /// The values a record may hold.
+    min: u16,
+    max: u16,
+    /// What it counts, in the message refusing another count.
+    unit: &'static str,
+    /// Its name in the message about an invalid record.
+    name: &'static str,
+}
+
+/// The shard count (`{NS}_EVENTS` of a version before sharding records none: one).
+pub(crate) const SHARD_COUNT: RecordedCount = RecordedCount {
+    key: SHARDS_METADATA_KEY,
+    default: DEFAULT_EVENT_SHARDS,
+    min: 0,
+    max: u16::MAX,
+    unit: "partition(s)",
+    name: "shard count",
+};
+
+/// The tenant lanes per partition (a namespace created before lanes records none: one), of
+/// which a new namespace gets [`DEFAULT_TENANT_LANES`].
+pub(crate) const LANE_COUNT: RecordedCount = RecordedCount {
+    key: LANES_METADATA_KEY,
+    default: DEFAULT_TENANT_LANES,
+    min: 1,
+    max: MAX_TENANT_LANES,
+    unit: "tenant lane(s) per partition",
+    name: "tenant lane count",
+};
+
+impl RecordedCount {
+    /// The count a process uses, from what `{NS}_EVENTS` records (`None`: no stream yet;
+    /// `Some(None)`: a stream of a version before the count was recorded) and what the process
+    /// asks for (`None`: whatever the namespace has, the default for a new one).
+    pub(crate) fn agree(
+        &self,
+        namespace: &str,
+        recorded: Option<Option<&str>>,
+        wanted: Option<u16>,
+    ) -> Result<u16, StoreError> {
+        let recorded = match recorded {
+            None => return Ok(wanted.unwrap_or(self.default)),
+            Some(None) => 1,
+            Some(Some(text)) => text
+                .parse::<u16>()
+                .ok()
+                .filter(|n| (self.min..=self.max).contains(n))
+                .ok_or_else(|| {
+                    StoreError::Misconfigured(format!(
+                        "the events stream of namespace {namespace} records an invalid {}",
+                        self.name
+                    ))
+                })?,
+        };
+        match wanted {
+            Some(wanted) if wanted != recorded => Err(StoreError::Misconfigured(format!(
+                "namespace {namespace} has {recorded} {} and this process asks for {wanted}; \
+                 the count is fixed when a namespace is created (leave the setting out to use \
+                 the namespace's, or use another namespace)",
+                self.unit
+            ))),
+            _ => Ok(recorded),
+        }
     }
 }
 
@@ -360,17 +372,21 @@ mod tests {
 
     #[test]
     fn the_recorded_count_wins_and_an_explicit_other_count_is_refused() {
-        assert_eq!(agree("ns", None, None).unwrap(), DEFAULT_EVENT_SHARDS);
-        assert_eq!(agree("ns", None, Some(2)).unwrap(), 2);
-        assert_eq!(agree("ns", Some(None), None).unwrap(), 1);
-        assert_eq!(agree("ns", Some(None), Some(1)).unwrap(), 1);
-        assert_eq!(agree("ns", Some(Some("8")), None).unwrap(), 8);
-        let Err(StoreError::Misconfigured(message)) = agree("ns", Some(None), Some(4)) else {
+        assert_eq!(
+            SHARD_COUNT.agree("ns", None, None).unwrap(),
+            DEFAULT_EVENT_SHARDS
+        );
+        assert_eq!(SHARD_COUNT.agree("ns", None, Some(2)).unwrap(), 2);
+        assert_eq!(SHARD_COUNT.agree("ns", Some(None), None).unwrap(), 1);
+        assert_eq!(SHARD_COUNT.agree("ns", Some(None), Some(1)).unwrap(), 1);
+        assert_eq!(SHARD_COUNT.agree("ns", Some(Some("8")), None).unwrap(), 8);
+        let Err(StoreError::Misconfigured(message)) = SHARD_COUNT.agree("ns", Some(None), Some(4))
+        else {
             panic!("a pre-sharding namespace accepted 4 shards");
         };
         assert!(message.contains("has 1 partition(s)"), "{message}");
         assert!(message.contains("asks for 4"), "{message}");
-        assert!(agree("ns", Some(Some("x")), None).is_err());
+        assert!(SHARD_COUNT.agree("ns", Some(Some("x")), None).is_err());
     }
 
     #[test]
@@ -410,17 +426,21 @@ mod tests {
 
     #[test]
     fn a_new_namespace_gets_the_default_lanes_and_an_old_one_keeps_one() {
-        assert_eq!(agree_lanes("ns", None, None).unwrap(), DEFAULT_TENANT_LANES);
-        assert_eq!(agree_lanes("ns", None, Some(1)).unwrap(), 1);
-        assert_eq!(agree_lanes("ns", Some(None), None).unwrap(), 1);
-        assert_eq!(agree_lanes("ns", Some(Some("4")), None).unwrap(), 4);
-        assert_eq!(agree_lanes("ns", Some(Some("4")), Some(4)).unwrap(), 4);
-        let Err(StoreError::Misconfigured(message)) = agree_lanes("ns", Some(None), Some(8)) else {
+        assert_eq!(
+            LANE_COUNT.agree("ns", None, None).unwrap(),
+            DEFAULT_TENANT_LANES
+        );
+        assert_eq!(LANE_COUNT.agree("ns", None, Some(1)).unwrap(), 1);
+        assert_eq!(LANE_COUNT.agree("ns", Some(None), None).unwrap(), 1);
+        assert_eq!(LANE_COUNT.agree("ns", Some(Some("4")), None).unwrap(), 4);
+        assert_eq!(LANE_COUNT.agree("ns", Some(Some("4")), Some(4)).unwrap(), 4);
+        let Err(StoreError::Misconfigured(message)) = LANE_COUNT.agree("ns", Some(None), Some(8))
+        else {
             panic!("a namespace of one lane accepted 8");
         };
         assert!(message.contains("has 1 tenant lane(s)"), "{message}");
         assert!(message.contains("asks for 8"), "{message}");
-        assert!(agree_lanes("ns", Some(Some("0")), None).is_err());
-        assert!(agree_lanes("ns", Some(Some("x")), None).is_err());
+        assert!(LANE_COUNT.agree("ns", Some(Some("0")), None).is_err());
+        assert!(LANE_COUNT.agree("ns", Some(Some("x")), None).is_err());
     }
 }

@@ -1,7 +1,7 @@
 //! Unit tests of the writer: sequences and times, the pipeline, pacing, failures.
 
 use super::*;
-use crate::contract::delta;
+use crate::contract::{delta, output_usage};
 use crate::event_store::RunError;
 use crate::memory::{MemoryEventStore, MemoryLimits};
 use futures_util::FutureExt;
@@ -563,16 +563,7 @@ async fn a_write_that_lands_after_the_writer_gave_up_is_recognised_as_its_own() 
     // The stuck executions: `usage.reported` landed 0.9 s after the worker gave
     // up; its terminal append then met its own write, was taken for fenced, and the log
     // stayed open until the deadline.
-    let usage = EventBody::UsageReported {
-        facts: vec![
-            protocol::UsageFact::new(
-                protocol::UsageUnit::output_token(),
-                3.0,
-                protocol::UsageSource::Runtime,
-            )
-            .unwrap(),
-        ],
-    };
+    let usage = output_usage(3.0);
     for lands in [true, false] {
         let (store, id, mut writer) =
             cut_off_while_writing(vec![delta("late"), usage.clone()], lands).await;

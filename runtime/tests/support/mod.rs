@@ -41,6 +41,16 @@ pub async fn event_store(server: &NatsServer, settings: NatsSettings) -> NatsEve
     store_on(&connect(server, settings).await, MAX_EVENTS).await
 }
 
+/// Two connections to one namespace of its own on a private server, as two processes have
+/// (keep the server alive).
+pub async fn two_processes() -> (NatsServer, NatsBackend, NatsBackend) {
+    let server = NatsServer::start();
+    let settings = fresh_settings();
+    let first = connect(&server, settings.clone()).await;
+    let second = connect(&server, settings).await;
+    (server, first, second)
+}
+
 /// The settings of a namespace of its own.
 pub fn fresh_settings() -> NatsSettings {
     NatsSettings::new(unique_namespace("t"))

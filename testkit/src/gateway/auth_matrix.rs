@@ -49,6 +49,12 @@ pub fn key_entry(id: &str, tenant: &str, key: &str, scopes: Value) -> Value {
     json!({"id": id, "tenant": tenant, "sha256": sha256_hex(key), "scopes": scopes})
 }
 
+/// The test API key of tenant `tenant` (what [`tenant_keys`] is given by the suites whose
+/// deployments name their own tenants).
+pub fn tenant_key(tenant: &str) -> String {
+    format!("mrt-test-{tenant}-5f1c0e9a7b2d4c6e8a0b1c2d3e4f5a6b")
+}
+
 /// `auth.keys` with one key of every scope per tenant: `TENANT-key`, the key `api_key(TENANT)`.
 pub fn tenant_keys(tenants: &[&str], api_key: impl Fn(&str) -> String) -> Vec<Value> {
     tenants

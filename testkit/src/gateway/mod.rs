@@ -482,6 +482,15 @@ pub fn types(events: &[Value]) -> Vec<&str> {
         .collect()
 }
 
+/// The text of each `output.delta`, in log order.
+pub fn delta_texts(events: &[Value]) -> Vec<&str> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "output.delta")
+        .map(|e| e["delta"].as_str().expect("delta"))
+        .collect()
+}
+
 fn is_terminal_event(event: &Value) -> bool {
     matches!(
         event["type"].as_str(),

@@ -5,7 +5,7 @@
 //! if they are missing, the harness builds them once with `cargo build --bins`.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -93,17 +93,8 @@ pub fn spawn(
     ready_prefix: &str,
     logs: &TempDir,
 ) -> (Process, String) {
-    let log = logs
-        .path()
-        .join(format!("{}-{}.log", name, unique_namespace("")));
-    let stderr = std::fs::File::create(&log).expect("log file");
     let mut command = Command::new(binary(name));
-    command
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(stderr);
-    command.env_clear();
+    command.args(args).env_clear();
     for key in ["PATH", "HOME"] {
         if let Ok(v) = std::env::var(key) {
             command.env(key, v);
@@ -113,6 +104,26 @@ pub fn spawn(
     for (k, v) in env {
         command.env(k, v);
     }
+    spawn_command(command, name, ready_prefix, logs)
+}
+
+/// Spawns `command`, which runs binary `name` (directly or through a wrapper such as
+/// `ip netns exec`), with stderr to a log file in `logs`, and waits for a stdout line starting
+/// with `ready_prefix`; returns the process and that line.
+pub fn spawn_command(
+    mut command: Command,
+    name: &str,
+    ready_prefix: &str,
+    logs: &TempDir,
+) -> (Process, String) {
+    let log = logs
+        .path()
+        .join(format!("{}-{}.log", name, unique_namespace("")));
+    let stderr = std::fs::File::create(&log).expect("log file");
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr);
     let mut child = command.spawn().expect("spawn binary");
     let stdout = child.stdout.take().expect("stdout");
     let (tx, rx) = std::sync::mpsc::channel();
@@ -148,6 +159,25 @@ pub struct Gateway {
     pub url: String,
 }
 
+/// The environment of a process on the nats backend: the NATS server it connects to (one node
+/// of a cluster learns the others from its gossip), Redis, its namespace and deployment file.
+/// Several processes share the machine, so each admin endpoint is on a free port.
+pub fn nats_env(
+    nats_url: String,
+    redis: &RedisServer,
+    namespace: &str,
+    config: &Path,
+) -> Vec<(String, String)> {
+    vec![
+        ("MODEL_RUNTIME_BACKEND".into(), "nats".into()),
+        ("NATS_URL".into(), nats_url),
+        ("REDIS_URL".into(), redis.url()),
+        ("MODEL_RUNTIME_NAMESPACE".into(), namespace.into()),
+        ("MODEL_RUNTIME_CONFIG".into(), config.display().to_string()),
+        ("MODEL_RUNTIME_ADMIN_PORT".into(), "0".into()),
+    ]
+}
+
 /// NATS + Redis + configuration shared by the processes of one test.
 #[derive(Debug)]
 pub struct Cluster {
@@ -176,19 +206,8 @@ impl Cluster {
     }
 
     pub fn env(&self) -> Vec<(String, String)> {
-        let mut env = vec![
-            ("MODEL_RUNTIME_BACKEND".into(), "nats".into()),
-            ("NATS_URL".into(), self.nats.url()),
-            ("REDIS_URL".into(), self.redis.url()),
-            ("MODEL_RUNTIME_NAMESPACE".into(), self.namespace.clone()),
-            (
-                "MODEL_RUNTIME_CONFIG".into(),
-                self.config.display().to_string(),
-            ),
-            ("MODEL_RUNTIME_SHUTDOWN_GRACE_MS".into(), "5000".into()),
-            // Several workers share the machine: each admin endpoint on a free port.
-            ("MODEL_RUNTIME_ADMIN_PORT".into(), "0".into()),
-        ];
+        let mut env = nats_env(self.nats.url(), &self.redis, &self.namespace, &self.config);
+        env.push(("MODEL_RUNTIME_SHUTDOWN_GRACE_MS".into(), "5000".into()));
         env.extend(self.extra_env.iter().cloned());
         env
     }
@@ -247,7 +266,7 @@ pub fn client() -> reqwest::Client {
     super::http_client()
 }
 
-pub use super::{text_request, types};
+pub use super::{delta_texts, text_request, types};
 
 /// A deployment of the mock `provider-mock` that streams `chunks` chunks (`c0 `, `c1 `, ...),
 /// waiting `delay_ms` before each, with room for load: 64 running and 256 queued per worker
@@ -318,7 +337,20 @@ pub async fn submit_until_accepted(base: &str, key: Option<&str>) -> Value {
 
 /// GETs JSON.
 pub async fn get_json(url: &str) -> (u16, Value) {
-    let resp = client().get(url).send().await.unwrap();
+    get_json_with(url, None).await
+}
+
+/// [`get_json`] with API key `key` as the bearer token.
+pub async fn get_json_as(url: &str, key: &str) -> (u16, Value) {
+    get_json_with(url, Some(key)).await
+}
+
+async fn get_json_with(url: &str, key: Option<&str>) -> (u16, Value) {
+    let mut request = client().get(url);
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    let resp = request.send().await.unwrap();
     let status = resp.status().as_u16();
     (status, resp.json().await.unwrap_or(Value::Null))
 }
@@ -377,8 +409,26 @@ pub async fn wait_snapshot(
     within: Duration,
     pred: impl Fn(&Value) -> bool,
 ) -> Value {
+    wait_snapshot_with(base, None, id, what, within, pred).await
+}
+
+/// Polls the snapshot of `id`, read with API key `key`, until it is terminal or `within` has
+/// passed; returns that snapshot.
+pub async fn wait_terminal_as(base: &str, key: &str, id: &str, within: Duration) -> Value {
+    let terminal = super::is_terminal_snapshot;
+    wait_snapshot_with(base, Some(key), id, "terminal", within, terminal).await
+}
+
+async fn wait_snapshot_with(
+    base: &str,
+    key: Option<&str>,
+    id: &str,
+    what: &str,
+    within: Duration,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
     poll_until(within, Duration::from_millis(50), async || {
-        let (status, snap) = get_json(&format!("{base}/v1/executions/{id}")).await;
+        let (status, snap) = get_json_with(&format!("{base}/v1/executions/{id}"), key).await;
         if status == 200 && pred(&snap) {
             Ok(snap)
         } else {
