@@ -18,7 +18,7 @@ use std::time::Duration;
 use futures_util::future::OptionFuture;
 use futures_util::{FutureExt, StreamExt};
 use runtime::backoff::Backoff;
-use runtime::{Delivery, JobQueue, StoreError};
+use runtime::{Deliveries, Delivery, JobQueue, StoreError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -120,12 +120,19 @@ async fn receive_loops(
 ) {
     let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
     let sources = queue.sources().max(1);
+    let puller = |source, share| Puller {
+        queue: Arc::clone(&queue),
+        runner: Arc::clone(&runner),
+        heartbeat: config.heartbeat,
+        stop: stop.clone(),
+        tracker: tracker.clone(),
+        slots: Arc::clone(&slots),
+        source,
+        share,
+        backoff: receive_backoff(),
+    };
     if sources == 1 {
-        let target = PullTarget {
-            source: None,
-            share: MAX_PULL,
-        };
-        return receive_loop(queue, runner, config, stop, tracker, slots, target).await;
+        return puller(None, MAX_PULL).receive_loop().await;
     }
     let share = config
         .concurrency
@@ -133,198 +140,204 @@ async fn receive_loops(
         .div_ceil(queue.partitions().max(1))
         .clamp(1, MAX_PULL);
     let loops: Vec<_> = (0..sources)
-        .map(|source| {
-            let target = PullTarget {
-                source: Some(source),
-                share,
-            };
-            tokio::spawn(source_loop(
-                Arc::clone(&queue),
-                Arc::clone(&runner),
-                config.clone(),
-                stop.clone(),
-                tracker.clone(),
-                Arc::clone(&slots),
-                target,
-            ))
-        })
+        .map(|source| tokio::spawn(puller(Some(source), share).source_loop()))
         .collect();
     for receive in loops {
         let _ = receive.await;
     }
 }
 
-/// What one receive loop asks: one source (`None`: the whole queue) for at most `share` jobs
-/// a request.
-#[derive(Debug, Clone, Copy)]
-struct PullTarget {
+/// One receive loop: what it asks (one source, `None`: the whole queue, for at most `share`
+/// jobs a request) and what it shares with the pool's other loops.
+struct Puller {
+    queue: Arc<dyn JobQueue>,
+    runner: Arc<Runner>,
+    heartbeat: Duration,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+    slots: Arc<Semaphore>,
     source: Option<usize>,
     share: usize,
+    backoff: Backoff,
 }
 
-async fn receive_loop(
-    queue: Arc<dyn JobQueue>,
-    runner: Arc<Runner>,
-    config: PoolConfig,
-    stop: CancellationToken,
-    tracker: TaskTracker,
-    slots: Arc<Semaphore>,
-    target: PullTarget,
-) {
-    let mut backoff = receive_backoff();
-    loop {
-        let Some(mut permits) = free_slots(&slots, target.share, &stop).await else {
-            return;
-        };
-        let deliveries = tokio::select! {
-            biased;
-            () = stop.cancelled() => return,
-            d = async {
-                match target.source {
-                    Some(source) => queue.receive_from(source, permits.num_permits()).await,
-                    None => queue.receive_up_to(permits.num_permits()).await,
-                }
-            } => d,
-        };
-        let mut deliveries = match deliveries {
-            Ok(Some(d)) => d,
-            Ok(None) => return,
-            Err(e) => {
-                if !pause_after(&e, &mut backoff, &stop).await {
-                    return;
-                }
-                continue;
-            }
-        };
-        loop {
-            let next = tokio::select! {
-                biased;
-                () = stop.cancelled() => {
-                    // What the request already delivered still runs (a memory queue would never
-                    // deliver it again); the shutdown grace decides for how long.
-                    while let Some(Some(Ok(delivery))) = deliveries.next().now_or_never() {
-                        let Some(permit) = permits.split(1) else { break };
-                        start(&tracker, &runner, delivery, permit, config.heartbeat);
-                    }
-                    return;
-                }
-                next = deliveries.next() => next,
-            };
-            let delivery = match next {
-                Some(Ok(delivery)) => delivery,
-                Some(Err(e)) => {
-                    if !pause_after(&e, &mut backoff, &stop).await {
-                        return;
-                    }
-                    break;
-                }
-                None => break,
-            };
-            backoff.reset();
-            // A queue never yields more deliveries than asked for; one that did would only
-            // lose this job to redelivery, never overfill the slots.
-            let Some(permit) = permits.split(1) else {
-                tracing::error!("job queue yielded more jobs than asked for");
-                break;
-            };
-            start(&tracker, &runner, delivery, permit, config.heartbeat);
+impl Puller {
+    /// The deliveries of a request, or `None` when there are none to take: `Some(None)`
+    /// after a failed request (logged, and paused for), `None` when the loop must end (the
+    /// queue closed, or the pool stopped).
+    async fn answered(
+        &mut self,
+        request: Result<Option<Deliveries>, StoreError>,
+    ) -> Option<Option<Deliveries>> {
+        match request {
+            Ok(Some(deliveries)) => Some(Some(deliveries)),
+            Ok(None) => None,
+            Err(e) => pause_after(&e, &mut self.backoff, &self.stop)
+                .await
+                .then_some(None),
         }
     }
-}
 
-/// The loop of one source of several (see the module docs): waiting for one job without a
-/// slot, then taking what the free slots allow until the source runs dry.
-async fn source_loop(
-    queue: Arc<dyn JobQueue>,
-    runner: Arc<Runner>,
-    config: PoolConfig,
-    stop: CancellationToken,
-    tracker: TaskTracker,
-    slots: Arc<Semaphore>,
-    target: PullTarget,
-) {
-    let source = target.source.unwrap_or(0);
-    let mut backoff = receive_backoff();
-    loop {
-        // Waiting: one job, no slot held meanwhile.
-        let waited = tokio::select! {
-            biased;
-            () = stop.cancelled() => return,
-            d = queue.receive_from(source, 1) => d,
+    /// Starts `delivery` in a slot split off `permits`; `false` when none is left. A queue
+    /// never yields more deliveries than asked for; one that did would only lose this job to
+    /// redelivery, never overfill the slots.
+    fn start_in(&self, permits: &mut OwnedSemaphorePermit, delivery: Delivery) -> bool {
+        let Some(permit) = permits.split(1) else {
+            tracing::error!("job queue yielded more jobs than asked for");
+            return false;
         };
-        let mut deliveries = match waited {
-            Ok(Some(d)) => d,
-            Ok(None) => return,
-            Err(e) => {
-                if !pause_after(&e, &mut backoff, &stop).await {
-                    return;
-                }
-                continue;
-            }
-        };
-        let mut got = false;
-        while let Some(next) = tokio::select! {
-            biased;
-            () = stop.cancelled() => None,
-            next = deliveries.next() => next,
-        } {
-            match next {
-                Ok(delivery) => {
-                    let Some(permit) = slot_for(&slots, &delivery, &stop, config.heartbeat).await
-                    else {
-                        // Stopping before a slot freed: another worker runs it now.
-                        let _ = delivery.handle.release().await;
-                        return;
-                    };
-                    start(&tracker, &runner, delivery, permit, config.heartbeat);
-                    got = true;
-                }
-                Err(e) => {
-                    if !pause_after(&e, &mut backoff, &stop).await {
-                        return;
-                    }
-                    break;
-                }
-            }
-        }
-        if stop.is_cancelled() {
-            return;
-        }
-        if !got {
-            continue;
-        }
-        backoff.reset();
-        // Taking: the source has jobs; as many as slots are free (up to the share), never
-        // waiting on the source, until a request brings fewer than it asked for.
+        start(
+            &self.tracker,
+            &self.runner,
+            delivery,
+            permit,
+            self.heartbeat,
+        );
+        true
+    }
+
+    /// The loop of a queue of one source: every free slot, then one request for that many.
+    async fn receive_loop(mut self) {
         loop {
-            let Some(mut permits) = free_slots(&slots, target.share, &stop).await else {
+            let Some(mut permits) = free_slots(&self.slots, self.share, &self.stop).await else {
                 return;
             };
             let asked = permits.num_permits();
-            let mut deliveries = match queue.take_from(source, asked).await {
-                Ok(Some(d)) => d,
-                Ok(None) => return,
-                Err(e) => {
-                    if !pause_after(&e, &mut backoff, &stop).await {
+            let request = tokio::select! {
+                biased;
+                () = self.stop.cancelled() => return,
+                d = async {
+                    match self.source {
+                        Some(source) => self.queue.receive_from(source, asked).await,
+                        None => self.queue.receive_up_to(asked).await,
+                    }
+                } => d,
+            };
+            let Some(mut deliveries) = self.answered(request).await else {
+                return;
+            };
+            while let Some(deliveries) = deliveries.as_mut() {
+                let next = tokio::select! {
+                    biased;
+                    () = self.stop.cancelled() => {
+                        // What the request already delivered still runs (a memory queue would
+                        // never deliver it again); the shutdown grace decides for how long.
+                        while let Some(Some(Ok(delivery))) = deliveries.next().now_or_never() {
+                            if !self.start_in(&mut permits, delivery) {
+                                break;
+                            }
+                        }
                         return;
                     }
-                    break;
+                    next = deliveries.next() => next,
+                };
+                match next {
+                    Some(Ok(delivery)) => {
+                        self.backoff.reset();
+                        if !self.start_in(&mut permits, delivery) {
+                            break;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        if !pause_after(&e, &mut self.backoff, &self.stop).await {
+                            return;
+                        }
+                        break;
+                    }
+                    None => break,
                 }
+            }
+        }
+    }
+
+    /// The loop of one source of several (see the module docs): waiting for one job without a
+    /// slot, then taking what the free slots allow until the source runs dry.
+    async fn source_loop(mut self) {
+        let source = self.source.unwrap_or(0);
+        loop {
+            // Waiting: one job, no slot held meanwhile.
+            let request = tokio::select! {
+                biased;
+                () = self.stop.cancelled() => return,
+                d = self.queue.receive_from(source, 1) => d,
+            };
+            let Some(waited) = self.answered(request).await else {
+                return;
+            };
+            let Some(mut deliveries) = waited else {
+                continue;
+            };
+            let mut got = false;
+            while let Some(next) = tokio::select! {
+                biased;
+                () = self.stop.cancelled() => None,
+                next = deliveries.next() => next,
+            } {
+                match next {
+                    Ok(delivery) => {
+                        let Some(permit) =
+                            slot_for(&self.slots, &delivery, &self.stop, self.heartbeat).await
+                        else {
+                            // Stopping before a slot freed: another worker runs it now.
+                            let _ = delivery.handle.release().await;
+                            return;
+                        };
+                        start(
+                            &self.tracker,
+                            &self.runner,
+                            delivery,
+                            permit,
+                            self.heartbeat,
+                        );
+                        got = true;
+                    }
+                    Err(e) => {
+                        if !pause_after(&e, &mut self.backoff, &self.stop).await {
+                            return;
+                        }
+                        break;
+                    }
+                }
+            }
+            if self.stop.is_cancelled() {
+                return;
+            }
+            if got {
+                self.backoff.reset();
+                if !self.take(source).await {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Taking: the source has jobs; as many as slots are free (up to the share), never waiting
+    /// on the source, until a request brings fewer than it asked for. `false`: the loop must
+    /// end.
+    async fn take(&mut self, source: usize) -> bool {
+        loop {
+            let Some(mut permits) = free_slots(&self.slots, self.share, &self.stop).await else {
+                return false;
+            };
+            let asked = permits.num_permits();
+            let request = self.queue.take_from(source, asked).await;
+            let Some(taken) = self.answered(request).await else {
+                return false;
+            };
+            let Some(mut deliveries) = taken else {
+                return true;
             };
             let mut taken = 0;
             // A request that asks for jobs the source holds is answered at once; what it
             // brought still runs when the pool stops meanwhile (the shutdown grace decides).
-            while let Some(next) = deliveries.next().await {
-                let Ok(delivery) = next else { break };
-                let Some(permit) = permits.split(1) else {
-                    tracing::error!("job queue yielded more jobs than asked for");
+            while let Some(Ok(delivery)) = deliveries.next().await {
+                if !self.start_in(&mut permits, delivery) {
                     break;
-                };
-                start(&tracker, &runner, delivery, permit, config.heartbeat);
+                }
                 taken += 1;
             }
-            if taken < asked || stop.is_cancelled() {
-                break;
+            if taken < asked || self.stop.is_cancelled() {
+                return !self.stop.is_cancelled();
             }
         }
     }
