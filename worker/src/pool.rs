@@ -178,6 +178,15 @@ impl Puller {
         }
     }
 
+    /// Runs `delivery` in the slot `permit` holds, tracked so shutdown can wait for it.
+    fn start(&self, delivery: Delivery, permit: OwnedSemaphorePermit) {
+        let runner = Arc::clone(&self.runner);
+        let heartbeat = self.heartbeat;
+        self.tracker.spawn(async move {
+            run_delivery(&runner, delivery, permit, heartbeat).await;
+        });
+    }
+
     /// Starts `delivery` in a slot split off `permits`; `false` when none is left. A queue
     /// never yields more deliveries than asked for; one that did would only lose this job to
     /// redelivery, never overfill the slots.
@@ -186,13 +195,7 @@ impl Puller {
             tracing::error!("job queue yielded more jobs than asked for");
             return false;
         };
-        start(
-            &self.tracker,
-            &self.runner,
-            delivery,
-            permit,
-            self.heartbeat,
-        );
+        self.start(delivery, permit);
         true
     }
 
@@ -282,13 +285,7 @@ impl Puller {
                             let _ = delivery.handle.release().await;
                             return;
                         };
-                        start(
-                            &self.tracker,
-                            &self.runner,
-                            delivery,
-                            permit,
-                            self.heartbeat,
-                        );
+                        self.start(delivery, permit);
                         got = true;
                     }
                     Err(e) => {
@@ -394,20 +391,6 @@ async fn slot_for(
             }
         }
     }
-}
-
-/// Runs `delivery` in the slot `permit` holds, tracked so shutdown can wait for it.
-fn start(
-    tracker: &TaskTracker,
-    runner: &Arc<Runner>,
-    delivery: Delivery,
-    permit: OwnedSemaphorePermit,
-    heartbeat: Duration,
-) {
-    let runner = Arc::clone(runner);
-    tracker.spawn(async move {
-        run_delivery(&runner, delivery, permit, heartbeat).await;
-    });
 }
 
 /// The pauses between failed receives: from 100 ms, doubling, at most a second apart, so jobs
