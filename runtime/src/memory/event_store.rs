@@ -5,9 +5,10 @@
 //! keep their `Arc` and finish normally.
 //!
 //! While a log is open each event is held as its record (the event and its JSON, shared by
-//! every reader). Once the log is terminal only the JSON is kept ([`Held`]): a retained
-//! execution then costs about the size of its events, and a read of it decodes them again, as
-//! a read from NATS does.
+//! every reader). Once the log is terminal only the JSON of its events is kept ([`Held`]),
+//! but for the terminal event itself, which live readers are about to read (it is small): a
+//! retained execution then costs about the size of its events, and a read of it decodes them
+//! again, as a read from NATS does.
 //!
 //! A [`TerminalHook`] learns of every terminal event right after it is stored (embedded mode
 //! releases the execution's quota slot with it); it runs outside the store's locks and cannot
@@ -336,10 +337,12 @@ impl EventStore for MemoryEventStore {
             if !state.tail_writer.is_some_and(|(w, _)| w == writer) {
                 state.tail_writer = Some((writer, state.records.len()));
             }
-            state.records.push(Held::Record(Arc::clone(&record)));
             if terminal {
+                // Readers that follow the log live have read what came before; the terminal
+                // event they are about to read stays whole (it is small).
                 state.records.iter_mut().for_each(Held::compact);
             }
+            state.records.push(Held::Record(Arc::clone(&record)));
             state.bytes += size;
             self.inner.total_bytes.fetch_add(size, Ordering::Relaxed);
             record
@@ -442,8 +445,8 @@ mod tests {
     use super::*;
     use crate::contract::{completed, delta, drain, event, routed};
 
-    /// A terminal log keeps each event's JSON alone, and reads, subscriptions, the head and the
-    /// snapshot see exactly what they saw while it was open.
+    /// A terminal log keeps the JSON alone of each event but its terminal one, and reads,
+    /// subscriptions, the head and the snapshot see exactly what they saw while it was open.
     #[tokio::test]
     async fn a_terminal_log_keeps_its_json_alone_and_reads_back_the_same() {
         let store = MemoryEventStore::new(MemoryLimits::default());
@@ -455,14 +458,17 @@ mod tests {
         store.append(event(id, 5, completed())).await.unwrap();
 
         let entry = store.entry(id).unwrap();
-        assert!(
-            entry
-                .state
-                .lock()
-                .records
-                .iter()
-                .all(|h| matches!(h, Held::Json(_))),
-            "a terminal log holds only JSON"
+        let held: Vec<bool> = entry
+            .state
+            .lock()
+            .records
+            .iter()
+            .map(|h| matches!(h, Held::Json(_)))
+            .collect();
+        assert_eq!(
+            held,
+            [true, true, true, true, false],
+            "a terminal log holds only JSON but for its terminal event"
         );
         let closed = store.read(id, Sequence::ZERO, 100).await.unwrap().unwrap();
         assert_eq!(closed.len(), 5);
