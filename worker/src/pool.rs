@@ -7,9 +7,8 @@
 //! (as many as slots are free, up to its share, without waiting on the source) until its
 //! source runs dry. Free slots go to the waiting loops in turn, so the lanes of tenants with
 //! jobs share the slots evenly whatever their backlogs: one tenant's thousand waiting jobs
-//! never stand in front of another tenant's first. Each job
-//! runs in its slot, heartbeating the delivery while the execution runs, and is acknowledged
-//! once the log is terminal. The slot is freed when the execution ends, before that
+//! never stand in front of another tenant's first. Each job runs in its slot, heartbeating
+//! the delivery while the execution runs, and is acknowledged once the log is terminal. The slot is freed when the execution ends, before that
 //! acknowledgement's round trip, so a busy worker takes its next job one round trip sooner.
 
 use std::sync::Arc;
