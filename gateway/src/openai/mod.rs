@@ -31,7 +31,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -94,66 +94,85 @@ impl Created {
     }
 }
 
-/// The submission steps both creates share: scope, shutdown, headers, body, model, the native
-/// request and the native flow.
-async fn submit_openai<T>(
-    state: &AppState,
-    principal: &Principal,
-    headers: &HeaderMap,
+/// What both creates take from their request: the caller, the headers and the body, which
+/// [`Create::submit`] submits.
+struct Create {
+    principal: Principal,
+    headers: HeaderMap,
     body: Body,
-    parse: fn(&[u8]) -> Result<T, OpenAiError>,
-    plan: impl FnOnce(&T) -> (&str, &translate::Intent, bool),
-) -> Result<(T, Created), OpenAiError> {
-    principal.require(Scope::Submit)?;
-    if state.is_stopping() {
-        return Err(ApiError::Unavailable("Runtime is shutting down").into());
+}
+
+impl<S: Send + Sync> FromRequest<S> for Create {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        let (mut parts, body) = request.into_parts();
+        let principal = Principal::from_request_parts(&mut parts, state).await?;
+        Ok(Self {
+            principal,
+            headers: parts.headers,
+            body,
+        })
     }
-    json_headers(state, headers)?;
-    let key = idempotency_key(headers)?;
-    let bytes = read_body(body, state.inner.limits.max_body_bytes).await?;
-    let parsed = parse(&bytes)?;
-    drop(bytes);
-    let (model_name, intent, streaming) = plan(&parsed);
-    let manifests = state.inner.capabilities.manifests();
-    let resolved = model::resolve(&manifests, model_name)?;
-    let dialect = state.dialect(&resolved.provider);
-    let mut request: ExecutionRequest = translate::execution_request(intent, &resolved, dialect)?;
-    let targets = state.inner.capabilities.targets(&request);
-    translate::pin_to_model(&mut request, &resolved, targets)?;
-    // Reserved before anything is created, as for native streams.
-    let permit = if streaming {
-        Some(stream_permit(state)?)
-    } else {
-        None
-    };
-    // The caller's trace continues into the job, as for native submits (only a well-formed
-    // W3C value, never caller text).
-    let traceparent = headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| valid_traceparent(v))
-        .map(str::to_owned);
-    let submitted = submit::submit(state, &principal.tenant, request, key, traceparent).await;
-    state.metrics().count_submission(&submitted);
-    let submission = submitted?;
-    Ok((parsed, Created { submission, permit }))
+}
+
+impl Create {
+    /// The submission steps both creates share: scope, shutdown, headers, body, model, the
+    /// native request and the native flow.
+    async fn submit<T>(
+        self,
+        state: &AppState,
+        parse: fn(&[u8]) -> Result<T, OpenAiError>,
+        plan: impl FnOnce(&T) -> (&str, &translate::Intent, bool),
+    ) -> Result<(T, Created), OpenAiError> {
+        self.principal.require(Scope::Submit)?;
+        if state.is_stopping() {
+            return Err(ApiError::Unavailable("Runtime is shutting down").into());
+        }
+        json_headers(state, &self.headers)?;
+        let key = idempotency_key(&self.headers)?;
+        let bytes = read_body(self.body, state.inner.limits.max_body_bytes).await?;
+        let parsed = parse(&bytes)?;
+        drop(bytes);
+        let (model_name, intent, streaming) = plan(&parsed);
+        let manifests = state.inner.capabilities.manifests();
+        let resolved = model::resolve(&manifests, model_name)?;
+        let dialect = state.dialect(&resolved.provider);
+        let mut request: ExecutionRequest =
+            translate::execution_request(intent, &resolved, dialect)?;
+        let targets = state.inner.capabilities.targets(&request);
+        translate::pin_to_model(&mut request, &resolved, targets)?;
+        // Reserved before anything is created, as for native streams.
+        let permit = if streaming {
+            Some(stream_permit(state)?)
+        } else {
+            None
+        };
+        // The caller's trace continues into the job, as for native submits (only a well-formed
+        // W3C value, never caller text).
+        let traceparent = self
+            .headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| valid_traceparent(v))
+            .map(str::to_owned);
+        let submitted =
+            submit::submit(state, &self.principal.tenant, request, key, traceparent).await;
+        state.metrics().count_submission(&submitted);
+        let submission = submitted?;
+        Ok((parsed, Created { submission, permit }))
+    }
 }
 
 async fn create_response(
     State(state): State<AppState>,
-    principal: Principal,
-    headers: HeaderMap,
-    body: Body,
+    create: Create,
 ) -> Result<Response, OpenAiError> {
-    let (request, created) = submit_openai(
-        &state,
-        &principal,
-        &headers,
-        body,
-        request::responses,
-        |r| (r.model.as_str(), &r.intent, r.stream),
-    )
-    .await?;
+    let (request, created) = create
+        .submit(&state, request::responses, |r| {
+            (r.model.as_str(), &r.intent, r.stream)
+        })
+        .await?;
     let id = created.id();
     if let Some(permit) = created.permit {
         let records = subscribe(&state, id).await?;
@@ -182,12 +201,10 @@ async fn create_response(
 
 async fn create_chat_completion(
     State(state): State<AppState>,
-    principal: Principal,
-    headers: HeaderMap,
-    body: Body,
+    create: Create,
 ) -> Result<Response, OpenAiError> {
-    let (request, created) =
-        submit_openai(&state, &principal, &headers, body, request::chat, |r| {
+    let (request, created) = create
+        .submit(&state, request::chat, |r| {
             (r.model.as_str(), &r.intent, r.stream)
         })
         .await?;
