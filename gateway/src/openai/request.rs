@@ -30,6 +30,32 @@ pub struct ChatRequest {
     pub include_usage: bool,
 }
 
+/// What the shared submission flow reads of either create body.
+pub trait CreateRequest: Sized {
+    /// The body parsed ([`responses`], [`chat`]).
+    fn parse(bytes: &[u8]) -> Result<Self, OpenAiError>;
+    /// The model asked for, the intent and whether the answer streams.
+    fn plan(&self) -> (&str, &Intent, bool);
+}
+
+impl CreateRequest for ResponsesRequest {
+    fn parse(bytes: &[u8]) -> Result<Self, OpenAiError> {
+        responses(bytes)
+    }
+    fn plan(&self) -> (&str, &Intent, bool) {
+        (&self.model, &self.intent, self.stream)
+    }
+}
+
+impl CreateRequest for ChatRequest {
+    fn parse(bytes: &[u8]) -> Result<Self, OpenAiError> {
+        chat(bytes)
+    }
+    fn plan(&self) -> (&str, &Intent, bool) {
+        (&self.model, &self.intent, self.stream)
+    }
+}
+
 /// A JSON object body, or 400.
 fn object(bytes: &[u8]) -> Result<Map<String, Value>, OpenAiError> {
     match serde_json::from_slice::<Value>(bytes) {
