@@ -342,18 +342,7 @@ mod tests {
     }
 
     fn log(id: ExecutionId, bodies: Vec<EventBody>) -> Vec<RuntimeEvent> {
-        bodies
-            .into_iter()
-            .enumerate()
-            .map(|(i, b)| {
-                RuntimeEvent::new(
-                    id,
-                    Sequence(i as u64 + 1),
-                    Timestamp::from_unix_millis(1000 + i as i64),
-                    b,
-                )
-            })
-            .collect()
+        RuntimeEvent::numbered(id, bodies, |i| Timestamp::from_unix_millis(1000 + i as i64))
     }
 
     fn mock_run(id: ExecutionId) -> Vec<RuntimeEvent> {

@@ -1,24 +1,14 @@
 //! Execution logs for the unit tests of the OpenAI projections (`projection`, `stream`,
 //! `chat`), which all read the same shapes of log.
 
-use protocol::{EventBody, ExecutionId, RuntimeEvent, Sequence, Target, Timestamp};
+use protocol::{EventBody, ExecutionId, RuntimeEvent, Target, Timestamp};
 
 /// One new execution's events with `bodies`, numbered from 1, all stamped 5 s after the epoch
 /// (a Response's `created_at` of 5).
 pub fn log(bodies: Vec<EventBody>) -> Vec<RuntimeEvent> {
-    let id = ExecutionId::new_random();
-    bodies
-        .into_iter()
-        .enumerate()
-        .map(|(i, b)| {
-            RuntimeEvent::new(
-                id,
-                Sequence(i as u64 + 1),
-                Timestamp::from_unix_millis(5_000),
-                b,
-            )
-        })
-        .collect()
+    RuntimeEvent::numbered(ExecutionId::new_random(), bodies, |_| {
+        Timestamp::from_unix_millis(5_000)
+    })
 }
 
 /// The provider `p`'s model `m`.
