@@ -25,8 +25,7 @@ use runtime::memory::{
     MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
 };
 use runtime::{
-    Delivery, EventStore, IdempotencyRecord, IdempotencyStore, Job, JobQueue, LogHead, QueuedJob,
-    StoreError,
+    EventStore, IdempotencyRecord, IdempotencyStore, Job, JobQueue, LogHead, StoreError,
 };
 use serde_json::{Value, json};
 use testkit::fake_provider::{FakeProvider, Reply};
@@ -151,7 +150,10 @@ struct FaultyQueue {
 }
 
 #[async_trait]
-impl JobQueue for FaultyQueue {
+impl runtime::intercept::QueueIntercept for FaultyQueue {
+    fn inner(&self) -> &dyn JobQueue {
+        &*self.inner
+    }
     async fn publish(&self, job: &Job) -> Result<(), StoreError> {
         match self.publishes.hit(job.execution_id) {
             None => self.inner.publish(job).await,
@@ -167,18 +169,6 @@ impl JobQueue for FaultyQueue {
             return Err(unavailable());
         }
         self.inner.withdraw(job).await
-    }
-    async fn receive(&self) -> Result<Option<Delivery>, StoreError> {
-        self.inner.receive().await
-    }
-    fn close(&self) {
-        self.inner.close();
-    }
-    async fn ready(&self) -> Result<(), StoreError> {
-        self.inner.ready().await
-    }
-    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<QueuedJob>, StoreError> {
-        self.inner.scan(after, limit).await
     }
 }
 
@@ -566,13 +556,12 @@ async fn a_job_whose_log_creation_failed_never_runs() {
     // Keyed: the failure is certain, so the key is released and a retry creates a new
     // execution, which runs.
     let h = harness((Fault::Lost, 1), (Fault::Lost, 0)).await;
-    let first = h
-        .submit_expecting(
-            "keyed-lost-create",
-            Some("k-1"),
-            StatusCode::SERVICE_UNAVAILABLE,
-        )
-        .await;
+    h.submit_expecting(
+        "keyed-lost-create",
+        Some("k-1"),
+        StatusCode::SERVICE_UNAVAILABLE,
+    )
+    .await;
     let retry = h.accepted("keyed-lost-create", Some("k-1")).await;
     let log = h.terminal_log(execution_id(&retry)).await;
     assert_eq!(log.first(), Some(&"execution.accepted"));
@@ -591,8 +580,7 @@ async fn a_failed_creates_log_is_closed_even_while_its_job_cannot_be_withdrawn()
     h.gateway_queue
         .withdraw_outage
         .store(true, Ordering::SeqCst);
-    let first = h
-        .submit_unsettled("closed-first", Some("k-closed-first"))
+    h.submit_unsettled("closed-first", Some("k-closed-first"))
         .await;
     let first_id = h
         .gateway_store
@@ -638,8 +626,7 @@ async fn a_publish_whose_acknowledgement_was_lost_is_settled_consistently() {
 async fn an_unknown_outcome_keeps_the_key_bound_until_settled_unrun() {
     let h = harness((Fault::Lost, 0), (Fault::Lost, 0)).await;
     h.gateway_store.outage.store(true, Ordering::SeqCst);
-    let first = h
-        .submit_unsettled("unknown-outcome", Some("k-unknown"))
+    h.submit_unsettled("unknown-outcome", Some("k-unknown"))
         .await;
     let first_id = h.gateway_queue.publishes.only("the first submission's job");
     // Still unknown: the retry finds the key bound and cannot read its execution.
@@ -821,7 +808,7 @@ async fn a_key_store_out_of_reach_is_settled_consistently() {
     );
 
     h.gateway_keys.outage.store(false, Ordering::SeqCst);
-    let back = h.accepted("[keys-back]", Some("k-back")).await;
+    h.accepted("[keys-back]", Some("k-back")).await;
     h.gateway_keys.after_publish.store(true, Ordering::SeqCst);
-    let concurrent = h.accepted("[keys-concurrent]", Some("k-concurrent")).await;
+    h.accepted("[keys-concurrent]", Some("k-concurrent")).await;
 }

@@ -1,9 +1,10 @@
-//! One delegating event store for tests that interfere with a few operations (feature
-//! `test-support`).
+//! One delegating event store and one delegating job queue for tests that interfere with a
+//! few operations (feature `test-support`).
 //!
 //! A test that needs a store which fails, waits or records on one or two operations implements
 //! [`Intercept`] for its own struct: it names the store it wraps ([`Intercept::inner`]) and
 //! overrides only the operations it interferes with. Every [`Intercept`] is an [`EventStore`].
+//! [`QueueIntercept`] does the same for a [`JobQueue`].
 
 use async_trait::async_trait;
 use protocol::materialize::Materializer;
@@ -14,6 +15,7 @@ use crate::event_store::{
     EventRecord, EventStore, LogHead, ReadResult, RunError, SubscribeResult, WriterId,
     append_one_by_one,
 };
+use crate::job::{Deliveries, Delivery, Job, JobQueue, QueuedJob};
 
 /// An [`EventStore`] that forwards to an inner store except where the implementation says
 /// otherwise.
@@ -142,5 +144,156 @@ impl<T: Intercept> EventStore for T {
 
     async fn ready(&self) -> Result<(), StoreError> {
         Intercept::ready(self).await
+    }
+}
+
+/// A [`JobQueue`] that forwards to an inner queue except where the implementation says
+/// otherwise.
+///
+/// Contract:
+/// - The operations every queue implements (`publish`, `withdraw`, `receive`, `close`, `ready`,
+///   `scan`) forward to [`QueueIntercept::inner`] unchanged unless overridden.
+/// - The operations `JobQueue` derives from those keep its defaults, built on *this* wrapper's
+///   operations: `receive_up_to` asks [`QueueIntercept::receive`] for one delivery, there is one
+///   partition, `sources` is `partitions`, `receive_from` is `receive_up_to`, `take_from` is
+///   `receive_from`, and `scan_partition` is `scan`.
+///
+/// As for [`Intercept`], write the implementation by path
+/// (`impl runtime::intercept::QueueIntercept for MyQueue`) and use the wrapper as a `JobQueue`.
+#[async_trait]
+pub trait QueueIntercept: Send + Sync + 'static {
+    /// The queue every operation not overridden goes to.
+    fn inner(&self) -> &dyn JobQueue;
+
+    /// [`JobQueue::publish`].
+    async fn publish(&self, job: &Job) -> Result<(), StoreError> {
+        self.inner().publish(job).await
+    }
+
+    /// [`JobQueue::withdraw`].
+    async fn withdraw(&self, job: &Job) -> Result<(), StoreError> {
+        self.inner().withdraw(job).await
+    }
+
+    /// [`JobQueue::receive`].
+    async fn receive(&self) -> Result<Option<Delivery>, StoreError> {
+        self.inner().receive().await
+    }
+
+    /// [`JobQueue::receive_up_to`]: one delivery of [`QueueIntercept::receive`].
+    async fn receive_up_to(&self, _max: usize) -> Result<Option<Deliveries>, StoreError> {
+        use futures_util::StreamExt;
+        Ok(QueueIntercept::receive(self)
+            .await?
+            .map(|delivery| futures_util::stream::iter([Ok(delivery)]).boxed()))
+    }
+
+    /// [`JobQueue::close`].
+    fn close(&self) {
+        self.inner().close();
+    }
+
+    /// [`JobQueue::ready`].
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.inner().ready().await
+    }
+
+    /// [`JobQueue::scan`].
+    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<QueuedJob>, StoreError> {
+        self.inner().scan(after, limit).await
+    }
+
+    /// [`JobQueue::partitions`]: one.
+    fn partitions(&self) -> usize {
+        1
+    }
+
+    /// [`JobQueue::sources`]: [`QueueIntercept::partitions`].
+    fn sources(&self) -> usize {
+        QueueIntercept::partitions(self)
+    }
+
+    /// [`JobQueue::receive_from`]: [`QueueIntercept::receive_up_to`].
+    async fn receive_from(
+        &self,
+        _source: usize,
+        max: usize,
+    ) -> Result<Option<Deliveries>, StoreError> {
+        QueueIntercept::receive_up_to(self, max).await
+    }
+
+    /// [`JobQueue::take_from`]: [`QueueIntercept::receive_from`].
+    async fn take_from(&self, source: usize, max: usize) -> Result<Option<Deliveries>, StoreError> {
+        QueueIntercept::receive_from(self, source, max).await
+    }
+
+    /// [`JobQueue::scan_partition`]: [`QueueIntercept::scan`].
+    async fn scan_partition(
+        &self,
+        _partition: usize,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<QueuedJob>, StoreError> {
+        QueueIntercept::scan(self, after, limit).await
+    }
+}
+
+#[async_trait]
+impl<T: QueueIntercept> JobQueue for T {
+    async fn publish(&self, job: &Job) -> Result<(), StoreError> {
+        QueueIntercept::publish(self, job).await
+    }
+
+    async fn withdraw(&self, job: &Job) -> Result<(), StoreError> {
+        QueueIntercept::withdraw(self, job).await
+    }
+
+    async fn receive(&self) -> Result<Option<Delivery>, StoreError> {
+        QueueIntercept::receive(self).await
+    }
+
+    async fn receive_up_to(&self, max: usize) -> Result<Option<Deliveries>, StoreError> {
+        QueueIntercept::receive_up_to(self, max).await
+    }
+
+    fn close(&self) {
+        QueueIntercept::close(self);
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        QueueIntercept::ready(self).await
+    }
+
+    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<QueuedJob>, StoreError> {
+        QueueIntercept::scan(self, after, limit).await
+    }
+
+    fn partitions(&self) -> usize {
+        QueueIntercept::partitions(self)
+    }
+
+    fn sources(&self) -> usize {
+        QueueIntercept::sources(self)
+    }
+
+    async fn receive_from(
+        &self,
+        source: usize,
+        max: usize,
+    ) -> Result<Option<Deliveries>, StoreError> {
+        QueueIntercept::receive_from(self, source, max).await
+    }
+
+    async fn take_from(&self, source: usize, max: usize) -> Result<Option<Deliveries>, StoreError> {
+        QueueIntercept::take_from(self, source, max).await
+    }
+
+    async fn scan_partition(
+        &self,
+        partition: usize,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<QueuedJob>, StoreError> {
+        QueueIntercept::scan_partition(self, partition, after, limit).await
     }
 }

@@ -1116,11 +1116,34 @@ async fn a_redelivered_job_with_a_started_attempt_fails_as_interrupted() {
     assert_eq!(h.bus.watched(), 0);
 }
 
-/// A delivery from a queue whose leases lapse after `.0` without a heartbeat.
-struct Leased(Duration);
+/// A delivery handed to the runner directly: leased for `lease` (`None`: never lapses), and
+/// withdrawn by its submitter once `withdrawn` is set.
+#[derive(Default)]
+struct Handed {
+    lease: Option<Duration>,
+    withdrawn: Arc<AtomicBool>,
+}
+
+impl Handed {
+    /// From a queue whose leases lapse after `lease` without a heartbeat.
+    fn leased(lease: Duration) -> Self {
+        Self {
+            lease: Some(lease),
+            ..Self::default()
+        }
+    }
+
+    /// Of a job its submitter withdraws by setting `withdrawn`.
+    fn withdrawable(withdrawn: Arc<AtomicBool>) -> Self {
+        Self {
+            withdrawn,
+            ..Self::default()
+        }
+    }
+}
 
 #[async_trait::async_trait]
-impl runtime::DeliveryHandle for Leased {
+impl runtime::DeliveryHandle for Handed {
     async fn ack(&self) -> Result<(), StoreError> {
         Ok(())
     }
@@ -1128,7 +1151,10 @@ impl runtime::DeliveryHandle for Leased {
         Ok(())
     }
     fn lease(&self) -> Option<Duration> {
-        Some(self.0)
+        self.lease
+    }
+    async fn withdrawn(&self) -> Result<bool, StoreError> {
+        Ok(self.withdrawn.load(SeqCst))
     }
 }
 
@@ -1152,7 +1178,7 @@ async fn a_redelivery_of_an_execution_running_here_waits_for_it_and_writes_nothi
     })
     .await;
     let runner = Arc::clone(&h.runner);
-    let held = Leased(Duration::from_millis(200));
+    let held = Handed::leased(Duration::from_millis(200));
     let second = {
         let job = job.clone();
         tokio::spawn(async move { runner.run_delivery(&job, 2, Some(&held)).await })
@@ -1183,7 +1209,11 @@ async fn a_redelivery_waits_while_its_previous_holder_writes_and_closes_the_log_
     let runner = Arc::clone(&h.runner);
     let redelivery = {
         let job = job.clone();
-        tokio::spawn(async move { runner.run_delivery(&job, 2, Some(&Leased(lease))).await })
+        tokio::spawn(async move {
+            runner
+                .run_delivery(&job, 2, Some(&Handed::leased(lease)))
+                .await
+        })
     };
     let mut written = vec![EventBody::Accepted, selected("a", 1)];
     for i in 0..6 {
@@ -1206,7 +1236,11 @@ async fn a_redelivery_waits_while_its_previous_holder_writes_and_closes_the_log_
     let runner = Arc::clone(&h.runner);
     let redelivery = {
         let job = job.clone();
-        tokio::spawn(async move { runner.run_delivery(&job, 2, Some(&Leased(lease))).await })
+        tokio::spawn(async move {
+            runner
+                .run_delivery(&job, 2, Some(&Handed::leased(lease)))
+                .await
+        })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
     h.append_foreign(id, completed("a")).await;
@@ -1226,7 +1260,7 @@ async fn a_redelivery_of_a_job_this_worker_gave_up_names_the_unreachable_store()
     store.heal_losing_in_flight();
     let outcome = h
         .runner
-        .run_delivery(&job, 2, Some(&Leased(Duration::from_secs(30))))
+        .run_delivery(&job, 2, Some(&Handed::leased(Duration::from_secs(30))))
         .await;
     assert_eq!(outcome, RunOutcome::Finished);
     let snapshot = h.snapshot(job.execution_id).await;
@@ -1311,22 +1345,6 @@ async fn a_job_whose_log_never_appears_is_dropped_after_the_log_wait() {
     assert_eq!(a.calls(), 0);
 }
 
-/// A delivery whose job its submitter may withdraw.
-struct Withdrawable(Arc<std::sync::atomic::AtomicBool>);
-
-#[async_trait::async_trait]
-impl runtime::DeliveryHandle for Withdrawable {
-    async fn ack(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-    async fn in_progress(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-    async fn withdrawn(&self) -> Result<bool, StoreError> {
-        Ok(self.0.load(std::sync::atomic::Ordering::SeqCst))
-    }
-}
-
 /// Starts a delivery (to [`succeeding_a`]) of a job whose log does not exist, lets the runner
 /// find it missing (paused time: the runner's sleeps run only when every task is idle), then,
 /// as a submitter settling a failed create does, withdraws the job (if `withdraw`) and creates
@@ -1339,7 +1357,7 @@ async fn run_before_the_log(
     let runner = Arc::clone(&h.runner);
     let delivered = job.clone();
     let withdrawn = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let handle = Withdrawable(Arc::clone(&withdrawn));
+    let handle = Handed::withdrawable(Arc::clone(&withdrawn));
     let run = tokio::spawn(async move { runner.run_delivery(&delivered, 1, Some(&handle)).await });
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!run.is_finished(), "the runner waits for the log");
@@ -1362,7 +1380,7 @@ async fn a_job_that_arrives_before_its_log_waits_for_it_and_runs() {
 async fn a_withdrawn_job_whose_log_never_comes_frees_its_slot_long_before_the_log_wait() {
     let (a, h) = succeeding_a();
     let job = job(&text_request(""), LONG);
-    let handle = Withdrawable(Arc::new(std::sync::atomic::AtomicBool::new(true)));
+    let handle = Handed::withdrawable(Arc::new(std::sync::atomic::AtomicBool::new(true)));
     let waited = tokio::time::Instant::now();
     assert_eq!(
         h.runner.run_delivery(&job, 1, Some(&handle)).await,
@@ -1833,15 +1851,9 @@ struct SecondHeld {
 }
 
 #[async_trait::async_trait]
-impl JobQueue for SecondHeld {
-    async fn publish(&self, job: &runtime::Job) -> Result<(), StoreError> {
-        self.inner.publish(job).await
-    }
-    async fn withdraw(&self, job: &runtime::Job) -> Result<(), StoreError> {
-        self.inner.withdraw(job).await
-    }
-    async fn receive(&self) -> Result<Option<runtime::Delivery>, StoreError> {
-        self.inner.receive().await
+impl runtime::intercept::QueueIntercept for SecondHeld {
+    fn inner(&self) -> &dyn JobQueue {
+        &*self.inner
     }
     async fn receive_up_to(&self, max: usize) -> Result<Option<runtime::Deliveries>, StoreError> {
         use futures_util::StreamExt;
@@ -1861,15 +1873,6 @@ impl JobQueue for SecondHeld {
                 .chain(second)
                 .boxed(),
         ))
-    }
-    fn close(&self) {
-        self.inner.close();
-    }
-    async fn ready(&self) -> Result<(), StoreError> {
-        self.inner.ready().await
-    }
-    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<runtime::QueuedJob>, StoreError> {
-        self.inner.scan(after, limit).await
     }
 }
 
@@ -1895,59 +1898,48 @@ async fn shutdown_still_runs_the_jobs_a_request_already_delivered() {
     assert_eq!(a.calls(), 2);
 }
 
-/// Wraps a delivery's handle, giving it the state the test shares with it.
-type WrapHandle<S> =
-    fn(Box<dyn runtime::DeliveryHandle>, Arc<S>) -> Box<dyn runtime::DeliveryHandle>;
+/// A delivery's handle wrapped with the state the test shares with it (what a [`Wrapping`]
+/// queue hands out); each kind of state gives the handle its behaviour.
+struct Wrapped<S> {
+    inner: Box<dyn runtime::DeliveryHandle>,
+    state: Arc<S>,
+}
 
-/// A memory queue whose deliveries' handles are wrapped by `wrap`.
+/// A memory queue whose deliveries' handles are [`Wrapped`] with `state`.
 struct Wrapping<S> {
     inner: Arc<MemoryJobQueue>,
     state: Arc<S>,
-    wrap: WrapHandle<S>,
 }
 
 impl<S> Wrapping<S> {
-    fn new(state: S, wrap: WrapHandle<S>) -> Arc<Self> {
+    fn new(state: S) -> Arc<Self> {
         Arc::new(Self {
             inner: Arc::new(MemoryJobQueue::new()),
             state: Arc::new(state),
-            wrap,
         })
     }
 }
 
 #[async_trait::async_trait]
-impl<S: Send + Sync + 'static> JobQueue for Wrapping<S> {
-    async fn publish(&self, job: &runtime::Job) -> Result<(), StoreError> {
-        self.inner.publish(job).await
-    }
-    async fn withdraw(&self, job: &runtime::Job) -> Result<(), StoreError> {
-        self.inner.withdraw(job).await
+impl<S: Send + Sync + 'static> runtime::intercept::QueueIntercept for Wrapping<S>
+where
+    Wrapped<S>: runtime::DeliveryHandle,
+{
+    fn inner(&self) -> &dyn JobQueue {
+        &*self.inner
     }
     async fn receive(&self) -> Result<Option<runtime::Delivery>, StoreError> {
         let Some(delivery) = self.inner.receive().await? else {
             return Ok(None);
         };
+        let state = Arc::clone(&self.state);
         Ok(Some(runtime::Delivery {
-            handle: (self.wrap)(delivery.handle, Arc::clone(&self.state)),
+            handle: Box::new(Wrapped {
+                inner: delivery.handle,
+                state,
+            }),
             ..delivery
         }))
-    }
-    async fn receive_up_to(&self, _max: usize) -> Result<Option<runtime::Deliveries>, StoreError> {
-        use futures_util::StreamExt;
-        Ok(self
-            .receive()
-            .await?
-            .map(|d| futures_util::stream::iter([Ok(d)]).boxed()))
-    }
-    fn close(&self) {
-        self.inner.close();
-    }
-    async fn ready(&self) -> Result<(), StoreError> {
-        self.inner.ready().await
-    }
-    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<runtime::QueuedJob>, StoreError> {
-        self.inner.scan(after, limit).await
     }
 }
 
@@ -1958,13 +1950,8 @@ struct AckGate {
     acked: std::sync::atomic::AtomicUsize,
 }
 
-struct HeldAck {
-    inner: Box<dyn runtime::DeliveryHandle>,
-    state: Arc<AckGate>,
-}
-
 #[async_trait::async_trait]
-impl runtime::DeliveryHandle for HeldAck {
+impl runtime::DeliveryHandle for Wrapped<AckGate> {
     async fn ack(&self) -> Result<(), StoreError> {
         self.state.gate.acquire().await.unwrap().forget();
         self.state
@@ -1984,7 +1971,7 @@ async fn a_slot_is_free_for_the_next_job_while_the_last_one_is_still_being_ackno
         gate: Semaphore::new(0),
         acked: std::sync::atomic::AtomicUsize::new(0),
     };
-    let queue = Wrapping::new(closed, |inner, state| Box::new(HeldAck { inner, state }));
+    let queue = Wrapping::new(closed);
     let acked = || queue.state.acked.load(std::sync::atomic::Ordering::SeqCst);
     // One slot.
     let (pool, first, second) = two_jobs_on(&h, Arc::clone(&queue) as Arc<dyn JobQueue>, 1).await;
@@ -2011,13 +1998,8 @@ struct BeatLog {
     beats: std::sync::Mutex<Vec<tokio::time::Instant>>,
 }
 
-struct SlowBeat {
-    inner: Box<dyn runtime::DeliveryHandle>,
-    state: Arc<BeatLog>,
-}
-
 #[async_trait::async_trait]
-impl runtime::DeliveryHandle for SlowBeat {
+impl runtime::DeliveryHandle for Wrapped<BeatLog> {
     async fn ack(&self) -> Result<(), StoreError> {
         self.inner.ack().await
     }
@@ -2042,7 +2024,7 @@ async fn beats_of_one_run(runs: Duration, log: BeatLog) -> Vec<tokio::time::Inst
     script.extend(success_script());
     let a = ScriptedProvider::new("a", script);
     let h = Harness::scripted(&[&a]);
-    let queue = Wrapping::new(log, |inner, state| Box::new(SlowBeat { inner, state }));
+    let queue = Wrapping::new(log);
     let pool = spawn_pool_on(
         &h,
         Arc::clone(&queue) as Arc<dyn JobQueue>,
@@ -2549,16 +2531,18 @@ struct OneSilentPartition {
     inner: Arc<MemoryJobQueue>,
 }
 
+/// `request`, unless it is one of partition 0's: those never end.
+async fn unless_silent<T>(partition: usize, request: impl std::future::Future<Output = T>) -> T {
+    match partition {
+        0 => std::future::pending().await,
+        _ => request.await,
+    }
+}
+
 #[async_trait::async_trait]
-impl JobQueue for OneSilentPartition {
-    async fn publish(&self, job: &runtime::Job) -> Result<(), StoreError> {
-        self.inner.publish(job).await
-    }
-    async fn withdraw(&self, job: &runtime::Job) -> Result<(), StoreError> {
-        self.inner.withdraw(job).await
-    }
-    async fn receive(&self) -> Result<Option<runtime::Delivery>, StoreError> {
-        self.inner.receive().await
+impl runtime::intercept::QueueIntercept for OneSilentPartition {
+    fn inner(&self) -> &dyn JobQueue {
+        &*self.inner
     }
     /// A request over both partitions: it ends only when partition 0's does, never.
     async fn receive_up_to(&self, _max: usize) -> Result<Option<runtime::Deliveries>, StoreError> {
@@ -2572,29 +2556,14 @@ impl JobQueue for OneSilentPartition {
         partition: usize,
         max: usize,
     ) -> Result<Option<runtime::Deliveries>, StoreError> {
-        match partition {
-            0 => std::future::pending().await,
-            _ => self.inner.receive_up_to(max).await,
-        }
+        unless_silent(partition, self.inner.receive_up_to(max)).await
     }
     async fn take_from(
         &self,
         partition: usize,
         max: usize,
     ) -> Result<Option<runtime::Deliveries>, StoreError> {
-        match partition {
-            0 => std::future::pending().await,
-            _ => self.inner.take_from(0, max).await,
-        }
-    }
-    fn close(&self) {
-        self.inner.close();
-    }
-    async fn ready(&self) -> Result<(), StoreError> {
-        self.inner.ready().await
-    }
-    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<runtime::QueuedJob>, StoreError> {
-        self.inner.scan(after, limit).await
+        unless_silent(partition, self.inner.take_from(0, max)).await
     }
 }
 
