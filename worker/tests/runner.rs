@@ -1158,6 +1158,21 @@ impl runtime::DeliveryHandle for Handed {
     }
 }
 
+/// Delivers `job` to `h`'s runner again (delivery 2), leased for `lease`, in a task.
+fn redeliver(
+    h: &Harness,
+    job: &runtime::Job,
+    lease: Duration,
+) -> tokio::task::JoinHandle<RunOutcome> {
+    let runner = Arc::clone(&h.runner);
+    let job = job.clone();
+    tokio::spawn(async move {
+        runner
+            .run_delivery(&job, 2, Some(&Handed::leased(lease)))
+            .await
+    })
+}
+
 #[tokio::test]
 async fn a_redelivery_of_an_execution_running_here_waits_for_it_and_writes_nothing() {
     // The lease of a healthy execution lapsed (a consumer leader election, or a partition
@@ -1177,12 +1192,7 @@ async fn a_redelivery_of_an_execution_running_here_waits_for_it_and_writes_nothi
         a.calls() == 1
     })
     .await;
-    let runner = Arc::clone(&h.runner);
-    let held = Handed::leased(Duration::from_millis(200));
-    let second = {
-        let job = job.clone();
-        tokio::spawn(async move { runner.run_delivery(&job, 2, Some(&held)).await })
-    };
+    let second = redeliver(&h, &job, Duration::from_millis(200));
     // Several leases pass: the redelivery still writes nothing.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert!(!second.is_finished());
@@ -1206,15 +1216,7 @@ async fn a_redelivery_waits_while_its_previous_holder_writes_and_closes_the_log_
     let id = job.execution_id;
     h.append_foreign(id, selected("a", 1)).await;
     let lease = Duration::from_millis(600);
-    let runner = Arc::clone(&h.runner);
-    let redelivery = {
-        let job = job.clone();
-        tokio::spawn(async move {
-            runner
-                .run_delivery(&job, 2, Some(&Handed::leased(lease)))
-                .await
-        })
-    };
+    let redelivery = redeliver(&h, &job, lease);
     let mut written = vec![EventBody::Accepted, selected("a", 1)];
     for i in 0..6 {
         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -1233,15 +1235,7 @@ async fn a_redelivery_waits_while_its_previous_holder_writes_and_closes_the_log_
     let job = h.submit(&text_request(""), LONG).await;
     let id = job.execution_id;
     h.append_foreign(id, selected("a", 1)).await;
-    let runner = Arc::clone(&h.runner);
-    let redelivery = {
-        let job = job.clone();
-        tokio::spawn(async move {
-            runner
-                .run_delivery(&job, 2, Some(&Handed::leased(lease)))
-                .await
-        })
-    };
+    let redelivery = redeliver(&h, &job, lease);
     tokio::time::sleep(Duration::from_millis(100)).await;
     h.append_foreign(id, completed("a")).await;
     let outcome = within("the redelivery ends", PATIENCE, redelivery).await;
@@ -1254,8 +1248,7 @@ async fn a_redelivery_waits_while_its_previous_holder_writes_and_closes_the_log_
 async fn a_redelivery_of_a_job_this_worker_gave_up_names_the_unreachable_store() {
     // The cut outlasted every retry: the job was given back; its redelivery here, after the
     // heal, names the cause it knows rather than a stopped worker.
-    let (h, store, release) = partitioned_a(Vec::new());
-    let (job, outcome) = run_across_a_cut(&h, &store, &release, Duration::from_secs(600)).await;
+    let (h, store, job, outcome) = across_a_cut(Vec::new(), Duration::from_secs(600)).await;
     assert_eq!(outcome, RunOutcome::Abandoned);
     store.heal_losing_in_flight();
     let outcome = h
@@ -1472,80 +1465,63 @@ fn partitioned_a(after: Vec<Step>) -> (Harness, Arc<PartitionedStore>, Arc<Semap
     (h, partitioned, release)
 }
 
-/// Runs a job of `h` whose provider streams "hel" and then holds until `release`; once "hel"
-/// is stored the link is cut for `cut` and the provider released.
-async fn run_across_a_cut(
-    h: &Harness,
-    store: &PartitionedStore,
-    release: &Semaphore,
+/// Runs a job of [`partitioned_a`] (`after` the hold); once "hel" is stored the link is cut
+/// for `cut` and the provider released. Returns the harness, its store, the job and the
+/// run's outcome.
+async fn across_a_cut(
+    after: Vec<Step>,
     cut: Duration,
-) -> (runtime::Job, RunOutcome) {
+) -> (Harness, Arc<PartitionedStore>, runtime::Job, RunOutcome) {
+    let (h, store, release) = partitioned_a(after);
     let job = h.submit(&text_request(""), LONG).await;
     let id = job.execution_id;
-    let run = h.runner.run(&job, 1);
-    tokio::pin!(run);
-    loop {
-        tokio::select! {
-            outcome = &mut run => panic!("ended before the cut: {outcome:?}"),
-            () = tokio::time::sleep(Duration::from_millis(1)) => {}
+    let outcome = {
+        let run = h.runner.run(&job, 1);
+        tokio::pin!(run);
+        loop {
+            tokio::select! {
+                outcome = &mut run => panic!("ended before the cut: {outcome:?}"),
+                () = tokio::time::sleep(Duration::from_millis(1)) => {}
+            }
+            if h.has_event(id, "output.delta").await {
+                break;
+            }
         }
-        if h.has_event(id, "output.delta").await {
-            break;
-        }
-    }
-    store.cut(cut);
-    release.add_permits(1);
-    let outcome = run.await;
-    (job.clone(), outcome)
+        store.cut(cut);
+        release.add_permits(1);
+        run.await
+    };
+    (h, store, job, outcome)
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_append_that_landed_after_the_worker_gave_up_is_continued_not_taken_for_a_fence() {
+async fn writes_that_landed_after_the_worker_gave_up_are_continued_not_taken_for_a_fence() {
     // The stuck executions: the worker lost the event store for longer than its append
-    // retries; its `usage.reported` landed after it had given up. The log must still be
-    // closed, after that event, by the worker itself (before: its terminal append met its own
-    // late write, was taken for another writer's, the job was acknowledged and dropped, and
-    // the log stayed open until the deadline).
-    let (h, store, release) =
-        partitioned_a(vec![Step::Emit(ProviderEvent::Usage(mock_usage_facts(1)))]);
-    let (job, outcome) = run_across_a_cut(&h, &store, &release, Duration::from_secs(40)).await;
-    assert_eq!(outcome, RunOutcome::Finished);
-    h.assert_log(
-        job.execution_id,
-        &[
-            EventBody::Accepted,
-            selected("a", 1),
-            delta("hel"),
-            usage(1),
-            completed("a"),
-        ],
-    )
-    .await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_terminal_event_that_landed_after_the_worker_gave_up_closes_the_log() {
-    let (h, store, release) = partitioned_a(Vec::new());
-    let (job, outcome) = run_across_a_cut(&h, &store, &release, Duration::from_secs(40)).await;
-    assert_eq!(outcome, RunOutcome::Finished);
-    h.assert_log(
-        job.execution_id,
-        &[
-            EventBody::Accepted,
-            selected("a", 1),
-            delta("hel"),
-            completed("a"),
-        ],
-    )
-    .await;
+    // retries; its `usage.reported` (or its terminal event) landed after it had given up. The
+    // log must still be closed, after that event, by the worker itself (before: its terminal
+    // append met its own late write, was taken for another writer's, the job was acknowledged
+    // and dropped, and the log stayed open until the deadline).
+    for (after, landed) in [
+        (
+            vec![Step::Emit(ProviderEvent::Usage(mock_usage_facts(1)))],
+            vec![usage(1)],
+        ),
+        (Vec::new(), Vec::new()),
+    ] {
+        let (h, _, job, outcome) = across_a_cut(after, Duration::from_secs(40)).await;
+        assert_eq!(outcome, RunOutcome::Finished);
+        let mut expected = vec![EventBody::Accepted, selected("a", 1), delta("hel")];
+        expected.extend(landed);
+        expected.push(completed("a"));
+        h.assert_log(job.execution_id, &expected).await;
+    }
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_cut_longer_than_every_retry_leaves_the_job_to_a_later_delivery() {
     // Past both retry budgets the runner gives the job back unacknowledged; the redelivery
     // after the heal closes the log (here: the same runner, a second delivery).
-    let (h, store, release) = partitioned_a(Vec::new());
-    let (job, outcome) = run_across_a_cut(&h, &store, &release, Duration::from_secs(600)).await;
+    let (h, _, job, outcome) = across_a_cut(Vec::new(), Duration::from_secs(600)).await;
     assert_eq!(outcome, RunOutcome::Abandoned);
     assert!(!h.is_terminal(job.execution_id).await);
 }
@@ -1637,23 +1613,11 @@ async fn the_pool_runs_every_published_job() {
     let h = Harness::scripted(&[&a]);
     let (queue, pool) = spawn_pool(&h, 4, Duration::from_millis(50));
 
-    let mut ids = Vec::new();
-    for _ in 0..50 {
-        let job = h.submit(&text_request(""), LONG).await;
-        queue.publish(&job).await.unwrap();
-        ids.push(job.execution_id);
-    }
-    wait_until(
+    let ids = h.publish_texts(&*queue, 50).await;
+    h.wait_all_terminal(
         "all 50 executions are terminal",
         Duration::from_secs(60),
-        || async {
-            for id in &ids {
-                if !h.is_terminal(*id).await {
-                    return false;
-                }
-            }
-            true
-        },
+        &ids,
     )
     .await;
 
@@ -2576,23 +2540,11 @@ async fn a_partition_without_jobs_never_holds_up_the_jobs_of_another() {
         inner: Arc::clone(&inner),
     });
     let pool = spawn_pool_on(&h, queue, 8, Duration::from_millis(50));
-    let mut ids = Vec::new();
-    for _ in 0..20 {
-        let job = h.submit(&text_request(""), LONG).await;
-        inner.publish(&job).await.unwrap();
-        ids.push(job.execution_id);
-    }
-    wait_until(
+    let ids = h.publish_texts(&*inner, 20).await;
+    h.wait_all_terminal(
         "every job of the busy partition ran",
         Duration::from_secs(30),
-        || async {
-            for id in &ids {
-                if !h.is_terminal(*id).await {
-                    return false;
-                }
-            }
-            true
-        },
+        &ids,
     )
     .await;
     assert_eq!(a.calls(), 20);
