@@ -99,6 +99,33 @@ fn assert_error(error: Option<RuntimeError>, code: ErrorCode, message: &str, ret
     assert_eq!(error.retryable, retryable);
 }
 
+/// Checks that the snapshot of `id` ended `status` with a terminal (not retryable) error of
+/// `code` and `message`.
+async fn assert_ended(
+    h: &Harness,
+    id: ExecutionId,
+    status: ExecutionStatus,
+    code: ErrorCode,
+    message: &str,
+) {
+    let snapshot = h.snapshot(id).await;
+    assert_eq!(snapshot.status, status);
+    assert_error(snapshot.error, code, message, false);
+}
+
+/// Starts a run of a new text execution of `h`, cancels it once its route is selected (before
+/// any output) and checks its log; returns the execution.
+async fn cancel_after_routing(h: &Harness) -> ExecutionId {
+    let (job, run) = submit_and_spawn(h, &text_request("")).await;
+    let id = job.execution_id;
+    wait_until("route.selected is logged", PATIENCE, || {
+        h.has_event(id, "route.selected")
+    })
+    .await;
+    cancel_before_output(h, id, "cancel", run).await;
+    id
+}
+
 /// Cancels `id`, awaits its `run`, and checks the log ends `cancelled` after the attempt at
 /// `a` with no output.
 async fn cancel_before_output(
@@ -817,14 +844,14 @@ async fn the_deadline_fails_a_running_attempt() {
     let events =
         assert_a_failed(&h, job.execution_id, &[], RuntimeError::deadline_exceeded()).await;
     assert_eq!(events[2].status, ExecutionStatus::Failed);
-    let snapshot = h.snapshot(job.execution_id).await;
-    assert_eq!(snapshot.status, ExecutionStatus::Failed);
-    assert_error(
-        snapshot.error,
+    assert_ended(
+        &h,
+        job.execution_id,
+        ExecutionStatus::Failed,
         ErrorCode::DeadlineExceeded,
         "Execution deadline was exceeded",
-        false,
-    );
+    )
+    .await;
     assert_eq!(a.finished(), 1, "the attempt was cancelled and returned");
     assert_eq!(h.bus.watched(), 0);
 }
@@ -897,14 +924,14 @@ async fn cancelling_a_running_execution() {
     assert_eq!(outcome, RunOutcome::Finished);
     let events = assert_a_failed(&h, id, &[delta("partial")], RuntimeError::cancelled()).await;
     assert_eq!(events[3].status, ExecutionStatus::Cancelled);
-    let snapshot = h.snapshot(id).await;
-    assert_eq!(snapshot.status, ExecutionStatus::Cancelled);
-    assert_error(
-        snapshot.error,
+    assert_ended(
+        &h,
+        id,
+        ExecutionStatus::Cancelled,
         ErrorCode::Cancelled,
         "Execution was cancelled",
-        false,
-    );
+    )
+    .await;
     assert_eq!(a.finished(), 1, "the adapter saw the cancel and returned");
     assert_eq!(
         h.bus.watched(),
@@ -916,14 +943,7 @@ async fn cancelling_a_running_execution() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_right_after_routing() {
     let (_a, h) = hanging_a();
-    let (job, run) = submit_and_spawn(&h, &text_request("")).await;
-    let id = job.execution_id;
-
-    wait_until("route.selected is logged", PATIENCE, || {
-        h.has_event(id, "route.selected")
-    })
-    .await;
-    cancel_before_output(&h, id, "cancel", run).await;
+    let id = cancel_after_routing(&h).await;
     assert_eq!(h.snapshot(id).await.status, ExecutionStatus::Cancelled);
     assert_eq!(h.bus.watched(), 0);
 }
@@ -1613,13 +1633,7 @@ async fn the_pool_runs_every_published_job() {
     let h = Harness::scripted(&[&a]);
     let (queue, pool) = spawn_pool(&h, 4, Duration::from_millis(50));
 
-    let ids = h.publish_texts(&*queue, 50).await;
-    h.wait_all_terminal(
-        "all 50 executions are terminal",
-        Duration::from_secs(60),
-        &ids,
-    )
-    .await;
+    let ids = h.run_texts(&*queue, 50, Duration::from_secs(60)).await;
 
     for id in &ids {
         h.assert_log(*id, &success_log("a")).await;
@@ -2131,27 +2145,116 @@ async fn a_job_whose_key_is_anothers_never_runs(a: &ScriptedProvider, h: &Harnes
     assert_eq!(a.calls(), 0, "no provider call");
 }
 
-/// A key store that is never reachable.
-struct UnreachableKeys;
+/// The memory key store of the key tests. It counts claims and reads of bindings and notes
+/// whether the log of `watched` existed when a binding was first read. With `close_with`, a
+/// claim is followed at once by the execution's log closed with that error: a gateway giving
+/// the submission up (or a cancellation) landing between the worker's claim of the key and its
+/// claim of the log. With `unreachable`, every call fails: a key store out of reach.
+struct TestKeys {
+    inner: runtime::memory::MemoryIdempotencyStore,
+    log: Arc<runtime::memory::MemoryEventStore>,
+    watched: Option<ExecutionId>,
+    close_with: Option<RuntimeError>,
+    unreachable: bool,
+    claims: AtomicUsize,
+    reads: AtomicUsize,
+    read_before_the_log: AtomicBool,
+}
+
+impl TestKeys {
+    /// `h` with a [`TestKeys`] store that `setup` configures; returns the store too.
+    fn install(h: Harness, setup: impl FnOnce(&mut Self)) -> (Harness, Arc<Self>) {
+        let mut keys = Self {
+            inner: runtime::memory::MemoryIdempotencyStore::new(Duration::from_secs(600)),
+            log: Arc::clone(&h.store),
+            watched: None,
+            close_with: None,
+            unreachable: false,
+            claims: Default::default(),
+            reads: Default::default(),
+            read_before_the_log: Default::default(),
+        };
+        setup(&mut keys);
+        let keys = Arc::new(keys);
+        (h.with_keys(keys.clone()), keys)
+    }
+
+    fn reachable(&self) -> Result<(), StoreError> {
+        if self.unreachable {
+            return Err(StoreError::Unavailable("keys down".into()));
+        }
+        Ok(())
+    }
+
+    fn claims(&self) -> usize {
+        self.claims.load(SeqCst)
+    }
+
+    fn reads(&self) -> usize {
+        self.reads.load(SeqCst)
+    }
+}
 
 #[async_trait::async_trait]
-impl IdempotencyStore for UnreachableKeys {
+impl IdempotencyStore for TestKeys {
     async fn claim(
         &self,
-        _: &str,
-        _: &runtime::IdempotencyRecord,
+        key_hash: &str,
+        record: &runtime::IdempotencyRecord,
     ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
-        Err(StoreError::Unavailable("keys down".into()))
+        self.reachable()?;
+        self.claims.fetch_add(1, SeqCst);
+        let claimed = self.inner.claim(key_hash, record).await?;
+        if let Some(error) = &self.close_with {
+            let closed = RuntimeEvent::new(
+                record.execution_id,
+                protocol::Sequence(2),
+                Timestamp::now(),
+                EventBody::Failed {
+                    error: error.clone(),
+                },
+            );
+            self.log.append(closed).await?;
+        }
+        Ok(claimed)
     }
-    async fn bound(&self, _: &str) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
-        Err(StoreError::Unavailable("keys down".into()))
+    async fn bound(
+        &self,
+        key_hash: &str,
+    ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
+        self.reachable()?;
+        let first = self.reads.fetch_add(1, SeqCst) == 0;
+        if let (true, Some(watched)) = (first, self.watched)
+            && self.log.head(watched).await?.is_none()
+        {
+            self.read_before_the_log.store(true, SeqCst);
+        }
+        self.inner.bound(key_hash).await
     }
-    async fn release(&self, _: &str, _: ExecutionId) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("keys down".into()))
+    async fn release(&self, key_hash: &str, id: ExecutionId) -> Result<(), StoreError> {
+        self.reachable()?;
+        self.inner.release(key_hash, id).await
     }
     async fn ready(&self) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("keys down".into()))
+        self.reachable()
     }
+}
+
+/// Provider `a` (succeeding) in a harness whose [`TestKeys`] watch `job`, keyed with
+/// `key_hash`: submitted (its log created) when `logged`.
+async fn keyed_and_counted(
+    key_hash: &str,
+    logged: bool,
+) -> (Arc<ScriptedProvider>, Harness, runtime::Job, Arc<TestKeys>) {
+    let (a, h) = succeeding_a();
+    let job = if logged {
+        h.submit(&text_request(""), LONG).await
+    } else {
+        job(&text_request(""), LONG)
+    };
+    let job = keyed(job, key_hash);
+    let (h, keys) = TestKeys::install(h, |k| k.watched = Some(job.execution_id));
+    (a, h, job, keys)
 }
 
 /// A keyed job whose key cannot be claimed (the key store is out of reach) is retried for the
@@ -2160,7 +2263,7 @@ impl IdempotencyStore for UnreachableKeys {
 #[tokio::test(start_paused = true)]
 async fn a_keyed_job_whose_key_cannot_be_claimed_is_left_unrun() {
     let (a, h) = succeeding_a();
-    let h = h.with_keys(Arc::new(UnreachableKeys));
+    let (h, _) = TestKeys::install(h, |k| k.unreachable = true);
     let job = keyed(h.submit(&text_request(""), LONG).await, "key-unreachable");
     let started = tokio::time::Instant::now();
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Abandoned);
@@ -2184,7 +2287,7 @@ async fn a_keyed_job_whose_key_cannot_be_claimed_is_left_unrun() {
 #[tokio::test(start_paused = true)]
 async fn a_keyed_job_whose_key_cannot_be_claimed_is_dropped_once_its_log_is_closed() {
     let (a, h) = succeeding_a();
-    let h = Arc::new(h.with_keys(Arc::new(UnreachableKeys)));
+    let h = Arc::new(TestKeys::install(h, |k| k.unreachable = true).0);
     let job = keyed(h.submit(&text_request(""), LONG).await, "key-unreachable");
     let started = tokio::time::Instant::now();
     let run = {
@@ -2209,48 +2312,6 @@ async fn a_keyed_job_whose_key_cannot_be_claimed_is_dropped_once_its_log_is_clos
     assert_eq!(a.calls(), 0);
 }
 
-/// A key store whose claims bind as usual, after which the execution's log is closed with
-/// `close_with` at once: a gateway giving the submission up (or a cancellation) landing between
-/// the worker's claim of the key and its claim of the log.
-struct ClosingKeys {
-    inner: runtime::memory::MemoryIdempotencyStore,
-    log: Arc<runtime::memory::MemoryEventStore>,
-    close_with: RuntimeError,
-}
-
-#[async_trait::async_trait]
-impl IdempotencyStore for ClosingKeys {
-    async fn claim(
-        &self,
-        key_hash: &str,
-        record: &runtime::IdempotencyRecord,
-    ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
-        let claimed = self.inner.claim(key_hash, record).await?;
-        let closed = RuntimeEvent::new(
-            record.execution_id,
-            protocol::Sequence(2),
-            Timestamp::now(),
-            EventBody::Failed {
-                error: self.close_with.clone(),
-            },
-        );
-        self.log.append(closed).await?;
-        Ok(claimed)
-    }
-    async fn bound(
-        &self,
-        key_hash: &str,
-    ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
-        self.inner.bound(key_hash).await
-    }
-    async fn release(&self, key_hash: &str, id: ExecutionId) -> Result<(), StoreError> {
-        self.inner.release(key_hash, id).await
-    }
-    async fn ready(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-}
-
 /// A worker that bound a free key and then finds the log closed unrun by its gateway (the
 /// submission was answered 503 meanwhile) frees the key, so a retry can create the execution;
 /// a log closed by a cancellation keeps its key, so a retry replays the cancelled execution.
@@ -2261,12 +2322,7 @@ async fn a_key_bound_for_an_execution_given_up_unrun_is_freed_again() {
         (RuntimeError::cancelled(), false),
     ] {
         let (a, h) = succeeding_a();
-        let keys = Arc::new(ClosingKeys {
-            inner: runtime::memory::MemoryIdempotencyStore::new(Duration::from_secs(600)),
-            log: Arc::clone(&h.store),
-            close_with: close_with.clone(),
-        });
-        let h = h.with_keys(keys.clone());
+        let (h, keys) = TestKeys::install(h, |k| k.close_with = Some(close_with.clone()));
         let job = keyed(h.submit(&text_request(""), LONG).await, "key-given-up");
         assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
         assert_eq!(a.calls(), 0);
@@ -2285,74 +2341,12 @@ async fn a_key_bound_for_an_execution_given_up_unrun_is_freed_again() {
     }
 }
 
-/// A memory key store that counts claims and reads of bindings, and notes whether the log of
-/// `watched` existed when a binding was first read.
-struct CountingKeys {
-    inner: runtime::memory::MemoryIdempotencyStore,
-    log: Arc<runtime::memory::MemoryEventStore>,
-    watched: ExecutionId,
-    claims: AtomicUsize,
-    reads: AtomicUsize,
-    read_before_the_log: AtomicBool,
-}
-
-impl CountingKeys {
-    fn new(h: &Harness, watched: ExecutionId) -> Arc<Self> {
-        Arc::new(Self {
-            inner: runtime::memory::MemoryIdempotencyStore::new(Duration::from_secs(600)),
-            log: Arc::clone(&h.store),
-            watched,
-            claims: Default::default(),
-            reads: Default::default(),
-            read_before_the_log: Default::default(),
-        })
-    }
-
-    fn claims(&self) -> usize {
-        self.claims.load(SeqCst)
-    }
-
-    fn reads(&self) -> usize {
-        self.reads.load(SeqCst)
-    }
-}
-
-#[async_trait::async_trait]
-impl IdempotencyStore for CountingKeys {
-    async fn claim(
-        &self,
-        key_hash: &str,
-        record: &runtime::IdempotencyRecord,
-    ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
-        self.claims.fetch_add(1, SeqCst);
-        self.inner.claim(key_hash, record).await
-    }
-    async fn bound(
-        &self,
-        key_hash: &str,
-    ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
-        if self.reads.fetch_add(1, SeqCst) == 0 && self.log.head(self.watched).await?.is_none() {
-            self.read_before_the_log.store(true, SeqCst);
-        }
-        self.inner.bound(key_hash).await
-    }
-    async fn release(&self, key_hash: &str, id: ExecutionId) -> Result<(), StoreError> {
-        self.inner.release(key_hash, id).await
-    }
-    async fn ready(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-}
-
 /// A keyed job whose key its gateway bound already (to this execution, or to another one) is
 /// decided by reading the binding: the worker claims only a key it finds free.
 #[tokio::test]
 async fn a_key_found_bound_is_read_not_claimed_again() {
     // Bound by the gateway to this execution: it runs.
-    let (a, h) = succeeding_a();
-    let job = keyed(h.submit(&text_request(""), LONG).await, "key-bound");
-    let keys = CountingKeys::new(&h, job.execution_id);
-    let h = h.with_keys(keys.clone());
+    let (a, h, job, keys) = keyed_and_counted("key-bound", true).await;
     let record = &job.key.as_ref().unwrap().record;
     assert_eq!(keys.inner.claim("key-bound", record).await.unwrap(), None);
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
@@ -2364,10 +2358,7 @@ async fn a_key_found_bound_is_read_not_claimed_again() {
     );
 
     // Bound to another execution: never runs.
-    let (a, h) = succeeding_a();
-    let job = keyed(h.submit(&text_request(""), LONG).await, "key-taken");
-    let keys = CountingKeys::new(&h, job.execution_id);
-    let h = h.with_keys(keys.clone());
+    let (a, h, job, keys) = keyed_and_counted("key-taken", true).await;
     let mut other = job.key.as_ref().unwrap().record.clone();
     other.execution_id = ExecutionId::new_random();
     assert_eq!(keys.inner.claim("key-taken", &other).await.unwrap(), None);
@@ -2381,10 +2372,7 @@ async fn a_key_found_bound_is_read_not_claimed_again() {
     );
 
     // Free: claimed, and bound to this execution.
-    let (a, h) = succeeding_a();
-    let job = keyed(h.submit(&text_request(""), LONG).await, "key-free");
-    let keys = CountingKeys::new(&h, job.execution_id);
-    let h = h.with_keys(keys.clone());
+    let (a, h, job, keys) = keyed_and_counted("key-free", true).await;
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
     assert_eq!(a.calls(), 1);
     assert_eq!((keys.reads(), keys.claims()), (1, 1), "read, then claimed");
@@ -2402,10 +2390,7 @@ async fn a_key_found_bound_is_read_not_claimed_again() {
 /// the job is delivered, and the binding has been read before it appears (paused time).
 #[tokio::test(start_paused = true)]
 async fn a_keyed_jobs_binding_is_read_while_its_log_is_awaited() {
-    let (a, h) = succeeding_a();
-    let job = keyed(job(&text_request(""), LONG), "key-early");
-    let keys = CountingKeys::new(&h, job.execution_id);
-    let h = h.with_keys(keys.clone());
+    let (a, h, job, keys) = keyed_and_counted("key-early", false).await;
     let record = job.key.as_ref().unwrap().record.clone();
     assert_eq!(keys.inner.claim("key-early", &record).await.unwrap(), None);
     let runner = Arc::clone(&h.runner);
@@ -2427,10 +2412,7 @@ async fn a_keyed_jobs_binding_is_read_while_its_log_is_awaited() {
 /// and was withdrawn) leaves its free key free (paused time: the runner waits `log_wait`).
 #[tokio::test(start_paused = true)]
 async fn a_keyed_job_whose_log_never_comes_leaves_its_key_free() {
-    let (a, h) = succeeding_a();
-    let job = keyed(job(&text_request(""), LONG), "key-no-log");
-    let keys = CountingKeys::new(&h, job.execution_id);
-    let h = h.with_keys(keys.clone());
+    let (a, h, job, keys) = keyed_and_counted("key-no-log", false).await;
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
     assert_eq!(a.calls(), 0);
     assert_eq!(keys.reads(), 1);
@@ -2454,13 +2436,7 @@ async fn a_failed_execution_logs_one_warn_line_with_its_code_and_others_none() {
     let succeeded_job = run_to_end(&h, &text_request("")).await;
     // On this (current) thread, the spawned run logs into the capture too.
     let (_, h) = hanging_a();
-    let (cancelled_job, run) = submit_and_spawn(&h, &text_request("")).await;
-    let cancelled_id = cancelled_job.execution_id;
-    wait_until("route.selected is logged", PATIENCE, || {
-        h.has_event(cancelled_id, "route.selected")
-    })
-    .await;
-    cancel_before_output(&h, cancelled_id, "cancel", run).await;
+    let cancelled_id = cancel_after_routing(&h).await;
     drop(guard);
 
     let text = logs.text();
@@ -2540,13 +2516,7 @@ async fn a_partition_without_jobs_never_holds_up_the_jobs_of_another() {
         inner: Arc::clone(&inner),
     });
     let pool = spawn_pool_on(&h, queue, 8, Duration::from_millis(50));
-    let ids = h.publish_texts(&*inner, 20).await;
-    h.wait_all_terminal(
-        "every job of the busy partition ran",
-        Duration::from_secs(30),
-        &ids,
-    )
-    .await;
+    h.run_texts(&*inner, 20, Duration::from_secs(30)).await;
     assert_eq!(a.calls(), 20);
     drop(pool);
 }

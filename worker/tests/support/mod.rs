@@ -543,22 +543,23 @@ impl Harness {
         self.state(id).await.is_terminal()
     }
 
-    /// Submits `n` text executions and publishes their jobs on `queue`; returns their ids.
-    pub async fn publish_texts(&self, queue: &dyn runtime::JobQueue, n: usize) -> Vec<ExecutionId> {
+    /// Submits `n` text executions, publishes their jobs on `queue` and waits (at most
+    /// `timeout`) until every one is terminal; returns their ids.
+    pub async fn run_texts(
+        &self,
+        queue: &dyn runtime::JobQueue,
+        n: usize,
+        timeout: Duration,
+    ) -> Vec<ExecutionId> {
         let mut ids = Vec::with_capacity(n);
         for _ in 0..n {
             let job = self.submit(&text_request(""), LONG).await;
             queue.publish(&job).await.expect("publish");
             ids.push(job.execution_id);
         }
-        ids
-    }
-
-    /// Waits until every execution of `ids` is terminal (at most `timeout`; `what` names the
-    /// wait in the failure).
-    pub async fn wait_all_terminal(&self, what: &str, timeout: Duration, ids: &[ExecutionId]) {
-        wait_until(what, timeout, || async {
-            for id in ids {
+        let what = format!("all {n} executions are terminal");
+        wait_until(&what, timeout, || async {
+            for id in &ids {
                 if !self.is_terminal(*id).await {
                     return false;
                 }
@@ -566,6 +567,7 @@ impl Harness {
             true
         })
         .await;
+        ids
     }
 
     pub async fn has_event(&self, id: ExecutionId, type_name: &str) -> bool {
