@@ -153,10 +153,10 @@ impl<T: Intercept> EventStore for T {
 /// Contract:
 /// - The operations every queue implements (`publish`, `withdraw`, `receive`, `close`, `ready`,
 ///   `scan`) forward to [`QueueIntercept::inner`] unchanged unless overridden.
-/// - The operations `JobQueue` derives from those keep its defaults, built on *this* wrapper's
-///   operations: `receive_up_to` asks [`QueueIntercept::receive`] for one delivery, there is one
-///   partition, `sources` is `partitions`, `receive_from` is `receive_up_to`, `take_from` is
-///   `receive_from`, and `scan_partition` is `scan`.
+/// - `receive_up_to` asks [`QueueIntercept::receive`] for one delivery unless overridden, and
+///   the other operations keep `JobQueue`'s defaults, built on this wrapper's: one partition,
+///   one source, `receive_from` and `take_from` are `receive_up_to`, `scan_partition` is
+///   `scan`. A queue that needs partitions of its own implements `JobQueue` itself.
 ///
 /// As for [`Intercept`], write the implementation by path
 /// (`impl runtime::intercept::QueueIntercept for MyQueue`) and use the wrapper as a `JobQueue`.
@@ -202,40 +202,6 @@ pub trait QueueIntercept: Send + Sync + 'static {
     async fn scan(&self, after: u64, limit: usize) -> Result<Vec<QueuedJob>, StoreError> {
         self.inner().scan(after, limit).await
     }
-
-    /// [`JobQueue::partitions`]: one.
-    fn partitions(&self) -> usize {
-        1
-    }
-
-    /// [`JobQueue::sources`]: [`QueueIntercept::partitions`].
-    fn sources(&self) -> usize {
-        QueueIntercept::partitions(self)
-    }
-
-    /// [`JobQueue::receive_from`]: [`QueueIntercept::receive_up_to`].
-    async fn receive_from(
-        &self,
-        _source: usize,
-        max: usize,
-    ) -> Result<Option<Deliveries>, StoreError> {
-        QueueIntercept::receive_up_to(self, max).await
-    }
-
-    /// [`JobQueue::take_from`]: [`QueueIntercept::receive_from`].
-    async fn take_from(&self, source: usize, max: usize) -> Result<Option<Deliveries>, StoreError> {
-        QueueIntercept::receive_from(self, source, max).await
-    }
-
-    /// [`JobQueue::scan_partition`]: [`QueueIntercept::scan`].
-    async fn scan_partition(
-        &self,
-        _partition: usize,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<QueuedJob>, StoreError> {
-        QueueIntercept::scan(self, after, limit).await
-    }
 }
 
 #[async_trait]
@@ -266,34 +232,5 @@ impl<T: QueueIntercept> JobQueue for T {
 
     async fn scan(&self, after: u64, limit: usize) -> Result<Vec<QueuedJob>, StoreError> {
         QueueIntercept::scan(self, after, limit).await
-    }
-
-    fn partitions(&self) -> usize {
-        QueueIntercept::partitions(self)
-    }
-
-    fn sources(&self) -> usize {
-        QueueIntercept::sources(self)
-    }
-
-    async fn receive_from(
-        &self,
-        source: usize,
-        max: usize,
-    ) -> Result<Option<Deliveries>, StoreError> {
-        QueueIntercept::receive_from(self, source, max).await
-    }
-
-    async fn take_from(&self, source: usize, max: usize) -> Result<Option<Deliveries>, StoreError> {
-        QueueIntercept::take_from(self, source, max).await
-    }
-
-    async fn scan_partition(
-        &self,
-        partition: usize,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<QueuedJob>, StoreError> {
-        QueueIntercept::scan_partition(self, partition, after, limit).await
     }
 }

@@ -2179,11 +2179,12 @@ impl TestKeys {
         (h.with_keys(keys.clone()), keys)
     }
 
-    fn reachable(&self) -> Result<(), StoreError> {
+    /// The memory store, while the key store is reachable.
+    fn store(&self) -> Result<&runtime::memory::MemoryIdempotencyStore, StoreError> {
         if self.unreachable {
             return Err(StoreError::Unavailable("keys down".into()));
         }
-        Ok(())
+        Ok(&self.inner)
     }
 
     fn claims(&self) -> usize {
@@ -2192,6 +2193,14 @@ impl TestKeys {
 
     fn reads(&self) -> usize {
         self.reads.load(SeqCst)
+    }
+
+    fn assert_read_once_never_claimed(&self) {
+        assert_eq!(
+            (self.reads(), self.claims()),
+            (1, 0),
+            "read once, never claimed"
+        );
     }
 }
 
@@ -2202,9 +2211,9 @@ impl IdempotencyStore for TestKeys {
         key_hash: &str,
         record: &runtime::IdempotencyRecord,
     ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
-        self.reachable()?;
+        let store = self.store()?;
         self.claims.fetch_add(1, SeqCst);
-        let claimed = self.inner.claim(key_hash, record).await?;
+        let claimed = store.claim(key_hash, record).await?;
         if let Some(error) = &self.close_with {
             let closed = RuntimeEvent::new(
                 record.execution_id,
@@ -2222,21 +2231,20 @@ impl IdempotencyStore for TestKeys {
         &self,
         key_hash: &str,
     ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
-        self.reachable()?;
+        let store = self.store()?;
         let first = self.reads.fetch_add(1, SeqCst) == 0;
         if let (true, Some(watched)) = (first, self.watched)
             && self.log.head(watched).await?.is_none()
         {
             self.read_before_the_log.store(true, SeqCst);
         }
-        self.inner.bound(key_hash).await
+        store.bound(key_hash).await
     }
     async fn release(&self, key_hash: &str, id: ExecutionId) -> Result<(), StoreError> {
-        self.reachable()?;
-        self.inner.release(key_hash, id).await
+        self.store()?.release(key_hash, id).await
     }
     async fn ready(&self) -> Result<(), StoreError> {
-        self.reachable()
+        self.store().map(|_| ())
     }
 }
 
@@ -2351,11 +2359,7 @@ async fn a_key_found_bound_is_read_not_claimed_again() {
     assert_eq!(keys.inner.claim("key-bound", record).await.unwrap(), None);
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
     assert_eq!(a.calls(), 1);
-    assert_eq!(
-        (keys.reads(), keys.claims()),
-        (1, 0),
-        "read once, never claimed"
-    );
+    keys.assert_read_once_never_claimed();
 
     // Bound to another execution: never runs.
     let (a, h, job, keys) = keyed_and_counted("key-taken", true).await;
@@ -2365,11 +2369,7 @@ async fn a_key_found_bound_is_read_not_claimed_again() {
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
     assert_failed_unrouted(&h, job.execution_id, RuntimeError::unqueued()).await;
     assert_eq!(a.calls(), 0);
-    assert_eq!(
-        (keys.reads(), keys.claims()),
-        (1, 0),
-        "read once, never claimed"
-    );
+    keys.assert_read_once_never_claimed();
 
     // Free: claimed, and bound to this execution.
     let (a, h, job, keys) = keyed_and_counted("key-free", true).await;
@@ -2415,8 +2415,7 @@ async fn a_keyed_job_whose_log_never_comes_leaves_its_key_free() {
     let (a, h, job, keys) = keyed_and_counted("key-no-log", false).await;
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
     assert_eq!(a.calls(), 0);
-    assert_eq!(keys.reads(), 1);
-    assert_eq!(keys.claims(), 0);
+    keys.assert_read_once_never_claimed();
     assert_eq!(keys.inner.bound("key-no-log").await.unwrap(), None);
 }
 
@@ -2480,9 +2479,15 @@ async fn unless_silent<T>(partition: usize, request: impl std::future::Future<Ou
 }
 
 #[async_trait::async_trait]
-impl runtime::intercept::QueueIntercept for OneSilentPartition {
-    fn inner(&self) -> &dyn JobQueue {
-        &*self.inner
+impl JobQueue for OneSilentPartition {
+    async fn publish(&self, job: &runtime::Job) -> Result<(), StoreError> {
+        self.inner.publish(job).await
+    }
+    async fn withdraw(&self, job: &runtime::Job) -> Result<(), StoreError> {
+        self.inner.withdraw(job).await
+    }
+    async fn receive(&self) -> Result<Option<runtime::Delivery>, StoreError> {
+        self.inner.receive().await
     }
     /// A request over both partitions: it ends only when partition 0's does, never.
     async fn receive_up_to(&self, _max: usize) -> Result<Option<runtime::Deliveries>, StoreError> {
@@ -2504,6 +2509,15 @@ impl runtime::intercept::QueueIntercept for OneSilentPartition {
         max: usize,
     ) -> Result<Option<runtime::Deliveries>, StoreError> {
         unless_silent(partition, self.inner.take_from(0, max)).await
+    }
+    fn close(&self) {
+        self.inner.close();
+    }
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.inner.ready().await
+    }
+    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<runtime::QueuedJob>, StoreError> {
+        self.inner.scan(after, limit).await
     }
 }
 
