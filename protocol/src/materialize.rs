@@ -364,12 +364,7 @@ mod tests {
                     delta: " mock".into(),
                 },
                 EventBody::UsageReported {
-                    facts: vec![
-                        UsageFact::new(UsageUnit::input_token(), 1.0, UsageSource::Runtime)
-                            .unwrap(),
-                        UsageFact::new(UsageUnit::output_token(), 3.0, UsageSource::Runtime)
-                            .unwrap(),
-                    ],
+                    facts: UsageFact::runtime_tokens(1.0, 3.0).unwrap(),
                 },
                 EventBody::Completed {
                     target: target("provider-mock"),

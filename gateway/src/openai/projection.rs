@@ -435,7 +435,7 @@ pub fn was_cancelled(error: Option<&RuntimeError>) -> bool {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use protocol::{UsageFact, UsageSource, UsageUnit};
+    use protocol::UsageFact;
 
     use super::super::fixture::{log, says_then};
     use super::*;
@@ -457,12 +457,7 @@ mod tests {
                     delta: "{}".into(),
                 },
                 EventBody::UsageReported {
-                    facts: vec![
-                        UsageFact::new(UsageUnit::input_token(), 1.0, UsageSource::Runtime)
-                            .unwrap(),
-                        UsageFact::new(UsageUnit::output_token(), 2.0, UsageSource::Runtime)
-                            .unwrap(),
-                    ],
+                    facts: UsageFact::runtime_tokens(1.0, 2.0).unwrap(),
                 },
             ],
         )

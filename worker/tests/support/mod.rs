@@ -15,7 +15,7 @@ use protocol::manifest::ProviderManifest;
 use protocol::materialize::Materializer;
 use protocol::{
     ErrorCode, ExecutionId, ExecutionSnapshot, RuntimeError, RuntimeEvent, Sequence, Target,
-    Timestamp, UsageFact, UsageSource, UsageUnit,
+    Timestamp, UsageFact,
 };
 use runtime::memory::{MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryLimits};
 use runtime::{CancelBus, EventStore, IdempotencyStore, Job};
@@ -180,15 +180,7 @@ pub fn emit_delta(text: &str) -> Step {
 }
 
 pub fn mock_usage_facts(chunks: u32) -> Vec<UsageFact> {
-    vec![
-        UsageFact::new(UsageUnit::input_token(), 1.0, UsageSource::Runtime).expect("valid"),
-        UsageFact::new(
-            UsageUnit::output_token(),
-            f64::from(chunks),
-            UsageSource::Runtime,
-        )
-        .expect("valid"),
-    ]
+    UsageFact::runtime_tokens(1.0, f64::from(chunks)).expect("valid")
 }
 
 pub fn success_script() -> Vec<Step> {
