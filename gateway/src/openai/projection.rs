@@ -437,7 +437,7 @@ pub fn was_cancelled(error: Option<&RuntimeError>) -> bool {
 mod tests {
     use protocol::UsageFact;
 
-    use super::super::fixture::{log, says_then};
+    use super::super::fixture::{log, replay, says_then};
     use super::*;
 
     fn mock_run() -> Vec<RuntimeEvent> {
@@ -465,11 +465,7 @@ mod tests {
 
     fn events(log: &[RuntimeEvent]) -> Vec<Value> {
         let mut p = Projection::new(&log[0]);
-        let mut out = Vec::new();
-        for e in log {
-            p.apply(e, &mut out);
-        }
-        out
+        replay(log, |e, out| p.apply(e, out))
     }
 
     #[test]
