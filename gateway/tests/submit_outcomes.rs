@@ -25,8 +25,7 @@ use runtime::memory::{
     MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
 };
 use runtime::{
-    Delivery, EventStore, IdempotencyRecord, IdempotencyStore, Job, JobQueue, LogHead, QueuedJob,
-    StoreError,
+    EventStore, IdempotencyRecord, IdempotencyStore, Job, JobQueue, LogHead, StoreError,
 };
 use serde_json::{Value, json};
 use testkit::fake_provider::{FakeProvider, Reply};
@@ -63,6 +62,16 @@ impl Faults {
             remaining: AtomicUsize::new(count),
             seen: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// The executions written so far.
+    fn seen(&self) -> Vec<ExecutionId> {
+        self.seen.lock().iter().copied().collect()
+    }
+
+    /// The one execution written so far (the tests that ask have written one).
+    fn only(&self, what: &str) -> ExecutionId {
+        *self.seen.lock().iter().next().expect(what)
     }
 
     /// The fault for this write of `id`, if any: only an execution's first write is hit.
@@ -141,7 +150,10 @@ struct FaultyQueue {
 }
 
 #[async_trait]
-impl JobQueue for FaultyQueue {
+impl runtime::intercept::QueueIntercept for FaultyQueue {
+    fn inner(&self) -> &dyn JobQueue {
+        &*self.inner
+    }
     async fn publish(&self, job: &Job) -> Result<(), StoreError> {
         match self.publishes.hit(job.execution_id) {
             None => self.inner.publish(job).await,
@@ -157,18 +169,6 @@ impl JobQueue for FaultyQueue {
             return Err(unavailable());
         }
         self.inner.withdraw(job).await
-    }
-    async fn receive(&self) -> Result<Option<Delivery>, StoreError> {
-        self.inner.receive().await
-    }
-    fn close(&self) {
-        self.inner.close();
-    }
-    async fn ready(&self) -> Result<(), StoreError> {
-        self.inner.ready().await
-    }
-    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<QueuedJob>, StoreError> {
-        self.inner.scan(after, limit).await
     }
 }
 
@@ -367,6 +367,27 @@ impl Harness {
         self.submit_to(&self.app, text, key).await
     }
 
+    /// [`Self::submit`], answered with `status`.
+    async fn submit_expecting(&self, text: &str, key: Option<&str>, status: StatusCode) -> Answer {
+        let answer = self.submit(text, key).await;
+        assert_eq!(answer.status, status, "{answer:?}");
+        answer
+    }
+
+    /// [`Self::submit`], answered 202 (a new execution).
+    async fn accepted(&self, text: &str, key: Option<&str>) -> Answer {
+        self.submit_expecting(text, key, StatusCode::ACCEPTED).await
+    }
+
+    /// [`Self::submit`] while the outcome cannot be settled: 503 within the submit bound.
+    async fn submit_unsettled(&self, text: &str, key: Option<&str>) -> Answer {
+        let answer = self
+            .submit_expecting(text, key, StatusCode::SERVICE_UNAVAILABLE)
+            .await;
+        assert!(answer.latency <= Duration::from_secs(2), "{answer:?}");
+        answer
+    }
+
     async fn submit_to(&self, app: &axum::Router, text: &str, key: Option<&str>) -> Answer {
         let body =
             json!({ "ability": "text-generation", "input": [{ "type": "text", "text": text }] });
@@ -535,10 +556,13 @@ async fn a_job_whose_log_creation_failed_never_runs() {
     // Keyed: the failure is certain, so the key is released and a retry creates a new
     // execution, which runs.
     let h = harness((Fault::Lost, 1), (Fault::Lost, 0)).await;
-    let first = h.submit("keyed-lost-create", Some("k-1")).await;
-    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
-    let retry = h.submit("keyed-lost-create", Some("k-1")).await;
-    assert_eq!(retry.status, StatusCode::ACCEPTED, "{retry:?}");
+    h.submit_expecting(
+        "keyed-lost-create",
+        Some("k-1"),
+        StatusCode::SERVICE_UNAVAILABLE,
+    )
+    .await;
+    let retry = h.accepted("keyed-lost-create", Some("k-1")).await;
     let log = h.terminal_log(execution_id(&retry)).await;
     assert_eq!(log.first(), Some(&"execution.accepted"));
     h.drained().await;
@@ -556,23 +580,17 @@ async fn a_failed_creates_log_is_closed_even_while_its_job_cannot_be_withdrawn()
     h.gateway_queue
         .withdraw_outage
         .store(true, Ordering::SeqCst);
-    let first = h.submit("closed-first", Some("k-closed-first")).await;
-    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
-    assert!(first.latency <= Duration::from_secs(2), "{first:?}");
-    let first_id = *h
+    h.submit_unsettled("closed-first", Some("k-closed-first"))
+        .await;
+    let first_id = h
         .gateway_store
         .creates
-        .seen
-        .lock()
-        .iter()
-        .next()
-        .expect("the failed create's execution");
+        .only("the failed create's execution");
     assert_eq!(
         h.log_types(first_id).await,
         ["execution.accepted", "execution.failed"]
     );
-    let retry = h.submit("closed-first", Some("k-closed-first")).await;
-    assert_eq!(retry.status, StatusCode::ACCEPTED, "{retry:?}");
+    let retry = h.accepted("closed-first", Some("k-closed-first")).await;
     assert_ne!(execution_id(&retry), first_id);
     h.terminal_log(execution_id(&retry)).await;
     h.drained().await;
@@ -608,17 +626,9 @@ async fn a_publish_whose_acknowledgement_was_lost_is_settled_consistently() {
 async fn an_unknown_outcome_keeps_the_key_bound_until_settled_unrun() {
     let h = harness((Fault::Lost, 0), (Fault::Lost, 0)).await;
     h.gateway_store.outage.store(true, Ordering::SeqCst);
-    let first = h.submit("unknown-outcome", Some("k-unknown")).await;
-    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
-    assert!(first.latency <= Duration::from_secs(2), "{first:?}");
-    let first_id = *h
-        .gateway_queue
-        .publishes
-        .seen
-        .lock()
-        .iter()
-        .next()
-        .expect("the first submission's job");
+    h.submit_unsettled("unknown-outcome", Some("k-unknown"))
+        .await;
+    let first_id = h.gateway_queue.publishes.only("the first submission's job");
     // Still unknown: the retry finds the key bound and cannot read its execution.
     let unsettled = h.submit("unknown-outcome", Some("k-unknown")).await;
     assert_eq!(
@@ -646,11 +656,11 @@ async fn an_unknown_outcome_keeps_the_key_bound_until_settled_unrun() {
         ["execution.accepted", "execution.failed"],
         "settled unrun"
     );
-    let retry = h.submit("unknown-outcome", Some("k-unknown")).await;
-    assert_eq!(retry.status, StatusCode::ACCEPTED, "{retry:?}");
+    let retry = h.accepted("unknown-outcome", Some("k-unknown")).await;
     assert_ne!(execution_id(&retry), first_id);
-    let again = h.submit("unknown-outcome", Some("k-unknown")).await;
-    assert_eq!(again.status, StatusCode::OK, "{again:?}");
+    let again = h
+        .submit_expecting("unknown-outcome", Some("k-unknown"), StatusCode::OK)
+        .await;
     assert_eq!(again.body["idempotent_replay"], true, "{again:?}");
     assert_eq!(again.body["execution_id"], retry.body["execution_id"]);
     h.terminal_log(execution_id(&retry)).await;
@@ -665,8 +675,7 @@ async fn an_unknown_outcome_keeps_the_key_bound_until_settled_unrun() {
 async fn a_keyed_submission_binds_its_key_while_the_job_is_published() {
     let h = harness((Fault::Lost, 0), (Fault::Lost, 0)).await;
     h.gateway_keys.after_publish.store(true, Ordering::SeqCst);
-    let first = h.submit("bound-meanwhile", Some("k-meanwhile")).await;
-    assert_eq!(first.status, StatusCode::ACCEPTED, "{first:?}");
+    let first = h.accepted("bound-meanwhile", Some("k-meanwhile")).await;
     h.terminal_log(execution_id(&first)).await;
     h.drained().await;
     assert_eq!(h.calls_for("bound-meanwhile"), 1);
@@ -677,12 +686,12 @@ async fn a_keyed_submission_binds_its_key_while_the_job_is_published() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_to_the_gateway_that_saw_its_key_creates_nothing() {
     let h = harness((Fault::Lost, 0), (Fault::Lost, 0)).await;
-    let first = h.submit("seen-key", Some("k-seen")).await;
-    assert_eq!(first.status, StatusCode::ACCEPTED, "{first:?}");
+    let first = h.accepted("seen-key", Some("k-seen")).await;
     let published = h.gateway_queue.publishes.seen.lock().len();
     for _ in 0..3 {
-        let retry = h.submit("seen-key", Some("k-seen")).await;
-        assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
+        let retry = h
+            .submit_expecting("seen-key", Some("k-seen"), StatusCode::OK)
+            .await;
         assert_eq!(retry.body["execution_id"], first.body["execution_id"]);
     }
     assert_eq!(h.gateway_queue.publishes.seen.lock().len(), published);
@@ -714,8 +723,7 @@ async fn a_retry_to_the_gateway_that_saw_its_key_creates_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retrys_job_that_reaches_a_worker_first_never_runs() {
     let h = harness((Fault::Lost, 0), (Fault::Lost, 0)).await;
-    let first = h.submit("runs-once", Some("k-once")).await;
-    assert_eq!(first.status, StatusCode::ACCEPTED, "{first:?}");
+    let first = h.accepted("runs-once", Some("k-once")).await;
     let first_id = execution_id(&first);
     h.terminal_log(first_id).await;
 
@@ -751,10 +759,8 @@ async fn a_retrys_job_that_reaches_a_worker_first_never_runs() {
     let others: Vec<ExecutionId> = h
         .gateway_queue
         .publishes
-        .seen
-        .lock()
-        .iter()
-        .copied()
+        .seen()
+        .into_iter()
         .filter(|id| *id != first_id)
         .collect();
     assert_eq!(
@@ -802,9 +808,7 @@ async fn a_key_store_out_of_reach_is_settled_consistently() {
     );
 
     h.gateway_keys.outage.store(false, Ordering::SeqCst);
-    let back = h.submit("[keys-back]", Some("k-back")).await;
-    assert_eq!(back.status, StatusCode::ACCEPTED, "{back:?}");
+    h.accepted("[keys-back]", Some("k-back")).await;
     h.gateway_keys.after_publish.store(true, Ordering::SeqCst);
-    let concurrent = h.submit("[keys-concurrent]", Some("k-concurrent")).await;
-    assert_eq!(concurrent.status, StatusCode::ACCEPTED, "{concurrent:?}");
+    h.accepted("[keys-concurrent]", Some("k-concurrent")).await;
 }

@@ -218,6 +218,20 @@ impl RuntimeEvent {
         }
     }
 
+    /// The log of `bodies` for one execution: sequences from 1, the event at index `i` stamped
+    /// `time(i)` (a log as stores hold it, for fixtures and tests).
+    pub fn numbered(
+        execution_id: ExecutionId,
+        bodies: Vec<EventBody>,
+        time: impl Fn(usize) -> Timestamp,
+    ) -> Vec<Self> {
+        bodies
+            .into_iter()
+            .enumerate()
+            .map(|(i, body)| Self::new(execution_id, Sequence(i as u64 + 1), time(i), body))
+            .collect()
+    }
+
     /// The event type string.
     pub fn type_name(&self) -> &'static str {
         self.body.type_name()

@@ -342,18 +342,7 @@ mod tests {
     }
 
     fn log(id: ExecutionId, bodies: Vec<EventBody>) -> Vec<RuntimeEvent> {
-        bodies
-            .into_iter()
-            .enumerate()
-            .map(|(i, b)| {
-                RuntimeEvent::new(
-                    id,
-                    Sequence(i as u64 + 1),
-                    Timestamp::from_unix_millis(1000 + i as i64),
-                    b,
-                )
-            })
-            .collect()
+        RuntimeEvent::numbered(id, bodies, |i| Timestamp::from_unix_millis(1000 + i as i64))
     }
 
     fn mock_run(id: ExecutionId) -> Vec<RuntimeEvent> {
@@ -375,12 +364,7 @@ mod tests {
                     delta: " mock".into(),
                 },
                 EventBody::UsageReported {
-                    facts: vec![
-                        UsageFact::new(UsageUnit::input_token(), 1.0, UsageSource::Runtime)
-                            .unwrap(),
-                        UsageFact::new(UsageUnit::output_token(), 3.0, UsageSource::Runtime)
-                            .unwrap(),
-                    ],
+                    facts: UsageFact::runtime_tokens(1.0, 3.0).unwrap(),
                 },
                 EventBody::Completed {
                     target: target("provider-mock"),

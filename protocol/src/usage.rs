@@ -147,6 +147,16 @@ impl UsageFact {
         Ok(fact)
     }
 
+    /// The input and output token counts the runtime reckoned itself (source `runtime`), in
+    /// that order: what the mock provider reports, one input token and one output token per
+    /// chunk.
+    pub fn runtime_tokens(input: f64, output: f64) -> Result<Vec<Self>, InvalidQuantity> {
+        Ok(vec![
+            Self::new(UsageUnit::input_token(), input, UsageSource::Runtime)?,
+            Self::new(UsageUnit::output_token(), output, UsageSource::Runtime)?,
+        ])
+    }
+
     /// Checks the quantity (the unit is valid by construction).
     pub fn check(&self) -> Result<(), InvalidQuantity> {
         if self.quantity.is_finite() && self.quantity >= 0.0 {

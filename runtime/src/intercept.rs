@@ -1,9 +1,10 @@
-//! One delegating event store for tests that interfere with a few operations (feature
-//! `test-support`).
+//! One delegating event store and one delegating job queue for tests that interfere with a
+//! few operations (feature `test-support`).
 //!
 //! A test that needs a store which fails, waits or records on one or two operations implements
 //! [`Intercept`] for its own struct: it names the store it wraps ([`Intercept::inner`]) and
 //! overrides only the operations it interferes with. Every [`Intercept`] is an [`EventStore`].
+//! [`QueueIntercept`] does the same for a [`JobQueue`].
 
 use async_trait::async_trait;
 use protocol::materialize::Materializer;
@@ -14,6 +15,7 @@ use crate::event_store::{
     EventRecord, EventStore, LogHead, ReadResult, RunError, SubscribeResult, WriterId,
     append_one_by_one,
 };
+use crate::job::{Deliveries, Delivery, Job, JobQueue, QueuedJob};
 
 /// An [`EventStore`] that forwards to an inner store except where the implementation says
 /// otherwise.
@@ -142,5 +144,93 @@ impl<T: Intercept> EventStore for T {
 
     async fn ready(&self) -> Result<(), StoreError> {
         Intercept::ready(self).await
+    }
+}
+
+/// A [`JobQueue`] that forwards to an inner queue except where the implementation says
+/// otherwise.
+///
+/// Contract:
+/// - The operations every queue implements (`publish`, `withdraw`, `receive`, `close`, `ready`,
+///   `scan`) forward to [`QueueIntercept::inner`] unchanged unless overridden.
+/// - `receive_up_to` asks [`QueueIntercept::receive`] for one delivery unless overridden, and
+///   the other operations keep `JobQueue`'s defaults, built on this wrapper's: one partition,
+///   one source, `receive_from` and `take_from` are `receive_up_to`, `scan_partition` is
+///   `scan`. A queue that needs partitions of its own implements `JobQueue` itself.
+///
+/// As for [`Intercept`], write the implementation by path
+/// (`impl runtime::intercept::QueueIntercept for MyQueue`) and use the wrapper as a `JobQueue`.
+#[async_trait]
+pub trait QueueIntercept: Send + Sync + 'static {
+    /// The queue every operation not overridden goes to.
+    fn inner(&self) -> &dyn JobQueue;
+
+    /// [`JobQueue::publish`].
+    async fn publish(&self, job: &Job) -> Result<(), StoreError> {
+        self.inner().publish(job).await
+    }
+
+    /// [`JobQueue::withdraw`].
+    async fn withdraw(&self, job: &Job) -> Result<(), StoreError> {
+        self.inner().withdraw(job).await
+    }
+
+    /// [`JobQueue::receive`].
+    async fn receive(&self) -> Result<Option<Delivery>, StoreError> {
+        self.inner().receive().await
+    }
+
+    /// [`JobQueue::receive_up_to`]: one delivery of [`QueueIntercept::receive`].
+    async fn receive_up_to(&self, _max: usize) -> Result<Option<Deliveries>, StoreError> {
+        use futures_util::StreamExt;
+        Ok(QueueIntercept::receive(self)
+            .await?
+            .map(|delivery| futures_util::stream::iter([Ok(delivery)]).boxed()))
+    }
+
+    /// [`JobQueue::close`].
+    fn close(&self) {
+        self.inner().close();
+    }
+
+    /// [`JobQueue::ready`].
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.inner().ready().await
+    }
+
+    /// [`JobQueue::scan`].
+    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<QueuedJob>, StoreError> {
+        self.inner().scan(after, limit).await
+    }
+}
+
+#[async_trait]
+impl<T: QueueIntercept> JobQueue for T {
+    async fn publish(&self, job: &Job) -> Result<(), StoreError> {
+        QueueIntercept::publish(self, job).await
+    }
+
+    async fn withdraw(&self, job: &Job) -> Result<(), StoreError> {
+        QueueIntercept::withdraw(self, job).await
+    }
+
+    async fn receive(&self) -> Result<Option<Delivery>, StoreError> {
+        QueueIntercept::receive(self).await
+    }
+
+    async fn receive_up_to(&self, max: usize) -> Result<Option<Deliveries>, StoreError> {
+        QueueIntercept::receive_up_to(self, max).await
+    }
+
+    fn close(&self) {
+        QueueIntercept::close(self);
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        QueueIntercept::ready(self).await
+    }
+
+    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<QueuedJob>, StoreError> {
+        QueueIntercept::scan(self, after, limit).await
     }
 }

@@ -30,8 +30,9 @@
 //!   memory and Redis implementations, and `QuotaGate`, which the gateway calls per submit.
 //! - [`tls`]: the rustls provider, certificate file checks and TLS failures, shared by the
 //!   NATS and Redis connections.
-//! - `intercept` (feature `test-support`): `Intercept`, one event store for tests that forwards
-//!   to an inner store and overrides only the operations a test interferes with.
+//! - `intercept` (feature `test-support`): `Intercept` and `QueueIntercept`, one event store
+//!   and one job queue for tests that forward to an inner one and override only the operations
+//!   a test interferes with.
 //! - `contract` (feature `contract-tests`): the test suite every implementation must pass, so
 //!   the NATS and Redis implementations are held to exactly the same behaviour; one file per
 //!   trait under test (event store, job queue, idempotency, cancel), the quota suite beside

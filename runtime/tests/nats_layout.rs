@@ -71,17 +71,14 @@ async fn readers_never_see_appends_the_stream_refused_or_never_stored() {
 
     // A fenced writer: its compare-and-set names a stream sequence that is no longer the last
     // of the subject, so the stream refuses the append.
-    let refused = backend
-        .jetstream
-        .send_publish(
-            subject.clone(),
-            jetstream::message::PublishMessage::build()
-                .payload(ghost("fenced"))
-                .expected_last_subject_sequence(1),
-        )
-        .await
-        .unwrap()
-        .await;
+    let refused = publish_raw(
+        &backend.jetstream,
+        subject.clone(),
+        jetstream::message::PublishMessage::build()
+            .payload(ghost("fenced"))
+            .expected_last_subject_sequence(1),
+    )
+    .await;
     assert!(
         refused.is_err(),
         "the stream must refuse a stale compare-and-set"
@@ -89,15 +86,12 @@ async fn readers_never_see_appends_the_stream_refused_or_never_stored() {
     // An append the stream never stores: over its message size limit (as good as a publish
     // whose leader was lost: core subscribers of the write subject still receive it).
     let big = EventRecord::new(ev(id, 3, delta(&"x".repeat(8192)))).json;
-    let unstored = backend
-        .jetstream
-        .send_publish(
-            subject.clone(),
-            jetstream::message::PublishMessage::build().payload(big),
-        )
-        .await
-        .unwrap()
-        .await;
+    let unstored = publish_raw(
+        &backend.jetstream,
+        subject.clone(),
+        jetstream::message::PublishMessage::build().payload(big),
+    )
+    .await;
     assert!(
         unstored.is_err(),
         "the stream must refuse an oversized event"
@@ -209,23 +203,38 @@ fn unsharded_events_stream(settings: &NatsSettings) -> stream::Config {
     }
 }
 
+/// Every delivery of one take of at most `max` jobs from `lane`, once the take ends.
+async fn take(queue: &NatsJobQueue, lane: usize, max: usize) -> Vec<runtime::Delivery> {
+    let deliveries = queue.take_from(lane, max).await.unwrap().unwrap();
+    let deliveries: Vec<_> = futures_util::StreamExt::collect(deliveries).await;
+    deliveries.into_iter().map(Result::unwrap).collect()
+}
+
+/// A write straight to the stream, past the store (as earlier versions, a fenced writer or a
+/// foreign client wrote): the stream's answer to `message` on `subject`.
+async fn publish_raw(
+    js: &jetstream::Context,
+    subject: String,
+    message: jetstream::message::PublishMessage,
+) -> Result<jetstream::publish::PublishAck, jetstream::context::PublishError> {
+    js.send_publish(subject, message).await.unwrap().await
+}
+
 /// `execution.accepted` and `route.selected` of `id` on `subject`, as versions before runs
 /// and shards wrote them: one event per message, the msg id in `Nats-Msg-Id`.
 async fn write_as_earlier_versions(js: &jetstream::Context, subject: &str, id: ExecutionId) {
     let mut expected_last = 0;
     for event in [ev(id, 1, EventBody::Accepted), ev(id, 2, route())] {
-        let ack = js
-            .send_publish(
-                subject.to_owned(),
-                jetstream::message::PublishMessage::build()
-                    .payload(EventRecord::new(event.clone()).json)
-                    .message_id(format!("{id}:{}:0123456789abcdef", event.sequence))
-                    .expected_last_subject_sequence(expected_last),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
+        let ack = publish_raw(
+            js,
+            subject.to_owned(),
+            jetstream::message::PublishMessage::build()
+                .payload(EventRecord::new(event.clone()).json)
+                .message_id(format!("{id}:{}:0123456789abcdef", event.sequence))
+                .expected_last_subject_sequence(expected_last),
+        )
+        .await
+        .unwrap();
         expected_last = ack.sequence;
     }
 }
@@ -741,18 +750,15 @@ async fn a_message_of_an_unknown_format_is_refused_not_misread() {
         "[{}]",
         String::from_utf8(EventRecord::new(ev(id, 2, route())).json.to_vec()).unwrap()
     );
-    backend
-        .jetstream
-        .send_publish(
-            backend.events.subject(&id),
-            jetstream::message::PublishMessage::build()
-                .payload(body.into())
-                .header("Mrt-Format", "9"),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    publish_raw(
+        &backend.jetstream,
+        backend.events.subject(&id),
+        jetstream::message::PublishMessage::build()
+            .payload(body.into())
+            .header("Mrt-Format", "9"),
+    )
+    .await
+    .unwrap();
     assert!(matches!(
         store.read(id, Sequence(0), 10).await,
         Err(StoreError::Unavailable(_))
@@ -821,18 +827,15 @@ async fn msg_ids_stay_out_of_the_servers_duplicate_state_and_older_writes_are_re
     // A write stored by an earlier version (its id in `Nats-Msg-Id`) whose acknowledgement was
     // lost: its writer's retry, in a process that never saw it land, is recognised.
     let third = EventRecord::new(ev(id, 3, delta("d3")));
-    backend
-        .jetstream
-        .send_publish(
-            backend.events.subject(&id),
-            jetstream::message::PublishMessage::build()
-                .payload(third.json.clone())
-                .message_id(format!("{id}:3:{writer}")),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    publish_raw(
+        &backend.jetstream,
+        backend.events.subject(&id),
+        jetstream::message::PublishMessage::build()
+            .payload(third.json.clone())
+            .message_id(format!("{id}:3:{writer}")),
+    )
+    .await
+    .unwrap();
     let restarted = event_store(&server, settings.clone()).await;
     // The retry sends the very event it sent before (a recognised write must hold it).
     restarted
@@ -910,18 +913,15 @@ async fn logs_stored_before_owners_existed_belong_to_the_default_tenant() {
     // `execution.accepted` as earlier versions stored it: no owner header.
     let id = ExecutionId::new_random();
     let accepted = EventRecord::new(ev(id, 1, EventBody::Accepted));
-    backend
-        .jetstream
-        .send_publish(
-            backend.events.subject(&id),
-            jetstream::message::PublishMessage::build()
-                .payload(accepted.json.clone())
-                .expected_last_subject_sequence(0),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    publish_raw(
+        &backend.jetstream,
+        backend.events.subject(&id),
+        jetstream::message::PublishMessage::build()
+            .payload(accepted.json.clone())
+            .expected_last_subject_sequence(0),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         store.owner(id).await.unwrap(),
         Some(protocol::Tenant::default())
@@ -1040,8 +1040,6 @@ async fn the_jobs_of_a_request_come_whole_with_when_they_were_received() {
 /// refused, naming both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_backlog_waits_in_its_own_lane() {
-    use futures_util::StreamExt;
-
     let (server, settings, backend, _store) = node().await;
     let layout = runtime::nats::EventShards::new(settings.namespace.clone(), 1)
         .unwrap()
@@ -1078,40 +1076,23 @@ async fn a_tenants_backlog_waits_in_its_own_lane() {
 
     // b's lane holds b's job alone, handed out at once.
     let lane_b = usize::from(layout.lane_of(b.as_str()));
-    let taken: Vec<_> = queue
-        .take_from(lane_b, 5)
-        .await
-        .unwrap()
-        .unwrap()
-        .collect()
-        .await;
+    let taken = take(&queue, lane_b, 5).await;
     assert_eq!(taken.len(), 1);
-    let taken = taken.into_iter().next().unwrap().unwrap();
+    let taken = taken.into_iter().next().unwrap();
     assert_eq!(taken.job.execution_id, first_of_b.execution_id);
     assert_eq!(taken.job.tenant.as_ref(), Some(&b));
     taken.handle.ack().await.unwrap();
     // a's lane holds a's backlog in publish order; an empty take ends at once.
     let lane_a = usize::from(layout.lane_of(a.as_str()));
-    let firsts: Vec<_> = queue
-        .take_from(lane_a, 3)
+    let firsts: Vec<_> = take(&queue, lane_a, 3)
         .await
-        .unwrap()
-        .unwrap()
-        .map(|d| d.unwrap().job.execution_id)
-        .collect()
-        .await;
+        .into_iter()
+        .map(|d| d.job.execution_id)
+        .collect();
     assert_eq!(firsts, backlog[..3]);
-    let empty: Vec<_> = tokio::time::timeout(PROMPT, async {
-        queue
-            .take_from(lane_b, 5)
-            .await
-            .unwrap()
-            .unwrap()
-            .collect::<Vec<_>>()
-            .await
-    })
-    .await
-    .expect("a take from an empty lane ends at once");
+    let empty = tokio::time::timeout(PROMPT, take(&queue, lane_b, 5))
+        .await
+        .expect("a take from an empty lane ends at once");
     assert!(empty.is_empty());
     // The consumer of each lane is its own durable, filtered to its subject.
     let consumer = stream

@@ -422,79 +422,75 @@ async fn run_text(
     (sent, events, snapshot)
 }
 
+/// Both APIs: the caller's input parts and extension reach the provider translated, with the
+/// runtime-owned fields written over the extension, and the provider's usage is logged.
 #[tokio::test]
-async fn responses_text_streams_through_the_runtime() {
-    let (r, events, snapshot) = run_text(
-        Flavor::Responses,
-        "responses-text",
-        r#"{"ability":"text-generation","input":[
+async fn text_streams_through_the_runtime() {
+    let cases = [
+        (
+            Flavor::Responses,
+            "responses-text",
+            r#"{"ability":"text-generation","input":[
                 {"type":"text","text":"Say hello in French."},
                 {"type":"json","value":{"tone":"warm","max_words":5}},
                 {"type":"image","uri":"https://images.example.com/cat.png","media_type":"image/png"},
                 {"type":"file","uri":"https://files.example.com/brief.pdf"}],
               "extensions":{"openai":{"request":{"model":"gpt-evil","input":"ignored","stream":false,
                 "store":true,"temperature":0.3,"max_output_tokens":256,"metadata":{"team":"docs"}}}}}"#,
-        [37.0, 11.0, 12.0, 0.0],
-    )
-    .await;
-    assert!(events[events.len() - 2].to_json().contains(
-        r#""facts":[{"unit":"input_token","quantity":37,"source":"provider","complete":true}"#
-    ));
-    let target = Flavor::Responses.target();
-    assert_eq!(snapshot.target, Some(target));
-    assert_eq!(snapshot.error, None);
-
-    assert_eq!(r.header("accept"), Some("text/event-stream"));
-    assert_eq!(
-        r.json(),
-        json!({
-            "model": "gpt-4.1-mini",
-            "stream": true,
-            "store": false,
-            "temperature": 0.3,
-            "max_output_tokens": 256,
-            "metadata": {"team": "docs"},
-            "input": [{"role": "user", "content": [
-                {"type": "input_text", "text": "Say hello in French."},
-                {"type": "input_text", "text": "{\"max_words\":5,\"tone\":\"warm\"}"},
-                {"type": "input_image", "image_url": "https://images.example.com/cat.png"},
-                {"type": "input_file", "file_url": "https://files.example.com/brief.pdf"}
-            ]}]
-        })
-    );
-}
-
-#[tokio::test]
-async fn chat_text_streams_through_the_runtime() {
-    let (r, _, _) = run_text(
-        Flavor::Chat,
-        "chat-text",
-        r#"{"ability":"text-generation","input":[
+            [37.0, 11.0, 12.0, 0.0],
+            json!({
+                "model": "gpt-4.1-mini",
+                "stream": true,
+                "store": false,
+                "temperature": 0.3,
+                "max_output_tokens": 256,
+                "metadata": {"team": "docs"},
+                "input": [{"role": "user", "content": [
+                    {"type": "input_text", "text": "Say hello in French."},
+                    {"type": "input_text", "text": "{\"max_words\":5,\"tone\":\"warm\"}"},
+                    {"type": "input_image", "image_url": "https://images.example.com/cat.png"},
+                    {"type": "input_file", "file_url": "https://files.example.com/brief.pdf"}
+                ]}]
+            }),
+        ),
+        (
+            Flavor::Chat,
+            "chat-text",
+            r#"{"ability":"text-generation","input":[
                 {"type":"text","text":"Say hello in French."},
                 {"type":"json","value":["warm",5]},
                 {"type":"image","uri":"https://images.example.com/cat.png"}],
               "extensions":{"openai-chat":{"request":{"model":"other","messages":[{"role":"system","content":"x"}],
                 "stream":false,"stream_options":{"include_usage":false},"temperature":0.3,"max_tokens":64}},
                 "openai":{"request":{"store":true}}}}"#,
-        [19.0, 10.0, 4.0, 2.0],
-    )
-    .await;
-
-    assert_eq!(
-        r.json(),
-        json!({
-            "model": "meta-llama/Llama-3.1-8B-Instruct",
-            "stream": true,
-            "stream_options": {"include_usage": true},
-            "temperature": 0.3,
-            "max_tokens": 64,
-            "messages": [{"role": "user", "content": [
-                {"type": "text", "text": "Say hello in French."},
-                {"type": "text", "text": "[\"warm\",5]"},
-                {"type": "image_url", "image_url": {"url": "https://images.example.com/cat.png"}}
-            ]}]
-        })
-    );
+            [19.0, 10.0, 4.0, 2.0],
+            json!({
+                "model": "meta-llama/Llama-3.1-8B-Instruct",
+                "stream": true,
+                "stream_options": {"include_usage": true},
+                "temperature": 0.3,
+                "max_tokens": 64,
+                "messages": [{"role": "user", "content": [
+                    {"type": "text", "text": "Say hello in French."},
+                    {"type": "text", "text": "[\"warm\",5]"},
+                    {"type": "image_url", "image_url": {"url": "https://images.example.com/cat.png"}}
+                ]}]
+            }),
+        ),
+    ];
+    for (flavor, key_name, request, quantities, body) in cases {
+        let (r, events, snapshot) = run_text(flavor, key_name, request, quantities).await;
+        let input = quantities[0];
+        let facts = format!(
+            r#""facts":[{{"unit":"input_token","quantity":{input},"source":"provider","complete":true}}"#
+        );
+        let usage = events[events.len() - 2].to_json();
+        assert!(usage.contains(&facts), "{flavor:?}: {usage}");
+        assert_eq!(snapshot.target, Some(flavor.target()), "{flavor:?}");
+        assert_eq!(snapshot.error, None, "{flavor:?}");
+        assert_eq!(r.header("accept"), Some("text/event-stream"), "{flavor:?}");
+        assert_eq!(r.json(), body, "{flavor:?}");
+    }
 }
 
 #[tokio::test]

@@ -99,6 +99,33 @@ fn assert_error(error: Option<RuntimeError>, code: ErrorCode, message: &str, ret
     assert_eq!(error.retryable, retryable);
 }
 
+/// Checks that the snapshot of `id` ended `status` with a terminal (not retryable) error of
+/// `code` and `message`.
+async fn assert_ended(
+    h: &Harness,
+    id: ExecutionId,
+    status: ExecutionStatus,
+    code: ErrorCode,
+    message: &str,
+) {
+    let snapshot = h.snapshot(id).await;
+    assert_eq!(snapshot.status, status);
+    assert_error(snapshot.error, code, message, false);
+}
+
+/// Starts a run of a new text execution of `h`, cancels it once its route is selected (before
+/// any output) and checks its log; returns the execution.
+async fn cancel_after_routing(h: &Harness) -> ExecutionId {
+    let (job, run) = submit_and_spawn(h, &text_request("")).await;
+    let id = job.execution_id;
+    wait_until("route.selected is logged", PATIENCE, || {
+        h.has_event(id, "route.selected")
+    })
+    .await;
+    cancel_before_output(h, id, "cancel", run).await;
+    id
+}
+
 /// Cancels `id`, awaits its `run`, and checks the log ends `cancelled` after the attempt at
 /// `a` with no output.
 async fn cancel_before_output(
@@ -817,14 +844,14 @@ async fn the_deadline_fails_a_running_attempt() {
     let events =
         assert_a_failed(&h, job.execution_id, &[], RuntimeError::deadline_exceeded()).await;
     assert_eq!(events[2].status, ExecutionStatus::Failed);
-    let snapshot = h.snapshot(job.execution_id).await;
-    assert_eq!(snapshot.status, ExecutionStatus::Failed);
-    assert_error(
-        snapshot.error,
+    assert_ended(
+        &h,
+        job.execution_id,
+        ExecutionStatus::Failed,
         ErrorCode::DeadlineExceeded,
         "Execution deadline was exceeded",
-        false,
-    );
+    )
+    .await;
     assert_eq!(a.finished(), 1, "the attempt was cancelled and returned");
     assert_eq!(h.bus.watched(), 0);
 }
@@ -897,14 +924,14 @@ async fn cancelling_a_running_execution() {
     assert_eq!(outcome, RunOutcome::Finished);
     let events = assert_a_failed(&h, id, &[delta("partial")], RuntimeError::cancelled()).await;
     assert_eq!(events[3].status, ExecutionStatus::Cancelled);
-    let snapshot = h.snapshot(id).await;
-    assert_eq!(snapshot.status, ExecutionStatus::Cancelled);
-    assert_error(
-        snapshot.error,
+    assert_ended(
+        &h,
+        id,
+        ExecutionStatus::Cancelled,
         ErrorCode::Cancelled,
         "Execution was cancelled",
-        false,
-    );
+    )
+    .await;
     assert_eq!(a.finished(), 1, "the adapter saw the cancel and returned");
     assert_eq!(
         h.bus.watched(),
@@ -916,14 +943,7 @@ async fn cancelling_a_running_execution() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_right_after_routing() {
     let (_a, h) = hanging_a();
-    let (job, run) = submit_and_spawn(&h, &text_request("")).await;
-    let id = job.execution_id;
-
-    wait_until("route.selected is logged", PATIENCE, || {
-        h.has_event(id, "route.selected")
-    })
-    .await;
-    cancel_before_output(&h, id, "cancel", run).await;
+    let id = cancel_after_routing(&h).await;
     assert_eq!(h.snapshot(id).await.status, ExecutionStatus::Cancelled);
     assert_eq!(h.bus.watched(), 0);
 }
@@ -1116,11 +1136,34 @@ async fn a_redelivered_job_with_a_started_attempt_fails_as_interrupted() {
     assert_eq!(h.bus.watched(), 0);
 }
 
-/// A delivery from a queue whose leases lapse after `.0` without a heartbeat.
-struct Leased(Duration);
+/// A delivery handed to the runner directly: leased for `lease` (`None`: never lapses), and
+/// withdrawn by its submitter once `withdrawn` is set.
+#[derive(Default)]
+struct Handed {
+    lease: Option<Duration>,
+    withdrawn: Arc<AtomicBool>,
+}
+
+impl Handed {
+    /// From a queue whose leases lapse after `lease` without a heartbeat.
+    fn leased(lease: Duration) -> Self {
+        Self {
+            lease: Some(lease),
+            ..Self::default()
+        }
+    }
+
+    /// Of a job its submitter withdraws by setting `withdrawn`.
+    fn withdrawable(withdrawn: Arc<AtomicBool>) -> Self {
+        Self {
+            withdrawn,
+            ..Self::default()
+        }
+    }
+}
 
 #[async_trait::async_trait]
-impl runtime::DeliveryHandle for Leased {
+impl runtime::DeliveryHandle for Handed {
     async fn ack(&self) -> Result<(), StoreError> {
         Ok(())
     }
@@ -1128,8 +1171,26 @@ impl runtime::DeliveryHandle for Leased {
         Ok(())
     }
     fn lease(&self) -> Option<Duration> {
-        Some(self.0)
+        self.lease
     }
+    async fn withdrawn(&self) -> Result<bool, StoreError> {
+        Ok(self.withdrawn.load(SeqCst))
+    }
+}
+
+/// Delivers `job` to `h`'s runner again (delivery 2), leased for `lease`, in a task.
+fn redeliver(
+    h: &Harness,
+    job: &runtime::Job,
+    lease: Duration,
+) -> tokio::task::JoinHandle<RunOutcome> {
+    let runner = Arc::clone(&h.runner);
+    let job = job.clone();
+    tokio::spawn(async move {
+        runner
+            .run_delivery(&job, 2, Some(&Handed::leased(lease)))
+            .await
+    })
 }
 
 #[tokio::test]
@@ -1151,12 +1212,7 @@ async fn a_redelivery_of_an_execution_running_here_waits_for_it_and_writes_nothi
         a.calls() == 1
     })
     .await;
-    let runner = Arc::clone(&h.runner);
-    let held = Leased(Duration::from_millis(200));
-    let second = {
-        let job = job.clone();
-        tokio::spawn(async move { runner.run_delivery(&job, 2, Some(&held)).await })
-    };
+    let second = redeliver(&h, &job, Duration::from_millis(200));
     // Several leases pass: the redelivery still writes nothing.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert!(!second.is_finished());
@@ -1180,11 +1236,7 @@ async fn a_redelivery_waits_while_its_previous_holder_writes_and_closes_the_log_
     let id = job.execution_id;
     h.append_foreign(id, selected("a", 1)).await;
     let lease = Duration::from_millis(600);
-    let runner = Arc::clone(&h.runner);
-    let redelivery = {
-        let job = job.clone();
-        tokio::spawn(async move { runner.run_delivery(&job, 2, Some(&Leased(lease))).await })
-    };
+    let redelivery = redeliver(&h, &job, lease);
     let mut written = vec![EventBody::Accepted, selected("a", 1)];
     for i in 0..6 {
         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -1203,11 +1255,7 @@ async fn a_redelivery_waits_while_its_previous_holder_writes_and_closes_the_log_
     let job = h.submit(&text_request(""), LONG).await;
     let id = job.execution_id;
     h.append_foreign(id, selected("a", 1)).await;
-    let runner = Arc::clone(&h.runner);
-    let redelivery = {
-        let job = job.clone();
-        tokio::spawn(async move { runner.run_delivery(&job, 2, Some(&Leased(lease))).await })
-    };
+    let redelivery = redeliver(&h, &job, lease);
     tokio::time::sleep(Duration::from_millis(100)).await;
     h.append_foreign(id, completed("a")).await;
     let outcome = within("the redelivery ends", PATIENCE, redelivery).await;
@@ -1220,13 +1268,12 @@ async fn a_redelivery_waits_while_its_previous_holder_writes_and_closes_the_log_
 async fn a_redelivery_of_a_job_this_worker_gave_up_names_the_unreachable_store() {
     // The cut outlasted every retry: the job was given back; its redelivery here, after the
     // heal, names the cause it knows rather than a stopped worker.
-    let (h, store, release) = partitioned_a(Vec::new());
-    let (job, outcome) = run_across_a_cut(&h, &store, &release, Duration::from_secs(600)).await;
+    let (h, store, job, outcome) = across_a_cut(Vec::new(), Duration::from_secs(600)).await;
     assert_eq!(outcome, RunOutcome::Abandoned);
     store.heal_losing_in_flight();
     let outcome = h
         .runner
-        .run_delivery(&job, 2, Some(&Leased(Duration::from_secs(30))))
+        .run_delivery(&job, 2, Some(&Handed::leased(Duration::from_secs(30))))
         .await;
     assert_eq!(outcome, RunOutcome::Finished);
     let snapshot = h.snapshot(job.execution_id).await;
@@ -1311,22 +1358,6 @@ async fn a_job_whose_log_never_appears_is_dropped_after_the_log_wait() {
     assert_eq!(a.calls(), 0);
 }
 
-/// A delivery whose job its submitter may withdraw.
-struct Withdrawable(Arc<std::sync::atomic::AtomicBool>);
-
-#[async_trait::async_trait]
-impl runtime::DeliveryHandle for Withdrawable {
-    async fn ack(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-    async fn in_progress(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-    async fn withdrawn(&self) -> Result<bool, StoreError> {
-        Ok(self.0.load(std::sync::atomic::Ordering::SeqCst))
-    }
-}
-
 /// Starts a delivery (to [`succeeding_a`]) of a job whose log does not exist, lets the runner
 /// find it missing (paused time: the runner's sleeps run only when every task is idle), then,
 /// as a submitter settling a failed create does, withdraws the job (if `withdraw`) and creates
@@ -1339,7 +1370,7 @@ async fn run_before_the_log(
     let runner = Arc::clone(&h.runner);
     let delivered = job.clone();
     let withdrawn = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let handle = Withdrawable(Arc::clone(&withdrawn));
+    let handle = Handed::withdrawable(Arc::clone(&withdrawn));
     let run = tokio::spawn(async move { runner.run_delivery(&delivered, 1, Some(&handle)).await });
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!run.is_finished(), "the runner waits for the log");
@@ -1362,7 +1393,7 @@ async fn a_job_that_arrives_before_its_log_waits_for_it_and_runs() {
 async fn a_withdrawn_job_whose_log_never_comes_frees_its_slot_long_before_the_log_wait() {
     let (a, h) = succeeding_a();
     let job = job(&text_request(""), LONG);
-    let handle = Withdrawable(Arc::new(std::sync::atomic::AtomicBool::new(true)));
+    let handle = Handed::withdrawable(Arc::new(std::sync::atomic::AtomicBool::new(true)));
     let waited = tokio::time::Instant::now();
     assert_eq!(
         h.runner.run_delivery(&job, 1, Some(&handle)).await,
@@ -1454,80 +1485,63 @@ fn partitioned_a(after: Vec<Step>) -> (Harness, Arc<PartitionedStore>, Arc<Semap
     (h, partitioned, release)
 }
 
-/// Runs a job of `h` whose provider streams "hel" and then holds until `release`; once "hel"
-/// is stored the link is cut for `cut` and the provider released.
-async fn run_across_a_cut(
-    h: &Harness,
-    store: &PartitionedStore,
-    release: &Semaphore,
+/// Runs a job of [`partitioned_a`] (`after` the hold); once "hel" is stored the link is cut
+/// for `cut` and the provider released. Returns the harness, its store, the job and the
+/// run's outcome.
+async fn across_a_cut(
+    after: Vec<Step>,
     cut: Duration,
-) -> (runtime::Job, RunOutcome) {
+) -> (Harness, Arc<PartitionedStore>, runtime::Job, RunOutcome) {
+    let (h, store, release) = partitioned_a(after);
     let job = h.submit(&text_request(""), LONG).await;
     let id = job.execution_id;
-    let run = h.runner.run(&job, 1);
-    tokio::pin!(run);
-    loop {
-        tokio::select! {
-            outcome = &mut run => panic!("ended before the cut: {outcome:?}"),
-            () = tokio::time::sleep(Duration::from_millis(1)) => {}
+    let outcome = {
+        let run = h.runner.run(&job, 1);
+        tokio::pin!(run);
+        loop {
+            tokio::select! {
+                outcome = &mut run => panic!("ended before the cut: {outcome:?}"),
+                () = tokio::time::sleep(Duration::from_millis(1)) => {}
+            }
+            if h.has_event(id, "output.delta").await {
+                break;
+            }
         }
-        if h.has_event(id, "output.delta").await {
-            break;
-        }
-    }
-    store.cut(cut);
-    release.add_permits(1);
-    let outcome = run.await;
-    (job.clone(), outcome)
+        store.cut(cut);
+        release.add_permits(1);
+        run.await
+    };
+    (h, store, job, outcome)
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_append_that_landed_after_the_worker_gave_up_is_continued_not_taken_for_a_fence() {
+async fn writes_that_landed_after_the_worker_gave_up_are_continued_not_taken_for_a_fence() {
     // The stuck executions: the worker lost the event store for longer than its append
-    // retries; its `usage.reported` landed after it had given up. The log must still be
-    // closed, after that event, by the worker itself (before: its terminal append met its own
-    // late write, was taken for another writer's, the job was acknowledged and dropped, and
-    // the log stayed open until the deadline).
-    let (h, store, release) =
-        partitioned_a(vec![Step::Emit(ProviderEvent::Usage(mock_usage_facts(1)))]);
-    let (job, outcome) = run_across_a_cut(&h, &store, &release, Duration::from_secs(40)).await;
-    assert_eq!(outcome, RunOutcome::Finished);
-    h.assert_log(
-        job.execution_id,
-        &[
-            EventBody::Accepted,
-            selected("a", 1),
-            delta("hel"),
-            usage(1),
-            completed("a"),
-        ],
-    )
-    .await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_terminal_event_that_landed_after_the_worker_gave_up_closes_the_log() {
-    let (h, store, release) = partitioned_a(Vec::new());
-    let (job, outcome) = run_across_a_cut(&h, &store, &release, Duration::from_secs(40)).await;
-    assert_eq!(outcome, RunOutcome::Finished);
-    h.assert_log(
-        job.execution_id,
-        &[
-            EventBody::Accepted,
-            selected("a", 1),
-            delta("hel"),
-            completed("a"),
-        ],
-    )
-    .await;
+    // retries; its `usage.reported` (or its terminal event) landed after it had given up. The
+    // log must still be closed, after that event, by the worker itself (before: its terminal
+    // append met its own late write, was taken for another writer's, the job was acknowledged
+    // and dropped, and the log stayed open until the deadline).
+    for (after, landed) in [
+        (
+            vec![Step::Emit(ProviderEvent::Usage(mock_usage_facts(1)))],
+            vec![usage(1)],
+        ),
+        (Vec::new(), Vec::new()),
+    ] {
+        let (h, _, job, outcome) = across_a_cut(after, Duration::from_secs(40)).await;
+        assert_eq!(outcome, RunOutcome::Finished);
+        let mut expected = vec![EventBody::Accepted, selected("a", 1), delta("hel")];
+        expected.extend(landed);
+        expected.push(completed("a"));
+        h.assert_log(job.execution_id, &expected).await;
+    }
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_cut_longer_than_every_retry_leaves_the_job_to_a_later_delivery() {
     // Past both retry budgets the runner gives the job back unacknowledged; the redelivery
     // after the heal closes the log (here: the same runner, a second delivery).
-    let (h, store, release) = partitioned_a(Vec::new());
-    let (job, outcome) = run_across_a_cut(&h, &store, &release, Duration::from_secs(600)).await;
+    let (h, _, job, outcome) = across_a_cut(Vec::new(), Duration::from_secs(600)).await;
     assert_eq!(outcome, RunOutcome::Abandoned);
     assert!(!h.is_terminal(job.execution_id).await);
 }
@@ -1619,25 +1633,7 @@ async fn the_pool_runs_every_published_job() {
     let h = Harness::scripted(&[&a]);
     let (queue, pool) = spawn_pool(&h, 4, Duration::from_millis(50));
 
-    let mut ids = Vec::new();
-    for _ in 0..50 {
-        let job = h.submit(&text_request(""), LONG).await;
-        queue.publish(&job).await.unwrap();
-        ids.push(job.execution_id);
-    }
-    wait_until(
-        "all 50 executions are terminal",
-        Duration::from_secs(60),
-        || async {
-            for id in &ids {
-                if !h.is_terminal(*id).await {
-                    return false;
-                }
-            }
-            true
-        },
-    )
-    .await;
+    let ids = h.run_texts(&*queue, 50, Duration::from_secs(60)).await;
 
     for id in &ids {
         h.assert_log(*id, &success_log("a")).await;
@@ -1833,15 +1829,9 @@ struct SecondHeld {
 }
 
 #[async_trait::async_trait]
-impl JobQueue for SecondHeld {
-    async fn publish(&self, job: &runtime::Job) -> Result<(), StoreError> {
-        self.inner.publish(job).await
-    }
-    async fn withdraw(&self, job: &runtime::Job) -> Result<(), StoreError> {
-        self.inner.withdraw(job).await
-    }
-    async fn receive(&self) -> Result<Option<runtime::Delivery>, StoreError> {
-        self.inner.receive().await
+impl runtime::intercept::QueueIntercept for SecondHeld {
+    fn inner(&self) -> &dyn JobQueue {
+        &*self.inner
     }
     async fn receive_up_to(&self, max: usize) -> Result<Option<runtime::Deliveries>, StoreError> {
         use futures_util::StreamExt;
@@ -1861,15 +1851,6 @@ impl JobQueue for SecondHeld {
                 .chain(second)
                 .boxed(),
         ))
-    }
-    fn close(&self) {
-        self.inner.close();
-    }
-    async fn ready(&self) -> Result<(), StoreError> {
-        self.inner.ready().await
-    }
-    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<runtime::QueuedJob>, StoreError> {
-        self.inner.scan(after, limit).await
     }
 }
 
@@ -1895,59 +1876,48 @@ async fn shutdown_still_runs_the_jobs_a_request_already_delivered() {
     assert_eq!(a.calls(), 2);
 }
 
-/// Wraps a delivery's handle, giving it the state the test shares with it.
-type WrapHandle<S> =
-    fn(Box<dyn runtime::DeliveryHandle>, Arc<S>) -> Box<dyn runtime::DeliveryHandle>;
+/// A delivery's handle wrapped with the state the test shares with it (what a [`Wrapping`]
+/// queue hands out); each kind of state gives the handle its behaviour.
+struct Wrapped<S> {
+    inner: Box<dyn runtime::DeliveryHandle>,
+    state: Arc<S>,
+}
 
-/// A memory queue whose deliveries' handles are wrapped by `wrap`.
+/// A memory queue whose deliveries' handles are [`Wrapped`] with `state`.
 struct Wrapping<S> {
     inner: Arc<MemoryJobQueue>,
     state: Arc<S>,
-    wrap: WrapHandle<S>,
 }
 
 impl<S> Wrapping<S> {
-    fn new(state: S, wrap: WrapHandle<S>) -> Arc<Self> {
+    fn new(state: S) -> Arc<Self> {
         Arc::new(Self {
             inner: Arc::new(MemoryJobQueue::new()),
             state: Arc::new(state),
-            wrap,
         })
     }
 }
 
 #[async_trait::async_trait]
-impl<S: Send + Sync + 'static> JobQueue for Wrapping<S> {
-    async fn publish(&self, job: &runtime::Job) -> Result<(), StoreError> {
-        self.inner.publish(job).await
-    }
-    async fn withdraw(&self, job: &runtime::Job) -> Result<(), StoreError> {
-        self.inner.withdraw(job).await
+impl<S: Send + Sync + 'static> runtime::intercept::QueueIntercept for Wrapping<S>
+where
+    Wrapped<S>: runtime::DeliveryHandle,
+{
+    fn inner(&self) -> &dyn JobQueue {
+        &*self.inner
     }
     async fn receive(&self) -> Result<Option<runtime::Delivery>, StoreError> {
         let Some(delivery) = self.inner.receive().await? else {
             return Ok(None);
         };
+        let state = Arc::clone(&self.state);
         Ok(Some(runtime::Delivery {
-            handle: (self.wrap)(delivery.handle, Arc::clone(&self.state)),
+            handle: Box::new(Wrapped {
+                inner: delivery.handle,
+                state,
+            }),
             ..delivery
         }))
-    }
-    async fn receive_up_to(&self, _max: usize) -> Result<Option<runtime::Deliveries>, StoreError> {
-        use futures_util::StreamExt;
-        Ok(self
-            .receive()
-            .await?
-            .map(|d| futures_util::stream::iter([Ok(d)]).boxed()))
-    }
-    fn close(&self) {
-        self.inner.close();
-    }
-    async fn ready(&self) -> Result<(), StoreError> {
-        self.inner.ready().await
-    }
-    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<runtime::QueuedJob>, StoreError> {
-        self.inner.scan(after, limit).await
     }
 }
 
@@ -1958,13 +1928,8 @@ struct AckGate {
     acked: std::sync::atomic::AtomicUsize,
 }
 
-struct HeldAck {
-    inner: Box<dyn runtime::DeliveryHandle>,
-    state: Arc<AckGate>,
-}
-
 #[async_trait::async_trait]
-impl runtime::DeliveryHandle for HeldAck {
+impl runtime::DeliveryHandle for Wrapped<AckGate> {
     async fn ack(&self) -> Result<(), StoreError> {
         self.state.gate.acquire().await.unwrap().forget();
         self.state
@@ -1984,7 +1949,7 @@ async fn a_slot_is_free_for_the_next_job_while_the_last_one_is_still_being_ackno
         gate: Semaphore::new(0),
         acked: std::sync::atomic::AtomicUsize::new(0),
     };
-    let queue = Wrapping::new(closed, |inner, state| Box::new(HeldAck { inner, state }));
+    let queue = Wrapping::new(closed);
     let acked = || queue.state.acked.load(std::sync::atomic::Ordering::SeqCst);
     // One slot.
     let (pool, first, second) = two_jobs_on(&h, Arc::clone(&queue) as Arc<dyn JobQueue>, 1).await;
@@ -2011,13 +1976,8 @@ struct BeatLog {
     beats: std::sync::Mutex<Vec<tokio::time::Instant>>,
 }
 
-struct SlowBeat {
-    inner: Box<dyn runtime::DeliveryHandle>,
-    state: Arc<BeatLog>,
-}
-
 #[async_trait::async_trait]
-impl runtime::DeliveryHandle for SlowBeat {
+impl runtime::DeliveryHandle for Wrapped<BeatLog> {
     async fn ack(&self) -> Result<(), StoreError> {
         self.inner.ack().await
     }
@@ -2042,7 +2002,7 @@ async fn beats_of_one_run(runs: Duration, log: BeatLog) -> Vec<tokio::time::Inst
     script.extend(success_script());
     let a = ScriptedProvider::new("a", script);
     let h = Harness::scripted(&[&a]);
-    let queue = Wrapping::new(log, |inner, state| Box::new(SlowBeat { inner, state }));
+    let queue = Wrapping::new(log);
     let pool = spawn_pool_on(
         &h,
         Arc::clone(&queue) as Arc<dyn JobQueue>,
@@ -2185,27 +2145,124 @@ async fn a_job_whose_key_is_anothers_never_runs(a: &ScriptedProvider, h: &Harnes
     assert_eq!(a.calls(), 0, "no provider call");
 }
 
-/// A key store that is never reachable.
-struct UnreachableKeys;
+/// The memory key store of the key tests. It counts claims and reads of bindings and notes
+/// whether the log of `watched` existed when a binding was first read. With `close_with`, a
+/// claim is followed at once by the execution's log closed with that error: a gateway giving
+/// the submission up (or a cancellation) landing between the worker's claim of the key and its
+/// claim of the log. With `unreachable`, every call fails: a key store out of reach.
+struct TestKeys {
+    inner: runtime::memory::MemoryIdempotencyStore,
+    log: Arc<runtime::memory::MemoryEventStore>,
+    watched: Option<ExecutionId>,
+    close_with: Option<RuntimeError>,
+    unreachable: bool,
+    claims: AtomicUsize,
+    reads: AtomicUsize,
+    read_before_the_log: AtomicBool,
+}
+
+impl TestKeys {
+    /// `h` with a [`TestKeys`] store that `setup` configures; returns the store too.
+    fn install(h: Harness, setup: impl FnOnce(&mut Self)) -> (Harness, Arc<Self>) {
+        let mut keys = Self {
+            inner: runtime::memory::MemoryIdempotencyStore::new(Duration::from_secs(600)),
+            log: Arc::clone(&h.store),
+            watched: None,
+            close_with: None,
+            unreachable: false,
+            claims: Default::default(),
+            reads: Default::default(),
+            read_before_the_log: Default::default(),
+        };
+        setup(&mut keys);
+        let keys = Arc::new(keys);
+        (h.with_keys(keys.clone()), keys)
+    }
+
+    /// The memory store, while the key store is reachable.
+    fn store(&self) -> Result<&runtime::memory::MemoryIdempotencyStore, StoreError> {
+        if self.unreachable {
+            return Err(StoreError::Unavailable("keys down".into()));
+        }
+        Ok(&self.inner)
+    }
+
+    fn claims(&self) -> usize {
+        self.claims.load(SeqCst)
+    }
+
+    fn reads(&self) -> usize {
+        self.reads.load(SeqCst)
+    }
+
+    fn assert_read_once_never_claimed(&self) {
+        assert_eq!(
+            (self.reads(), self.claims()),
+            (1, 0),
+            "read once, never claimed"
+        );
+    }
+}
 
 #[async_trait::async_trait]
-impl IdempotencyStore for UnreachableKeys {
+impl IdempotencyStore for TestKeys {
     async fn claim(
         &self,
-        _: &str,
-        _: &runtime::IdempotencyRecord,
+        key_hash: &str,
+        record: &runtime::IdempotencyRecord,
     ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
-        Err(StoreError::Unavailable("keys down".into()))
+        let store = self.store()?;
+        self.claims.fetch_add(1, SeqCst);
+        let claimed = store.claim(key_hash, record).await?;
+        if let Some(error) = &self.close_with {
+            let closed = RuntimeEvent::new(
+                record.execution_id,
+                protocol::Sequence(2),
+                Timestamp::now(),
+                EventBody::Failed {
+                    error: error.clone(),
+                },
+            );
+            self.log.append(closed).await?;
+        }
+        Ok(claimed)
     }
-    async fn bound(&self, _: &str) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
-        Err(StoreError::Unavailable("keys down".into()))
+    async fn bound(
+        &self,
+        key_hash: &str,
+    ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
+        let store = self.store()?;
+        let first = self.reads.fetch_add(1, SeqCst) == 0;
+        if let (true, Some(watched)) = (first, self.watched)
+            && self.log.head(watched).await?.is_none()
+        {
+            self.read_before_the_log.store(true, SeqCst);
+        }
+        store.bound(key_hash).await
     }
-    async fn release(&self, _: &str, _: ExecutionId) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("keys down".into()))
+    async fn release(&self, key_hash: &str, id: ExecutionId) -> Result<(), StoreError> {
+        self.store()?.release(key_hash, id).await
     }
     async fn ready(&self) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("keys down".into()))
+        self.store().map(|_| ())
     }
+}
+
+/// Provider `a` (succeeding) in a harness whose [`TestKeys`] watch `job`, keyed with
+/// `key_hash`: submitted (its log created) when `logged`.
+async fn keyed_and_counted(
+    key_hash: &str,
+    logged: bool,
+) -> (Arc<ScriptedProvider>, Harness, runtime::Job, Arc<TestKeys>) {
+    let (a, h) = succeeding_a();
+    let job = if logged {
+        h.submit(&text_request(""), LONG).await
+    } else {
+        job(&text_request(""), LONG)
+    };
+    let job = keyed(job, key_hash);
+    let (h, keys) = TestKeys::install(h, |k| k.watched = Some(job.execution_id));
+    (a, h, job, keys)
 }
 
 /// A keyed job whose key cannot be claimed (the key store is out of reach) is retried for the
@@ -2214,7 +2271,7 @@ impl IdempotencyStore for UnreachableKeys {
 #[tokio::test(start_paused = true)]
 async fn a_keyed_job_whose_key_cannot_be_claimed_is_left_unrun() {
     let (a, h) = succeeding_a();
-    let h = h.with_keys(Arc::new(UnreachableKeys));
+    let (h, _) = TestKeys::install(h, |k| k.unreachable = true);
     let job = keyed(h.submit(&text_request(""), LONG).await, "key-unreachable");
     let started = tokio::time::Instant::now();
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Abandoned);
@@ -2238,7 +2295,7 @@ async fn a_keyed_job_whose_key_cannot_be_claimed_is_left_unrun() {
 #[tokio::test(start_paused = true)]
 async fn a_keyed_job_whose_key_cannot_be_claimed_is_dropped_once_its_log_is_closed() {
     let (a, h) = succeeding_a();
-    let h = Arc::new(h.with_keys(Arc::new(UnreachableKeys)));
+    let h = Arc::new(TestKeys::install(h, |k| k.unreachable = true).0);
     let job = keyed(h.submit(&text_request(""), LONG).await, "key-unreachable");
     let started = tokio::time::Instant::now();
     let run = {
@@ -2263,48 +2320,6 @@ async fn a_keyed_job_whose_key_cannot_be_claimed_is_dropped_once_its_log_is_clos
     assert_eq!(a.calls(), 0);
 }
 
-/// A key store whose claims bind as usual, after which the execution's log is closed with
-/// `close_with` at once: a gateway giving the submission up (or a cancellation) landing between
-/// the worker's claim of the key and its claim of the log.
-struct ClosingKeys {
-    inner: runtime::memory::MemoryIdempotencyStore,
-    log: Arc<runtime::memory::MemoryEventStore>,
-    close_with: RuntimeError,
-}
-
-#[async_trait::async_trait]
-impl IdempotencyStore for ClosingKeys {
-    async fn claim(
-        &self,
-        key_hash: &str,
-        record: &runtime::IdempotencyRecord,
-    ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
-        let claimed = self.inner.claim(key_hash, record).await?;
-        let closed = RuntimeEvent::new(
-            record.execution_id,
-            protocol::Sequence(2),
-            Timestamp::now(),
-            EventBody::Failed {
-                error: self.close_with.clone(),
-            },
-        );
-        self.log.append(closed).await?;
-        Ok(claimed)
-    }
-    async fn bound(
-        &self,
-        key_hash: &str,
-    ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
-        self.inner.bound(key_hash).await
-    }
-    async fn release(&self, key_hash: &str, id: ExecutionId) -> Result<(), StoreError> {
-        self.inner.release(key_hash, id).await
-    }
-    async fn ready(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-}
-
 /// A worker that bound a free key and then finds the log closed unrun by its gateway (the
 /// submission was answered 503 meanwhile) frees the key, so a retry can create the execution;
 /// a log closed by a cancellation keeps its key, so a retry replays the cancelled execution.
@@ -2315,12 +2330,7 @@ async fn a_key_bound_for_an_execution_given_up_unrun_is_freed_again() {
         (RuntimeError::cancelled(), false),
     ] {
         let (a, h) = succeeding_a();
-        let keys = Arc::new(ClosingKeys {
-            inner: runtime::memory::MemoryIdempotencyStore::new(Duration::from_secs(600)),
-            log: Arc::clone(&h.store),
-            close_with: close_with.clone(),
-        });
-        let h = h.with_keys(keys.clone());
+        let (h, keys) = TestKeys::install(h, |k| k.close_with = Some(close_with.clone()));
         let job = keyed(h.submit(&text_request(""), LONG).await, "key-given-up");
         assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
         assert_eq!(a.calls(), 0);
@@ -2339,106 +2349,30 @@ async fn a_key_bound_for_an_execution_given_up_unrun_is_freed_again() {
     }
 }
 
-/// A memory key store that counts claims and reads of bindings, and notes whether the log of
-/// `watched` existed when a binding was first read.
-struct CountingKeys {
-    inner: runtime::memory::MemoryIdempotencyStore,
-    log: Arc<runtime::memory::MemoryEventStore>,
-    watched: ExecutionId,
-    claims: AtomicUsize,
-    reads: AtomicUsize,
-    read_before_the_log: AtomicBool,
-}
-
-impl CountingKeys {
-    fn new(h: &Harness, watched: ExecutionId) -> Arc<Self> {
-        Arc::new(Self {
-            inner: runtime::memory::MemoryIdempotencyStore::new(Duration::from_secs(600)),
-            log: Arc::clone(&h.store),
-            watched,
-            claims: Default::default(),
-            reads: Default::default(),
-            read_before_the_log: Default::default(),
-        })
-    }
-
-    fn claims(&self) -> usize {
-        self.claims.load(SeqCst)
-    }
-
-    fn reads(&self) -> usize {
-        self.reads.load(SeqCst)
-    }
-}
-
-#[async_trait::async_trait]
-impl IdempotencyStore for CountingKeys {
-    async fn claim(
-        &self,
-        key_hash: &str,
-        record: &runtime::IdempotencyRecord,
-    ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
-        self.claims.fetch_add(1, SeqCst);
-        self.inner.claim(key_hash, record).await
-    }
-    async fn bound(
-        &self,
-        key_hash: &str,
-    ) -> Result<Option<runtime::IdempotencyRecord>, StoreError> {
-        if self.reads.fetch_add(1, SeqCst) == 0 && self.log.head(self.watched).await?.is_none() {
-            self.read_before_the_log.store(true, SeqCst);
-        }
-        self.inner.bound(key_hash).await
-    }
-    async fn release(&self, key_hash: &str, id: ExecutionId) -> Result<(), StoreError> {
-        self.inner.release(key_hash, id).await
-    }
-    async fn ready(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-}
-
 /// A keyed job whose key its gateway bound already (to this execution, or to another one) is
 /// decided by reading the binding: the worker claims only a key it finds free.
 #[tokio::test]
 async fn a_key_found_bound_is_read_not_claimed_again() {
     // Bound by the gateway to this execution: it runs.
-    let (a, h) = succeeding_a();
-    let job = keyed(h.submit(&text_request(""), LONG).await, "key-bound");
-    let keys = CountingKeys::new(&h, job.execution_id);
-    let h = h.with_keys(keys.clone());
+    let (a, h, job, keys) = keyed_and_counted("key-bound", true).await;
     let record = &job.key.as_ref().unwrap().record;
     assert_eq!(keys.inner.claim("key-bound", record).await.unwrap(), None);
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
     assert_eq!(a.calls(), 1);
-    assert_eq!(
-        (keys.reads(), keys.claims()),
-        (1, 0),
-        "read once, never claimed"
-    );
+    keys.assert_read_once_never_claimed();
 
     // Bound to another execution: never runs.
-    let (a, h) = succeeding_a();
-    let job = keyed(h.submit(&text_request(""), LONG).await, "key-taken");
-    let keys = CountingKeys::new(&h, job.execution_id);
-    let h = h.with_keys(keys.clone());
+    let (a, h, job, keys) = keyed_and_counted("key-taken", true).await;
     let mut other = job.key.as_ref().unwrap().record.clone();
     other.execution_id = ExecutionId::new_random();
     assert_eq!(keys.inner.claim("key-taken", &other).await.unwrap(), None);
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
     assert_failed_unrouted(&h, job.execution_id, RuntimeError::unqueued()).await;
     assert_eq!(a.calls(), 0);
-    assert_eq!(
-        (keys.reads(), keys.claims()),
-        (1, 0),
-        "read once, never claimed"
-    );
+    keys.assert_read_once_never_claimed();
 
     // Free: claimed, and bound to this execution.
-    let (a, h) = succeeding_a();
-    let job = keyed(h.submit(&text_request(""), LONG).await, "key-free");
-    let keys = CountingKeys::new(&h, job.execution_id);
-    let h = h.with_keys(keys.clone());
+    let (a, h, job, keys) = keyed_and_counted("key-free", true).await;
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Finished);
     assert_eq!(a.calls(), 1);
     assert_eq!((keys.reads(), keys.claims()), (1, 1), "read, then claimed");
@@ -2456,10 +2390,7 @@ async fn a_key_found_bound_is_read_not_claimed_again() {
 /// the job is delivered, and the binding has been read before it appears (paused time).
 #[tokio::test(start_paused = true)]
 async fn a_keyed_jobs_binding_is_read_while_its_log_is_awaited() {
-    let (a, h) = succeeding_a();
-    let job = keyed(job(&text_request(""), LONG), "key-early");
-    let keys = CountingKeys::new(&h, job.execution_id);
-    let h = h.with_keys(keys.clone());
+    let (a, h, job, keys) = keyed_and_counted("key-early", false).await;
     let record = job.key.as_ref().unwrap().record.clone();
     assert_eq!(keys.inner.claim("key-early", &record).await.unwrap(), None);
     let runner = Arc::clone(&h.runner);
@@ -2481,14 +2412,10 @@ async fn a_keyed_jobs_binding_is_read_while_its_log_is_awaited() {
 /// and was withdrawn) leaves its free key free (paused time: the runner waits `log_wait`).
 #[tokio::test(start_paused = true)]
 async fn a_keyed_job_whose_log_never_comes_leaves_its_key_free() {
-    let (a, h) = succeeding_a();
-    let job = keyed(job(&text_request(""), LONG), "key-no-log");
-    let keys = CountingKeys::new(&h, job.execution_id);
-    let h = h.with_keys(keys.clone());
+    let (a, h, job, keys) = keyed_and_counted("key-no-log", false).await;
     assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Dropped);
     assert_eq!(a.calls(), 0);
-    assert_eq!(keys.reads(), 1);
-    assert_eq!(keys.claims(), 0);
+    keys.assert_read_once_never_claimed();
     assert_eq!(keys.inner.bound("key-no-log").await.unwrap(), None);
 }
 
@@ -2508,13 +2435,7 @@ async fn a_failed_execution_logs_one_warn_line_with_its_code_and_others_none() {
     let succeeded_job = run_to_end(&h, &text_request("")).await;
     // On this (current) thread, the spawned run logs into the capture too.
     let (_, h) = hanging_a();
-    let (cancelled_job, run) = submit_and_spawn(&h, &text_request("")).await;
-    let cancelled_id = cancelled_job.execution_id;
-    wait_until("route.selected is logged", PATIENCE, || {
-        h.has_event(cancelled_id, "route.selected")
-    })
-    .await;
-    cancel_before_output(&h, cancelled_id, "cancel", run).await;
+    let cancelled_id = cancel_after_routing(&h).await;
     drop(guard);
 
     let text = logs.text();
@@ -2549,6 +2470,14 @@ struct OneSilentPartition {
     inner: Arc<MemoryJobQueue>,
 }
 
+/// `request`, unless it is one of partition 0's: those never end.
+async fn unless_silent<T>(partition: usize, request: impl std::future::Future<Output = T>) -> T {
+    match partition {
+        0 => std::future::pending().await,
+        _ => request.await,
+    }
+}
+
 #[async_trait::async_trait]
 impl JobQueue for OneSilentPartition {
     async fn publish(&self, job: &runtime::Job) -> Result<(), StoreError> {
@@ -2572,20 +2501,14 @@ impl JobQueue for OneSilentPartition {
         partition: usize,
         max: usize,
     ) -> Result<Option<runtime::Deliveries>, StoreError> {
-        match partition {
-            0 => std::future::pending().await,
-            _ => self.inner.receive_up_to(max).await,
-        }
+        unless_silent(partition, self.inner.receive_up_to(max)).await
     }
     async fn take_from(
         &self,
         partition: usize,
         max: usize,
     ) -> Result<Option<runtime::Deliveries>, StoreError> {
-        match partition {
-            0 => std::future::pending().await,
-            _ => self.inner.take_from(0, max).await,
-        }
+        unless_silent(partition, self.inner.take_from(0, max)).await
     }
     fn close(&self) {
         self.inner.close();
@@ -2607,25 +2530,7 @@ async fn a_partition_without_jobs_never_holds_up_the_jobs_of_another() {
         inner: Arc::clone(&inner),
     });
     let pool = spawn_pool_on(&h, queue, 8, Duration::from_millis(50));
-    let mut ids = Vec::new();
-    for _ in 0..20 {
-        let job = h.submit(&text_request(""), LONG).await;
-        inner.publish(&job).await.unwrap();
-        ids.push(job.execution_id);
-    }
-    wait_until(
-        "every job of the busy partition ran",
-        Duration::from_secs(30),
-        || async {
-            for id in &ids {
-                if !h.is_terminal(*id).await {
-                    return false;
-                }
-            }
-            true
-        },
-    )
-    .await;
+    h.run_texts(&*inner, 20, Duration::from_secs(30)).await;
     assert_eq!(a.calls(), 20);
     drop(pool);
 }

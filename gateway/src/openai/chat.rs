@@ -163,7 +163,7 @@ impl Chunks {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use super::super::fixture::says_hi_then;
+    use super::super::fixture::{replay, says_hi_then};
     use super::*;
 
     #[test]
@@ -179,10 +179,7 @@ mod tests {
             },
         ]);
         let mut chunks = Chunks::new(true);
-        let mut out = Vec::new();
-        for e in &log {
-            chunks.apply(e, &mut out);
-        }
+        let out: Vec<Value> = replay(&log, |e, out| chunks.apply(e, out));
         let deltas: Vec<&Value> = out.iter().map(|c| &c["choices"][0]["delta"]).collect();
         assert_eq!(*deltas[0], json!({"role": "assistant", "content": ""}));
         assert_eq!(deltas[1]["content"], "hi");

@@ -1,24 +1,24 @@
 //! Execution logs for the unit tests of the OpenAI projections (`projection`, `stream`,
-//! `chat`), which all read the same shapes of log.
+//! `chat`), which all read the same shapes of log, and [`replay`], which runs one through a
+//! projection.
 
-use protocol::{EventBody, ExecutionId, RuntimeEvent, Sequence, Target, Timestamp};
+use protocol::{EventBody, ExecutionId, RuntimeEvent, Target, Timestamp};
+
+/// What `apply` writes for the events of `log`, in order (a projection replaying a log).
+pub fn replay<O: Default>(log: &[RuntimeEvent], mut apply: impl FnMut(&RuntimeEvent, &mut O)) -> O {
+    let mut out = O::default();
+    for event in log {
+        apply(event, &mut out);
+    }
+    out
+}
 
 /// One new execution's events with `bodies`, numbered from 1, all stamped 5 s after the epoch
 /// (a Response's `created_at` of 5).
 pub fn log(bodies: Vec<EventBody>) -> Vec<RuntimeEvent> {
-    let id = ExecutionId::new_random();
-    bodies
-        .into_iter()
-        .enumerate()
-        .map(|(i, b)| {
-            RuntimeEvent::new(
-                id,
-                Sequence(i as u64 + 1),
-                Timestamp::from_unix_millis(5_000),
-                b,
-            )
-        })
-        .collect()
+    RuntimeEvent::numbered(ExecutionId::new_random(), bodies, |_| {
+        Timestamp::from_unix_millis(5_000)
+    })
 }
 
 /// The provider `p`'s model `m`.

@@ -31,7 +31,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -42,6 +42,7 @@ use protocol::{ExecutionId, ExecutionRequest, Sequence};
 use self::error::OpenAiError;
 use self::model::Dialect;
 use self::projection::Projection;
+use self::request::{ChatRequest, CreateRequest, ResponsesRequest};
 use self::stream::Grammar;
 use crate::api::{idempotency_key, json_headers, read_body, stream_permit, valid_traceparent};
 use crate::auth::Principal;
@@ -94,75 +95,85 @@ impl Created {
     }
 }
 
-/// The submission steps both creates share: scope, shutdown, headers, body, model, the native
-/// request and the native flow.
-async fn submit_openai<T>(
-    state: &AppState,
-    principal: &Principal,
-    headers: &HeaderMap,
-    body: Body,
-    parse: fn(&[u8]) -> Result<T, OpenAiError>,
-    plan: impl FnOnce(&T) -> (&str, &translate::Intent, bool),
-) -> Result<(T, Created), OpenAiError> {
-    principal.require(Scope::Submit)?;
-    if state.is_stopping() {
-        return Err(ApiError::Unavailable("Runtime is shutting down").into());
-    }
-    json_headers(state, headers)?;
-    let key = idempotency_key(headers)?;
-    let bytes = read_body(body, state.inner.limits.max_body_bytes).await?;
-    let parsed = parse(&bytes)?;
-    drop(bytes);
-    let (model_name, intent, streaming) = plan(&parsed);
-    let manifests = state.inner.capabilities.manifests();
-    let resolved = model::resolve(&manifests, model_name)?;
-    let dialect = state.dialect(&resolved.provider);
-    let mut request: ExecutionRequest = translate::execution_request(intent, &resolved, dialect)?;
-    let targets = state.inner.capabilities.targets(&request);
-    translate::pin_to_model(&mut request, &resolved, targets)?;
-    // Reserved before anything is created, as for native streams.
-    let permit = if streaming {
-        Some(stream_permit(state)?)
-    } else {
-        None
-    };
-    // The caller's trace continues into the job, as for native submits (only a well-formed
-    // W3C value, never caller text).
-    let traceparent = headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| valid_traceparent(v))
-        .map(str::to_owned);
-    let submitted = submit::submit(state, &principal.tenant, request, key, traceparent).await;
-    state.metrics().count_submission(&submitted);
-    let submission = submitted?;
-    Ok((parsed, Created { submission, permit }))
-}
-
-async fn create_response(
-    State(state): State<AppState>,
+/// What both creates take from their request: the state, the caller, the headers and the
+/// body, which [`Create::submit`] submits.
+struct Create {
+    state: AppState,
     principal: Principal,
     headers: HeaderMap,
     body: Body,
-) -> Result<Response, OpenAiError> {
-    let (request, created) = submit_openai(
-        &state,
-        &principal,
-        &headers,
-        body,
-        request::responses,
-        |r| (r.model.as_str(), &r.intent, r.stream),
-    )
-    .await?;
+}
+
+impl FromRequest<AppState> for Create {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
+        let (mut parts, body) = request.into_parts();
+        let principal = Principal::from_request_parts(&mut parts, state).await?;
+        Ok(Self {
+            state: state.clone(),
+            principal,
+            headers: parts.headers,
+            body,
+        })
+    }
+}
+
+impl Create {
+    /// The submission steps both creates share: scope, shutdown, headers, body, model, the
+    /// native request and the native flow.
+    /// Takes the body: a create submits once.
+    async fn submit<T: CreateRequest>(&mut self) -> Result<(T, Created), OpenAiError> {
+        let state = &self.state;
+        self.principal.require(Scope::Submit)?;
+        if state.is_stopping() {
+            return Err(ApiError::Unavailable("Runtime is shutting down").into());
+        }
+        json_headers(state, &self.headers)?;
+        let key = idempotency_key(&self.headers)?;
+        let bytes = read_body(
+            std::mem::take(&mut self.body),
+            state.inner.limits.max_body_bytes,
+        )
+        .await?;
+        let parsed = T::parse(&bytes)?;
+        drop(bytes);
+        let (model_name, intent, streaming) = parsed.plan();
+        let manifests = state.inner.capabilities.manifests();
+        let resolved = model::resolve(&manifests, model_name)?;
+        let dialect = state.dialect(&resolved.provider);
+        let mut request: ExecutionRequest =
+            translate::execution_request(intent, &resolved, dialect)?;
+        let targets = state.inner.capabilities.targets(&request);
+        translate::pin_to_model(&mut request, &resolved, targets)?;
+        // Reserved before anything is created, as for native streams.
+        let permit = if streaming {
+            Some(stream_permit(state)?)
+        } else {
+            None
+        };
+        // The caller's trace continues into the job, as for native submits (only a well-formed
+        // W3C value, never caller text).
+        let traceparent = self
+            .headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| valid_traceparent(v))
+            .map(str::to_owned);
+        let submitted =
+            submit::submit(state, &self.principal.tenant, request, key, traceparent).await;
+        state.metrics().count_submission(&submitted);
+        let submission = submitted?;
+        Ok((parsed, Created { submission, permit }))
+    }
+}
+
+async fn create_response(mut create: Create) -> Result<Response, OpenAiError> {
+    let (request, created) = create.submit::<ResponsesRequest>().await?;
+    let state = create.state;
     let id = created.id();
     if let Some(permit) = created.permit {
-        let records = subscribe(&state, id).await?;
-        return Ok(stream::sse_response(
-            &state,
-            records,
-            permit,
-            Grammar::responses(None),
-        ));
+        return sse(&state, id, permit, Grammar::responses(None)).await;
     }
     let projection = match (request.background, created.submission.idempotent_replay) {
         // A new background response is answered as accepted (`queued`), whatever a worker
@@ -180,22 +191,13 @@ async fn create_response(
     Ok(json_response(StatusCode::OK, &projection.response()))
 }
 
-async fn create_chat_completion(
-    State(state): State<AppState>,
-    principal: Principal,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, OpenAiError> {
-    let (request, created) =
-        submit_openai(&state, &principal, &headers, body, request::chat, |r| {
-            (r.model.as_str(), &r.intent, r.stream)
-        })
-        .await?;
+async fn create_chat_completion(mut create: Create) -> Result<Response, OpenAiError> {
+    let (request, created) = create.submit::<ChatRequest>().await?;
+    let state = create.state;
     let id = created.id();
     if let Some(permit) = created.permit {
-        let records = subscribe(&state, id).await?;
         let grammar = Grammar::Chat(chat::Chunks::new(request.include_usage));
-        return Ok(stream::sse_response(&state, records, permit, grammar));
+        return sse(&state, id, permit, grammar).await;
     }
     let projection = wait_terminal(&state, id, state.deadline_bound()).await?;
     match projection.status() {
@@ -252,13 +254,7 @@ async fn retrieve_response(
     let (streaming, after) = stream_query(query.as_deref())?;
     if streaming {
         let permit = stream_permit(&state)?;
-        let records = subscribe(&state, id).await?;
-        return Ok(stream::sse_response(
-            &state,
-            records,
-            permit,
-            Grammar::responses(after),
-        ));
+        return sse(&state, id, permit, Grammar::responses(after)).await;
     }
     Ok(json_response(
         StatusCode::OK,
@@ -294,6 +290,17 @@ async fn owned(
         Some(owner) if owner == principal.tenant => Ok(id),
         _ => Err(OpenAiError::response_not_found()),
     }
+}
+
+/// The execution's log from its first event, answered as SSE in `grammar`.
+async fn sse(
+    state: &AppState,
+    id: ExecutionId,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    grammar: Grammar,
+) -> Result<Response, OpenAiError> {
+    let records = subscribe(state, id).await?;
+    Ok(stream::sse_response(state, records, permit, grammar))
 }
 
 async fn subscribe(state: &AppState, id: ExecutionId) -> Result<runtime::EventStream, OpenAiError> {

@@ -435,9 +435,9 @@ pub fn was_cancelled(error: Option<&RuntimeError>) -> bool {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use protocol::{UsageFact, UsageSource, UsageUnit};
+    use protocol::UsageFact;
 
-    use super::super::fixture::{log, says_then};
+    use super::super::fixture::{log, replay, says_then};
     use super::*;
 
     fn mock_run() -> Vec<RuntimeEvent> {
@@ -457,12 +457,7 @@ mod tests {
                     delta: "{}".into(),
                 },
                 EventBody::UsageReported {
-                    facts: vec![
-                        UsageFact::new(UsageUnit::input_token(), 1.0, UsageSource::Runtime)
-                            .unwrap(),
-                        UsageFact::new(UsageUnit::output_token(), 2.0, UsageSource::Runtime)
-                            .unwrap(),
-                    ],
+                    facts: UsageFact::runtime_tokens(1.0, 2.0).unwrap(),
                 },
             ],
         )
@@ -470,11 +465,7 @@ mod tests {
 
     fn events(log: &[RuntimeEvent]) -> Vec<Value> {
         let mut p = Projection::new(&log[0]);
-        let mut out = Vec::new();
-        for e in log {
-            p.apply(e, &mut out);
-        }
-        out
+        replay(log, |e, out| p.apply(e, out))
     }
 
     #[test]

@@ -30,6 +30,32 @@ pub struct ChatRequest {
     pub include_usage: bool,
 }
 
+/// What the shared submission flow reads of either create body.
+pub trait CreateRequest: Sized {
+    /// The body parsed ([`responses`], [`chat`]).
+    fn parse(bytes: &[u8]) -> Result<Self, OpenAiError>;
+    /// The model asked for, the intent and whether the answer streams.
+    fn plan(&self) -> (&str, &Intent, bool);
+}
+
+impl CreateRequest for ResponsesRequest {
+    fn parse(bytes: &[u8]) -> Result<Self, OpenAiError> {
+        responses(bytes)
+    }
+    fn plan(&self) -> (&str, &Intent, bool) {
+        (&self.model, &self.intent, self.stream)
+    }
+}
+
+impl CreateRequest for ChatRequest {
+    fn parse(bytes: &[u8]) -> Result<Self, OpenAiError> {
+        chat(bytes)
+    }
+    fn plan(&self) -> (&str, &Intent, bool) {
+        (&self.model, &self.intent, self.stream)
+    }
+}
+
 /// A JSON object body, or 400.
 fn object(bytes: &[u8]) -> Result<Map<String, Value>, OpenAiError> {
     match serde_json::from_slice::<Value>(bytes) {
@@ -355,6 +381,18 @@ pub fn chat(bytes: &[u8]) -> Result<ChatRequest, OpenAiError> {
 mod tests {
     use super::*;
 
+    /// Checks `parts` against `expected`, each `("text", its text)` or `("image", its URL)`.
+    fn assert_parts(parts: &[Part], expected: &[(&str, &str)]) {
+        let shown: Vec<(&str, &str)> = parts
+            .iter()
+            .map(|part| match part {
+                Part::Text(text) => ("text", text.as_str()),
+                Part::Image(url) => ("image", url.as_str()),
+            })
+            .collect();
+        assert_eq!(shown, expected);
+    }
+
     #[test]
     fn responses_input_string_or_items() {
         let r = responses(
@@ -373,13 +411,9 @@ mod tests {
         )
         .unwrap();
         assert!(r.background);
-        assert_eq!(
-            r.intent.parts,
-            vec![
-                Part::Text("a".into()),
-                Part::Image("https://x/i.png".into()),
-                Part::Text("b".into())
-            ]
+        assert_parts(
+            &r.intent.parts,
+            &[("text", "a"), ("image", "https://x/i.png"), ("text", "b")],
         );
         assert_eq!(r.intent.tools[0].name, "f");
         assert_eq!(r.intent.tool_choice, Some(ToolChoice::Required));
@@ -431,13 +465,10 @@ mod tests {
         .unwrap();
         assert!(c.stream && c.include_usage);
         assert_eq!(c.intent.max_output_tokens, Some(9));
-        assert_eq!(
-            c.intent.parts,
-            vec![
-                Part::Text("s".into()),
-                Part::Text("u".into()),
-                Part::Image("data:image/png;base64,AA".into())
-            ]
+        let image = "data:image/png;base64,AA";
+        assert_parts(
+            &c.intent.parts,
+            &[("text", "s"), ("text", "u"), ("image", image)],
         );
         assert_eq!(c.intent.tool_choice, Some(ToolChoice::Function("f".into())));
     }

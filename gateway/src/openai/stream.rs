@@ -169,15 +169,13 @@ pub fn sse_response(
 mod tests {
     use protocol::{EventBody, RuntimeError};
 
-    use super::super::fixture::{log, says_hi_then};
+    use super::super::fixture::{log, replay, says_hi_then};
     use super::*;
 
     fn written(mut grammar: Grammar, log: &[RuntimeEvent]) -> String {
-        let mut out = String::new();
-        for event in log {
-            grammar.write(event, &mut out);
-        }
-        out
+        replay(log, |event, out| {
+            grammar.write(event, out);
+        })
     }
 
     #[test]

@@ -27,12 +27,13 @@ pub(super) const EVENT_TYPES: [(&str, &str); 11] = [
     ("execution.failed", "ExecutionFailedEvent"),
 ];
 
-/// Description, allowed status, body properties and required body properties of one event type.
+/// Description, allowed status, body properties and the optional ones among them (every other
+/// body property is required) of one event type.
 type EventSpec = (
     &'static str,
     Value,
     Vec<(&'static str, Value)>,
-    Vec<&'static str>,
+    &'static [&'static str],
 );
 
 pub(super) struct EventSchemas {
@@ -73,20 +74,20 @@ pub(super) fn event_schemas(generator: &mut SchemaGenerator, prefix: &str) -> Ev
         schema
     };
 
-    // In EVENT_TYPES order: (description, status schema, body properties, required body
+    // In EVENT_TYPES order: (description, status schema, body properties, optional body
     // properties).
     let events: [EventSpec; 11] = [
         (
             "The runtime accepted the request (always sequence 1).",
             status_is(&["accepted"]),
             vec![],
-            vec![],
+            &[],
         ),
         (
             "The runtime selected one provider/model attempt.",
             status_is(&["routing"]),
             vec![("target", target.clone()), ("attempt", attempt.clone())],
-            vec!["target", "attempt"],
+            &[],
         ),
         (
             "A retryable attempt failed; the next route.selected follows (fallback).",
@@ -96,7 +97,7 @@ pub(super) fn event_schemas(generator: &mut SchemaGenerator, prefix: &str) -> Ev
                 ("attempt", attempt),
                 ("error", error.clone()),
             ],
-            vec!["target", "attempt", "error"],
+            &[],
         ),
         (
             "Incremental output text of one output index.",
@@ -105,25 +106,25 @@ pub(super) fn event_schemas(generator: &mut SchemaGenerator, prefix: &str) -> Ev
                 ("output_index", json!({ "type": "integer", "minimum": 0 })),
                 ("delta", text.clone()),
             ],
-            vec!["output_index", "delta"],
+            &[],
         ),
         (
             "A provider began a named tool call.",
             status_is(&["running"]),
             vec![("call_id", text.clone()), ("name", text.clone())],
-            vec!["call_id", "name"],
+            &[],
         ),
         (
             "A fragment of a tool call's arguments (JSON or text); callers accumulate before parsing.",
             status_is(&["running"]),
             vec![("call_id", text.clone()), ("delta", text)],
-            vec!["call_id", "delta"],
+            &[],
         ),
         (
             "An asynchronous provider reports queued or processing progress.",
             status_is(&["running"]),
             vec![("phase", phase), ("progress", json!({ "type": "number" }))],
-            vec!["phase"],
+            &["progress"],
         ),
         (
             "A normalized asynchronous result with optional artifact references.",
@@ -135,31 +136,31 @@ pub(super) fn event_schemas(generator: &mut SchemaGenerator, prefix: &str) -> Ev
                 ),
                 ("artifacts", json!({ "type": "array", "items": artifact })),
             ],
-            vec!["result"],
+            &["artifacts"],
         ),
         (
             "One or more usage facts became available; facts are listed, never summed.",
             status_is(&["running"]),
             vec![("facts", json!({ "type": "array", "items": fact }))],
-            vec!["facts"],
+            &[],
         ),
         (
             "The execution succeeded (terminal).",
             status_is(&["succeeded"]),
             vec![("target", target)],
-            vec!["target"],
+            &[],
         ),
         (
             "The execution failed or was cancelled (terminal).",
             status_is(&["failed", "cancelled"]),
             vec![("error", error)],
-            vec!["error"],
+            &[],
         ),
     ];
 
     let mut definitions = Map::new();
     let mut one_of = Vec::new();
-    for ((type_name, def_name), (description, status, fields, required_fields)) in
+    for ((type_name, def_name), (description, status, fields, optional)) in
         EVENT_TYPES.iter().zip(events)
     {
         let mut properties = Map::new();
@@ -183,9 +184,11 @@ pub(super) fn event_schemas(generator: &mut SchemaGenerator, prefix: &str) -> Ev
             .map(Value::from)
             .collect();
         for (name, schema) in fields {
+            if !optional.contains(&name) {
+                required.push(name.into());
+            }
             properties.insert(name.into(), schema);
         }
-        required.extend(required_fields.into_iter().map(Value::from));
         definitions.insert(
             (*def_name).into(),
             json!({

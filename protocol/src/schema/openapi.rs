@@ -194,6 +194,16 @@ fn openapi_parameters() -> Value {
 }
 
 /// A JSON response with the standard headers.
+/// The path item of one execution's resource (`/v1/executions/{id}...`): the `id` path
+/// parameter and its one `method` operation, tagged `executions`.
+fn execution_item(execution_id: &Value, method: &str, mut operation: Value) -> Value {
+    operation["tags"] = json!(["executions"]);
+    let mut item = Map::new();
+    item.insert("parameters".into(), json!([execution_id]));
+    item.insert(method.into(), operation);
+    Value::Object(item)
+}
+
 fn json_response(description: &str, schema: Value) -> Value {
     json!({
         "description": description,
@@ -387,62 +397,46 @@ fn openapi_paths(p: &str) -> Value {
                 }
             }
         },
-        "/v1/executions/{id}": {
-            "parameters": [execution_id.clone()],
-            "get": {
-                "tags": ["executions"],
-                "operationId": "getExecution",
-                "summary": "The materialized snapshot of an execution",
-                "responses": {
-                    "200": json_response("The snapshot; optional keys are omitted when unset.", reference(p, "ExecutionSnapshot"))
-                }
+        "/v1/executions/{id}": execution_item(&execution_id, "get", json!({
+            "operationId": "getExecution",
+            "summary": "The materialized snapshot of an execution",
+            "responses": {
+                "200": json_response("The snapshot; optional keys are omitted when unset.", reference(p, "ExecutionSnapshot"))
             }
-        },
-        "/v1/executions/{id}/result": {
-            "parameters": [execution_id.clone()],
-            "get": {
-                "tags": ["executions"],
-                "operationId": "getExecutionResult",
-                "summary": "The result of a succeeded execution",
-                "responses": {
-                    "200": json_response("The execution succeeded; `artifacts` defaults to `[]`.", reference(p, "ExecutionResultResponse")),
-                    "409": json_response("The execution has not succeeded (yet): its status, and its error once failed or cancelled.", reference(p, "ResultNotReady"))
-                }
+        })),
+        "/v1/executions/{id}/result": execution_item(&execution_id, "get", json!({
+            "operationId": "getExecutionResult",
+            "summary": "The result of a succeeded execution",
+            "responses": {
+                "200": json_response("The execution succeeded; `artifacts` defaults to `[]`.", reference(p, "ExecutionResultResponse")),
+                "409": json_response("The execution has not succeeded (yet): its status, and its error once failed or cancelled.", reference(p, "ResultNotReady"))
             }
-        },
-        "/v1/executions/{id}/cancel": {
-            "parameters": [execution_id.clone()],
-            "post": {
-                "tags": ["executions"],
-                "operationId": "cancelExecution",
-                "summary": "Request cancellation",
-                "description": "The execution ends with `execution.failed` (status `cancelled`) unless it finishes first.",
-                "responses": {
-                    "202": json_response("Cancellation was requested.", narrowed(p, "CancelResponse", json!({ "status": { "const": "cancellation_requested" } }))),
-                    "404": json_response("Unknown or already terminal execution.", narrowed(p, "CancelResponse", json!({ "status": { "const": "not_found" } })))
-                }
+        })),
+        "/v1/executions/{id}/cancel": execution_item(&execution_id, "post", json!({
+            "operationId": "cancelExecution",
+            "summary": "Request cancellation",
+            "description": "The execution ends with `execution.failed` (status `cancelled`) unless it finishes first.",
+            "responses": {
+                "202": json_response("Cancellation was requested.", narrowed(p, "CancelResponse", json!({ "status": { "const": "cancellation_requested" } }))),
+                "404": json_response("Unknown or already terminal execution.", narrowed(p, "CancelResponse", json!({ "status": { "const": "not_found" } })))
             }
-        },
-        "/v1/executions/{id}/events": {
-            "parameters": [execution_id],
-            "get": {
-                "tags": ["executions"],
-                "operationId": "streamExecutionEvents",
-                "summary": "Replay and follow the event log (SSE)",
-                "description": "Events with a sequence larger than the cursor are replayed, then live events follow; the stream closes after the terminal event. `: keep-alive` comments are sent every 15 s while idle. A failure after the headers ends the stream without a partial frame; clients resume from their last sequence.",
-                "parameters": [
-                    { "$ref": "#/components/parameters/After" },
-                    { "$ref": "#/components/parameters/LastEventId" }
-                ],
-                "responses": {
-                    "200": {
-                        "description": "The event stream (empty and closed when the cursor is at or past the terminal event).",
-                        "content": { "text/event-stream": sse_content(p) }
-                    },
-                    "400": response_ref("InvalidRequest")
-                }
+        })),
+        "/v1/executions/{id}/events": execution_item(&execution_id, "get", json!({
+            "operationId": "streamExecutionEvents",
+            "summary": "Replay and follow the event log (SSE)",
+            "description": "Events with a sequence larger than the cursor are replayed, then live events follow; the stream closes after the terminal event. `: keep-alive` comments are sent every 15 s while idle. A failure after the headers ends the stream without a partial frame; clients resume from their last sequence.",
+            "parameters": [
+                { "$ref": "#/components/parameters/After" },
+                { "$ref": "#/components/parameters/LastEventId" }
+            ],
+            "responses": {
+                "200": {
+                    "description": "The event stream (empty and closed when the cursor is at or past the terminal event).",
+                    "content": { "text/event-stream": sse_content(p) }
+                },
+                "400": response_ref("InvalidRequest")
             }
-        },
+        })),
         "/healthz": {
             "get": {
                 "tags": ["operations"],

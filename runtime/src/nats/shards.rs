@@ -138,10 +138,15 @@ impl EventShards {
 
     /// The name of shard `shard`'s stream.
     pub fn stream(&self, shard: u16) -> String {
+        self.stream_name("EVENTS", shard)
+    }
+
+    /// `{NS}_{kind}`, numbered from 1 (0: the name alone, that of versions before numbers).
+    fn stream_name(&self, kind: &str, n: u16) -> String {
         numbered(
-            format!("{}_EVENTS", self.namespace.to_ascii_uppercase()),
+            format!("{}_{kind}", self.namespace.to_ascii_uppercase()),
             "_",
-            shard,
+            n,
         )
     }
 
@@ -168,11 +173,7 @@ impl EventShards {
 
     /// The jobs stream of partition `partition`.
     pub fn jobs_stream(&self, partition: u16) -> String {
-        numbered(
-            format!("{}_JOBS", self.namespace.to_ascii_uppercase()),
-            "_",
-            partition,
-        )
+        self.stream_name("JOBS", partition)
     }
 
     /// The subject of partition `partition`'s jobs.
@@ -301,26 +302,49 @@ mod tests {
         ExecutionId::from_uuid(Uuid::parse_str(hex).unwrap())
     }
 
+    /// Checks that `shards` places `exec` in `shard`, whose stream is `stream` and whose
+    /// subjects are `subjects` (with `exec`'s own subject the wildcard filled in).
+    fn assert_placed(
+        shards: &EventShards,
+        exec: &ExecutionId,
+        shard: u16,
+        stream: &str,
+        subjects: &str,
+    ) {
+        assert_eq!(shards.shard_of(exec), shard);
+        assert_eq!(shards.stream_of(exec), stream);
+        assert_eq!(shards.subjects(shard), subjects);
+        assert_eq!(
+            shards.subject(exec),
+            subjects.replace('*', &exec.to_string())
+        );
+    }
+
+    /// Checks the jobs stream, subject and consumer of `partition`, in that order.
+    fn assert_jobs_names(shards: &EventShards, partition: u16, names: [&str; 3]) {
+        assert_eq!(
+            [
+                shards.jobs_stream(partition),
+                shards.jobs_subject(partition),
+                shards.jobs_consumer(partition),
+            ],
+            names
+        );
+    }
+
     #[test]
     fn a_single_shard_is_the_layout_of_versions_before_sharding() {
         let one = EventShards::new("mrt", 1).unwrap();
         let exec = id("6f1c2a9e-0d4b-4c1e-9a57-3b2d8e4f7a10");
-        assert_eq!(one.shard_of(&exec), 0);
-        assert_eq!(one.stream_of(&exec), "MRT_EVENTS");
-        assert_eq!(one.subject(&exec), format!("mrt.events.{exec}"));
-        assert_eq!(one.subjects(0), "mrt.events.*");
+        assert_placed(&one, &exec, 0, "MRT_EVENTS", "mrt.events.*");
         assert_eq!(one.streams().collect::<Vec<_>>(), ["MRT_EVENTS"]);
-        assert_eq!(one.jobs_stream(0), "MRT_JOBS");
-        assert_eq!(one.jobs_subject(0), "mrt.jobs");
-        assert_eq!(one.jobs_consumer(0), "mrt_workers");
+        assert_jobs_names(&one, 0, ["MRT_JOBS", "mrt.jobs", "mrt_workers"]);
     }
 
     #[test]
     fn a_partition_has_its_own_jobs_stream_subject_and_consumer() {
         let four = EventShards::new("ab", 4).unwrap();
-        assert_eq!(four.jobs_stream(2), "AB_JOBS_2");
-        assert_eq!(four.jobs_subject(2), "ab.jobs.2");
-        assert_eq!(four.jobs_consumer(2), "ab_workers_2");
+        assert_jobs_names(&four, 2, ["AB_JOBS_2", "ab.jobs.2", "ab_workers_2"]);
         // Partition 0's subject must not overlap another partition's (the streams would
         // refuse to be created): `ab.jobs` is not `ab.jobs.*`.
         assert_ne!(four.jobs_subject(0), four.jobs_subject(1));
@@ -332,10 +356,7 @@ mod tests {
         // The last byte (0x13 = 19) decides modulo 4: 19 % 4 = 3. Pinned: a change would move
         // every stored log.
         let exec = id("00000000-0000-4000-8000-000000000013");
-        assert_eq!(four.shard_of(&exec), 3);
-        assert_eq!(four.stream_of(&exec), "MRT_EVENTS_3");
-        assert_eq!(four.subject(&exec), format!("mrt.events.3.{exec}"));
-        assert_eq!(four.subjects(3), "mrt.events.3.*");
+        assert_placed(&four, &exec, 3, "MRT_EVENTS_3", "mrt.events.3.*");
         let zero = id("00000000-0000-4000-8000-000000000014");
         assert_eq!(four.subject(&zero), format!("mrt.events.{zero}"));
         assert_eq!(
@@ -372,21 +393,32 @@ mod tests {
 
     #[test]
     fn the_recorded_count_wins_and_an_explicit_other_count_is_refused() {
-        assert_eq!(
-            SHARD_COUNT.agree("ns", None, None).unwrap(),
-            DEFAULT_EVENT_SHARDS
-        );
-        assert_eq!(SHARD_COUNT.agree("ns", None, Some(2)).unwrap(), 2);
-        assert_eq!(SHARD_COUNT.agree("ns", Some(None), None).unwrap(), 1);
-        assert_eq!(SHARD_COUNT.agree("ns", Some(None), Some(1)).unwrap(), 1);
-        assert_eq!(SHARD_COUNT.agree("ns", Some(Some("8")), None).unwrap(), 8);
-        let Err(StoreError::Misconfigured(message)) = SHARD_COUNT.agree("ns", Some(None), Some(4))
-        else {
-            panic!("a pre-sharding namespace accepted 4 shards");
-        };
-        assert!(message.contains("has 1 partition(s)"), "{message}");
-        assert!(message.contains("asks for 4"), "{message}");
-        assert!(SHARD_COUNT.agree("ns", Some(Some("x")), None).is_err());
+        for count in [&SHARD_COUNT, &LANE_COUNT] {
+            let name = count.name;
+            assert_eq!(count.agree("ns", None, None).unwrap(), count.default);
+            // `Some(None)`: a namespace of a version before the count was recorded (one).
+            for (recorded, wanted, expected) in [
+                (None, Some(2), 2),
+                (Some(None), None, 1),
+                (Some(None), Some(1), 1),
+                (Some(Some("4")), None, 4),
+                (Some(Some("4")), Some(4), 4),
+            ] {
+                let agreed = count.agree("ns", recorded, wanted).unwrap();
+                assert_eq!(agreed, expected, "{name} {recorded:?} {wanted:?}");
+            }
+            let Err(StoreError::Misconfigured(message)) = count.agree("ns", Some(None), Some(4))
+            else {
+                panic!("{name}: a namespace of one accepted 4");
+            };
+            assert!(
+                message.contains(&format!("has 1 {}", count.unit)),
+                "{message}"
+            );
+            assert!(message.contains("asks for 4"), "{message}");
+            assert!(count.agree("ns", Some(Some("x")), None).is_err(), "{name}");
+        }
+        assert!(LANE_COUNT.agree("ns", Some(Some("0")), None).is_err());
     }
 
     #[test]
@@ -422,25 +454,5 @@ mod tests {
                 .with_lanes(MAX_TENANT_LANES + 1)
                 .is_err()
         );
-    }
-
-    #[test]
-    fn a_new_namespace_gets_the_default_lanes_and_an_old_one_keeps_one() {
-        assert_eq!(
-            LANE_COUNT.agree("ns", None, None).unwrap(),
-            DEFAULT_TENANT_LANES
-        );
-        assert_eq!(LANE_COUNT.agree("ns", None, Some(1)).unwrap(), 1);
-        assert_eq!(LANE_COUNT.agree("ns", Some(None), None).unwrap(), 1);
-        assert_eq!(LANE_COUNT.agree("ns", Some(Some("4")), None).unwrap(), 4);
-        assert_eq!(LANE_COUNT.agree("ns", Some(Some("4")), Some(4)).unwrap(), 4);
-        let Err(StoreError::Misconfigured(message)) = LANE_COUNT.agree("ns", Some(None), Some(8))
-        else {
-            panic!("a namespace of one lane accepted 8");
-        };
-        assert!(message.contains("has 1 tenant lane(s)"), "{message}");
-        assert!(message.contains("asks for 8"), "{message}");
-        assert!(LANE_COUNT.agree("ns", Some(Some("0")), None).is_err());
-        assert!(LANE_COUNT.agree("ns", Some(Some("x")), None).is_err());
     }
 }

@@ -15,7 +15,7 @@ use protocol::manifest::ProviderManifest;
 use protocol::materialize::Materializer;
 use protocol::{
     ErrorCode, ExecutionId, ExecutionSnapshot, RuntimeError, RuntimeEvent, Sequence, Target,
-    Timestamp, UsageFact, UsageSource, UsageUnit,
+    Timestamp, UsageFact,
 };
 use runtime::memory::{MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryLimits};
 use runtime::{CancelBus, EventStore, IdempotencyStore, Job};
@@ -180,15 +180,7 @@ pub fn emit_delta(text: &str) -> Step {
 }
 
 pub fn mock_usage_facts(chunks: u32) -> Vec<UsageFact> {
-    vec![
-        UsageFact::new(UsageUnit::input_token(), 1.0, UsageSource::Runtime).expect("valid"),
-        UsageFact::new(
-            UsageUnit::output_token(),
-            f64::from(chunks),
-            UsageSource::Runtime,
-        )
-        .expect("valid"),
-    ]
+    UsageFact::runtime_tokens(1.0, f64::from(chunks)).expect("valid")
 }
 
 pub fn success_script() -> Vec<Step> {
@@ -541,6 +533,33 @@ impl Harness {
 
     pub async fn is_terminal(&self, id: ExecutionId) -> bool {
         self.state(id).await.is_terminal()
+    }
+
+    /// Submits `n` text executions, publishes their jobs on `queue` and waits (at most
+    /// `timeout`) until every one is terminal; returns their ids.
+    pub async fn run_texts(
+        &self,
+        queue: &dyn runtime::JobQueue,
+        n: usize,
+        timeout: Duration,
+    ) -> Vec<ExecutionId> {
+        let mut ids = Vec::with_capacity(n);
+        for _ in 0..n {
+            let job = self.submit(&text_request(""), LONG).await;
+            queue.publish(&job).await.expect("publish");
+            ids.push(job.execution_id);
+        }
+        let what = format!("all {n} executions are terminal");
+        wait_until(&what, timeout, || async {
+            for id in &ids {
+                if !self.is_terminal(*id).await {
+                    return false;
+                }
+            }
+            true
+        })
+        .await;
+        ids
     }
 
     pub async fn has_event(&self, id: ExecutionId, type_name: &str) -> bool {

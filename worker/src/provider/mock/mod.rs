@@ -7,7 +7,7 @@
 
 use async_trait::async_trait;
 use protocol::manifest::ProviderManifest;
-use protocol::{ErrorCode, RuntimeError, UsageFact, UsageSource, UsageUnit};
+use protocol::{ErrorCode, RuntimeError, UsageFact};
 
 use super::{AttemptResult, Provider, ProviderCall, ProviderEvent, ProviderSink};
 pub use providers::mock::MockConfig;
@@ -59,14 +59,7 @@ impl Provider for MockProvider {
                 .await?;
         }
         let count = self.options.chunks.len() as f64;
-        let facts = [
-            (UsageUnit::input_token(), 1.0),
-            (UsageUnit::output_token(), count),
-        ]
-        .into_iter()
-        .map(|(unit, q)| UsageFact::new(unit, q, UsageSource::Runtime))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| RuntimeError::internal())?;
+        let facts = UsageFact::runtime_tokens(1.0, count).map_err(|_| RuntimeError::internal())?;
         sink.emit(ProviderEvent::Usage(facts)).await?;
         Ok(())
     }
