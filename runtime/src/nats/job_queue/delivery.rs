@@ -1,0 +1,185 @@
+//! A job delivered by JetStream: the lease it runs under (the consumer's `ack_wait` as the
+//! server holds it, re-read in the background) and its acknowledgements (see the parent
+//! module's docs).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::AckKind;
+use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::message::Acker;
+use async_nats::jetstream::stream::{RawMessageErrorKind, Stream};
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use super::TRACEPARENT;
+use crate::error::StoreError;
+use crate::job::{Delivery, DeliveryHandle, Job};
+use crate::nats::unavailable;
+
+/// How often a process re-reads the consumer's `ack_wait` while it holds deliveries.
+const LEASE_REFRESH: Duration = Duration::from_secs(5);
+
+/// The lease in force on the server, shared by the queue and its deliveries.
+pub(super) struct Lease {
+    pub(super) consumer: PullConsumer,
+    ack_wait_ms: AtomicU64,
+    pub(super) read_at: parking_lot::Mutex<Instant>,
+}
+
+impl Lease {
+    pub(super) fn new(consumer: PullConsumer) -> Self {
+        let ack_wait = consumer.cached_info().config.ack_wait;
+        Self {
+            consumer,
+            ack_wait_ms: AtomicU64::new(millis(ack_wait)),
+            read_at: parking_lot::Mutex::new(Instant::now()),
+        }
+    }
+
+    pub(super) fn get(&self) -> Duration {
+        Duration::from_millis(self.ack_wait_ms.load(Ordering::Relaxed))
+    }
+
+    /// Re-reads `ack_wait` from the server, in the background, when the last read is older
+    /// than [`LEASE_REFRESH`]. Neither a heartbeat nor a pull waits for the read: on a busy
+    /// server a JetStream API round trip can take longer than a short lease leaves between
+    /// two beats, and the beat that waited would come too late.
+    pub(super) fn refresh(self: &Arc<Self>) {
+        {
+            let mut read_at = self.read_at.lock();
+            if read_at.elapsed() < LEASE_REFRESH {
+                return;
+            }
+            *read_at = Instant::now();
+        }
+        let lease = Arc::clone(self);
+        tokio::spawn(async move {
+            match lease.consumer.get_info().await {
+                Ok(info) => {
+                    let ms = millis(info.config.ack_wait);
+                    if lease.ack_wait_ms.swap(ms, Ordering::Relaxed) != ms {
+                        tracing::info!(ack_wait_ms = ms, "job lease changed on the server");
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "could not re-read the job lease"),
+            }
+        });
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Jobs at least this large are decoded on the blocking pool, not on the runtime's threads: a
+/// 1 MiB job of the costliest JSON shapes takes 3-12 ms to decode in a release build, time
+/// the executions running on that thread would otherwise wait.
+const DECODE_APART: usize = 64 * 1024;
+
+/// Decodes a job's payload; `None` when the decoding could not finish (the runtime is shutting
+/// down).
+async fn decode(payload: Bytes) -> Option<Result<Job, serde_json::Error>> {
+    if payload.len() < DECODE_APART {
+        return Some(serde_json::from_slice(&payload));
+    }
+    tokio::task::spawn_blocking(move || serde_json::from_slice(&payload))
+        .await
+        .ok()
+}
+
+/// The delivery a pulled message carries, received at `received_at`. An undecodable job is
+/// terminated (never redelivered) and yields `None`, as does one whose decoding could not
+/// finish (left to a redelivery).
+pub(super) async fn delivery(
+    message: async_nats::jetstream::Message,
+    received_at: tokio::time::Instant,
+    lease: &Arc<Lease>,
+    stream: &Stream,
+) -> Option<Delivery> {
+    let (delivered, stream_sequence) = message
+        .info()
+        .map(|i| (i.delivered, i.stream_sequence))
+        .unwrap_or((1, 0));
+    let (message, acker) = message.split();
+    match decode(message.payload.clone()).await? {
+        Ok(mut job) => {
+            tracing::debug!(execution_id = %job.execution_id, stream_sequence, delivered, "job delivered");
+            job.traceparent = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(TRACEPARENT))
+                .map(|v| v.as_str().to_owned());
+            Some(Delivery {
+                job,
+                delivered: u32::try_from(delivered).unwrap_or(u32::MAX),
+                handle: Box::new(NatsDelivery {
+                    acker,
+                    lease: Arc::clone(lease),
+                    stream: stream.clone(),
+                    stream_sequence,
+                    received_at,
+                }),
+            })
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "undecodable job; terminating it");
+            let _ = acker.ack_with(AckKind::Term).await;
+            None
+        }
+    }
+}
+
+struct NatsDelivery {
+    acker: Acker,
+    lease: Arc<Lease>,
+    /// The jobs stream and the job's sequence in it (for `withdrawn`).
+    stream: Stream,
+    stream_sequence: u64,
+    received_at: tokio::time::Instant,
+}
+
+#[async_trait]
+impl DeliveryHandle for NatsDelivery {
+    /// Not confirmed by the server: a confirmation costs a message per job and would tell
+    /// only what a lost ack shows anyway, a redelivery after the lease, which finds the log
+    /// terminal and is acknowledged again. The worker flushes its connection when it stops,
+    /// so an orderly stop loses none.
+    async fn ack(&self) -> Result<(), StoreError> {
+        self.acker.ack().await.map_err(|e| unavailable("ack", e))
+    }
+
+    async fn in_progress(&self) -> Result<(), StoreError> {
+        self.acker
+            .ack_with(AckKind::Progress)
+            .await
+            .map_err(|e| unavailable("progress ack", e))?;
+        self.lease.refresh();
+        Ok(())
+    }
+
+    fn lease(&self) -> Option<Duration> {
+        Some(self.lease.get())
+    }
+
+    fn received_at(&self) -> Option<tokio::time::Instant> {
+        Some(self.received_at)
+    }
+
+    async fn release(&self) -> Result<(), StoreError> {
+        self.acker
+            .ack_with(AckKind::Nak(None))
+            .await
+            .map_err(|e| unavailable("release", e))
+    }
+
+    async fn withdrawn(&self) -> Result<bool, StoreError> {
+        // A plain (not direct) get is answered by the stream leader, which applied the delete.
+        match self.stream.get_raw_message(self.stream_sequence).await {
+            Ok(_) => Ok(false),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(true),
+            Err(e) => Err(unavailable("job lookup", e)),
+        }
+    }
+}
