@@ -14,7 +14,7 @@ tenants (p50, p99, max) as one JSON line.
 `nats` starts nats-server (MRT_NATS_SERVER or PATH) and redis-server on free ports and one worker.
 Environment: BACKLOG (2000), DURATION (20), SLOTS (64), HOLD_MS (1000).
 """
-import json, os, socket, subprocess, sys, tempfile, threading, time, urllib.request
+import datetime, hashlib, json, os, socket, subprocess, sys, tempfile, time, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 mode, gateway = sys.argv[1], sys.argv[2]
@@ -25,7 +25,6 @@ SLOTS = int(os.environ.get("SLOTS", 64))
 HOLD_MS = int(os.environ.get("HOLD_MS", 1000))
 KEYS = {t: f"mrt-fairness-bench-{t}-0123456789abcdef0123456789abcdef" for t in ("heavy", "light")}
 
-import hashlib
 config = {
     "providers": [{"type": "mock", "id": "provider-mock", "model": "model-alpha",
                    "abilities": ["text-generation"], "chunks": ["done"], "delay_ms": HOLD_MS,
@@ -84,6 +83,10 @@ try:
     def submit(tenant):
         return call("POST", "/v1/executions", tenant, request)["execution_id"]
 
+    def seconds(stamp):
+        # Event times are RFC 3339 UTC with milliseconds ("2026-12-04T21:00:00.123Z").
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
     def wait_of(tenant, eid):
         while True:
             with urllib.request.urlopen(urllib.request.Request(
@@ -98,8 +101,7 @@ try:
                         if e["type"] == "route.selected":
                             break
                 if "route.selected" in times:
-                    t = lambda v: v if isinstance(v, (int, float)) else time.mktime(time.strptime(v[:19], "%Y-%m-%dT%H:%M:%S")) * 1000 + int(v[20:23])
-                    return (t(times["route.selected"]) - t(times["execution.accepted"])) / 1000
+                    return seconds(times["route.selected"]) - seconds(times["execution.accepted"])
 
     pool = ThreadPoolExecutor(max_workers=64)
     t0 = time.time()
@@ -118,8 +120,8 @@ try:
 
     print(json.dumps({"mode": mode, "backlog": BACKLOG, "slots": SLOTS, "hold_ms": HOLD_MS,
                       "cores": os.cpu_count(), "backlog_submit_s": round(submitted, 2),
-                      "light": {"n": len(light_waits), "p50": pct(light_waits, .5), "p99": pct(light_waits, .99), "max": light_waits[-1]},
-                      "heavy_sample": {"n": len(heavy_waits), "p50": pct(heavy_waits, .5), "max": heavy_waits[-1]}}))
+                      "light": {"n": len(light_waits), "p50": pct(light_waits, .5), "p99": pct(light_waits, .99), "max": round(light_waits[-1], 3)},
+                      "heavy_sample": {"n": len(heavy_waits), "p50": pct(heavy_waits, .5), "max": round(heavy_waits[-1], 3)}}))
 finally:
     for p in reversed(procs):
         p.terminate()

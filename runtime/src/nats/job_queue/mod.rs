@@ -112,8 +112,8 @@ struct Source {
     filter: Option<String>,
     consumer_name: String,
     lease: OnceCell<Arc<Lease>>,
-    /// The jobs stream, looked up on first use.
-    stream: OnceCell<Stream>,
+    /// The partition's jobs stream, looked up on first use (shared by its lanes).
+    stream: Arc<OnceCell<Stream>>,
 }
 
 impl std::fmt::Debug for NatsJobQueue {
@@ -129,16 +129,23 @@ impl NatsJobQueue {
         let layout = &backend.events;
         let lanes = layout.lanes();
         let sources = (0..layout.count())
-            .flat_map(|number| (0..lanes).map(move |lane| (number, lane)))
-            .map(|(number, lane)| Source {
-                number,
-                lane: backend.lane(number).clone(),
-                stream_name: layout.jobs_stream(number),
-                subject: layout.jobs_lane_subject(number, lane),
-                filter: (lanes > 1).then(|| layout.jobs_lane_subject(number, lane)),
-                consumer_name: layout.jobs_lane_consumer(number, lane),
-                lease: OnceCell::new(),
-                stream: OnceCell::new(),
+            .flat_map(|number| {
+                let connection = backend.lane(number).clone();
+                // The partition's stream, looked up once for all its lanes.
+                let stream = Arc::new(OnceCell::new());
+                (0..lanes).map(move |lane| {
+                    let subject = layout.jobs_lane_subject(number, lane);
+                    Source {
+                        number,
+                        lane: connection.clone(),
+                        stream_name: layout.jobs_stream(number),
+                        filter: (lanes > 1).then(|| subject.clone()),
+                        subject,
+                        consumer_name: layout.jobs_lane_consumer(number, lane),
+                        lease: OnceCell::new(),
+                        stream: Arc::clone(&stream),
+                    }
+                })
             })
             .collect();
         Self {
