@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
+use futures_util::StreamExt;
 use protocol::event::EventBody;
 use protocol::{ExecutionId, Sequence};
 use runtime::contract::{
@@ -114,6 +115,57 @@ async fn readers_never_see_appends_the_stream_refused_or_never_stored() {
     assert_eq!(log.len(), 4);
     assert!(log[2].contains("real"), "{}", log[2]);
     readers.assert_saw(&log).await;
+}
+
+/// Turns the republish of the events stream `on` describes off or back on, as a reader's live path sees
+/// it when a stored message does not reach it (the subscription's interest not yet on the
+/// server that republishes, a slow consumer's dropped message).
+async fn republish(backend: &NatsBackend, on: &stream::Config, enabled: bool) {
+    let mut config = on.clone();
+    if !enabled {
+        config.republish = None;
+    }
+    backend.jetstream.update_stream(config).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_gets_the_events_its_live_path_missed_from_the_stream() {
+    let (_server, _settings, backend, store) = node().await;
+    let id = routed(&store).await;
+    let mut reader = store.subscribe(id, Sequence(0)).await.unwrap().unwrap();
+    for want in [1, 2] {
+        let record = tokio::time::timeout(PROMPT, reader.next()).await.unwrap();
+        assert_eq!(record.unwrap().unwrap().sequence(), Sequence(want));
+    }
+    let on = backend
+        .jetstream
+        .get_stream(backend.events.stream_of(&id))
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone();
+    assert!(on.republish.is_some());
+    // Event 3 never reaches the live path; event 4 does, and shows the gap.
+    republish(&backend, &on, false).await;
+    store.append(ev(id, 3, delta("missed"))).await.unwrap();
+    republish(&backend, &on, true).await;
+    store
+        .append(ev(id, 4, delta("shows the gap")))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    for _ in [3, 4] {
+        let record = tokio::time::timeout(PROMPT, reader.next()).await.unwrap();
+        seen.push(record.unwrap().unwrap());
+    }
+    // The terminal event never reaches it and nothing follows: only a quiet re-read finds it.
+    republish(&backend, &on, false).await;
+    store.append(ev(id, 5, completed())).await.unwrap();
+    seen.extend(tokio::time::timeout(PROMPT, drain(reader)).await.unwrap());
+    let log = stored(&store, id).await;
+    assert_eq!(log.len(), 5);
+    assert_eq!(json_of(&seen), log[2..]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -963,8 +1015,6 @@ async fn logs_stored_before_owners_existed_belong_to_the_default_tenant() {
 /// every job). It still never brings more than it asked for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_pull_request_brings_jobs_that_arrive_one_at_a_time() {
-    use futures_util::StreamExt;
-
     let (_server, queue) = one_lane_queue().await;
     let mut deliveries = pull(&queue, 3).await;
     for n in 1..=3 {
@@ -998,8 +1048,6 @@ async fn one_pull_request_brings_jobs_that_arrive_one_at_a_time() {
 /// it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_jobs_of_a_request_come_whole_with_when_they_were_received() {
-    use futures_util::StreamExt;
-
     let (_server, queue) = one_lane_queue().await;
     let mut large = job(ExecutionId::new_random());
     large.request = serde_json::from_value(serde_json::json!({

@@ -4,8 +4,9 @@
 //! ([`super::direct`]), which also brings the owner from the first message's headers.
 //! Subscriptions to them subscribe to the stream's republish of the execution
 //! (`{ns}.stored.{id}`) first, then read that batch and merge by sequence, re-reading the
-//! stream on a gap (up to the message that showed it) or after a quiet second: no consumer
-//! state on the server per reader. No read chases the end of a log being written. Longer logs
+//! stream on a gap (up to the message that showed it) or after a quiet spell (50 ms doubling
+//! to a second until the first live message, then a second): no consumer state on the server
+//! per reader. No read chases the end of a log being written. Longer logs
 //! use an ordered consumer, which batches deliveries. (An ordered consumer for every reader
 //! cost the server most of a core at ~800 executions/s; see BENCHMARKS.md.)
 //!
@@ -16,6 +17,7 @@
 //! from the log.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_nats::jetstream::consumer::{self, DeliverPolicy};
 use bytes::Bytes;
@@ -33,8 +35,20 @@ use crate::nats::unavailable;
 /// subscription; longer ones by an ordered consumer, which batches deliveries.
 pub(super) const DIRECT_READ_MAX: usize = 64;
 
-/// How long the live path may stay quiet before the stream is re-read.
-const LIVE_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long the live path may stay quiet before the stream is re-read, once a message has
+/// arrived on it.
+const LIVE_RECHECK: Duration = Duration::from_secs(1);
+
+/// The first quiet wait before any message has arrived on the live path; each quiet re-read
+/// doubles it, up to [`LIVE_RECHECK`].
+///
+/// Until a message arrives, the path may not be in place yet: on a cluster the subscription's
+/// interest reaches the server that republishes a stored message a little after this server
+/// took it, and the history may come from a replica a little behind the leader, so a message
+/// stored in between reaches neither. On a 3-node R3 cluster at c=64 that was about 0.8% of
+/// executions, whose last events then waited for the quiet second (first-delta p99.9 1.04 s;
+/// BENCHMARKS.md, "Quiet re-reads"). A message that arrives shows the path works.
+const FIRST_RECHECK: Duration = Duration::from_millis(50);
 
 /// The stream sequence the server stamped on a republished (stored) message.
 fn stored_sequence(message: &async_nats::Message) -> Option<u64> {
@@ -167,8 +181,9 @@ impl NatsEventStore {
     /// only) is made first, then the log is read in one batched direct get (`history`, see
     /// [`Self::open`]), and both are merged by sequence. No server-side consumer is created, so
     /// streams cost the server one subscription each. A gap on the live path (republish is at
-    /// most once), or a quiet second, triggers a re-read from the stream, so a message missed on
-    /// the live path is still delivered.
+    /// most once), or a quiet spell ([`FIRST_RECHECK`] doubling until the first live message,
+    /// then [`LIVE_RECHECK`]), triggers a re-read from the stream, so a message missed on the
+    /// live path is still delivered.
     ///
     /// Every message stored once the subscription is in place reaches it (the server takes this
     /// connection's requests in order), so the history is what one batch read after subscribing
@@ -191,6 +206,7 @@ impl NatsEventStore {
             last_stream_sequence: 0,
             ready: std::collections::VecDeque::new(),
             finished: false,
+            quiet: FIRST_RECHECK,
         };
         merge.absorb(history)?;
         let stream = futures_util::stream::unfold(merge, |mut merge| async move {
@@ -242,6 +258,10 @@ struct LiveMerge {
     last_stream_sequence: u64,
     ready: std::collections::VecDeque<Arc<EventRecord>>,
     finished: bool,
+    /// How long the live path may stay quiet before the next re-read: [`FIRST_RECHECK`],
+    /// doubling, until a message arrives on it (and again after a re-read that came short);
+    /// then [`LIVE_RECHECK`].
+    quiet: Duration,
 }
 
 impl LiveMerge {
@@ -284,12 +304,18 @@ impl LiveMerge {
             if self.finished {
                 return None;
             }
-            let message = match tokio::time::timeout(LIVE_RECHECK, self.subscriber.next()).await {
-                Ok(Some(message)) => Some(message),
+            let message = match tokio::time::timeout(self.quiet, self.subscriber.next()).await {
+                Ok(Some(message)) => {
+                    self.quiet = LIVE_RECHECK;
+                    Some(message)
+                }
                 Ok(None) => {
                     return Some(Err(StoreError::Unavailable("subscription closed".into())));
                 }
-                Err(_) => None,
+                Err(_) => {
+                    self.quiet = (self.quiet * 2).min(LIVE_RECHECK);
+                    None
+                }
             };
             let decoded = message.and_then(|m| {
                 let records = decode_message(m.headers.as_ref(), m.payload.clone())?;
@@ -322,9 +348,11 @@ impl LiveMerge {
                 for record in records {
                     self.accept(record);
                 }
+            } else {
+                // The re-read came short (a replica behind the leader answered): the next
+                // message, or a quiet spell as short as at the start, reads again.
+                self.quiet = FIRST_RECHECK;
             }
-            // Otherwise the re-read came short (a lagging replica answered): the next message
-            // or the next quiet second reads again.
         }
     }
 }
