@@ -29,6 +29,7 @@ mod event_store;
 mod job_queue;
 pub mod quorum;
 mod reconcile;
+mod replies;
 mod services;
 mod shards;
 
@@ -152,6 +153,9 @@ pub struct NatsBackend {
     /// streams, hold it idle.
     #[debug(skip)]
     pub readers: async_nats::Client,
+    /// The replies to batched reads on `readers`, through one subscription (`replies`).
+    #[debug(skip)]
+    replies: replies::Replies,
     #[debug(skip)]
     pub jetstream: jetstream::Context,
     /// One JetStream context per connection that carries partitions' jobs and appends:
@@ -306,6 +310,7 @@ impl NatsBackend {
         // The same servers just accepted these credentials: one attempt within the bound.
         let readers =
             connect_accepted(options("-readers", &readers_selector)?, &servers, deadline).await?;
+        let replies = replies::Replies::new(&readers).await?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(settings.request_timeout);
         // A cluster that is still electing its JetStream leaders (all nodes starting together,
@@ -364,6 +369,7 @@ impl NatsBackend {
         Ok(Self {
             client,
             readers,
+            replies,
             jetstream: js,
             lanes: lanes.into(),
             settings,

@@ -5,13 +5,11 @@
 //! an end-of-batch status (`204 EOB`) whose `Nats-Num-Pending` says how many messages of the
 //! subject it did not send; a subject with nothing from that sequence on is one `404`.
 //!
-//! The replies go to an inbox subscribed for the one request (the client's request multiplexer
-//! takes a single reply per request), subscribed before the request is sent on the same
-//! connection, so no reply can arrive before it.
+//! The replies come through the readers' connection's replies multiplexer (`nats::replies`:
+//! the client's own takes a single reply per request), registered before the request is sent.
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
-use futures_util::StreamExt;
 use protocol::ExecutionId;
 use serde::Serialize;
 
@@ -68,12 +66,7 @@ impl NatsEventStore {
     ) -> Result<Batch, StoreError> {
         self.backend.check_connected()?;
         let subject = self.subject(id);
-        let client = &self.backend.readers;
-        let inbox = client.new_inbox();
-        let mut replies = client
-            .subscribe(inbox.clone())
-            .await
-            .map_err(|e| unavailable("direct get", e))?;
+        let mut replies = self.backend.replies.register();
         let body = serde_json::to_vec(&BatchRequest {
             seq: from.max(1),
             next_by_subj: &subject,
@@ -81,10 +74,11 @@ impl NatsEventStore {
             max_bytes: BATCH_MAX_BYTES,
         })
         .map_err(|e| unavailable("direct get", e))?;
-        client
+        self.backend
+            .readers
             .publish_with_reply(
                 self.shard(id).direct_get_subject.clone(),
-                inbox,
+                replies.subject.clone(),
                 body.into(),
             )
             .await
