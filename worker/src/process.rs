@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use runtime::Pace;
-use runtime::nats::NatsServices;
+use runtime::nats::{NatsServices, until_settled};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -129,9 +129,10 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
     };
     let connected = async {
         let settings = startup::backend::nats_connect_settings(common, &deployment, CONNECT)?;
+        let deadline = tokio::time::Instant::now() + settings.connect_timeout;
         let nats = NatsServices::connect(&settings).await?;
-        // The consumer is reconciled now, so a setting JetStream refuses stops the start.
-        nats.queue.reconcile_consumer().await?;
+        // The consumers are reconciled now, so a setting JetStream refuses stops the start.
+        until_settled(deadline, || nats.queue.reconcile_consumer()).await?;
         Ok::<_, runtime::StoreError>(nats)
     };
     let nats = match connected.await {

@@ -200,6 +200,32 @@ fn check_server_version(version: &str) -> Result<(), StoreError> {
     }
 }
 
+/// Runs `attempt` again while it fails with `Unavailable`, until `deadline`: a cluster still
+/// electing its JetStream leaders (all nodes starting together), or placing the replicated
+/// streams and consumers of several processes starting at once, times API requests out for a
+/// while. A setting the server refuses (`Misconfigured`) ends it at once; at the deadline the
+/// last error does.
+pub async fn until_settled<T, F, Fut>(
+    deadline: tokio::time::Instant,
+    mut attempt: F,
+) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    loop {
+        match attempt().await {
+            Err(StoreError::Unavailable(e))
+                if tokio::time::Instant::now() + CONNECT_RETRY < deadline =>
+            {
+                tracing::info!(error = %e, "JetStream not ready; retrying");
+                tokio::time::sleep(CONNECT_RETRY).await;
+            }
+            done => return done,
+        }
+    }
+}
+
 pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("{what}: {e}"))
 }
@@ -313,20 +339,7 @@ impl NatsBackend {
         let replies = replies::Replies::new(&readers).await?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(settings.request_timeout);
-        // A cluster that is still electing its JetStream leaders (all nodes starting together,
-        // or a replicated stream being placed) times out API requests for a while: retry those
-        // until the connect bound, but not a setting the server refuses.
-        let started = std::time::Instant::now();
-        let events = loop {
-            match ensure_streams(&js, &settings).await {
-                Ok(events) => break events,
-                Err(StoreError::Unavailable(e)) if started.elapsed() < connect_timeout => {
-                    tracing::info!(error = %e, "JetStream not ready; retrying");
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        let events = until_settled(deadline, || ensure_streams(&js, &settings)).await?;
         let writes = quorum::Writes::default();
         let mut watches = vec![
             quorum::watch(client.clone(), selector, writes.clone(), "main"),
@@ -543,6 +556,40 @@ async fn ensure_streams(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_settling_cluster_is_asked_again_until_the_deadline_and_a_refusal_ends_at_once() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        let tries = AtomicU32::new(0);
+        let settled = until_settled(deadline, || async {
+            match tries.fetch_add(1, Ordering::Relaxed) {
+                0..=2 => Err(StoreError::Unavailable("timed out".into())),
+                n => Ok(n),
+            }
+        })
+        .await;
+        assert_eq!(settled.unwrap(), 3);
+
+        let tries = AtomicU32::new(0);
+        let refused: Result<(), _> = until_settled(deadline, || async {
+            tries.fetch_add(1, Ordering::Relaxed);
+            Err(StoreError::Misconfigured("refused".into()))
+        })
+        .await;
+        assert!(matches!(refused, Err(StoreError::Misconfigured(_))));
+        assert_eq!(tries.load(Ordering::Relaxed), 1);
+
+        let started = tokio::time::Instant::now();
+        let deadline = started + Duration::from_secs(2);
+        let never: Result<(), _> = until_settled(deadline, || async {
+            Err(StoreError::Unavailable("timed out".into()))
+        })
+        .await;
+        assert!(matches!(never, Err(StoreError::Unavailable(_))));
+        assert!(tokio::time::Instant::now() <= deadline);
+        assert!(tokio::time::Instant::now() + CONNECT_RETRY >= deadline);
+    }
 
     #[test]
     fn servers_older_than_2_11_are_refused_by_version() {

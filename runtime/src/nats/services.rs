@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use super::{NatsAccess, NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings};
+use super::{
+    NatsAccess, NatsBackend, NatsCancelBus, NatsEventStore, NatsJobQueue, NatsSettings,
+    until_settled,
+};
 use crate::error::StoreError;
 
 /// Where and how a process connects to NATS. Built by each binary from its own command line and
@@ -47,9 +50,11 @@ pub struct NatsServices {
 }
 
 impl NatsServices {
-    /// Connects (bounded by `connect_timeout`), creates or verifies the streams and buckets,
+    /// Connects (bounded by `connect_timeout`, within which requests a settling cluster times
+    /// out are tried again: [`until_settled`]), creates or verifies the streams and buckets,
     /// and builds the three services on the one connection.
     pub async fn connect(settings: &NatsConnectSettings) -> Result<Self, StoreError> {
+        let deadline = tokio::time::Instant::now() + settings.connect_timeout;
         let connection = NatsBackend::connect_with(
             &settings.url,
             &settings.access,
@@ -57,8 +62,11 @@ impl NatsServices {
             settings.connect_timeout,
         )
         .await?;
-        let store = NatsEventStore::new(connection.clone(), settings.max_events).await?;
-        let cancel = NatsCancelBus::new(connection.clone()).await?;
+        let store = until_settled(deadline, || {
+            NatsEventStore::new(connection.clone(), settings.max_events)
+        })
+        .await?;
+        let cancel = until_settled(deadline, || NatsCancelBus::new(connection.clone())).await?;
         let queue = NatsJobQueue::new(connection.clone());
         Ok(Self {
             connection,
