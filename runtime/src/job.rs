@@ -92,6 +92,12 @@ pub trait DeliveryHandle: Send + Sync {
     async fn withdrawn(&self) -> Result<bool, StoreError> {
         Ok(false)
     }
+    /// How many more jobs its source held, not yet handed to anyone, when this one was handed
+    /// over (`None`: the queue does not say). A worker that got a job through a request that
+    /// waited asks for more at once only when some were left.
+    fn pending(&self) -> Option<u64> {
+        None
+    }
     /// Gives the job back unstarted, for delivery to another worker now rather than after the
     /// lease (a worker stopping while it held a job it had no slot for yet). Best effort: a
     /// lost release is a redelivery after the lease.

@@ -1084,7 +1084,7 @@ async fn the_jobs_of_a_request_come_whole_with_when_they_were_received() {
 
 /// A namespace spreads each partition's jobs over tenant lanes: a subject and a workers'
 /// consumer each, so one tenant's backlog waits in its lane and another tenant's job is
-/// handed out by its own lane's consumer at once. A restart asking for another lane count is
+/// handed out by its own lane's consumer at once; each delivery says what its lane has left. A restart asking for another lane count is
 /// refused, naming both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_backlog_waits_in_its_own_lane() {
@@ -1129,14 +1129,18 @@ async fn a_tenants_backlog_waits_in_its_own_lane() {
     let taken = taken.into_iter().next().unwrap();
     assert_eq!(taken.job.execution_id, first_of_b.execution_id);
     assert_eq!(taken.job.tenant.as_ref(), Some(&b));
+    assert_eq!(taken.handle.pending(), Some(0), "b's lane had nothing left");
     taken.handle.ack().await.unwrap();
     // a's lane holds a's backlog in publish order; an empty take ends at once.
     let lane_a = usize::from(layout.lane_of(a.as_str()));
-    let firsts: Vec<_> = take(&queue, lane_a, 3)
-        .await
-        .into_iter()
-        .map(|d| d.job.execution_id)
-        .collect();
+    let firsts = take(&queue, lane_a, 3).await;
+    let left: Vec<_> = firsts.iter().map(|d| d.handle.pending()).collect();
+    assert_eq!(
+        left,
+        [Some(19), Some(18), Some(17)],
+        "what each delivery's lane had left"
+    );
+    let firsts: Vec<_> = firsts.into_iter().map(|d| d.job.execution_id).collect();
     assert_eq!(firsts, backlog[..3]);
     let empty = tokio::time::timeout(PROMPT, take(&queue, lane_b, 5))
         .await

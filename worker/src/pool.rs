@@ -5,7 +5,8 @@
 //! source, all sharing the slots, each either *waiting* (one request for one job, holding no
 //! slot: a source without jobs holds none of the slots) or, once its source has jobs, *taking*
 //! (as many as slots are free, up to its share, without waiting on the source) until its
-//! source runs dry. Free slots go to the waiting loops in turn, so the lanes of tenants with
+//! source runs dry; a job whose delivery says its source had none left goes straight back to
+//! waiting, without a take that would only be told so. Free slots go to the waiting loops in turn, so the lanes of tenants with
 //! jobs share the slots evenly whatever their backlogs: one tenant's thousand waiting jobs
 //! never stand in front of another tenant's first. Each job runs in its slot, heartbeating
 //! the delivery while the execution runs, and is acknowledged once the log is terminal. The slot is freed when the execution ends, before that
@@ -253,7 +254,8 @@ impl Puller {
     }
 
     /// The loop of one source of several (see the module docs): waiting for one job without a
-    /// slot, then taking what the free slots allow until the source runs dry.
+    /// slot, then, unless its delivery says the source had none left, taking what the free
+    /// slots allow until the source runs dry.
     async fn source_loop(mut self) {
         let source = self.source.unwrap_or(0);
         loop {
@@ -270,6 +272,9 @@ impl Puller {
                 continue;
             };
             let mut got = false;
+            // What the source had left after the last job that came: none means taking would
+            // only be told so (a round trip per job in a sparse lane).
+            let mut left = None;
             while let Some(next) = tokio::select! {
                 biased;
                 () = self.stop.cancelled() => None,
@@ -277,6 +282,7 @@ impl Puller {
             } {
                 match next {
                     Ok(delivery) => {
+                        left = delivery.handle.pending();
                         let Some(permit) =
                             slot_for(&self.slots, &delivery, &self.stop, self.heartbeat).await
                         else {
@@ -300,7 +306,7 @@ impl Puller {
             }
             if got {
                 self.backoff.reset();
-                if !self.take(source).await {
+                if left != Some(0) && !self.take(source).await {
                     return;
                 }
             }

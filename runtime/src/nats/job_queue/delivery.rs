@@ -98,10 +98,10 @@ pub(super) async fn delivery(
     lease: &Arc<Lease>,
     stream: &Stream,
 ) -> Option<Delivery> {
-    let (delivered, stream_sequence) = message
+    let (delivered, stream_sequence, pending) = message
         .info()
-        .map(|i| (i.delivered, i.stream_sequence))
-        .unwrap_or((1, 0));
+        .map(|i| (i.delivered, i.stream_sequence, Some(i.pending)))
+        .unwrap_or((1, 0, None));
     let (message, acker) = message.split();
     match decode(message.payload.clone()).await? {
         Ok(mut job) => {
@@ -120,6 +120,7 @@ pub(super) async fn delivery(
                     stream: stream.clone(),
                     stream_sequence,
                     received_at,
+                    pending,
                 }),
             })
         }
@@ -138,6 +139,8 @@ struct NatsDelivery {
     stream: Stream,
     stream_sequence: u64,
     received_at: tokio::time::Instant,
+    /// Jobs the consumer had left to hand out after this one (the delivery's metadata).
+    pending: Option<u64>,
 }
 
 #[async_trait]
@@ -165,6 +168,10 @@ impl DeliveryHandle for NatsDelivery {
 
     fn received_at(&self) -> Option<tokio::time::Instant> {
         Some(self.received_at)
+    }
+
+    fn pending(&self) -> Option<u64> {
+        self.pending
     }
 
     async fn release(&self) -> Result<(), StoreError> {
