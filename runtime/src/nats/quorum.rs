@@ -147,7 +147,7 @@ impl Writes {
         self.state.lock().last_answered = Some(Instant::now());
     }
 
-    /// A write's acknowledgement timed out.
+    /// A write's acknowledgement timed out, or no server holding its stream answered.
     pub fn timed_out(&self) {
         self.state.lock().last_timed_out = Some(Instant::now());
     }

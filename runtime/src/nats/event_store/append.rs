@@ -55,7 +55,9 @@ impl NatsEventStore {
                     lane.writes.answered();
                     Ok(Err(kind))
                 }
-                PublishErrorKind::TimedOut => {
+                // No answer, or no server reachable from here holds the stream (the stream
+                // exists: a cut-off server has lost the route to its leader).
+                PublishErrorKind::TimedOut | PublishErrorKind::StreamNotFound => {
                     lane.writes.timed_out();
                     Err(unavailable("publish ack", e))
                 }
