@@ -58,8 +58,11 @@ impl Replies {
                         .rsplit('.')
                         .next()
                         .and_then(|t| t.parse::<u64>().ok());
-                    if let Some(to) = token.and_then(|t| waiting.lock().get(&t).cloned()) {
-                        // A request that stopped waiting dropped its receiver: nothing to do.
+                    // Sent under the lock (an unbounded send never waits), without a clone of
+                    // the sender per reply; a request that stopped waiting is not in the map.
+                    if let Some(token) = token
+                        && let Some(to) = waiting.lock().get(&token)
+                    {
                         let _ = to.send(reply);
                     }
                 }
