@@ -1167,3 +1167,23 @@ async fn a_tenants_backlog_waits_in_its_own_lane() {
     assert!(refused.contains("has 8 tenant lane(s)"), "{refused}");
     assert!(refused.contains("asks for 1"), "{refused}");
 }
+
+/// A take (a request that asks for the jobs a lane holds now, without waiting) whose answer
+/// never comes, as when it is lost in a reconnect (here the server is gone), ends after the
+/// request bound instead of holding its worker's loop for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_the_server_never_answers_ends() {
+    let (mut server, _settings, backend, _store) = node().await;
+    let queue = NatsJobQueue::new(backend.clone());
+    queue.reconcile_consumer().await.unwrap();
+    server.kill();
+    let taken = tokio::time::timeout(PROMPT, async {
+        match queue.take_from(0, 5).await {
+            Ok(Some(deliveries)) => deliveries.collect::<Vec<_>>().await.len(),
+            _ => 0,
+        }
+    })
+    .await
+    .expect("a take the server never answers ends");
+    assert_eq!(taken, 0);
+}

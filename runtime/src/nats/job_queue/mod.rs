@@ -89,6 +89,12 @@ const FULL_QUEUE_RECHECKS: [Duration; 6] = [
 /// The W3C trace context header of a job message.
 const TRACEPARENT: &str = "traceparent";
 
+/// The messages one pull request brings, until it ends (see [`NatsJobQueue::pull`]).
+type Pulled = futures_util::stream::BoxStream<
+    'static,
+    Result<async_nats::jetstream::Message, async_nats::Error>,
+>;
+
 /// See the module docs.
 pub struct NatsJobQueue {
     backend: NatsBackend,
@@ -294,12 +300,17 @@ impl NatsJobQueue {
     /// they arrive, and the request ends once `max` came or after `expires`; with `expires`
     /// `None` it ends at once with the jobs the source holds now), with what their deliveries
     /// need. `None`: the queue was closed.
+    ///
+    /// A request with `expires` also ends on the client a few seconds after it (async-nats),
+    /// should the server's end be lost; one without has no such end, so it is given one: it
+    /// ends once the server has been quiet for the request timeout. Without it a request lost in a reconnect (the server never answers
+    /// it) held its caller for good, and a worker stopped taking that source's jobs.
     async fn pull(
         &self,
         source: &Source,
         max: usize,
         expires: Option<Duration>,
-    ) -> Result<Option<(consumer::pull::Batch, Arc<Lease>, Stream)>, StoreError> {
+    ) -> Result<Option<(Pulled, Arc<Lease>, Stream)>, StoreError> {
         if self.closed.is_cancelled() {
             return Ok(None);
         }
@@ -309,23 +320,29 @@ impl NatsJobQueue {
         let stream = self.stream(source).await?.clone();
         let request = async {
             match expires {
-                Some(expires) => {
-                    lease
-                        .consumer
-                        .batch()
-                        .max_messages(max.max(1))
-                        .expires(expires)
-                        .messages()
-                        .await
-                }
-                None => {
-                    lease
-                        .consumer
-                        .fetch()
-                        .max_messages(max.max(1))
-                        .messages()
-                        .await
-                }
+                Some(expires) => lease
+                    .consumer
+                    .batch()
+                    .max_messages(max.max(1))
+                    .expires(expires)
+                    .messages()
+                    .await
+                    .map(StreamExt::boxed),
+                None => lease
+                    .consumer
+                    .fetch()
+                    .max_messages(max.max(1))
+                    .messages()
+                    .await
+                    .map(|batch| {
+                        // Ends when the server has been quiet for a request's bound.
+                        let quiet = self.backend.settings.request_timeout;
+                        futures_util::stream::unfold(batch, move |mut batch| async move {
+                            let next = tokio::time::timeout(quiet, batch.next()).await.ok()??;
+                            Some((next, batch))
+                        })
+                        .boxed()
+                    }),
             }
         };
         tokio::select! {
@@ -336,11 +353,7 @@ impl NatsJobQueue {
 
     /// The deliveries of `requests` (pull requests sent together for at most `max` jobs in
     /// all), merged as they arrive.
-    fn deliveries(
-        &self,
-        requests: Vec<(consumer::pull::Batch, Arc<Lease>, Stream)>,
-        max: usize,
-    ) -> Deliveries {
+    fn deliveries(&self, requests: Vec<(Pulled, Arc<Lease>, Stream)>, max: usize) -> Deliveries {
         let closed = self.closed.clone();
         // Each message is taken (and its reception timed) as soon as it arrives, and the
         // large ones are decoded side by side, so no job waits for the decoding of a large one
