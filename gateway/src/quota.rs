@@ -3,15 +3,15 @@
 //! submission flow that creates an execution only within an admission.
 //!
 //! Where the check sits, and why: after the idempotency key is bound (for a tenant with limits a
-//! keyed submission binds its key before anything else, not concurrently), around the creation of an
-//! execution (a freshly minted one, or the crash-window heal of a replay), so before its log is
-//! created and its job published. An idempotent replay of an existing execution creates
-//! nothing, so it takes no token and no slot, and a client retrying its own submit at its limit
-//! gets its execution back instead of a 429. A refused submit releases its key like any failed
-//! creation, so the retry after `Retry-After` can create the execution. A heal re-admits the
-//! recorded execution id: if the crashed submitter had been admitted, its slot is found and
-//! nothing more is taken (the cap is idempotent per execution; a token is taken again, the price
-//! of a crash window).
+//! keyed submission binds its key before anything else, not concurrently), around the creation
+//! of an execution, so before its log is created and its job published. An idempotent replay
+//! of an existing execution creates nothing, so it takes no token and no slot, and a client
+//! retrying its own submit at its limit gets its execution back instead of a 429. A refused
+//! submit releases its key like any failed creation, so the retry after `Retry-After` can
+//! create the execution. A retry that heals a crash window closes the recorded execution unrun
+//! and gives back its slot (if the crashed submitter had been admitted); the fresh execution it
+//! creates instead is admitted like any other (a token is taken again, the price of a crash
+//! window).
 
 use std::sync::Arc;
 

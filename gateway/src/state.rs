@@ -26,8 +26,9 @@ pub struct Backend {
     /// Per-tenant quotas (`QuotaGate::unlimited()` when no tenant has limits).
     #[debug(skip)]
     pub quotas: Arc<QuotaGate>,
-    /// Whether an idempotency record without a log is a crash window to heal (distributed
-    /// mode: the key is written before the log) rather than an evicted execution (memory).
+    /// Whether an idempotency record without a log is a crash window to heal, by closing that
+    /// execution unrun and binding the key anew (distributed mode: the key is written before
+    /// the log), rather than an evicted execution (memory).
     pub heal_missing: bool,
 }
 
@@ -40,7 +41,10 @@ pub struct ApiLimits {
     pub max_sse_streams: usize,
     /// Comment line interval on idle SSE streams.
     pub keep_alive: Duration,
-    /// How long an idempotent replay waits for a concurrent first submission to create its log.
+    /// How long after a key was bound (by the acceptance time its record holds) its log may
+    /// still be missing because the first submission is creating it: a replay waits for it
+    /// (within the submit bound). Longer than any submission takes to answer, so once it has
+    /// passed a missing log is a crash window.
     pub replay_wait: Duration,
 }
 

@@ -2,9 +2,10 @@
 //! that refuses to create an execution's log is never reported as a successful submission.
 //!
 //! The crash window under test: a submitter bound the idempotency key and died before creating
-//! the log (the key is never released). The retry finds the key, no log, and heals by creating
-//! the log under the recorded id. Only `AlreadyExists` (a concurrent healer won) is a replay;
-//! `Conflict` and `Violation` are failures.
+//! the log (the key is never released). The retry finds the key, no log, and heals by closing
+//! the recorded execution unrun (its log created closed) before binding the key anew. Only
+//! `AlreadyExists` (the log was created meanwhile) sends it back to read the log; `Conflict` and
+//! `Violation` are failures.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -150,16 +151,18 @@ async fn a_log_violation_on_create_is_never_reported_as_success() {
 }
 
 #[tokio::test]
-async fn an_existing_log_while_healing_is_a_replay() {
+async fn an_existing_log_while_healing_is_read_not_taken_for_success() {
     let h = harness(StoreError::AlreadyExists);
     // A freshly minted id that already has a log is a failure, not an acceptance.
     let (status, body) = submit(&h.app).await;
     assert_internal_error(status, &body);
-    // While healing, an existing log means a concurrent retry healed it first: a replay.
+    // While healing, an existing log was created meanwhile: the retry reads it again, and
+    // while it cannot (this store never shows it) the answer is a retryable 503, never a
+    // replay of something unseen.
     let (status, body) = submit(&h.app).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["idempotent_replay"], true, "{body}");
-    assert_eq!(body["status"], "accepted", "{body}");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "unavailable", "{body}");
+    assert_eq!(body["error"]["retryable"], true, "{body}");
 }
 
 #[tokio::test]

@@ -46,7 +46,13 @@ enum Fault {
     Lost,
     /// The write is stored but reported unavailable (its acknowledgement timed out).
     AckLost,
+    /// The write is stored at once and acknowledged only after [`SLOW_ACK`] (a JetStream
+    /// publish handed to a reconnecting connection, then acknowledged).
+    SlowAck,
 }
+
+/// How late a [`Fault::SlowAck`] write is acknowledged: longer than the submit bound.
+const SLOW_ACK: Duration = Duration::from_secs(3);
 
 /// Applies a fault to the first write of the next `remaining` executions.
 struct Faults {
@@ -95,6 +101,8 @@ struct FaultyStore {
     inner: Arc<MemoryEventStore>,
     creates: Faults,
     outage: AtomicBool,
+    /// While set, every log creation fails unstored (reads still answer).
+    create_outage: AtomicBool,
 }
 
 /// `Unavailable` while `outage` is set.
@@ -126,12 +134,18 @@ impl runtime::intercept::Intercept for FaultyStore {
         owner: &protocol::Tenant,
     ) -> Result<(), StoreError> {
         self.check()?;
+        check(&self.create_outage)?;
         match self.creates.hit(accepted.execution_id) {
             None => self.inner.create_owned(accepted, owner).await,
             Some(Fault::Lost) => Err(unavailable()),
             Some(Fault::AckLost) => {
                 self.inner.create_owned(accepted, owner).await?;
                 Err(unavailable())
+            }
+            Some(Fault::SlowAck) => {
+                self.inner.create_owned(accepted, owner).await?;
+                tokio::time::sleep(SLOW_ACK).await;
+                Ok(())
             }
         }
     }
@@ -161,6 +175,11 @@ impl runtime::intercept::QueueIntercept for FaultyQueue {
             Some(Fault::AckLost) => {
                 self.inner.publish(job).await?;
                 Err(unavailable())
+            }
+            Some(Fault::SlowAck) => {
+                self.inner.publish(job).await?;
+                tokio::time::sleep(SLOW_ACK).await;
+                Ok(())
             }
         }
     }
@@ -268,6 +287,15 @@ impl Drop for Harness {
 /// `publish` suffers `publish_fault` for the next `publishes`, with four workers sharing the
 /// memory stores.
 async fn harness(create_fault: (Fault, usize), publish_fault: (Fault, usize)) -> Harness {
+    harness_with(create_fault, publish_fault, Duration::from_millis(50)).await
+}
+
+/// [`harness`] whose replays wait `replay_wait` for the log of a key bound lately.
+async fn harness_with(
+    create_fault: (Fault, usize),
+    publish_fault: (Fault, usize),
+    replay_wait: Duration,
+) -> Harness {
     // The provider fails every call (500): an execution that reaches it ends quickly, and the
     // call is counted either way.
     let provider = FakeProvider::start(|_| Reply::text(500, "")).await;
@@ -300,6 +328,7 @@ async fn harness(create_fault: (Fault, usize), publish_fault: (Fault, usize)) ->
         inner: store.clone(),
         creates: Faults::new(create_fault.0, create_fault.1),
         outage: AtomicBool::new(false),
+        create_outage: AtomicBool::new(false),
     });
     let gateway_queue = Arc::new(FaultyQueue {
         inner: queue.clone(),
@@ -332,7 +361,7 @@ async fn harness(create_fault: (Fault, usize), publish_fault: (Fault, usize)) ->
         4,
     );
     let limits = gateway::ApiLimits {
-        replay_wait: Duration::from_millis(50),
+        replay_wait,
         ..gateway::ApiLimits::default()
     };
     let capabilities = registry.capabilities();
@@ -614,6 +643,68 @@ async fn a_publish_whose_acknowledgement_was_lost_is_settled_consistently() {
     let (accepted, _) =
         settle_under_faults((Fault::Lost, 0), (Fault::Lost, 4), "lost-publish").await;
     assert_eq!(accepted, 0, "an unstored job cannot be claimed");
+}
+
+/// A log creation or a job publish stored at once but acknowledged only after 3 s (a JetStream
+/// publish waits up to the request timeout to be handed to a reconnecting connection, then as
+/// long again for its acknowledgement): every submission is still answered within 2 s, a 503
+/// never runs and a 202 runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_answered_after_the_bound_is_settled_within_it() {
+    settle_under_faults((Fault::SlowAck, 3), (Fault::Lost, 0), "slow-create").await;
+    settle_under_faults((Fault::Lost, 0), (Fault::SlowAck, 3), "slow-publish").await;
+}
+
+/// A retry whose key is bound to an execution whose log does not exist yet (its first
+/// submission is still creating it, or settling a failed creation) waits for the log only
+/// within the submit bound: answered 503 within 2 s, creating nothing, while the binding is
+/// younger than the replay wait (2 s, as deployed). Once older, a retry heals the log (here
+/// its creation fails too, so 503 again, within the bound). When the first submission's
+/// background settling has closed the log unrun, a retry creates the execution, which runs
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_waits_for_a_missing_log_only_within_the_submit_bound() {
+    let replay_wait = Duration::from_secs(2);
+    let h = harness_with((Fault::Lost, 0), (Fault::Lost, 0), replay_wait).await;
+    h.gateway_store.create_outage.store(true, Ordering::SeqCst);
+    let first_at = Instant::now();
+    h.submit_unsettled("missing-log", Some("k-missing")).await;
+    let first_id = h.gateway_queue.publishes.only("the first submission's job");
+    assert!(
+        h.store.head(first_id).await.unwrap().is_none(),
+        "no log yet"
+    );
+    let mut retries = Vec::new();
+    while first_at.elapsed() < replay_wait + Duration::from_secs(1) {
+        retries.push(h.submit("missing-log", Some("k-missing")).await);
+    }
+    for retry in &retries {
+        assert_eq!(retry.status, StatusCode::SERVICE_UNAVAILABLE, "{retry:?}");
+        assert!(retry.latency <= Duration::from_secs(2), "{retry:?}");
+    }
+    assert_eq!(
+        h.gateway_queue.publishes.seen().len(),
+        1,
+        "only the first submission and the heals of its execution published"
+    );
+    h.gateway_store.create_outage.store(false, Ordering::SeqCst);
+    let until = Instant::now() + WAIT;
+    let retry = loop {
+        let retry = h.submit("missing-log", Some("k-missing")).await;
+        assert!(retry.latency <= Duration::from_secs(2), "{retry:?}");
+        if retry.status != StatusCode::SERVICE_UNAVAILABLE {
+            break retry;
+        }
+        assert!(Instant::now() < until, "never accepted: {retry:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        matches!(retry.status, StatusCode::ACCEPTED | StatusCode::OK),
+        "{retry:?}"
+    );
+    h.terminal_log(execution_id(&retry)).await;
+    h.drained().await;
+    assert_eq!(h.calls_for("missing-log"), 1, "one execution ran, once");
 }
 
 /// When the outcome cannot be learnt within the submit bound (the event store is down), the

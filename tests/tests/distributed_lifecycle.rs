@@ -166,14 +166,44 @@ async fn retry_heals(base: &str, request: &Value, key: &str, record: &Idempotenc
     body
 }
 
+/// A gateway bound the key and died before creating the log. Retries are answered 503 within
+/// the submit bound while the binding is younger than the replay wait (its submission may
+/// still be creating the log); then a retry closes the recorded execution unrun and creates a
+/// fresh one, which runs; further retries replay it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_binding_the_key_heals_on_retry() {
     let (cluster, gateway, _worker) = gateway_and_worker(&fast_mock());
     let request = text_request("crash window 1");
-    // A gateway bound the key and died before creating the log.
     let record = bind_key(&cluster, "k-crash-1", &request).await;
-    let body = retry_heals(&gateway.url, &request, "k-crash-1", &record).await;
-    assert_eq!(body["idempotent_replay"], true);
+    let until = Instant::now() + Duration::from_secs(30);
+    let healed = loop {
+        let started = Instant::now();
+        let (status, body) = submit(&gateway.url, &request, Some("k-crash-1")).await;
+        assert!(started.elapsed() <= Duration::from_secs(2), "{body}");
+        if status != 503 {
+            assert_eq!(status, 202, "{body}");
+            break body;
+        }
+        assert_eq!(body["error"]["retryable"], true, "{body}");
+        assert!(Instant::now() < until, "never healed: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let fresh = healed["execution_id"].as_str().unwrap().to_owned();
+    assert_ne!(fresh, record.execution_id.to_string());
+    assert_eq!(
+        wait_terminal(&gateway.url, &fresh).await["status"],
+        "succeeded"
+    );
+    let crashed = events(&gateway.url, &record.execution_id.to_string(), 0).await;
+    let types: Vec<&str> = crashed.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(
+        types,
+        ["execution.accepted", "execution.failed"],
+        "closed unrun"
+    );
+    let (status, again) = submit(&gateway.url, &request, Some("k-crash-1")).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["execution_id"], fresh.as_str());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ use std::time::Instant;
 use protocol::Tenant;
 use runtime::{EventWriter, Job, StoreError};
 
-use super::settle::{Settle, settle, spawn_settle, unqueued_failure};
+use super::settle::{Settle, settle, spawn_settle, unqueued_failure, within_bound};
 use crate::error::ApiError;
 use crate::quota;
 use crate::state::AppState;
@@ -114,7 +114,8 @@ pub(super) async fn create_unique(
 ///
 /// When either step fails, the submission learns what became of the other before it answers
 /// ([`settle`]): a 503 means nothing will run, a 202 that the execution is queued or already
-/// claimed by a worker.
+/// claimed by a worker. A step still unanswered at the submission's bound ([`within_bound`])
+/// counts as failed with its outcome unknown.
 pub(super) async fn create_and_publish(
     state: &AppState,
     tenant: &Tenant,
@@ -123,13 +124,17 @@ pub(super) async fn create_and_publish(
 ) -> Result<Creation, Failed> {
     let backend = &state.inner.backend;
     let (created, published) = tokio::join!(
-        EventWriter::create(
-            backend.store.clone(),
-            job.execution_id,
-            job.accepted_at,
-            tenant,
+        within_bound(
+            started,
+            "log creation",
+            EventWriter::create(
+                backend.store.clone(),
+                job.execution_id,
+                job.accepted_at,
+                tenant,
+            )
         ),
-        backend.queue.publish(job),
+        within_bound(started, "job publish", backend.queue.publish(job)),
     );
     match (created, published) {
         (Ok(_), Ok(())) => Ok(Creation::Created),
@@ -138,7 +143,13 @@ pub(super) async fn create_and_publish(
         (Err(StoreError::AlreadyExists), _) => Ok(Creation::AlreadyExists),
         (Ok(mut writer), Err(e @ StoreError::AdmissionFull)) => {
             // Refused by the queue's limit: certainly not queued. Close the log.
-            if let Err(close) = writer.append_once(unqueued_failure()).await {
+            let closed = within_bound(
+                started,
+                "closing an unqueued log",
+                writer.append_once(unqueued_failure()),
+            )
+            .await;
+            if let Err(close) = closed {
                 tracing::warn!(execution_id = %job.execution_id, error = %close, "could not close unqueued execution; retrying in the background");
                 spawn_settle(state, job, Settle::closing(writer, tenant));
             }

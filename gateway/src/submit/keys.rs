@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 use protocol::fingerprint::sha256_hex;
 use protocol::snapshot::ExecutionSubmission;
 use protocol::{ExecutionId, ExecutionStatus, RuntimeError, Sequence, Tenant, Timestamp};
-use runtime::{IdempotencyRecord, Job, KeyClaim, StoreError};
+use runtime::{EventWriter, IdempotencyRecord, Job, KeyClaim, StoreError};
 
-use super::create::{Creation, Failed, create_and_publish, create_fresh, within_quota};
-use super::settle::discard;
+use super::create::{Failed, create_fresh};
+use super::settle::{STEP_BOUND, discard, unqueued_failure, within_bound};
 use crate::error::ApiError;
+use crate::quota;
 use crate::state::AppState;
 
 use super::Submitted;
@@ -113,6 +114,20 @@ pub(super) async fn claim_and_create(
     (claimed, created)
 }
 
+/// How often a replay looks again for the log of a key bound a moment ago.
+const REPLAY_POLL: Duration = Duration::from_millis(5);
+
+/// Whether `existing` was bound less than `replay_wait` ago (by the acceptance time it
+/// records), so its first submission may still be creating the log. Older, a missing log
+/// means its submitter died before creating it (or gave up and is settling it, which a heal
+/// races safely: compare-and-set on the empty subject).
+fn bound_lately(existing: &IdempotencyRecord, replay_wait: Duration) -> bool {
+    let age_ms = Timestamp::now()
+        .unix_millis()
+        .saturating_sub(existing.created_at.unix_millis());
+    u128::try_from(age_ms).unwrap_or(0) < replay_wait.as_millis()
+}
+
 /// Frees `key_hash` if it is bound to `id`, an execution of which nothing will run, so that a
 /// retry can create the execution [R 14].
 pub(super) async fn release_key(state: &AppState, key_hash: &str, id: ExecutionId) {
@@ -153,6 +168,7 @@ pub(super) async fn replay(
     existing: IdempotencyRecord,
     key_hash: String,
     job: Job,
+    started: Instant,
 ) -> Result<Submitted, ApiError> {
     let inner = &state.inner;
     let id = existing.execution_id;
@@ -177,29 +193,61 @@ pub(super) async fn replay(
         }),
         ..job
     };
-    let waited = Instant::now();
+    let store = &inner.backend.store;
+    let mut closed_here = false;
     let status = loop {
-        match inner.backend.store.state(id).await? {
+        match within_bound(started, "reading the key's execution", store.state(id)).await? {
             Some(m) if closed_unrun(&m) => return Ok(Submitted::KeyOfUnrun(Box::new(job))),
             Some(m) => break m.status(),
-            None if waited.elapsed() < inner.limits.replay_wait => {
-                // A concurrent first submission bound the key and is creating the log.
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            None if inner.backend.heal_missing => {
-                // The first submitter died between binding the key and creating the log:
-                // create it now, under the recorded id and time.
-                // `AlreadyExists`: a concurrent retry healed it first. Any other store error
-                // (a `Conflict` or `Violation` included) is a failure, never a replay.
-                let heal = create_and_publish(state, tenant, &job, Instant::now());
-                match within_quota(state, tenant, &job, heal)
-                    .await
-                    .map_err(|f| f.error)?
-                {
-                    Creation::Created | Creation::AlreadyExists => {
-                        return Ok(Submitted::Answered(replayed(ExecutionStatus::Accepted)));
-                    }
+            None if bound_lately(&existing, inner.limits.replay_wait) => {
+                // A concurrent first submission bound the key and is creating the log, or
+                // settling a failed creation. Waited for within the submission's bound; a 503
+                // past it (nothing was created here), and a retry heals once the binding is
+                // older than the replay wait.
+                if started.elapsed() + REPLAY_POLL >= STEP_BOUND {
+                    return Err(ApiError::Unavailable(
+                        "The execution of this idempotency key is still being created",
+                    ));
                 }
+                tokio::time::sleep(REPLAY_POLL).await;
+            }
+            None if inner.backend.heal_missing && !closed_here => {
+                // Bound long enough ago that its submission has answered, and still no log:
+                // the submitter died before creating it, or answered 503 and is settling it.
+                // Either way the execution was never answered as accepted: close it unrun
+                // (created closed, as its settling would, so the two never race to different
+                // outcomes; its job, if queued, is dropped by the worker handed it), then the
+                // key is bound anew to a fresh execution ([`submit`]). A store error other than
+                // `AlreadyExists` (a `Conflict` or `Violation` included) is a failure.
+                let closed = within_bound(
+                    started,
+                    "closing the key's missing log",
+                    EventWriter::create_closed(
+                        store.clone(),
+                        id,
+                        existing.created_at,
+                        tenant,
+                        unqueued_failure(),
+                    ),
+                )
+                .await;
+                match closed {
+                    Ok(()) => {
+                        tracing::info!(execution_id = %id, "closed the missing log of an idempotency key's execution unrun");
+                        quota::release(state, tenant, id).await;
+                        return Ok(Submitted::KeyOfUnrun(Box::new(job)));
+                    }
+                    // Created meanwhile (by its submission, its settling, or a concurrent
+                    // retry): answer with what it says now.
+                    Err(StoreError::AlreadyExists) => closed_here = true,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            None if closed_here => {
+                // Created, but not readable yet.
+                return Err(ApiError::Unavailable(
+                    "The execution of this idempotency key is still being created",
+                ));
             }
             None => {
                 return Err(ApiError::QueueFull(
@@ -211,7 +259,12 @@ pub(super) async fn replay(
     if status == ExecutionStatus::Accepted && inner.backend.heal_missing {
         // The first submitter may have died after creating the log but before publishing the
         // job; the queue absorbs the duplicate if it did publish.
-        inner.backend.queue.publish(&job).await?;
+        within_bound(
+            started,
+            "republishing the job",
+            inner.backend.queue.publish(&job),
+        )
+        .await?;
     }
     Ok(Submitted::Answered(replayed(status)))
 }

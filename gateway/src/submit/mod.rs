@@ -73,9 +73,19 @@
 //! worker will write after `execution.accepted` first. A create refused outright (no
 //! responders) is not in it: the log is then created closed, and no worker can claim it.
 //!
+//! A retry whose key is bound to an execution without a log waits for the log while the
+//! binding is younger than the replay wait (its first submission may still be creating it),
+//! within the submit bound (a 503 past it). Older, the first submission has answered and never
+//! with an acceptance: it died between binding the key and creating the log (a crash window),
+//! or answered 503 and is settling. The retry then closes that execution unrun, created closed
+//! exactly as its settling would, and binds the key to a fresh execution ([`keys::replay`]).
+//!
+//! Every step's store request ends by the submit bound ([`settle::within_bound`]): a JetStream
+//! publish alone may take twice the request timeout, so the backend's own timeouts do not.
+//!
 //! Store errors stay typed here until the flow has decided what they mean: `AlreadyExists` while
-//! healing a crash window is the one expected outcome (a concurrent retry healed it first);
-//! every other store error is a failure and converts to its one [`ApiError`]. Events are written
+//! closing a missing log is the one expected outcome (the log was created meanwhile); every
+//! other store error is a failure and converts to its one [`ApiError`]. Events are written
 //! through [`runtime::EventWriter`], which assigns their sequences and times.
 //!
 //! Files: this one has the flow's entry points ([`submit`], [`cancel`]) and builds the job
@@ -227,7 +237,15 @@ async fn submit_once(
             if existing.fingerprint != record.fingerprint {
                 return Err(ApiError::IdempotencyConflict);
             }
-            replay(state, tenant, existing, key_hash, Arc::unwrap_or_clone(job)).await
+            replay(
+                state,
+                tenant,
+                existing,
+                key_hash,
+                Arc::unwrap_or_clone(job),
+                started,
+            )
+            .await
         }
         (Err(unbound), created) => {
             // Whether the key was bound is unknown, and a worker may bind it and run the

@@ -1,6 +1,7 @@
 //! Settling a failed submission before answering: closing the log unless a worker claimed
 //! the execution, withdrawing the job, within [`SETTLE_BOUND`], then in the background
 //! (see the module docs of `submit`).
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use protocol::event::EventBody;
@@ -16,6 +17,31 @@ use crate::state::AppState;
 /// by the backend's request timeout (1.5 s in `nats` mode), so this leaves the last step
 /// its share of the bound.
 pub(super) const SETTLE_BOUND: Duration = Duration::from_millis(1750);
+
+/// How long after its start a submission waits for the answers of its store requests before
+/// the settling: one request timeout of the `nats` backend, counted from the start, so that at
+/// least [`SETTLE_BOUND`] less this is left to settle a write that did not answer.
+pub(super) const STEP_BOUND: Duration = Duration::from_millis(1500);
+
+/// Runs `step`, a store request of the submission that started at `started`, until
+/// [`STEP_BOUND`] after that: one still unanswered then is `Unavailable`, its outcome unknown,
+/// like a request that timed out. A JetStream publish alone may take twice the request timeout
+/// (handing the message to a connection that is reconnecting, then waiting for its
+/// acknowledgement), and an idempotent replay may wait for a log, so only this bound keeps
+/// every submit answered within 2 s.
+pub(super) async fn within_bound<T>(
+    started: Instant,
+    what: &'static str,
+    step: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let deadline = tokio::time::Instant::from_std(started + STEP_BOUND);
+    match tokio::time::timeout_at(deadline, step).await {
+        Ok(answer) => answer,
+        Err(_) => Err(StoreError::Unavailable(format!(
+            "{what}: no answer within the submission's bound"
+        ))),
+    }
+}
 
 /// How long a background task keeps settling a submission answered 503 whose outcome was
 /// unknown (a JetStream election lasts seconds; the duplicate window, which `withdraw` relies
