@@ -119,8 +119,8 @@ const REPLAY_POLL: Duration = Duration::from_millis(5);
 
 /// Whether `existing` was bound less than `replay_wait` ago (by the acceptance time it
 /// records), so its first submission may still be creating the log. Older, a missing log
-/// means its submitter died before creating it (or gave up and is settling it, which a heal
-/// races safely: compare-and-set on the empty subject).
+/// means its submitter died before creating it, or answered 503 and is settling it (creating
+/// it closed, as the heal in [`replay`] does).
 fn bound_lately(existing: &IdempotencyRecord, replay_wait: Duration) -> bool {
     let age_ms = Timestamp::now()
         .unix_millis()

@@ -65,7 +65,7 @@
 //! covers logs without jobs (the deadline sweeper follows the queue).
 //!
 //! Known residual window: a write of the submission stored although its acknowledgement was
-//! lost (the log's creation, or the job's publish), a worker handed the job that claims the
+//! lost or came after [`settle::STEP_BOUND`] (the log's creation, or the job's publish), a worker handed the job that claims the
 //! log before this gateway's close lands, and an event store that stays unreachable for this
 //! gateway until [`settle::SETTLE_BOUND`]: the submission is answered 503 and the execution runs,
 //! once (logged as "an execution answered 503 was claimed by a worker"). Each of the three is
@@ -80,8 +80,9 @@
 //! or answered 503 and is settling. The retry then closes that execution unrun, created closed
 //! exactly as its settling would, and binds the key to a fresh execution ([`keys::replay`]).
 //!
-//! Every step's store request ends by the submit bound ([`settle::within_bound`]): a JetStream
-//! publish alone may take twice the request timeout, so the backend's own timeouts do not.
+//! Every step's store request ends by [`settle::STEP_BOUND`] after the submission started
+//! ([`settle::within_bound`]), unanswered counting as outcome unknown: a JetStream publish alone
+//! may take twice the request timeout, so the backend's own timeouts do not bound a submit.
 //!
 //! Store errors stay typed here until the flow has decided what they mean: `AlreadyExists` while
 //! closing a missing log is the one expected outcome (the log was created meanwhile); every

@@ -13,9 +13,9 @@ use super::create::{Creation, Failed};
 use crate::state::AppState;
 
 /// How long after its start a submission may spend learning what became of a failed step:
-/// every submit is answered within 2 s (contract section 8), and each store request is bounded
-/// by the backend's request timeout (1.5 s in `nats` mode), so this leaves the last step
-/// its share of the bound.
+/// every submit is answered within 2 s (contract section 8), and the steps themselves end by
+/// [`STEP_BOUND`], so this leaves the settling its share of the bound and the answer its
+/// margin.
 pub(super) const SETTLE_BOUND: Duration = Duration::from_millis(1750);
 
 /// How long after its start a submission waits for the answers of its store requests before
