@@ -114,8 +114,8 @@ pub(super) async fn create_unique(
 ///
 /// When either step fails, the submission learns what became of the other before it answers
 /// ([`settle`]): a 503 means nothing will run, a 202 that the execution is queued or already
-/// claimed by a worker. A step still unanswered at the submission's bound ([`within_bound`])
-/// counts as failed with its outcome unknown.
+/// claimed by a worker. A step still unanswered [`super::settle::STEP_BOUND`] after the
+/// submission started ([`within_bound`]) counts as failed with its outcome unknown.
 pub(super) async fn create_and_publish(
     state: &AppState,
     tenant: &Tenant,
