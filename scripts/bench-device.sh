@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Issue 31's many-core measurements in one call on a borrowed machine that has no Rust, NATS,
+# Redis or package registry (the `device` tool's 16-core machine): pack here, run there.
+#
+#   ../shared/tools/pack-release.sh .pack                 # here; "/.pack/" in .git/info/exclude
+#   eval "$(bash .pack/unpack.sh)"; scripts/bench-device.sh "$OUT"      # there, carrying .pack
+#
+# Writes OUT/machine.txt (cores, CPU, memory), then runs scripts/bench-all.sh group t (the runs
+# the targets are judged by, most important first), then group s (the whole scaling matrix,
+# partitions S_PARTITIONS, default "1 8") while time is left, then the tenants' fairness run
+# when python3 is there. Nothing starts after BUDGET seconds (default 500; one device call may
+# run 600): the group under way is stopped and what it finished stays. OUT/summary.txt has each
+# run's throughput, latencies and cores per process.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+
+OUT=${1:?usage: scripts/bench-device.sh OUT_DIR}
+BUDGET=${BUDGET:-500}
+PACK=${PACK:-.pack}
+mkdir -p "$OUT"
+started=$(date +%s)
+left() { echo $((BUDGET - ($(date +%s) - started))); }
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "cores: $(nproc)"
+  grep -m1 'model name' /proc/cpuinfo || true
+  grep MemTotal /proc/meminfo || true
+  uname -r
+  "${MRT_NATS_SERVER:-nats-server}" --version 2>&1 || true
+} > "$OUT/machine.txt"
+cat "$OUT/machine.txt"
+
+export SKIP_BUILD=1 BIN_DIR=${BIN_DIR:-$PACK/bin} QUIET_MAX=${QUIET_MAX:-0}
+export DURATION=${DURATION:-10} S_PARTITIONS=${S_PARTITIONS:-1 8}
+
+for group in t s; do
+  budget=$(left)
+  if [ "$budget" -lt 30 ]; then
+    echo "group $group not started: $budget s left" | tee -a "$OUT/summary.txt"
+    continue
+  fi
+  BENCH_GROUPS=$group timeout --signal=INT --kill-after=10 "$budget" \
+    scripts/bench-all.sh "$OUT" > "$OUT/group-$group.log" 2>&1
+  echo "group $group: exit $? after $(($(date +%s) - started)) s" >> "$OUT/summary.txt"
+done
+
+if command -v python3 > /dev/null && [ "$(left)" -gt 60 ]; then
+  DURATION=20 timeout --kill-after=10 "$(left)" python3 scripts/bench-fairness.py nats \
+    "$BIN_DIR/gateway" "$BIN_DIR/worker" > "$OUT/fairness.json" 2> "$OUT/fairness.log"
+  echo "fairness: exit $?" >> "$OUT/summary.txt"
+fi
+
+for report in "$OUT"/[ts]-*.txt; do
+  [ -e "$report" ] || continue
+  echo "== $(basename "$report" .txt)"
+  grep -E 'throughput:|ok .*failed|first delta|terminal \(|cores per process' "$report"
+done >> "$OUT/summary.txt"
+cat "$OUT/summary.txt"
