@@ -37,7 +37,7 @@ export DURATION=${DURATION:-10} S_PARTITIONS=${S_PARTITIONS:-1 8}
 for group in t s; do
   budget=$(left)
   if [ "$budget" -lt 30 ]; then
-    echo "group $group not started: $budget s left" | tee -a "$OUT/summary.txt"
+    echo "group $group not started: $budget s left" >> "$OUT/summary.txt"
     continue
   fi
   BENCH_GROUPS=$group timeout --signal=INT --kill-after=10 "$budget" \
