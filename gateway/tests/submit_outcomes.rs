@@ -658,10 +658,9 @@ async fn a_step_answered_after_the_bound_is_settled_within_it() {
 /// A retry whose key is bound to an execution whose log does not exist yet (its first
 /// submission is still creating it, or settling a failed creation) waits for the log only
 /// within the submit bound: answered 503 within 2 s, creating nothing, while the binding is
-/// younger than the replay wait (2 s, as deployed). Once older, a retry heals the log (here
-/// its creation fails too, so 503 again, within the bound). When the first submission's
-/// background settling has closed the log unrun, a retry creates the execution, which runs
-/// once.
+/// younger than the replay wait (2 s, as deployed). Once older, a retry closes that execution
+/// unrun by creating its log closed (here that creation fails too: 503 again, within the
+/// bound). Once creations succeed again, a retry gets a fresh execution, which runs once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_waits_for_a_missing_log_only_within_the_submit_bound() {
     let replay_wait = Duration::from_secs(2);
@@ -685,7 +684,7 @@ async fn a_replay_waits_for_a_missing_log_only_within_the_submit_bound() {
     assert_eq!(
         h.gateway_queue.publishes.seen().len(),
         1,
-        "only the first submission and the heals of its execution published"
+        "only the first submission published a job"
     );
     h.gateway_store.create_outage.store(false, Ordering::SeqCst);
     let until = Instant::now() + WAIT;
