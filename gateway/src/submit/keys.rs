@@ -114,6 +114,10 @@ pub(super) async fn claim_and_create(
     (claimed, created)
 }
 
+/// The answer to a retry whose key's execution has no readable log yet (retryable).
+const STILL_BEING_CREATED: ApiError =
+    ApiError::Unavailable("The execution of this idempotency key is still being created");
+
 /// How often a replay looks again for the log of a key bound a moment ago.
 const REPLAY_POLL: Duration = Duration::from_millis(5);
 
@@ -205,9 +209,7 @@ pub(super) async fn replay(
                 // past it (nothing was created here), and a retry heals once the binding is
                 // older than the replay wait.
                 if started.elapsed() + REPLAY_POLL >= STEP_BOUND {
-                    return Err(ApiError::Unavailable(
-                        "The execution of this idempotency key is still being created",
-                    ));
+                    return Err(STILL_BEING_CREATED);
                 }
                 tokio::time::sleep(REPLAY_POLL).await;
             }
@@ -245,9 +247,7 @@ pub(super) async fn replay(
             }
             None if closed_here => {
                 // Created, but not readable yet.
-                return Err(ApiError::Unavailable(
-                    "The execution of this idempotency key is still being created",
-                ));
+                return Err(STILL_BEING_CREATED);
             }
             None => {
                 return Err(ApiError::QueueFull(
