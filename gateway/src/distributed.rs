@@ -44,12 +44,11 @@ pub async fn connect<P>(
     args: &CommonArgs,
     deployment: &DeploymentConfig<P>,
 ) -> Result<(Backend, NatsBackend), StoreError> {
-    let nats = NatsServices::connect(&startup::backend::nats_connect_settings(
-        args,
-        deployment,
-        CONNECT_TIMEOUT,
-    )?)
-    .await?;
+    let mut settings = startup::backend::nats_connect_settings(args, deployment, CONNECT_TIMEOUT)?;
+    // Every event stream this gateway serves receives its execution's stored events: with
+    // several partitions they arrive on one readers' connection per lane, not all on one.
+    settings.layout.reader_lanes = true;
+    let nats = NatsServices::connect(&settings).await?;
     let idempotency = startup::backend::redis_keys(args, deployment, CONNECT_TIMEOUT).await?;
     let store: Arc<dyn EventStore> = Arc::new(nats.store);
     let quotas =

@@ -84,6 +84,11 @@ pub struct NatsSettings {
     /// Tenant lanes per partition a new namespace gets (`None`: [`DEFAULT_TENANT_LANES`]); an
     /// existing namespace keeps its own, and a different explicit count is a startup error.
     pub tenant_lanes: Option<u16>,
+    /// Whether this process reads event logs on one readers' connection per lane (see
+    /// `NatsBackend::readers_of`) rather than on one for all: set by the gateway, whose event
+    /// streams receive every stored event of their executions; a worker reads logs only now
+    /// and then and keeps one.
+    pub reader_lanes: bool,
 }
 
 impl NatsSettings {
@@ -98,6 +103,7 @@ impl NatsSettings {
             replicas: 1,
             event_shards: None,
             tenant_lanes: None,
+            reader_lanes: false,
         }
     }
 
@@ -144,18 +150,14 @@ impl NatsSettings {
 pub struct NatsBackend {
     #[debug(skip)]
     pub client: async_nats::Client,
-    /// A second connection, for live readers: the subscriptions to stored events and the
-    /// batched reads that start them (which must share a connection, so the server takes the
-    /// subscription before the read). Under load a gateway receives every stored event of its
-    /// streams; on a connection of their own, that flow never queues ahead of the replies to
-    /// its submissions' publishes (BENCHMARKS.md, "Batched reads and the readers'
-    /// connection"). Workers, which read no live
-    /// streams, hold it idle.
+    /// The connections for reading event logs (see [`Readers`]), apart from the writes: under
+    /// load a gateway receives every stored event of its streams, and on connections of their
+    /// own that flow never queues ahead of the replies to its submissions' publishes
+    /// (BENCHMARKS.md, "Batched reads and the readers' connection"). One per lane with
+    /// [`NatsSettings::reader_lanes`] (partition `k` reads on `readers[k % len]`), so no one
+    /// socket or client task carries every live read of a gateway; else one.
     #[debug(skip)]
-    pub readers: async_nats::Client,
-    /// The replies to batched reads on `readers`, through one subscription (`replies`).
-    #[debug(skip)]
-    replies: replies::Replies,
+    readers: Arc<[Readers]>,
     #[debug(skip)]
     pub jetstream: jetstream::Context,
     /// One JetStream context per connection that carries partitions' jobs and appends:
@@ -170,6 +172,16 @@ pub struct NatsBackend {
     /// The quorum watches of every connection, stopped with the last clone (`quorum`).
     #[debug(skip)]
     _quorum: Arc<[quorum::Watch]>,
+}
+
+/// A connection for reading event logs: the subscriptions to stored events and the batched
+/// reads that start them (which must share a connection, so that the server takes the
+/// subscription before the read), with the multiplexer of those reads' replies (one wildcard
+/// subscription, `replies`).
+#[derive(Clone)]
+pub(crate) struct Readers {
+    pub(crate) client: async_nats::Client,
+    pub(crate) replies: replies::Replies,
 }
 
 /// One connection carrying partitions' jobs and appends, with the outcomes of the event writes
@@ -337,6 +349,10 @@ impl NatsBackend {
         let readers =
             connect_accepted(options("-readers", &readers_selector)?, &servers, deadline).await?;
         let replies = replies::Replies::new(&readers).await?;
+        let mut reading = vec![Readers {
+            client: readers.clone(),
+            replies,
+        }];
         let mut js = jetstream::new(client.clone());
         js.set_timeout(settings.request_timeout);
         let events = until_settled(deadline, || ensure_streams(&js, &settings)).await?;
@@ -378,11 +394,29 @@ impl NatsBackend {
                 context,
                 writes: lane_writes,
             });
+            if settings.reader_lanes {
+                let reader_selector = quorum::Selector::default();
+                let extra = connect_accepted(
+                    options(&format!("-readers{lane}"), &reader_selector)?,
+                    &servers,
+                    deadline,
+                )
+                .await?;
+                watches.push(quorum::watch(
+                    extra.clone(),
+                    reader_selector,
+                    quorum::Writes::default(),
+                    "readers",
+                ));
+                reading.push(Readers {
+                    replies: replies::Replies::new(&extra).await?,
+                    client: extra,
+                });
+            }
         }
         Ok(Self {
             client,
-            readers,
-            replies,
+            readers: reading.into(),
             jetstream: js,
             lanes: lanes.into(),
             settings,
@@ -402,6 +436,11 @@ impl NatsBackend {
         &self.lanes[usize::from(partition) % self.lanes.len()]
     }
 
+    /// The connection partition `partition`'s event logs are read on.
+    pub(crate) fn readers_of(&self, partition: u16) -> &Readers {
+        &self.readers[usize::from(partition) % self.readers.len()]
+    }
+
     /// Sends what every connection still buffers (unconfirmed job acks, say) and waits for
     /// the servers to have it; a stopping process calls it so an orderly stop loses none.
     pub async fn flush(&self) -> Result<(), StoreError> {
@@ -418,7 +457,9 @@ impl NatsBackend {
     /// Whether the client is connected now (cheap; no round trip).
     pub fn connected(&self) -> bool {
         use async_nats::connection::State;
-        self.readers.connection_state() == State::Connected
+        self.readers
+            .iter()
+            .all(|readers| readers.client.connection_state() == State::Connected)
             && self
                 .lanes
                 .iter()

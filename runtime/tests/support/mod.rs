@@ -19,11 +19,13 @@ pub async fn connect(server: &NatsServer, settings: NatsSettings) -> NatsBackend
 }
 
 /// A connection to `server` in a namespace of its own, whose logs are spread over three events
-/// streams: the contract suites run on it, so every store operation is checked against logs in
-/// every shard (the tests of `fresh_settings` namespaces cover the one-stream layout).
+/// streams and read on three readers' connections (as a gateway reads them): the contract
+/// suites run on it, so every store operation is checked against logs in every shard (the
+/// tests of `fresh_settings` namespaces cover the one-stream layout).
 pub async fn backend(server: &NatsServer) -> NatsBackend {
     let settings = NatsSettings {
         event_shards: Some(3),
+        reader_lanes: true,
         ..NatsSettings::new(unique_namespace("t"))
     };
     connect(server, settings).await

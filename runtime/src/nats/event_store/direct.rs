@@ -66,7 +66,8 @@ impl NatsEventStore {
     ) -> Result<Batch, StoreError> {
         self.backend.check_connected()?;
         let subject = self.subject(id);
-        let mut replies = self.backend.replies.register();
+        let readers = &self.shard(id).readers;
+        let mut replies = readers.replies.register();
         let body = serde_json::to_vec(&BatchRequest {
             seq: from.max(1),
             next_by_subj: &subject,
@@ -74,8 +75,8 @@ impl NatsEventStore {
             max_bytes: BATCH_MAX_BYTES,
         })
         .map_err(|e| unavailable("direct get", e))?;
-        self.backend
-            .readers
+        readers
+            .client
             .publish_with_reply(
                 self.shard(id).direct_get_subject.clone(),
                 replies.subject.clone(),

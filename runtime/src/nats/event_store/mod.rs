@@ -27,6 +27,8 @@ mod append;
 mod direct;
 mod format;
 mod read;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -120,6 +122,8 @@ struct Shard {
     /// The connection carrying the partition's appends and gets (`NatsBackend::lane`), with
     /// the outcomes of its writes (`nats::quorum`).
     lane: crate::nats::Lane,
+    /// The connection the partition's logs are read on (`NatsBackend::readers_of`).
+    readers: crate::nats::Readers,
     stream: Stream,
     /// The stream's direct-get API subject (batched reads, [`direct`]).
     direct_get_subject: async_nats::Subject,
@@ -142,9 +146,9 @@ impl NatsEventStore {
     pub async fn new(backend: NatsBackend, max_events: u64) -> Result<Self, StoreError> {
         let mut shards = Vec::with_capacity(usize::from(backend.events.count()));
         for (shard, name) in backend.events.streams().enumerate() {
-            let lane = backend
-                .lane_of(u16::try_from(shard).unwrap_or(u16::MAX))
-                .clone();
+            let partition = u16::try_from(shard).unwrap_or(u16::MAX);
+            let lane = backend.lane_of(partition).clone();
+            let readers = backend.readers_of(partition).clone();
             let stream = lane
                 .context
                 .get_stream(&name)
@@ -154,6 +158,7 @@ impl NatsEventStore {
                 async_nats::Subject::from(format!("$JS.API.DIRECT.GET.{name}"));
             shards.push(Shard {
                 lane,
+                readers,
                 stream,
                 direct_get_subject,
             });
@@ -282,8 +287,9 @@ impl NatsEventStore {
         after: Sequence,
     ) -> Result<Option<(EventStream, Option<Tenant>)>, StoreError> {
         let subscriber = self
-            .backend
+            .shard(id)
             .readers
+            .client
             .subscribe(self.backend.settings.stored_events_subject(&id))
             .await
             .map_err(|e| unavailable("subscribe", e))?;
