@@ -366,28 +366,24 @@ impl NatsBackend {
                 "readers",
             ),
         ];
-        // More connections for the partitions' jobs and appends (see `lanes`), made with the
-        // options the servers just accepted: one attempt each within the bound, each with a
-        // quorum watch of its own.
+        // More connections for the partitions' jobs and appends (see `lanes`) and, with
+        // `reader_lanes`, their reads (see `readers`), made with the options the servers just
+        // accepted: one attempt each within the bound, each with a quorum watch of its own.
+        let watched = async |suffix: String, role: &'static str, writes: quorum::Writes| {
+            let selector = quorum::Selector::default();
+            let client = connect_accepted(options(&suffix, &selector)?, &servers, deadline).await?;
+            let watch = quorum::watch(client.clone(), selector, writes, role);
+            Ok::<_, StoreError>((client, watch))
+        };
         let mut lanes = vec![Lane {
             context: js.clone(),
             writes: writes.clone(),
         }];
         for lane in 1..events.count().min(MAX_LANES) {
-            let lane_selector = quorum::Selector::default();
-            let extra = connect_accepted(
-                options(&format!("-lane{lane}"), &lane_selector)?,
-                &servers,
-                deadline,
-            )
-            .await?;
             let lane_writes = quorum::Writes::default();
-            watches.push(quorum::watch(
-                extra.clone(),
-                lane_selector,
-                lane_writes.clone(),
-                "lane",
-            ));
+            let (extra, watch) =
+                watched(format!("-lane{lane}"), "lane", lane_writes.clone()).await?;
+            watches.push(watch);
             let mut context = jetstream::new(extra);
             context.set_timeout(settings.request_timeout);
             lanes.push(Lane {
@@ -395,19 +391,13 @@ impl NatsBackend {
                 writes: lane_writes,
             });
             if settings.reader_lanes {
-                let reader_selector = quorum::Selector::default();
-                let extra = connect_accepted(
-                    options(&format!("-readers{lane}"), &reader_selector)?,
-                    &servers,
-                    deadline,
+                let (extra, watch) = watched(
+                    format!("-readers{lane}"),
+                    "readers",
+                    quorum::Writes::default(),
                 )
                 .await?;
-                watches.push(quorum::watch(
-                    extra.clone(),
-                    reader_selector,
-                    quorum::Writes::default(),
-                    "readers",
-                ));
+                watches.push(watch);
                 reading.push(Readers {
                     replies: replies::Replies::new(&extra).await?,
                     client: extra,
