@@ -59,26 +59,36 @@ fn assert_closed_by_deadline(events: &[Value], deadline_ms: u64) -> i64 {
     late
 }
 
-/// Waits until the jobs stream holds no job: a worker received the job and acknowledged it.
-async fn wait_jobs_drained(cluster: &Cluster) {
+/// Waits until every jobs stream holds no job: a worker received the jobs and acknowledged
+/// them.
+async fn wait_jobs_drained(cluster: &Cluster, layout: Layout) {
     let js = testkit::jetstream::connect(&cluster.nats.url()).await;
-    let name = format!("{}_JOBS", cluster.namespace.to_ascii_uppercase());
-    poll_until(
-        PROMPT,
-        Duration::from_millis(50),
-        async || match stream_state(&js, &name).await.messages {
-            0 => Ok(()),
-            messages => Err(format!("{messages} jobs still queued")),
-        },
-    )
-    .await;
+    let shards =
+        runtime::nats::EventShards::new(cluster.namespace.clone(), layout.partitions()).unwrap();
+    for partition in 0..layout.partitions() {
+        let name = shards.jobs_stream(partition);
+        poll_until(
+            PROMPT,
+            Duration::from_millis(50),
+            async || match stream_state(&js, &name).await.messages {
+                0 => Ok(()),
+                messages => Err(format!("{messages} jobs still queued in {name}")),
+            },
+        )
+        .await;
+    }
 }
 
-/// Starts a worker, waits until it took and dropped the expired job, and checks that the log
+/// Starts a worker, waits until it took and dropped the expired jobs, and checks that the log
 /// is unchanged: the worker appended nothing after the terminal.
-async fn a_late_worker_appends_nothing(cluster: &Cluster, gateway: &Gateway, closed: &[Value]) {
+async fn a_late_worker_appends_nothing(
+    cluster: &Cluster,
+    layout: Layout,
+    gateway: &Gateway,
+    closed: &[Value],
+) {
     let _worker = cluster.worker();
-    wait_jobs_drained(cluster).await;
+    wait_jobs_drained(cluster, layout).await;
     let id = closed[0]["execution_id"].as_str().unwrap();
     let after = log_until_terminal(gateway, id).await;
     assert_eq!(after, closed, "the late worker changed the log");
@@ -86,10 +96,22 @@ async fn a_late_worker_appends_nothing(cluster: &Cluster, gateway: &Gateway, clo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_no_worker_alive_the_gateway_ends_an_expired_execution() {
-    let cluster = Cluster::start(&mock(10, 2));
+    no_worker_alive(Layout::Single).await;
+}
+
+/// The gateway's sweeper follows every partition's jobs, not only partition 0's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_worker_alive_the_gateway_ends_an_expired_execution_of_any_partition() {
+    no_worker_alive(Layout::Partitioned).await;
+}
+
+async fn no_worker_alive(layout: Layout) {
+    let cluster = layout.cluster(&mock(10, 2));
     let gateway = cluster.gateway();
     let deadline_ms = 3000;
-    let id = submit_accepted(&gateway.url, &with_deadline(deadline_ms)).await;
+    let id = layout
+        .submit_followed(&gateway.url, &with_deadline(deadline_ms))
+        .await;
     // The live stream ends after the terminal event.
     let all = log_until_terminal(&gateway, &id).await;
     let late = assert_closed_by_deadline(&all, deadline_ms);
@@ -98,17 +120,28 @@ async fn with_no_worker_alive_the_gateway_ends_an_expired_execution() {
     let snap = wait_terminal(&gateway.url, &id).await;
     assert_eq!(snap["status"], "failed");
     assert_eq!(snap["error"]["code"], "deadline_exceeded");
-    a_late_worker_appends_nothing(&cluster, &gateway, &all).await;
+    a_late_worker_appends_nothing(&cluster, layout, &gateway, &all).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_execution_ends_at_its_deadline_not_at_redelivery() {
+    killed_worker_deadline(Layout::Single).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_execution_ends_at_its_deadline_with_partitions() {
+    killed_worker_deadline(Layout::Partitioned).await;
+}
+
+async fn killed_worker_deadline(layout: Layout) {
     // 100 chunks 200 ms apart: the attempt would run for 20 s.
-    let cluster = Cluster::start(&mock(200, 100));
+    let cluster = layout.cluster(&mock(200, 100));
     let gateway = cluster.gateway();
     let worker = cluster.worker();
     let deadline_ms = 5000;
-    let id = submit_accepted(&gateway.url, &with_deadline(deadline_ms)).await;
+    let id = layout
+        .submit_followed(&gateway.url, &with_deadline(deadline_ms))
+        .await;
     // Kill the worker once the attempt has exposed output.
     let head = read_events(event_stream(&gateway.url, &id).await, Some(3)).await;
     assert_eq!(head[2]["type"], "output.delta", "{head:?}");
@@ -125,5 +158,5 @@ async fn a_killed_worker_execution_ends_at_its_deadline_not_at_redelivery() {
             .contains("worker"),
         "{failed}"
     );
-    a_late_worker_appends_nothing(&cluster, &gateway, &all).await;
+    a_late_worker_appends_nothing(&cluster, layout, &gateway, &all).await;
 }

@@ -10,9 +10,18 @@ use serde_json::Value;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_on_one_gateway_stream_and_resume_on_another() {
-    let cluster = Cluster::start(&chunked_mock(150, 8));
+    resume_on_another_gateway(Layout::Single).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_on_one_gateway_stream_and_resume_on_another_with_partitions() {
+    resume_on_another_gateway(Layout::Partitioned).await;
+}
+
+async fn resume_on_another_gateway(layout: Layout) {
+    let cluster = layout.cluster(&chunked_mock(150, 8));
     let ([g1, g2], _workers) = cluster.processes::<2, 2>();
-    let id = submit_accepted(&g1.url, &text_request("hi")).await;
+    let id = layout.submit_followed(&g1.url, &text_request("hi")).await;
     // Read the first four events from gateway 2, then drop the connection.
     let head = read_events(event_stream(&g2.url, &id).await, Some(4)).await;
     let last_seen = head[3]["sequence"].as_u64().unwrap();
@@ -35,7 +44,19 @@ async fn submit_on_one_gateway_stream_and_resume_on_another() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_idempotency_key_across_gateways_gives_one_execution_and_one_run() {
-    let cluster = Cluster::start(&chunked_mock(50, 3));
+    one_key_across_gateways(Layout::Single).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_idempotency_key_across_gateways_gives_one_run_with_partitions() {
+    one_key_across_gateways(Layout::Partitioned).await;
+}
+
+/// 50 concurrent submits of one key over two gateways. With several partitions the executions
+/// created for the key (one per submit that reached a gateway before the key was bound) fall
+/// in different partitions, so the one answered and the ones closed unrun do too.
+async fn one_key_across_gateways(layout: Layout) {
+    let cluster = layout.cluster(&chunked_mock(50, 3));
     let ([g1, g2], _workers) = cluster.processes::<2, 2>();
     let key = unique_key();
     let mut tasks = Vec::new();
@@ -79,7 +100,7 @@ async fn one_idempotency_key_across_gateways_gives_one_execution_and_one_run() {
     // until a listing of the logs finds nothing new.
     let mut checked = HashSet::from([id.clone()]);
     poll_until(PROMPT, Duration::from_millis(500), async || {
-        let logged = logged_executions(&cluster).await;
+        let logged = logged_executions(&cluster, layout).await;
         let new: Vec<String> = logged
             .into_iter()
             .filter(|other| !checked.contains(other))
@@ -104,24 +125,30 @@ async fn one_idempotency_key_across_gateways_gives_one_execution_and_one_run() {
     eprintln!("{} executions created for one key", checked.len());
 }
 
-/// The executions that have a log in `cluster`'s (one-stream) events stream.
-async fn logged_executions(cluster: &Cluster) -> Vec<String> {
+/// The executions that have a log in any of `cluster`'s events streams.
+async fn logged_executions(cluster: &Cluster, layout: Layout) -> Vec<String> {
     use futures_util::TryStreamExt;
     let js = testkit::jetstream::connect(&cluster.nats.url()).await;
-    let upper = cluster.namespace.to_ascii_uppercase();
-    let stream = js.get_stream(format!("{upper}_EVENTS")).await.unwrap();
-    let prefix = format!("{}.events.", cluster.namespace);
-    let subjects: Vec<(String, usize)> = stream
-        .info_with_subjects(format!("{prefix}>"))
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
-    subjects
-        .into_iter()
-        .map(|(subject, _)| subject.trim_start_matches(&prefix).to_owned())
-        .collect()
+    let shards =
+        runtime::nats::EventShards::new(cluster.namespace.clone(), layout.partitions()).unwrap();
+    let mut logged = Vec::new();
+    for shard in 0..layout.partitions() {
+        let stream = js.get_stream(shards.stream(shard)).await.unwrap();
+        let subjects: Vec<(String, usize)> = stream
+            .info_with_subjects(shards.subjects(shard))
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        // A log's subject ends with its execution's id.
+        logged.extend(
+            subjects
+                .into_iter()
+                .filter_map(|(subject, _)| subject.rsplit('.').next().map(str::to_owned)),
+        );
+    }
+    logged
 }
 
 /// How many of `events` are of type `kind`.
@@ -157,9 +184,10 @@ async fn wait_for_events(gateway: &str, id: &str, pred: impl Fn(&[Value]) -> boo
     .await
 }
 
-/// Submits a text request and waits until its first output delta is in the log.
-async fn streaming_execution(base: &str) -> String {
-    let id = submit_accepted(base, &text_request("hi")).await;
+/// Submits a text request (of `layout`'s followed partition) and waits until its first output
+/// delta is in the log.
+async fn streaming_execution(base: &str, layout: Layout) -> String {
+    let id = layout.submit_followed(base, &text_request("hi")).await;
     wait_for_events(base, &id, |e| types(e).contains(&"output.delta")).await;
     id
 }
@@ -168,11 +196,13 @@ async fn streaming_execution(base: &str) -> String {
 /// worker, which takes the redelivered job after the lease lapses. Returns what runs (the
 /// signalled worker before the other), the execution's id and its terminal snapshot.
 async fn lose_the_worker(
+    layout: Layout,
     deployment: &Value,
     signal: &str,
 ) -> (Cluster, Gateway, Process, Process, String, Value) {
-    let (cluster, gateway, first) = gateway_and_worker(deployment);
-    let id = streaming_execution(&gateway.url).await;
+    let cluster = layout.cluster(deployment);
+    let ([gateway], [first]) = cluster.processes::<1, 1>();
+    let id = streaming_execution(&gateway.url, layout).await;
     first.signal(signal);
     let second = cluster.worker();
     let snap = wait_terminal(&gateway.url, &id).await;
@@ -181,8 +211,17 @@ async fn lose_the_worker(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_leaves_exactly_one_terminal_and_no_repeated_output() {
+    killed_worker(Layout::Single).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_leaves_one_terminal_and_no_repeat_with_partitions() {
+    killed_worker(Layout::Partitioned).await;
+}
+
+async fn killed_worker(layout: Layout) {
     let (_cluster, gateway, _first, _second, id, snap) =
-        lose_the_worker(&chunked_mock(300, 20), "KILL").await;
+        lose_the_worker(layout, &chunked_mock(300, 20), "KILL").await;
     assert_eq!(snap["status"], "failed");
     assert_eq!(snap["error"]["code"], "internal_error");
     assert_eq!(snap["error"]["retryable"], false);
@@ -210,8 +249,17 @@ async fn a_killed_worker_leaves_exactly_one_terminal_and_no_repeated_output() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_worker_that_resumes_cannot_append() {
+    stopped_worker(Layout::Single).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_worker_that_resumes_cannot_append_with_partitions() {
+    stopped_worker(Layout::Partitioned).await;
+}
+
+async fn stopped_worker(layout: Layout) {
     let (_cluster, gateway, zombie, _healthy, id, snap) =
-        lose_the_worker(&chunked_mock(400, 30), "STOP").await;
+        lose_the_worker(layout, &chunked_mock(400, 30), "STOP").await;
     assert_eq!(snap["error"]["code"], "internal_error");
     let final_sequence = snap["last_sequence"].as_u64().unwrap();
     zombie.signal("CONT");

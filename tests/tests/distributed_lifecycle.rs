@@ -39,12 +39,20 @@ async fn cancel(base: &str, id: &str) -> (u16, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_execution_is_cancelled_by_any_gateway_and_never_runs() {
-    let cluster = Cluster::start(&slow_mock());
+    cancel_queued(Layout::Single).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_execution_of_any_partition_is_cancelled_and_never_runs() {
+    cancel_queued(Layout::Partitioned).await;
+}
+
+async fn cancel_queued(layout: Layout) {
+    let cluster = layout.cluster(&slow_mock());
     let g1 = cluster.gateway();
     let g2 = cluster.gateway();
     // No worker yet: the job waits in the queue.
-    let (_, sub) = submit(&g1.url, &text_request("hi"), None).await;
-    let id = sub["execution_id"].as_str().unwrap().to_owned();
+    let id = layout.submit_followed(&g1.url, &text_request("hi")).await;
     let (status, body) = cancel(&g2.url, &id).await;
     assert_eq!(status, 202, "{body}");
     assert_eq!(body["status"], "cancellation_requested");
@@ -66,12 +74,20 @@ async fn a_queued_execution_is_cancelled_by_any_gateway_and_never_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_execution_is_cancelled_from_another_gateway() {
-    let cluster = Cluster::start(&slow_mock());
+    cancel_running(Layout::Single).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_execution_of_any_partition_is_cancelled_from_another_gateway() {
+    cancel_running(Layout::Partitioned).await;
+}
+
+async fn cancel_running(layout: Layout) {
+    let cluster = layout.cluster(&slow_mock());
     let g1 = cluster.gateway();
     let g2 = cluster.gateway();
     let _worker = cluster.worker();
-    let (_, sub) = submit(&g1.url, &text_request("hi"), None).await;
-    let id = sub["execution_id"].as_str().unwrap().to_owned();
+    let id = layout.submit_followed(&g1.url, &text_request("hi")).await;
     // Wait until the worker has claimed it.
     let deadline = Instant::now() + PROMPT;
     loop {
