@@ -24,6 +24,7 @@
 
 mod client;
 mod plot;
+mod profile;
 mod raw;
 mod report;
 mod run;
@@ -184,6 +185,11 @@ struct Args {
     /// --spawn: keep every spawned process's log in this directory (`gateway.log`, ...).
     #[arg(long)]
     log_dir: Option<PathBuf>,
+    /// --spawn: profile the processes after the warm-up into this directory: nats-server's Go
+    /// CPU and block profiles, `perf` of the gateways and workers where perf runs (see
+    /// `bench/src/profile.rs`). Profiling slows the run: its figures are not comparable.
+    #[arg(long)]
+    profile_dir: Option<PathBuf>,
     /// Write `LABEL.json` and SVG charts of this run into this directory.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -307,6 +313,11 @@ fn validate(args: &Args) -> Result<(), String> {
     if args.backend == Backend::Nats && !args.spawn {
         return Err("--backend nats starts its own stack: it needs --spawn".into());
     }
+    if args.profile_dir.is_some() && !args.spawn {
+        return Err(
+            "--profile-dir profiles the processes the harness starts: it needs --spawn".into(),
+        );
+    }
     if args.nats_cluster == 0 || args.worker_procs == 0 {
         return Err("--nats-cluster and --worker-procs must be at least 1".into());
     }
@@ -394,8 +405,9 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         worker_slots: exec_slots.unwrap_or(64),
         replicas: args.replicas,
         log_dir: args.log_dir.clone(),
+        profiling: args.profile_dir.is_some(),
     };
-    if let Some(dir) = &args.log_dir {
+    for dir in [&args.log_dir, &args.profile_dir].into_iter().flatten() {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
@@ -545,7 +557,29 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         timeline_bucket: Duration::from_secs_f64(args.timeline_bucket),
         clock_ticks: clock_ticks(),
     };
+    let profiling = args.profile_dir.clone().map(|dir| {
+        let targets = profile::Targets {
+            nats: stack
+                .as_ref()
+                .map(|s| s.nats_profiling.clone())
+                .unwrap_or_default(),
+            processes: plan
+                .processes
+                .iter()
+                .filter(|(name, _)| name.starts_with("gateway") || name.starts_with("worker"))
+                .cloned()
+                .collect(),
+        };
+        let window = profile::Window::of_run(args.warmup, load.duration_s);
+        tokio::spawn(profile::capture(dir, window, targets, probe.clone()))
+    });
     let outcome = run::run(api, plan).await;
+    if let Some(profiling) = profiling {
+        match profiling.await {
+            Ok(lines) => lines.iter().for_each(|l| eprintln!("bench: profile {l}")),
+            Err(e) => eprintln!("bench: profiling failed: {e}"),
+        }
+    }
 
     let jetstream = match (&js, &stack) {
         (Some((js, before)), Some(stack)) => {

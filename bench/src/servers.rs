@@ -38,6 +38,9 @@ pub struct StackPlan {
     pub replicas: u8,
     /// Where the logs of every process go (discarded when unset).
     pub log_dir: Option<PathBuf>,
+    /// Open each node's Go profiling port (`prof_port`, with block profiling) for
+    /// `--profile-dir` ([`crate::profile`]).
+    pub profiling: bool,
 }
 
 /// A named child process, killed (SIGKILL) and reaped on drop.
@@ -65,6 +68,8 @@ pub struct Stack {
     nats: Vec<Proc>,
     /// Client URL of every NATS node.
     pub nats_urls: Vec<String>,
+    /// `(name, prof_port)` of every NATS node, when the plan asked for profiling.
+    pub nats_profiling: Vec<(String, u16)>,
     pub redis_url: String,
     pub namespace: String,
     dir: PathBuf,
@@ -119,6 +124,8 @@ pub struct NodePorts {
     pub client: u16,
     pub cluster: u16,
     pub monitor: u16,
+    /// Go's profiling endpoint (`/debug/pprof/`), when profiled.
+    pub profile: Option<u16>,
 }
 
 /// The configuration file of node `i` of `nodes` (the same settings as `deploy/nats/nats.conf`,
@@ -140,6 +147,14 @@ pub fn nats_config(
         conf.push_str(&format!("    sync_interval: {sync:?}\n"));
     }
     conf.push_str("}\n");
+    if let Some(port) = me.profile {
+        // Block profiling samples one event per this many nanoseconds spent blocked (on a
+        // mutex, a channel, a select): enough to see where goroutines wait, at little cost.
+        conf.push_str(&format!(
+            "\nprof_port: {port}\nprof_block_rate: {}\n",
+            crate::profile::NATS_BLOCK_RATE_NS
+        ));
+    }
     if nodes.len() > 1 {
         let routes: Vec<String> = nodes
             .iter()
@@ -178,18 +193,20 @@ impl Stack {
             redis: None,
             nats: Vec::new(),
             nats_urls: Vec::new(),
+            nats_profiling: Vec::new(),
             redis_url: String::new(),
             namespace: unique_namespace(),
             dir,
         };
         let nats_bin = nats_server_binary(plan.nats_server.as_deref())?;
         let n = plan.nats_nodes.max(1);
-        let ports = free_ports(3 * n + 1);
+        let ports = free_ports(4 * n + 1);
         let nodes: Vec<NodePorts> = (0..n)
             .map(|i| NodePorts {
-                client: ports[3 * i],
-                cluster: ports[3 * i + 1],
-                monitor: ports[3 * i + 2],
+                client: ports[4 * i],
+                cluster: ports[4 * i + 1],
+                monitor: ports[4 * i + 2],
+                profile: plan.profiling.then_some(ports[4 * i + 3]),
             })
             .collect();
         for i in 0..n {
@@ -207,6 +224,9 @@ impl Stack {
                 .stderr(log_target(plan.log_dir.as_deref(), &name)?)
                 .spawn()
                 .map_err(|e| format!("cannot start {}: {e}", nats_bin.display()))?;
+            if let Some(port) = nodes[i].profile {
+                stack.nats_profiling.push((name.clone(), port));
+            }
             stack.nats.push(Proc::new(name, child));
             stack
                 .nats_urls
@@ -228,7 +248,7 @@ impl Stack {
                 .await?;
         }
 
-        let redis_port = ports[3 * n];
+        let redis_port = ports[4 * n];
         let redis_bin = std::env::var_os("MRT_REDIS_SERVER")
             .map_or_else(|| PathBuf::from("redis-server"), PathBuf::from);
         let child = Command::new(&redis_bin)
@@ -458,16 +478,19 @@ mod tests {
                 client: 1,
                 cluster: 11,
                 monitor: 21,
+                profile: None,
             },
             NodePorts {
                 client: 2,
                 cluster: 12,
                 monitor: 22,
+                profile: Some(32),
             },
             NodePorts {
                 client: 3,
                 cluster: 13,
                 monitor: 23,
+                profile: None,
             },
         ];
         let conf = nats_config(1, &nodes, Path::new("/tmp/x"), Some("always"));
@@ -478,8 +501,10 @@ mod tests {
         assert!(conf.contains("sync_interval: \"always\""));
         assert!(conf.contains("listen: 127.0.0.1:12\n"));
         assert!(conf.contains("routes: [nats://127.0.0.1:11, nats://127.0.0.1:13]"));
+        assert!(conf.contains("\nprof_port: 32\nprof_block_rate: "));
         let single = nats_config(0, &nodes[..1], Path::new("/tmp/x"), None);
         assert!(!single.contains("cluster") && !single.contains("sync_interval"));
+        assert!(!single.contains("prof_port"));
     }
 
     #[test]
