@@ -32,6 +32,9 @@
 #      s's headline rows, 4,096 token streams with 4 workers, the I/O-bound workers 1/2/4, a 3-node
 #      R3 cluster, embedded), so that a run cut short by a time limit still has the first
 #      (scripts/bench-device.sh)
+#   p  issue 31 item 3: group t's zero-delay runs (8 and 1 partitions) and its 4,096 token
+#      streams again, profiled (bench --profile-dir OUT/profiles/LABEL; scripts/pack-profiling.sh
+#      makes a device pack able to)
 #
 # Environment: SKIP_BUILD=1 uses the binaries as they are; BIN_DIR (gateway and worker, default
 # ${CARGO_TARGET_DIR:-target}/release); BENCH_BIN (default $BIN_DIR/bench); DURATION (measured seconds of most runs, default 20);
@@ -271,8 +274,22 @@ for group in $GROUPS_TO_RUN; do
       --worker-procs 4 "${zero[@]}"
     run t-embedded-c256 --backend embedded "${zero[@]}"
     ;;
+  p)
+    # Where the time goes in group t's headline runs (bench --profile-dir): nats-server's Go CPU
+    # and block profiles, perf of the gateway and workers where perf runs, into
+    # OUT/profiles/LABEL/. Profiling slows a run: compare its figures with group t's, not as targets.
+    zero=(-c 256 --provider-concurrency 256 --max-active-executions 100000 --warmup 3 --ramp-up 1
+      "${T[@]}")
+    for p in 8 1; do
+      MODEL_RUNTIME_PARTITIONS=$p run "p-zero-p$p-w4" --backend nats --worker-procs 4 \
+        --profile-dir "$RUN_OUT/profiles/p-zero-p$p-w4" "${zero[@]}"
+    done
+    MODEL_RUNTIME_PARTITIONS=8 run p-tokens-c4096 --backend nats --worker-procs 4 -c 4096 \
+      --provider-concurrency 4096 --max-active-executions 100000 --warmup 3 --ramp-up 1 \
+      --timeout 60 --profile-dir "$RUN_OUT/profiles/p-tokens-c4096" "${STREAM[@]}" "${T[@]}"
+    ;;
   *)
-    echo "unknown group $group (a b c d s t)" >&2
+    echo "unknown group $group (a b c d p s t)" >&2
     exit 2
     ;;
   esac

@@ -2,13 +2,15 @@
 # Issue 31's many-core measurements in one call on a borrowed machine that has no Rust, NATS,
 # Redis or package registry (the `device` tool's 16-core machine): pack here, run there.
 #
-#   ../shared/tools/pack-release.sh .pack                 # here; "/.pack/" in .git/info/exclude
+#   ../shared/tools/pack-release.sh .pack && scripts/pack-profiling.sh .pack   # here; "/.pack/"
+#                                                           # in .git/info/exclude
 #   eval "$(bash .pack/unpack.sh)"; scripts/bench-device.sh "$OUT"      # there, carrying .pack
 #
 # Writes OUT/machine.txt (cores, CPU, memory), then runs scripts/bench-all.sh group t (the runs
-# the targets are judged by, most important first), then group s (the whole scaling matrix,
-# partitions S_PARTITIONS, default "1 8") while time is left, then the tenants' fairness run
-# when python3 is there. Nothing starts after BUDGET seconds (default 500; one device call may
+# the targets are judged by, most important first), group p (the headline runs again, profiled
+# into OUT/profiles/: read nats-server's with `go tool pprof -top FILE` here), then group s (the
+# whole scaling matrix, partitions S_PARTITIONS, default "1 8") while time is left, then the
+# tenants' fairness run when python3 is there. Nothing starts after BUDGET seconds (default 500; one device call may
 # run 600): the group under way is stopped and what it finished stays. OUT/summary.txt has each
 # run's throughput, latencies and cores per process.
 set -uo pipefail
@@ -34,7 +36,7 @@ cat "$OUT/machine.txt"
 export SKIP_BUILD=1 BIN_DIR=${BIN_DIR:-$PACK/bin} QUIET_MAX=${QUIET_MAX:-0}
 export DURATION=${DURATION:-10} S_PARTITIONS=${S_PARTITIONS:-1 8}
 
-for group in t s; do
+for group in t p s; do
   budget=$(left)
   if [ "$budget" -lt 30 ]; then
     echo "group $group not started: $budget s left" >> "$OUT/summary.txt"
@@ -51,9 +53,9 @@ if command -v python3 > /dev/null && [ "$(left)" -gt 60 ]; then
   echo "fairness: exit $?" >> "$OUT/summary.txt"
 fi
 
-for report in "$OUT"/[ts]-*.txt; do
+for report in "$OUT"/[tps]-*.txt; do
   [ -e "$report" ] || continue
   echo "== $(basename "$report" .txt)"
-  grep -E 'throughput:|ok .*failed|first delta|terminal \(|cores per process' "$report"
+  grep -E 'throughput:|ok .*failed|first delta|terminal \(|cores per process|bench: profile' "$report"
 done >> "$OUT/summary.txt"
 cat "$OUT/summary.txt"
