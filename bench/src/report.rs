@@ -35,6 +35,8 @@ pub struct Setup {
     pub replicas: Option<u8>,
     /// JetStream `sync_interval` the harness set (`None`: the server's default).
     pub sync_interval: Option<String>,
+    /// Whether nats-server's subscription match cache was on (`--nats-sublist-cache`).
+    pub sublist_cache: Option<bool>,
     pub worker_processes: Option<usize>,
     /// Gateway processes the harness started (nats mode).
     pub gateways: Option<u16>,
@@ -450,6 +452,7 @@ mod tests {
                 nats_nodes: None,
                 replicas: None,
                 sync_interval: None,
+                sublist_cache: None,
                 worker_processes: None,
                 gateways: None,
                 exec_slots: None,

@@ -29,6 +29,9 @@ pub struct StackPlan {
     pub nats_nodes: usize,
     /// JetStream `sync_interval` (`always`, or a duration such as `2m`); server default if unset.
     pub sync_interval: Option<String>,
+    /// Keep the server's subscription match cache (`no_sublist_cache: false`); off as in
+    /// `deploy/nats/nats.conf` unless set.
+    pub sublist_cache: bool,
     pub worker_bin: PathBuf,
     /// Worker processes.
     pub workers: usize,
@@ -135,6 +138,7 @@ pub fn nats_config(
     nodes: &[NodePorts],
     store_dir: &Path,
     sync_interval: Option<&str>,
+    sublist_cache: bool,
 ) -> String {
     let me = nodes[i];
     let mut conf = format!(
@@ -147,6 +151,9 @@ pub fn nats_config(
         conf.push_str(&format!("    sync_interval: {sync:?}\n"));
     }
     conf.push_str("}\n");
+    if !sublist_cache {
+        conf.push_str("no_sublist_cache: true\n");
+    }
     if let Some(port) = me.profile {
         // Block profiling samples one event per this many nanoseconds spent blocked (on a
         // mutex, a channel, a select): enough to see where goroutines wait, at little cost.
@@ -212,7 +219,13 @@ impl Stack {
         for i in 0..n {
             let store = stack.dir.join(format!("js-n{i}"));
             let conf_path = stack.dir.join(format!("nats-n{i}.conf"));
-            let conf = nats_config(i, &nodes, &store, plan.sync_interval.as_deref());
+            let conf = nats_config(
+                i,
+                &nodes,
+                &store,
+                plan.sync_interval.as_deref(),
+                plan.sublist_cache,
+            );
             std::fs::write(&conf_path, conf)
                 .map_err(|e| format!("cannot write {}: {e}", conf_path.display()))?;
             let name = format!("nats-n{i}");
@@ -493,18 +506,19 @@ mod tests {
                 profile: None,
             },
         ];
-        let conf = nats_config(1, &nodes, Path::new("/tmp/x"), Some("always"));
+        let conf = nats_config(1, &nodes, Path::new("/tmp/x"), Some("always"), false);
         assert!(conf.contains("server_name: n1\n"));
         assert!(conf.contains("listen: 127.0.0.1:2\n"));
         assert!(conf.contains("http: 127.0.0.1:22\n"));
         assert!(conf.contains("store_dir: \"/tmp/x\""));
         assert!(conf.contains("sync_interval: \"always\""));
+        assert!(conf.contains("\nno_sublist_cache: true\n"));
         assert!(conf.contains("listen: 127.0.0.1:12\n"));
         assert!(conf.contains("routes: [nats://127.0.0.1:11, nats://127.0.0.1:13]"));
         assert!(conf.contains("\nprof_port: 32\nprof_block_rate: "));
-        let single = nats_config(0, &nodes[..1], Path::new("/tmp/x"), None);
+        let single = nats_config(0, &nodes[..1], Path::new("/tmp/x"), None, true);
         assert!(!single.contains("cluster") && !single.contains("sync_interval"));
-        assert!(!single.contains("prof_port"));
+        assert!(!single.contains("prof_port") && !single.contains("sublist"));
     }
 
     #[test]
