@@ -553,6 +553,10 @@ fn jobs_stream_config(s: &NatsSettings, events: &EventShards, partition: u16) ->
         max_messages: partition_max_jobs(s.max_jobs, events.count()),
         discard: stream::DiscardPolicy::New,
         max_age: s.retention,
+        // A worker asks whether a job it holds was withdrawn with a direct get where one
+        // replica makes that exact (`job_queue::delivery`), keeping the question out of the
+        // server's JetStream API queue.
+        allow_direct: true,
         duplicate_window: reconcile::duplicate_window(DUPLICATE_WINDOW, s.retention),
         num_replicas: s.replicas,
         ..Default::default()

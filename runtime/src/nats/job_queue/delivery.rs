@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::AckKind;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::message::Acker;
-use async_nats::jetstream::stream::{RawMessageErrorKind, Stream};
+use async_nats::jetstream::stream::{DirectGetErrorKind, RawMessageErrorKind, Stream};
 use async_trait::async_trait;
 use bytes::Bytes;
 
@@ -181,8 +181,23 @@ impl DeliveryHandle for NatsDelivery {
             .map_err(|e| unavailable("release", e))
     }
 
+    /// Asked of the server that applied the delete, if any: with one replica a direct get,
+    /// answered by that server as it reads the request; with replicas, where any of them may
+    /// answer a direct get (one that has not applied the delete yet too), the stream's
+    /// message-get API, answered by its leader. The API's requests wait in the server's one
+    /// JetStream API queue, which under load backs up and drops what it holds (every API
+    /// request of every client then times out), so the direct get is taken wherever it is
+    /// exact: a worker asks this after every job that came before its log, which under load
+    /// is most of them.
     async fn withdrawn(&self) -> Result<bool, StoreError> {
-        // A plain (not direct) get is answered by the stream leader, which applied the delete.
+        let config = &self.stream.cached_info().config;
+        if config.allow_direct && config.num_replicas <= 1 {
+            return match self.stream.direct_get(self.stream_sequence).await {
+                Ok(_) => Ok(false),
+                Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(true),
+                Err(e) => Err(unavailable("job lookup", e)),
+            };
+        }
         match self.stream.get_raw_message(self.stream_sequence).await {
             Ok(_) => Ok(false),
             Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(true),

@@ -25,16 +25,18 @@
 //! lease below a third of the old one while executions run may still cost them a
 //! redelivery.)
 //!
-//! `scan` reads held jobs with the stream's message-get API (`next_by_subj` from a sequence),
-//! one request per job: a WorkQueue stream admits no second consumer overlapping the workers'
-//! one, and a get neither takes nor delays a delivery. Acknowledged jobs are gone from the
+//! `scan` reads held jobs with direct gets (`next_by_subj` from a sequence; the message-get
+//! API on a stream created before its jobs streams allowed them), one request per job: a
+//! WorkQueue stream admits no second consumer overlapping the workers' one, and a get neither
+//! takes nor delays a delivery. Acknowledged jobs are gone from the
 //! stream, so a scan reads only jobs waiting or running (at most `max_jobs`).
 //!
 //! `withdraw` (a submission that failed after its job may have been stored) publishes the job
 //! again under the same `Nats-Msg-Id`: inside the duplicate window the server answers with the
 //! stored original's sequence (or stores it now if the first publish never landed), and that
 //! sequence is then deleted. Deleting a job a worker holds makes its ack a no-op; the worker
-//! learns of it through `withdrawn`, a get of its delivery's sequence from the stream leader.
+//! learns of it through `withdrawn`, a get of its delivery's sequence from the server that
+//! applied the delete (a direct get with one replica, else the stream leader's message get).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -43,7 +45,9 @@ use std::time::Duration;
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::consumer;
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::stream::{DeleteMessageErrorKind, RawMessageErrorKind, Stream};
+use async_nats::jetstream::stream::{
+    DeleteMessageErrorKind, DirectGetErrorKind, RawMessageErrorKind, Stream,
+};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -616,19 +620,40 @@ impl JobQueue for NatsJobQueue {
         } else {
             source.subject.clone()
         };
+        // Direct gets where the stream allows them: answered by the server as it reads the
+        // request, not through its one JetStream API queue, which every process's sweeper would
+        // otherwise fill with a request per job. Any replica may answer one: one behind its
+        // leader ends this scan early (the next sweep goes on from the cursor) or returns a
+        // job already acknowledged (indexed, then found done at its deadline): neither loses
+        // a deadline.
+        let direct = stream.cached_info().config.allow_direct;
         let mut out = Vec::new();
         let mut next = after.saturating_add(1);
         while out.len() < limit {
-            let message = match stream
-                .raw_message_builder()
-                .sequence(next)
-                .next_by_subject(subjects.clone())
-                .send()
-                .await
-            {
-                Ok(message) => message,
-                Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => break,
-                Err(e) => return Err(unavailable("scan jobs", e)),
+            let got = if direct {
+                match stream
+                    .direct_get_next_for_subject(subjects.clone(), Some(next))
+                    .await
+                {
+                    Ok(message) => Some(message),
+                    Err(e) if e.kind() == DirectGetErrorKind::NotFound => None,
+                    Err(e) => return Err(unavailable("scan jobs", e)),
+                }
+            } else {
+                match stream
+                    .raw_message_builder()
+                    .sequence(next)
+                    .next_by_subject(subjects.clone())
+                    .send()
+                    .await
+                {
+                    Ok(message) => Some(message),
+                    Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => None,
+                    Err(e) => return Err(unavailable("scan jobs", e)),
+                }
+            };
+            let Some(message) = got else {
+                break;
             };
             next = message.sequence.saturating_add(1);
             // Only the two fields a scan needs: the request is skipped, never built.
