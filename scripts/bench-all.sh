@@ -33,7 +33,7 @@
 #      R3 cluster, embedded), so that a run cut short by a time limit still has the first
 #      (scripts/bench-device.sh)
 #   p  issue 31 item 3: group t's zero-delay runs (8 and 1 partitions; 8 again with nats-server's
-#      subscription match cache on) and its 4,096 token streams again, profiled (bench
+#      subscription match cache off) and its 4,096 token streams again, profiled (bench
 #      --profile-dir OUT/profiles/LABEL; scripts/pack-profiling.sh makes a device pack able to)
 #
 # Environment: SKIP_BUILD=1 uses the binaries as they are; BIN_DIR (gateway and worker, default
@@ -284,10 +284,11 @@ for group in $GROUPS_TO_RUN; do
       MODEL_RUNTIME_PARTITIONS=$p run "p-zero-p$p-w4" --backend nats --worker-procs 4 \
         --profile-dir "$RUN_OUT/profiles/p-zero-p$p-w4" "${zero[@]}"
     done
-    # The same with nats-server's subscription match cache on (its default; deploy/nats/nats.conf
-    # turns it off): the lock waits of its block profile against p-zero-p8-w4's.
-    MODEL_RUNTIME_PARTITIONS=8 run p-zero-p8-w4-sublist-cache --backend nats --worker-procs 4 \
-      --nats-sublist-cache --profile-dir "$RUN_OUT/profiles/p-zero-p8-w4-sublist-cache" "${zero[@]}"
+    # The same with nats-server's subscription match cache off: the lock waits of its block
+    # profile against p-zero-p8-w4's (BENCHMARKS.md, "The subscription match cache").
+    MODEL_RUNTIME_PARTITIONS=8 run p-zero-p8-w4-no-sublist-cache --backend nats --worker-procs 4 \
+      --nats-no-sublist-cache --profile-dir "$RUN_OUT/profiles/p-zero-p8-w4-no-sublist-cache" \
+      "${zero[@]}"
     MODEL_RUNTIME_PARTITIONS=8 run p-tokens-c4096 --backend nats --worker-procs 4 -c 4096 \
       --provider-concurrency 4096 --max-active-executions 100000 --warmup 3 --ramp-up 1 \
       --timeout 60 --profile-dir "$RUN_OUT/profiles/p-tokens-c4096" "${STREAM[@]}" "${T[@]}"

@@ -179,12 +179,12 @@ struct Args {
     /// `2m`); the server's default when unset.
     #[arg(long)]
     sync_interval: Option<String>,
-    /// --backend nats: keep nats-server's subscription match cache on (the server's default).
-    /// Off by default as in `deploy/nats/nats.conf` (`no_sublist_cache`): a publish to a subject
-    /// the cache misses takes the account's subscription-list write lock, and this workload's
-    /// subjects are new per execution (docs/scaling.md, "What one execution costs").
+    /// --backend nats: turn nats-server's subscription match cache off (`no_sublist_cache`;
+    /// on in `deploy/nats/nats.conf`, the server's default): fewer lock waits at a few messages
+    /// per execution, a collapse with thousands of live readers (BENCHMARKS.md, "The
+    /// subscription match cache").
     #[arg(long)]
-    nats_sublist_cache: bool,
+    nats_no_sublist_cache: bool,
     /// --backend nats: nats-server binary (default: MRT_NATS_SERVER, the pip-installed one, PATH).
     #[arg(long)]
     nats_server: Option<PathBuf>,
@@ -406,7 +406,7 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         nats_server: args.nats_server.clone(),
         nats_nodes: args.nats_cluster,
         sync_interval: args.sync_interval.clone(),
-        sublist_cache: args.nats_sublist_cache,
+        sublist_cache: !args.nats_no_sublist_cache,
         worker_bin: args.worker_bin.clone(),
         workers: args.worker_procs,
         worker_slots: exec_slots.unwrap_or(64),
@@ -635,7 +635,7 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         nats_nodes: (args.backend == Backend::Nats).then_some(args.nats_cluster),
         replicas: (args.backend == Backend::Nats).then_some(args.replicas),
         sync_interval: args.sync_interval.clone(),
-        sublist_cache: (args.backend == Backend::Nats).then_some(args.nats_sublist_cache),
+        sublist_cache: (args.backend == Backend::Nats).then_some(!args.nats_no_sublist_cache),
         worker_processes: (args.backend == Backend::Nats).then_some(args.worker_procs),
         gateways: (args.backend == Backend::Nats).then_some(args.gateways),
         exec_slots,

@@ -35,7 +35,7 @@ pub struct Setup {
     pub replicas: Option<u8>,
     /// JetStream `sync_interval` the harness set (`None`: the server's default).
     pub sync_interval: Option<String>,
-    /// Whether nats-server's subscription match cache was on (`--nats-sublist-cache`).
+    /// Whether nats-server's subscription match cache was on (off: `--nats-no-sublist-cache`).
     pub sublist_cache: Option<bool>,
     pub worker_processes: Option<usize>,
     /// Gateway processes the harness started (nats mode).

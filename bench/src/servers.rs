@@ -29,8 +29,8 @@ pub struct StackPlan {
     pub nats_nodes: usize,
     /// JetStream `sync_interval` (`always`, or a duration such as `2m`); server default if unset.
     pub sync_interval: Option<String>,
-    /// Keep the server's subscription match cache (`no_sublist_cache: false`); off as in
-    /// `deploy/nats/nats.conf` unless set.
+    /// Keep the server's subscription match cache (its default, as in `deploy/nats/nats.conf`);
+    /// `false` writes `no_sublist_cache: true`.
     pub sublist_cache: bool,
     pub worker_bin: PathBuf,
     /// Worker processes.
