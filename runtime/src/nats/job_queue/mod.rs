@@ -28,8 +28,8 @@
 //! `scan` reads held jobs with direct gets (`next_by_subj` from a sequence; the message-get
 //! API on a stream created before its jobs streams allowed them), one request per job: a
 //! WorkQueue stream admits no second consumer overlapping the workers' one, and a get neither
-//! takes nor delays a delivery. Acknowledged jobs are gone from the
-//! stream, so a scan reads only jobs waiting or running (at most `max_jobs`).
+//! takes nor delays a delivery. Acknowledged jobs are gone from the stream, so a scan reads
+//! only jobs waiting or running (at most `max_jobs`).
 //!
 //! `withdraw` (a submission that failed after its job may have been stored) publishes the job
 //! again under the same `Nats-Msg-Id`: inside the duplicate window the server answers with the
