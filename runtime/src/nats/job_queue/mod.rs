@@ -26,7 +26,7 @@
 //! redelivery.)
 //!
 //! `scan` reads held jobs with direct gets (`next_by_subj` from a sequence; the message-get
-//! API on a stream created before its jobs streams allowed them), one request per job: a
+//! API where a stream does not allow direct gets), one request per job: a
 //! WorkQueue stream admits no second consumer overlapping the workers' one, and a get neither
 //! takes nor delays a delivery. Acknowledged jobs are gone from the stream, so a scan reads
 //! only jobs waiting or running (at most `max_jobs`).
