@@ -117,8 +117,16 @@ fn connected_entry(pool: &[Server], info: &async_nats::ServerInfo) -> Option<Ser
     matching.next().is_none().then(|| first.addr.clone())
 }
 
-/// How recent a write's timeout must be to count as the connection failing now.
-const WRITE_FAILURE_RECENT: Duration = Duration::from_secs(2);
+/// How recent a write's timeout must be to count as the connection failing now: longer than
+/// the gap between the failed writes of a lone client retrying through a cut (each submit is
+/// answered within 2 s, then retried; with 2 s, the signal lapsed between two of them and the
+/// watch started over), shorter than [`LOST_AFTER`], so that one timeout alone never moves a
+/// connection.
+const WRITE_FAILURE_RECENT: Duration = Duration::from_secs(5);
+
+/// How long a write must have waited for its acknowledgement for its caller's giving up on it
+/// to count as a timeout ([`Writes::abandoned`]).
+pub const ABANDONED_AFTER: Duration = Duration::from_secs(1);
 
 /// What this process's own JetStream writes on a connection say: the probe alone misses a cut
 /// whose minority side holds the meta leader (it keeps answering until it steps down), while
@@ -150,6 +158,15 @@ impl Writes {
     /// A write's acknowledgement timed out, or no server holding its stream answered.
     pub fn timed_out(&self) {
         self.state.lock().last_timed_out = Some(Instant::now());
+    }
+
+    /// A write whose caller stopped waiting for its acknowledgement (a submission's own bound
+    /// ends before the acknowledgement's timeout) after `waited`: a timeout once it waited
+    /// [`ABANDONED_AFTER`], else nothing (the caller went away for its own reasons).
+    pub fn abandoned(&self, waited: Duration) {
+        if waited >= ABANDONED_AFTER {
+            self.timed_out();
+        }
     }
 
     /// Whether the latest write outcome is a recent timeout.
@@ -334,6 +351,21 @@ mod tests {
         writes.timed_out();
         writes.forget();
         assert!(!writes.failing(), "forgotten after a move");
+        writes.abandoned(ABANDONED_AFTER / 2);
+        assert!(!writes.failing(), "given up on early: not a timeout");
+        writes.abandoned(ABANDONED_AFTER);
+        assert!(writes.failing(), "given up on after waiting: a timeout");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_writes_two_seconds_apart_keep_the_connection_failing() {
+        // A lone client retrying through a cut: a submit answered 503 within 2 s, then the next.
+        let writes = Writes::default();
+        for _ in 0..5 {
+            writes.timed_out();
+            tokio::time::advance(Duration::from_millis(2300)).await;
+            assert!(writes.failing(), "between two failed writes");
+        }
     }
 
     #[test]

@@ -44,8 +44,16 @@ impl NatsEventStore {
             Ok(ack) => ack,
             Err(e) => return Err(unavailable("publish", e)),
         };
-        // Outcomes feed the connection's quorum watch (`nats::quorum`).
-        match ack.await {
+        // Outcomes feed the connection's quorum watch (`nats::quorum`), a wait its caller gives
+        // up on too.
+        let mut waiting = AckWait {
+            writes: &lane.writes,
+            since: std::time::Instant::now(),
+            answered: false,
+        };
+        let answer = ack.await;
+        waiting.answered = true;
+        match answer {
             Ok(ack) => {
                 lane.writes.answered();
                 Ok(Ok(ack.sequence))
@@ -138,6 +146,22 @@ impl NatsEventStore {
                     None => Err(StoreError::NotFound),
                 }
             }
+        }
+    }
+}
+
+/// A write waiting for its acknowledgement: dropped unanswered (its caller stopped waiting),
+/// it tells the quorum watch ([`crate::nats::quorum::Writes::abandoned`]).
+struct AckWait<'a> {
+    writes: &'a crate::nats::quorum::Writes,
+    since: std::time::Instant,
+    answered: bool,
+}
+
+impl Drop for AckWait<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.writes.abandoned(self.since.elapsed());
         }
     }
 }
