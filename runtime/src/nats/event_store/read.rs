@@ -48,7 +48,22 @@ const LIVE_RECHECK: Duration = Duration::from_secs(1);
 /// stored in between reaches neither. On a 3-node R3 cluster at c=64 that was about 0.8% of
 /// executions, whose last events then waited for the quiet second (first-delta p99.9 1.04 s;
 /// BENCHMARKS.md, "Quiet re-reads"). A message that arrives shows the path works.
+///
+/// A server outside any cluster republishes and answers the read itself, after taking the
+/// subscription (one connection's requests are taken in order): nothing can fall in between,
+/// so there the first wait is [`LIVE_RECHECK`]. Under load, when executions wait in the queue
+/// longer than these waits, each early re-read is one more read on the readers' connection
+/// for nothing (BENCHMARKS.md, "Quiet re-reads on one server").
 const FIRST_RECHECK: Duration = Duration::from_millis(50);
+
+/// The first quiet wait of a live read on `client`'s connection (see [`FIRST_RECHECK`]).
+fn first_recheck(client: &async_nats::Client) -> Duration {
+    if client.server_info().cluster.is_some() {
+        FIRST_RECHECK
+    } else {
+        LIVE_RECHECK
+    }
+}
 
 /// The stream sequence the server stamped on a republished (stored) message.
 fn stored_sequence(message: &async_nats::Message) -> Option<u64> {
@@ -206,7 +221,7 @@ impl NatsEventStore {
             last_stream_sequence: 0,
             ready: std::collections::VecDeque::new(),
             finished: false,
-            quiet: FIRST_RECHECK,
+            quiet: first_recheck(&self.shard(id).readers.client),
         };
         merge.absorb(history)?;
         let stream = futures_util::stream::unfold(merge, |mut merge| async move {
