@@ -182,6 +182,20 @@ pub struct NatsBackend {
 pub(crate) struct Readers {
     pub(crate) client: async_nats::Client,
     pub(crate) replies: replies::Replies,
+    /// Whether the server connected to belongs to a cluster (its INFO names one), read once
+    /// at connect: the servers of one `NATS_URL` are all of one kind. Live reads start
+    /// differently on a cluster (`event_store::read`).
+    pub(crate) clustered: bool,
+}
+
+impl Readers {
+    async fn new(client: async_nats::Client) -> Result<Self, StoreError> {
+        Ok(Self {
+            replies: replies::Replies::new(&client).await?,
+            clustered: client.server_info().cluster.is_some(),
+            client,
+        })
+    }
 }
 
 /// One connection carrying partitions' jobs and appends, with the outcomes of the event writes
@@ -348,11 +362,7 @@ impl NatsBackend {
         // The same servers just accepted these credentials: one attempt within the bound.
         let readers =
             connect_accepted(options("-readers", &readers_selector)?, &servers, deadline).await?;
-        let replies = replies::Replies::new(&readers).await?;
-        let mut reading = vec![Readers {
-            client: readers.clone(),
-            replies,
-        }];
+        let mut reading = vec![Readers::new(readers.clone()).await?];
         let mut js = jetstream::new(client.clone());
         js.set_timeout(settings.request_timeout);
         let events = until_settled(deadline, || ensure_streams(&js, &settings)).await?;
@@ -398,10 +408,7 @@ impl NatsBackend {
                 )
                 .await?;
                 watches.push(watch);
-                reading.push(Readers {
-                    replies: replies::Replies::new(&extra).await?,
-                    client: extra,
-                });
+                reading.push(Readers::new(extra).await?);
             }
         }
         Ok(Self {
@@ -553,9 +560,9 @@ fn jobs_stream_config(s: &NatsSettings, events: &EventShards, partition: u16) ->
         max_messages: partition_max_jobs(s.max_jobs, events.count()),
         discard: stream::DiscardPolicy::New,
         max_age: s.retention,
-        // A worker asks whether a job it holds was withdrawn with a direct get where one
-        // replica makes that exact (`job_queue::delivery`), keeping the question out of the
-        // server's JetStream API queue.
+        // Deadline sweepers' scans, and a worker's question whether a job it holds was
+        // withdrawn where one replica makes that exact, are direct gets (`job_queue`), kept
+        // out of the server's JetStream API queue.
         allow_direct: true,
         duplicate_window: reconcile::duplicate_window(DUPLICATE_WINDOW, s.retention),
         num_replicas: s.replicas,

@@ -29,7 +29,7 @@ use super::format::{decode_message, undecodable};
 use super::{Edge, Fetched, NatsEventStore, owner_of};
 use crate::error::StoreError;
 use crate::event_store::{EventRecord, EventStream};
-use crate::nats::unavailable;
+use crate::nats::{Readers, unavailable};
 
 /// Logs up to this many messages are read by one batched direct get and followed with a plain
 /// subscription; longer ones by an ordered consumer, which batches deliveries.
@@ -56,9 +56,9 @@ const LIVE_RECHECK: Duration = Duration::from_secs(1);
 /// for nothing (BENCHMARKS.md, "Quiet re-reads on one server").
 const FIRST_RECHECK: Duration = Duration::from_millis(50);
 
-/// The first quiet wait of a live read on `client`'s connection (see [`FIRST_RECHECK`]).
-fn first_recheck(client: &async_nats::Client) -> Duration {
-    if client.server_info().cluster.is_some() {
+/// The first quiet wait of a live read on `readers` (see [`FIRST_RECHECK`]).
+fn first_recheck(readers: &Readers) -> Duration {
+    if readers.clustered {
         FIRST_RECHECK
     } else {
         LIVE_RECHECK
@@ -221,7 +221,7 @@ impl NatsEventStore {
             last_stream_sequence: 0,
             ready: std::collections::VecDeque::new(),
             finished: false,
-            quiet: first_recheck(&self.shard(id).readers.client),
+            quiet: first_recheck(&self.shard(id).readers),
         };
         merge.absorb(history)?;
         let stream = futures_util::stream::unfold(merge, |mut merge| async move {
