@@ -374,6 +374,19 @@ fn raise_nofile() -> Option<u64> {
     })
 }
 
+/// The servers' subscription-list counters, or `None` (said on stderr) where a node's
+/// monitoring endpoint does not answer: the report then leaves the figure out.
+async fn sublists(monitors: &[String]) -> Option<servers::SublistCounts> {
+    let http = reqwest::Client::new();
+    match servers::sublist_counts(&http, monitors).await {
+        Ok(counts) => Some(counts),
+        Err(e) => {
+            eprintln!("bench: no subscription-list counts: {e}");
+            None
+        }
+    }
+}
+
 async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
     match args.command.take() {
         Some(Command::Raw(cmd)) => return raw::run(cmd).await,
@@ -521,7 +534,8 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
                 .map_err(|e| format!("cannot connect to NATS: {e}"))?;
             let js = async_nats::jetstream::new(client);
             let before = servers::stream_counts(&js, &stack.namespace).await?;
-            Some((js, before))
+            let subs = sublists(&stack.nats_monitors).await;
+            Some((js, before, subs))
         }
         None => None,
     };
@@ -589,12 +603,20 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
     }
 
     let jetstream = match (&js, &stack) {
-        (Some((js, before)), Some(stack)) => {
+        (Some((js, before, subs_before)), Some(stack)) => {
             let after: StreamCounts = servers::stream_counts(js, &stack.namespace).await?;
+            let subs_after = sublists(&stack.nats_monitors).await;
+            let changes = match (subs_before, subs_after) {
+                (Some(b), Some(a)) => {
+                    Some((a.inserts + a.removes).saturating_sub(b.inserts + b.removes))
+                }
+                _ => None,
+            };
             Some(JetStreamReport::new(
                 format!("{}_EVENTS*", stack.namespace.to_ascii_uppercase()),
                 after.events_last_seq.saturating_sub(before.events_last_seq),
                 after.jobs_last_seq.saturating_sub(before.jobs_last_seq),
+                changes,
                 outcome.settled_all,
             ))
         }

@@ -64,10 +64,21 @@ pub struct JetStreamReport {
     pub executions: u64,
     pub events_per_execution: Option<f64>,
     pub jobs_per_execution: Option<f64>,
+    /// Subscriptions inserted into and removed from the servers' subscription lists over the
+    /// same span, every node summed (`/subsz`); `None` where the monitoring endpoint could not
+    /// be read.
+    pub subscription_changes: Option<u64>,
+    pub subscription_changes_per_execution: Option<f64>,
 }
 
 impl JetStreamReport {
-    pub fn new(events_stream: String, events: u64, jobs: u64, executions: u64) -> Self {
+    pub fn new(
+        events_stream: String,
+        events: u64,
+        jobs: u64,
+        subscription_changes: Option<u64>,
+        executions: u64,
+    ) -> Self {
         let per = |n: u64| (executions > 0).then(|| n as f64 / executions as f64);
         Self {
             events_stream,
@@ -76,6 +87,8 @@ impl JetStreamReport {
             executions,
             events_per_execution: per(events),
             jobs_per_execution: per(jobs),
+            subscription_changes,
+            subscription_changes_per_execution: subscription_changes.and_then(per),
         }
     }
 }
@@ -343,6 +356,13 @@ impl Report {
                 opt(js.events_per_execution),
                 opt(js.jobs_per_execution)
             );
+            if let Some(changes) = js.subscription_changes {
+                let _ = writeln!(
+                    s,
+                    "  NATS subscription list: {changes} inserts and removes (all nodes): {} per execution",
+                    opt(js.subscription_changes_per_execution)
+                );
+            }
         }
         let _ = writeln!(s);
         let _ = writeln!(

@@ -73,6 +73,8 @@ pub struct Stack {
     pub nats_urls: Vec<String>,
     /// `(name, prof_port)` of every NATS node, when the plan asked for profiling.
     pub nats_profiling: Vec<(String, u16)>,
+    /// Monitoring base URL (`http://127.0.0.1:{port}`) of every NATS node.
+    pub nats_monitors: Vec<String>,
     pub redis_url: String,
     pub namespace: String,
     dir: PathBuf,
@@ -201,6 +203,7 @@ impl Stack {
             nats: Vec::new(),
             nats_urls: Vec::new(),
             nats_profiling: Vec::new(),
+            nats_monitors: Vec::new(),
             redis_url: String::new(),
             namespace: unique_namespace(),
             dir,
@@ -246,7 +249,9 @@ impl Stack {
                 .push(format!("nats://127.0.0.1:{}", nodes[i].client));
         }
         for (i, node) in nodes.iter().enumerate() {
-            let url = format!("http://127.0.0.1:{}/healthz", node.monitor);
+            let monitor = format!("http://127.0.0.1:{}", node.monitor);
+            let url = format!("{monitor}/healthz");
+            stack.nats_monitors.push(monitor);
             let healthy = || async {
                 matches!(http.get(&url).send().await, Ok(r) if r.status().as_u16() == 200)
             };
@@ -455,6 +460,45 @@ async fn last_sequence(js: &async_nats::jetstream::Context, name: &str) -> Resul
         .await
         .map_err(|e| format!("cannot read stream {name}: {e}"))?;
     Ok(info.state.last_sequence)
+}
+
+/// Subscription changes in the servers' subscription lists, summed over every node, at one
+/// instant (`/subsz`). Each insert or remove takes the account's subscription-list write lock,
+/// which every message routed in that account waits for (docs/scaling.md, "What one execution
+/// costs"); on a cluster a client's subscription is also inserted, as interest, on the other
+/// nodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SublistCounts {
+    pub inserts: u64,
+    pub removes: u64,
+}
+
+/// Reads [`SublistCounts`] from every node's monitoring endpoint.
+pub async fn sublist_counts(
+    http: &reqwest::Client,
+    monitors: &[String],
+) -> Result<SublistCounts, String> {
+    let mut total = SublistCounts::default();
+    for monitor in monitors {
+        let url = format!("{monitor}/subsz");
+        let body: serde_json::Value = http
+            .get(&url)
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(|e| format!("cannot read {url}: {e}"))?
+            .json()
+            .await
+            .map_err(|e| format!("cannot read {url}: {e}"))?;
+        let field = |name: &str| {
+            body.get(name)
+                .and_then(serde_json::Value::as_u64)
+                .ok_or_else(|| format!("{url} has no {name}"))
+        };
+        total.inserts += field("num_inserts")?;
+        total.removes += field("num_removes")?;
+    }
+    Ok(total)
 }
 
 /// Reads [`StreamCounts`] through `js`; an error if a stream does not exist (yet).
