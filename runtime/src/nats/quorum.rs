@@ -78,10 +78,13 @@ impl Selector {
         }
         let (avoid, _) = shunned.as_ref()?;
         let start = usize::try_from(uuid::Uuid::new_v4().as_u128() % 1024).unwrap_or(0);
-        // A move away from a cut-off server is due now.
-        choose(pool, start, avoid).map(|addr| ReconnectToServer {
-            addr,
-            delay: Some(Duration::ZERO),
+        // A move away from a cut-off server is due now; a server that failed already (every
+        // other one refusing, as while this process is cut off from all of them) is tried
+        // again after the client's own backoff. Without it the client retried in a tight
+        // loop, hundreds of thousands of times a second, starving the process.
+        choose(pool, start, avoid).map(|server| ReconnectToServer {
+            delay: (server.failed_attempts == 0).then_some(Duration::ZERO),
+            addr: server.addr.clone(),
         })
     }
 
@@ -94,7 +97,7 @@ impl Selector {
 /// A server of `pool` other than `avoid` with the fewest failed attempts, the first of those
 /// from position `start` on (a random start spreads processes over the others); `None` when
 /// the pool holds nothing but `avoid`.
-fn choose(pool: &[Server], start: usize, avoid: &ServerAddr) -> Option<ServerAddr> {
+fn choose<'a>(pool: &'a [Server], start: usize, avoid: &ServerAddr) -> Option<&'a Server> {
     let mut best: Option<&Server> = None;
     for k in 0..pool.len() {
         let server = &pool[(start + k) % pool.len()];
@@ -103,7 +106,7 @@ fn choose(pool: &[Server], start: usize, avoid: &ServerAddr) -> Option<ServerAdd
             best = Some(server);
         }
     }
-    best.map(|s| s.addr.clone())
+    best
 }
 
 /// The pool's entry for the server `info` describes (the one connected to): the one with its
@@ -301,7 +304,11 @@ mod tests {
             .collect()
     }
 
-    fn port(addr: Option<ServerAddr>) -> Option<u16> {
+    fn port(server: Option<&Server>) -> Option<u16> {
+        server.map(|s| s.addr.port())
+    }
+
+    fn port_of(addr: Option<ServerAddr>) -> Option<u16> {
         addr.map(|a| a.port())
     }
 
@@ -318,7 +325,7 @@ mod tests {
         assert_eq!(port(choose(&failing, 0, &addr(0))), Some(3));
         // Nothing else: the client's own choice.
         let alone = pool(&[1]);
-        assert_eq!(choose(&alone, 0, &alone[0].addr), None);
+        assert!(choose(&alone, 0, &alone[0].addr).is_none());
     }
 
     #[tokio::test]
@@ -331,6 +338,17 @@ mod tests {
             let moved = selector.pick(&servers).unwrap();
             assert_ne!(moved.addr, servers[0].addr);
             assert_eq!(moved.delay, Some(Duration::ZERO), "a move is due now");
+        }
+        // Every other server refused already (this process is cut off from all of them): the
+        // client's backoff applies, no tight loop of retries.
+        let mut refusing = servers.clone();
+        for server in &mut refusing[1..] {
+            server.failed_attempts = 1;
+        }
+        for _ in 0..20 {
+            let retry = selector.pick(&refusing).unwrap();
+            assert_ne!(retry.addr, servers[0].addr);
+            assert_eq!(retry.delay, None, "the client's own backoff");
         }
     }
 
@@ -377,11 +395,11 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            port(connected_entry(&servers, &info("0.0.0.0", 2))),
+            port_of(connected_entry(&servers, &info("0.0.0.0", 2))),
             Some(2)
         );
         assert_eq!(
-            port(connected_entry(&servers, &info("127.0.0.1", 3))),
+            port_of(connected_entry(&servers, &info("127.0.0.1", 3))),
             Some(3)
         );
         assert_eq!(connected_entry(&servers, &info("10.0.0.9", 3)), None);

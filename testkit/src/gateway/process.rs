@@ -346,11 +346,16 @@ pub async fn get_json_as(url: &str, key: &str) -> (u16, Value) {
 }
 
 async fn get_json_with(url: &str, key: Option<&str>) -> (u16, Value) {
-    let mut request = client().get(url);
+    // Bounded, so a gateway that stops answering fails the test, naming the request, instead
+    // of holding it until the harness kills it.
+    let mut request = client().get(url).timeout(Duration::from_secs(60));
     if let Some(key) = key {
         request = request.bearer_auth(key);
     }
-    let resp = request.send().await.unwrap();
+    let resp = request
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
     let status = resp.status().as_u16();
     (status, resp.json().await.unwrap_or(Value::Null))
 }
