@@ -1187,3 +1187,82 @@ async fn a_take_the_server_never_answers_ends() {
     .expect("a take the server never answers ends");
     assert_eq!(taken, 0);
 }
+
+/// A worker's pull requests answer to one standing inbox per source: after the first, a
+/// request changes nothing in the server's subscription list (async-nats's own requests
+/// subscribed and removed an inbox each, two writes under the list's lock that every message
+/// the server routes waits for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_requests_leave_the_servers_subscription_list_alone() {
+    let (server, queue) = one_lane_queue().await;
+    let first = ExecutionId::new_random();
+    queue.publish(&job(first)).await.unwrap();
+    next_delivery(&queue).await.handle.ack().await.unwrap();
+    let before = server.subscription_changes();
+    let requests: u64 = 12;
+    for _ in 0..requests {
+        let id = ExecutionId::new_random();
+        queue.publish(&job(id)).await.unwrap();
+        let delivery = next_delivery(&queue).await;
+        assert_eq!(delivery.job.execution_id, id);
+        delivery.handle.ack().await.unwrap();
+    }
+    // Takes (requests that do not wait) as well.
+    for _ in 0..requests {
+        let taken = take(&queue, 0, 2).await;
+        assert!(taken.is_empty(), "the lane is empty");
+    }
+    let after = server.subscription_changes();
+    let changes = (after.0 - before.0) + (after.1 - before.1);
+    assert!(
+        changes < requests,
+        "{changes} subscription-list changes over {} pull requests",
+        2 * requests
+    );
+}
+
+/// A job the server hands to a request its caller gave up on (here dropped before the job
+/// was published: the request stays open on the server, and the standing inbox still listens)
+/// is handed back by the next request at once and delivered afresh, neither held until its
+/// lease runs out nor taken with its lease already running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_comes_after_its_request_was_dropped_is_handed_back_at_once() {
+    let (_server, settings, backend, _store) = node_with(NatsSettings {
+        tenant_lanes: Some(1),
+        ack_wait: Duration::from_secs(120),
+        ..fresh_settings()
+    })
+    .await;
+    let queue = NatsJobQueue::new(backend.clone());
+    queue.reconcile_consumer().await.unwrap();
+    drop(pull(&queue, 1).await);
+    let id = ExecutionId::new_random();
+    queue.publish(&job(id)).await.unwrap();
+    // The server delivered it to the dropped request: none pending, one unacknowledged.
+    let stream = backend
+        .jetstream
+        .get_stream(settings.jobs_stream())
+        .await
+        .unwrap();
+    let until = Instant::now() + PROMPT;
+    loop {
+        let info = stream
+            .consumer_info(settings.workers_consumer())
+            .await
+            .unwrap();
+        if info.num_pending == 0 && info.num_ack_pending == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the job never went to the dropped request"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let delivery = next_delivery(&queue).await;
+    assert_eq!(delivery.job.execution_id, id);
+    // Not taken as it lay (its lease running since the server handed it over): handed back,
+    // then delivered afresh.
+    assert_eq!(delivery.delivered, 2);
+    delivery.handle.ack().await.unwrap();
+}

@@ -345,20 +345,60 @@ fn os_args(args: &[&str], last: &Path) -> Vec<std::ffi::OsString> {
     out
 }
 
-/// A running `nats-server -js` with file storage in its own directory.
+/// A running `nats-server -js` with file storage in its own directory and its monitoring
+/// endpoint on a port of its own.
 #[derive(Debug)]
-pub struct NatsServer(LocalServer);
+pub struct NatsServer(LocalServer, u16);
 
 impl NatsServer {
     pub fn start() -> Self {
-        Self(LocalServer::start(
+        let monitor = free_port();
+        let server = LocalServer::start(
             "nats-server",
             "run scripts/test.sh or set MRT_NATS_SERVER",
             "nats",
             nats_server_binary(),
-            |port, dir| os_args(&["-a", "127.0.0.1", "-p", port, "-js", "-sd"], dir),
-        ))
+            |port, dir| {
+                let monitor = monitor.to_string();
+                os_args(
+                    &["-a", "127.0.0.1", "-p", port, "-m", &monitor, "-js", "-sd"],
+                    dir,
+                )
+            },
+        );
+        Self(server, monitor)
     }
+
+    /// `http://127.0.0.1:PORT` of the server's monitoring endpoint.
+    pub fn monitor_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.1)
+    }
+
+    /// How often the server's subscription list has changed since it started: inserts and
+    /// removes (its `/subsz`). Each is a write under the list's lock, which every message the
+    /// server routes waits for.
+    pub fn subscription_changes(&self) -> (u64, u64) {
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.1));
+        let body = http_get(addr, "/subsz")
+            .unwrap_or_else(|| panic!("nats-server's /subsz on port {} did not answer", self.1));
+        let field = |name: &str| {
+            json_number(&body, name).unwrap_or_else(|| panic!("/subsz has no {name}: {body}"))
+        };
+        (field("num_inserts"), field("num_removes"))
+    }
+}
+
+/// The unsigned integer of the first `"name":` in `json` (a flat object's field).
+fn json_number(json: &str, name: &str) -> Option<u64> {
+    let key = format!("\"{name}\"");
+    let rest = json[json.find(&key)? + key.len()..].trim_start();
+    let digits: String = rest
+        .strip_prefix(':')?
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
 }
 
 /// A running `redis-server` that persists nothing.
@@ -611,6 +651,18 @@ impl Drop for NatsCluster {
             self.kill(i);
         }
     }
+}
+
+/// The body of a plain `GET path` on `addr` answered 200, or `None` (within a few seconds).
+fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    (head.split_whitespace().nth(1)? == "200").then(|| body.to_owned())
 }
 
 /// The status code of a plain `GET path` on `addr`, or `None` if it does not answer (within a

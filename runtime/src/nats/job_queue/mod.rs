@@ -8,7 +8,8 @@
 //! taking turns when `n` is below their count. A request stays open until it has brought its `n` jobs or
 //! [`PULL_EXPIRES`] passed: under load one round trip brings several jobs at once, and jobs
 //! that arrive one at a time (a lightly loaded deployment) come through one request, not a
-//! request each (each also cost an inbox subscription and the server's "no messages" answer).
+//! request each (each also cost the server's "no messages" answer). Requests answer to one
+//! standing inbox per source, not to a fresh subscription each (see `pull`).
 //! The jobs a request brings are taken as they arrive and decoded side by side (large ones on
 //! the blocking pool, [`DECODE_APART`]), and each delivery keeps when it was received
 //! (`DeliveryHandle::received_at`): its lease runs from about then, so the worker times its
@@ -55,6 +56,7 @@ use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
 mod delivery;
+mod pull;
 
 use self::delivery::{Lease, delivery};
 use super::{NatsBackend, unavailable};
@@ -122,6 +124,8 @@ struct Source {
     filter: Option<String>,
     consumer_name: String,
     lease: OnceCell<Arc<Lease>>,
+    /// The standing inbox its pull requests answer to, subscribed on first use (workers only).
+    inbox: OnceCell<pull::Inbox>,
     /// The partition's jobs stream, looked up on first use (shared by its lanes).
     stream: Arc<OnceCell<Stream>>,
 }
@@ -153,6 +157,7 @@ impl NatsJobQueue {
                         subject,
                         consumer_name: layout.jobs_lane_consumer(number, lane),
                         lease: OnceCell::new(),
+                        inbox: OnceCell::new(),
                         stream: Arc::clone(&stream),
                     }
                 })
@@ -303,12 +308,10 @@ impl NatsJobQueue {
     /// Sends one pull request to `source` for up to `max` jobs (at least one; they come as
     /// they arrive, and the request ends once `max` came or after `expires`; with `expires`
     /// `None` it ends at once with the jobs the source holds now), with what their deliveries
-    /// need. `None`: the queue was closed.
-    ///
-    /// A request with `expires` also ends on the client a few seconds after it (async-nats),
-    /// should the server's end be lost; one without has no such end, so it is given one: it
-    /// ends once the server has been quiet for the request timeout. Without it a request lost in a reconnect (the server never answers
-    /// it) held its caller for good, and a worker stopped taking that source's jobs.
+    /// need. `None`: the queue was closed. The request goes through the source's standing
+    /// inbox, in its turn (see `pull`), and also ends on the client should the server's end
+    /// be lost: without that a request lost in a reconnect held its caller for good, and a
+    /// worker stopped taking that source's jobs.
     async fn pull(
         &self,
         source: &Source,
@@ -322,35 +325,14 @@ impl NatsJobQueue {
         lease.refresh();
         // Looked up before pulling, so a lookup failure never strands a delivered job.
         let stream = self.stream(source).await?.clone();
-        let request = async {
-            match expires {
-                Some(expires) => lease
-                    .consumer
-                    .batch()
-                    .max_messages(max.max(1))
-                    .expires(expires)
-                    .messages()
-                    .await
-                    .map(StreamExt::boxed),
-                None => lease
-                    .consumer
-                    .fetch()
-                    .max_messages(max.max(1))
-                    .messages()
-                    .await
-                    .map(|batch| {
-                        // Ends when the server has been quiet for a request's bound.
-                        let quiet = self.backend.settings.request_timeout;
-                        futures_util::stream::unfold(batch, move |mut batch| async move {
-                            let next = tokio::time::timeout(quiet, batch.next()).await.ok()??;
-                            Some((next, batch))
-                        })
-                        .boxed()
-                    }),
-            }
-        };
+        let inbox = source
+            .inbox
+            .get_or_try_init(|| pull::Inbox::new(&source.lane))
+            .await?;
+        let quiet = self.backend.settings.request_timeout;
+        let request = inbox.request(&lease.consumer, max, expires, quiet);
         tokio::select! {
-            batch = request => Ok(Some((batch.map_err(|e| unavailable("pull jobs", e))?, Arc::clone(lease), stream))),
+            batch = request => Ok(Some((batch?, Arc::clone(lease), stream))),
             () = self.closed.cancelled() => Ok(None),
         }
     }
