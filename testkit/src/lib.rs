@@ -369,36 +369,24 @@ impl NatsServer {
         Self(server, monitor)
     }
 
-    /// `http://127.0.0.1:PORT` of the server's monitoring endpoint.
-    pub fn monitor_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.1)
-    }
-
     /// How often the server's subscription list has changed since it started: inserts and
     /// removes (its `/subsz`). Each is a write under the list's lock, which every message the
     /// server routes waits for.
     pub fn subscription_changes(&self) -> (u64, u64) {
         let addr = SocketAddr::from(([127, 0, 0, 1], self.1));
-        let body = http_get(addr, "/subsz")
-            .unwrap_or_else(|| panic!("nats-server's /subsz on port {} did not answer", self.1));
+        let body = match http_get(addr, "/subsz") {
+            Some((200, body)) => body,
+            other => panic!("nats-server's /subsz on port {}: {other:?}", self.1),
+        };
+        let subsz: serde_json::Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("/subsz is not JSON ({e}): {body}"));
         let field = |name: &str| {
-            json_number(&body, name).unwrap_or_else(|| panic!("/subsz has no {name}: {body}"))
+            subsz[name]
+                .as_u64()
+                .unwrap_or_else(|| panic!("/subsz has no {name}: {body}"))
         };
         (field("num_inserts"), field("num_removes"))
     }
-}
-
-/// The unsigned integer of the first `"name":` in `json` (a flat object's field).
-fn json_number(json: &str, name: &str) -> Option<u64> {
-    let key = format!("\"{name}\"");
-    let rest = json[json.find(&key)? + key.len()..].trim_start();
-    let digits: String = rest
-        .strip_prefix(':')?
-        .trim_start()
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits.parse().ok()
 }
 
 /// A running `redis-server` that persists nothing.
@@ -595,7 +583,7 @@ impl NatsCluster {
         let deadline = Instant::now() + HEALTHY_TIMEOUT;
         let addr = SocketAddr::from(([127, 0, 0, 1], self.nodes[i].monitor_port));
         while Instant::now() < deadline {
-            if http_status(addr, "/healthz") == Some(200) {
+            if http_get(addr, "/healthz").is_some_and(|(status, _)| status == 200) {
                 return;
             }
             if !self.is_running(i) {
@@ -653,34 +641,19 @@ impl Drop for NatsCluster {
     }
 }
 
-/// The body of a plain `GET path` on `addr` answered 200, or `None` (within a few seconds).
-fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+/// The status code and body of a plain `GET path` on `addr`, or `None` if it does not answer
+/// (within a few seconds).
+fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
+    // "HTTP/1.0 200 OK\r\n...\r\n\r\nbody"
     let (head, body) = response.split_once("\r\n\r\n")?;
-    (head.split_whitespace().nth(1)? == "200").then(|| body.to_owned())
-}
-
-/// The status code of a plain `GET path` on `addr`, or `None` if it does not answer (within a
-/// few seconds).
-fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
-    use std::io::{Read, Write};
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut head = [0u8; 32];
-    let n = stream.read(&mut head).ok()?;
-    // "HTTP/1.0 200 OK"
-    std::str::from_utf8(&head[..n])
-        .ok()?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
 }
 
 #[cfg(test)]

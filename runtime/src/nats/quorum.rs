@@ -308,10 +308,6 @@ mod tests {
         server.map(|s| s.addr.port())
     }
 
-    fn port_of(addr: Option<ServerAddr>) -> Option<u16> {
-        addr.map(|a| a.port())
-    }
-
     #[test]
     fn a_shunned_server_is_avoided_while_another_is_in_the_pool() {
         let servers = pool(&[1, 2, 3]);
@@ -395,11 +391,11 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            port_of(connected_entry(&servers, &info("0.0.0.0", 2))),
+            connected_entry(&servers, &info("0.0.0.0", 2)).map(|a| a.port()),
             Some(2)
         );
         assert_eq!(
-            port_of(connected_entry(&servers, &info("127.0.0.1", 3))),
+            connected_entry(&servers, &info("127.0.0.1", 3)).map(|a| a.port()),
             Some(3)
         );
         assert_eq!(connected_entry(&servers, &info("10.0.0.9", 3)), None);
