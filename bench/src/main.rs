@@ -606,17 +606,15 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         (Some((js, before, subs_before)), Some(stack)) => {
             let after: StreamCounts = servers::stream_counts(js, &stack.namespace).await?;
             let subs_after = sublists(&stack.nats_monitors).await;
-            let changes = match (subs_before, subs_after) {
-                (Some(b), Some(a)) => {
-                    Some((a.inserts + a.removes).saturating_sub(b.inserts + b.removes))
-                }
+            let sublist = match (subs_before, subs_after) {
+                (Some(b), Some(a)) => Some(b.since(&a)),
                 _ => None,
             };
             Some(JetStreamReport::new(
                 format!("{}_EVENTS*", stack.namespace.to_ascii_uppercase()),
                 after.events_last_seq.saturating_sub(before.events_last_seq),
                 after.jobs_last_seq.saturating_sub(before.jobs_last_seq),
-                changes,
+                sublist,
                 outcome.settled_all,
             ))
         }

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use crate::client::StreamMode;
 use crate::run::{Counts, Load, Mode, Outcome, Window};
+use crate::servers::SublistCounts;
 use crate::spawn::{ProcStats, ProcessCpu};
 use crate::stats::{AddedPerDelta, LatencySet, Summary, TimelinePoint};
 
@@ -65,10 +66,16 @@ pub struct JetStreamReport {
     pub events_per_execution: Option<f64>,
     pub jobs_per_execution: Option<f64>,
     /// Subscriptions inserted into and removed from the servers' subscription lists over the
-    /// same span, every node summed (`/subsz`); `None` where the monitoring endpoint could not
-    /// be read.
+    /// same span, every node and account summed (`/subsz`); `None` where the monitoring
+    /// endpoint could not be read.
     pub subscription_changes: Option<u64>,
     pub subscription_changes_per_execution: Option<f64>,
+    /// Lookups in the shared subscription lists over the same span, and those that missed
+    /// their cache; each miss, like each change, takes the list's write lock.
+    pub sublist_matches: Option<u64>,
+    pub sublist_misses: Option<u64>,
+    pub sublist_matches_per_execution: Option<f64>,
+    pub sublist_misses_per_execution: Option<f64>,
 }
 
 impl JetStreamReport {
@@ -76,10 +83,13 @@ impl JetStreamReport {
         events_stream: String,
         events: u64,
         jobs: u64,
-        subscription_changes: Option<u64>,
+        sublist: Option<SublistCounts>,
         executions: u64,
     ) -> Self {
         let per = |n: u64| (executions > 0).then(|| n as f64 / executions as f64);
+        let subscription_changes = sublist.map(|c| c.inserts + c.removes);
+        let sublist_matches = sublist.map(|c| c.matches);
+        let sublist_misses = sublist.map(|c| c.misses);
         Self {
             events_stream,
             events_messages: events,
@@ -89,6 +99,10 @@ impl JetStreamReport {
             jobs_per_execution: per(jobs),
             subscription_changes,
             subscription_changes_per_execution: subscription_changes.and_then(per),
+            sublist_matches,
+            sublist_misses,
+            sublist_matches_per_execution: sublist_matches.and_then(per),
+            sublist_misses_per_execution: sublist_misses.and_then(per),
         }
     }
 }
@@ -356,11 +370,17 @@ impl Report {
                 opt(js.events_per_execution),
                 opt(js.jobs_per_execution)
             );
-            if let Some(changes) = js.subscription_changes {
+            if let (Some(changes), Some(matches), Some(misses)) = (
+                js.subscription_changes,
+                js.sublist_matches,
+                js.sublist_misses,
+            ) {
                 let _ = writeln!(
                     s,
-                    "  NATS subscription list: {changes} inserts and removes (all nodes): {} per execution",
-                    opt(js.subscription_changes_per_execution)
+                    "  NATS subscription lists (all nodes): {changes} inserts and removes, {matches} shared lookups of which {misses} missed the cache: {} changes, {} lookups, {} misses per execution",
+                    opt(js.subscription_changes_per_execution),
+                    opt(js.sublist_matches_per_execution),
+                    opt(js.sublist_misses_per_execution)
                 );
             }
         }

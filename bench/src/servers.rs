@@ -462,41 +462,95 @@ async fn last_sequence(js: &async_nats::jetstream::Context, name: &str) -> Resul
     Ok(info.state.last_sequence)
 }
 
-/// Subscription changes in the servers' subscription lists, summed over every node, at one
-/// instant (`/subsz`). Each insert or remove takes the account's subscription-list write lock,
-/// which every message routed in that account waits for (docs/scaling.md, "What one execution
-/// costs"); on a cluster a client's subscription is also inserted, as interest, on the other
-/// nodes.
+/// The servers' subscription-list counters, summed over every node and account, at one
+/// instant (`/accountz`, then `/subsz?acc=` per account). Each insert or remove takes the
+/// account's subscription-list write lock, which every message routed in that account waits
+/// for, and so does each match that misses the list's cache of results: a subject the server
+/// has not routed lately, such as each request's reply subject (docs/scaling.md, "What one
+/// execution costs"). On a cluster a client's subscription is also inserted, as interest, on
+/// the other nodes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SublistCounts {
     pub inserts: u64,
     pub removes: u64,
+    /// Lookups in the shared list (a connection's own cache of matches answers the rest).
+    pub matches: u64,
+    /// Those of `matches` that missed the list's cache and took its write lock.
+    pub misses: u64,
 }
 
-/// Reads [`SublistCounts`] from every node's monitoring endpoint.
+impl SublistCounts {
+    /// What happened between `self` (earlier) and `later`.
+    pub fn since(&self, later: &Self) -> Self {
+        Self {
+            inserts: later.inserts.saturating_sub(self.inserts),
+            removes: later.removes.saturating_sub(self.removes),
+            matches: later.matches.saturating_sub(self.matches),
+            misses: later.misses.saturating_sub(self.misses),
+        }
+    }
+
+    /// Adds one account's `/subsz` answer. The server reports hits as a rate of `num_matches`,
+    /// so misses are rounded to the nearest whole one.
+    fn add_subsz(&mut self, subsz: &serde_json::Value) -> Result<(), String> {
+        let count = |name: &str| {
+            subsz
+                .get(name)
+                .and_then(serde_json::Value::as_u64)
+                .ok_or_else(|| format!("no {name}"))
+        };
+        let matches = count("num_matches")?;
+        let hit_rate = subsz
+            .get("cache_hit_rate")
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(0.0)
+            .clamp(0.0, 1.0);
+        self.inserts += count("num_inserts")?;
+        self.removes += count("num_removes")?;
+        self.matches += matches;
+        self.misses += (matches as f64 * (1.0 - hit_rate)).round() as u64;
+        Ok(())
+    }
+}
+
+async fn get_json(
+    http: &reqwest::Client,
+    url: &str,
+    query: &[(&str, &str)],
+) -> Result<serde_json::Value, String> {
+    let full = reqwest::Url::parse_with_params(url, query)
+        .map_err(|e| format!("bad monitoring URL {url}: {e}"))?;
+    http.get(full)
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .map_err(|e| format!("cannot read {url}: {e}"))?
+        .json()
+        .await
+        .map_err(|e| format!("cannot read {url}: {e}"))
+}
+
+/// Reads [`SublistCounts`] from every node's monitoring endpoint, one account at a time (the
+/// server's unfiltered `/subsz` adds the accounts' hit rates together).
 pub async fn sublist_counts(
     http: &reqwest::Client,
     monitors: &[String],
 ) -> Result<SublistCounts, String> {
     let mut total = SublistCounts::default();
     for monitor in monitors {
+        let url = format!("{monitor}/accountz");
+        let accountz = get_json(http, &url, &[]).await?;
+        let accounts = accountz
+            .get("accounts")
+            .and_then(serde_json::Value::as_array)
+            .ok_or_else(|| format!("{url} lists no accounts"))?;
         let url = format!("{monitor}/subsz");
-        let body: serde_json::Value = http
-            .get(&url)
-            .send()
-            .await
-            .and_then(reqwest::Response::error_for_status)
-            .map_err(|e| format!("cannot read {url}: {e}"))?
-            .json()
-            .await
-            .map_err(|e| format!("cannot read {url}: {e}"))?;
-        let field = |name: &str| {
-            body.get(name)
-                .and_then(serde_json::Value::as_u64)
-                .ok_or_else(|| format!("{url} has no {name}"))
-        };
-        total.inserts += field("num_inserts")?;
-        total.removes += field("num_removes")?;
+        for account in accounts.iter().filter_map(serde_json::Value::as_str) {
+            let subsz = get_json(http, &url, &[("acc", account)]).await?;
+            total
+                .add_subsz(&subsz)
+                .map_err(|e| format!("{url} for account {account}: {e}"))?;
+        }
     }
     Ok(total)
 }
@@ -527,6 +581,43 @@ pub async fn stream_counts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sublist_counts_sum_accounts_and_derive_misses_from_each_accounts_hit_rate() {
+        let mut before = SublistCounts::default();
+        for subsz in [
+            serde_json::json!({"num_inserts": 10, "num_removes": 4, "num_matches": 1000, "cache_hit_rate": 0.75}),
+            serde_json::json!({"num_inserts": 2, "num_removes": 0, "num_matches": 10, "cache_hit_rate": 0.0}),
+        ] {
+            before.add_subsz(&subsz).unwrap();
+        }
+        assert_eq!(
+            before,
+            SublistCounts {
+                inserts: 12,
+                removes: 4,
+                matches: 1010,
+                misses: 260
+            }
+        );
+        let mut after = SublistCounts::default();
+        after
+            .add_subsz(&serde_json::json!({"num_inserts": 20, "num_removes": 14, "num_matches": 3010, "cache_hit_rate": 0.5}))
+            .unwrap();
+        assert_eq!(
+            before.since(&after),
+            SublistCounts {
+                inserts: 8,
+                removes: 10,
+                matches: 2000,
+                misses: 1245
+            }
+        );
+        let err = SublistCounts::default()
+            .add_subsz(&serde_json::json!({"num_inserts": 1}))
+            .unwrap_err();
+        assert!(err.contains("num_matches"), "{err}");
+    }
 
     #[test]
     fn cluster_config_routes_to_every_other_node() {
