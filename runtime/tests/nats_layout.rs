@@ -1266,3 +1266,39 @@ async fn a_job_that_comes_after_its_request_was_dropped_is_handed_back_at_once()
     assert_eq!(delivery.delivered, 2);
     delivery.handle.ack().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_logs_head_is_asked_on_the_streams_one_direct_get_subject() {
+    // A head asked in the request subject ($JS.API.DIRECT.GET.{stream}.{subject}, as
+    // async-nats does) is a subject new to the server for every execution, whose match misses
+    // the server's cache and takes its subscription list's write lock.
+    let (server, _, backend, store) = node().await;
+    let id = routed(&store).await;
+    let unknown = ExecutionId::new_random();
+    let watcher = async_nats::connect(server.url()).await.unwrap();
+    let mut requests = watcher.subscribe("$JS.API.DIRECT.GET.>").await.unwrap();
+    watcher.flush().await.unwrap();
+
+    let head = store.head(id).await.unwrap().expect("the log's head");
+    assert_eq!(head.last_sequence, Sequence(2));
+    assert!(!head.terminal);
+    assert!(store.head(unknown).await.unwrap().is_none());
+
+    let stream = backend.events.stream_of(&id);
+    for asked in [id, unknown] {
+        let request = tokio::time::timeout(PROMPT, requests.next())
+            .await
+            .expect("the head's request")
+            .unwrap();
+        assert_eq!(
+            request.subject.as_str(),
+            format!("$JS.API.DIRECT.GET.{stream}"),
+            "the stream's one direct-get subject"
+        );
+        let body: serde_json::Value = serde_json::from_slice(&request.payload).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({ "last_by_subj": backend.events.subject(&asked) })
+        );
+    }
+}

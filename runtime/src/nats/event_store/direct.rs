@@ -1,14 +1,22 @@
-//! Batched direct gets (ADR-31, nats-server 2.11 and newer): up to `batch` messages of one
-//! subject from a stream sequence on, in one request. async-nats offers single direct gets only,
-//! so the request is made here on the wire: the server answers with one message per stored
-//! message (the stored headers plus `Nats-Sequence` and the like, as a single direct get), then
-//! an end-of-batch status (`204 EOB`) whose `Nats-Num-Pending` says how many messages of the
-//! subject it did not send; a subject with nothing from that sequence on is one `404`.
+//! Direct gets made here on the wire rather than through async-nats.
 //!
-//! The replies come through the readers' connection's replies multiplexer (`nats::replies`:
-//! the client's own takes a single reply per request), registered before the request is sent.
+//! - Batched (ADR-31, nats-server 2.11 and newer): up to `batch` messages of one subject from a
+//!   stream sequence on, in one request. async-nats offers single direct gets only. The server
+//!   answers with one message per stored message (the stored headers plus `Nats-Sequence` and
+//!   the like, as a single direct get), then an end-of-batch status (`204 EOB`) whose
+//!   `Nats-Num-Pending` says how many messages of the subject it did not send; a subject with
+//!   nothing from that sequence on is one `404`. The replies come through the readers'
+//!   connection's replies multiplexer (`nats::replies`: the client's own takes a single reply
+//!   per request), registered before the request is sent.
+//! - The last message of a subject, asked in the request's body (`last_by_subj`) on the
+//!   stream's one direct-get subject. async-nats asks it in the request subject instead
+//!   (`$JS.API.DIRECT.GET.{stream}.{subject}`), a subject the server has never routed for
+//!   every execution: matching it misses the server's cache of matches and takes its
+//!   subscription list's write lock, the lock every message routed waits on (docs/scaling.md,
+//!   "What one execution costs").
 
 use async_nats::HeaderMap;
+use async_nats::jetstream::message::StreamMessage;
 use bytes::Bytes;
 use protocol::ExecutionId;
 use serde::Serialize;
@@ -50,11 +58,51 @@ struct BatchRequest<'a> {
     max_bytes: usize,
 }
 
+/// The request body of a last-message get.
+#[derive(Serialize)]
+struct LastRequest<'a> {
+    last_by_subj: &'a str,
+}
+
 fn header_u64(headers: Option<&HeaderMap>, name: &str) -> Option<u64> {
     headers?.get(name)?.as_str().parse().ok()
 }
 
 impl NatsEventStore {
+    /// The last message of the execution's subject, on the partition's lane, or `None` where
+    /// the subject has none (as this server saw it: a follower may lag its leader).
+    pub(super) async fn direct_last(
+        &self,
+        id: ExecutionId,
+    ) -> Result<Option<StreamMessage>, StoreError> {
+        self.backend.check_connected()?;
+        let subject = self.subject(id);
+        let shard = self.shard(id);
+        let body = serde_json::to_vec(&LastRequest {
+            last_by_subj: &subject,
+        })
+        .map_err(|e| unavailable("direct get", e))?;
+        let request = async_nats::Request::new()
+            .payload(body.into())
+            .timeout(Some(self.backend.settings.request_timeout));
+        let reply = shard
+            .lane
+            .context
+            .client()
+            .send_request(shard.direct_get_subject.clone(), request)
+            .await
+            .map_err(|e| unavailable("direct get", e))?;
+        match reply.status.map(|s| s.as_u16()) {
+            None | Some(200) => StreamMessage::try_from(reply)
+                .map(Some)
+                .map_err(|e| unavailable("direct get", e)),
+            Some(NOT_FOUND) => Ok(None),
+            Some(status) => Err(StoreError::Unavailable(format!(
+                "direct get: status {status}"
+            ))),
+        }
+    }
+
     /// Up to `max` messages of the execution's subject from stream sequence `from` on, in one
     /// request. An empty batch means the subject has no message from `from` on (as this server
     /// saw it: a follower may lag its leader).

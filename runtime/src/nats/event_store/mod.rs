@@ -125,7 +125,7 @@ struct Shard {
     /// The connection the partition's logs are read on (`NatsBackend::readers_of`).
     readers: crate::nats::Readers,
     stream: Stream,
-    /// The stream's direct-get API subject (batched reads, [`direct`]).
+    /// The stream's direct-get API subject (batched reads and heads, [`direct`]).
     direct_get_subject: async_nats::Subject,
 }
 
@@ -194,18 +194,9 @@ impl NatsEventStore {
 
     /// Reads the last message of the execution's subject from the server.
     async fn fetch_head(&self, id: ExecutionId) -> Result<Option<Fetched>, StoreError> {
-        self.backend.check_connected()?;
-        let found = match self
-            .shard(id)
-            .stream
-            .direct_get_last_for_subject(self.subject(id))
-            .await
-        {
-            Ok(message) => Some(message),
-            Err(e) if e.kind() == DirectGetErrorKind::NotFound => {
-                self.confirm_missing(id, Edge::Last).await?
-            }
-            Err(e) => return Err(unavailable("direct get", e)),
+        let found = match self.direct_last(id).await? {
+            Some(message) => Some(message),
+            None => self.confirm_missing(id, Edge::Last).await?,
         };
         match found {
             Some(message) => {
