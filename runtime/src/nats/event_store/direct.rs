@@ -10,10 +10,9 @@
 //!   per request), registered before the request is sent.
 //! - The last message of a subject, asked in the request's body (`last_by_subj`) on the
 //!   stream's one direct-get subject. async-nats asks it in the request subject instead
-//!   (`$JS.API.DIRECT.GET.{stream}.{subject}`), a subject the server has never routed for
-//!   every execution: matching it misses the server's cache of matches and takes its
-//!   subscription list's write lock, the lock every message routed waits on (docs/scaling.md,
-//!   "What one execution costs").
+//!   (`$JS.API.DIRECT.GET.{stream}.{subject}`), a new subject for every execution, whose match
+//!   misses the server's cache of matches and takes its subscription list's write lock, the
+//!   lock every message routed waits on (docs/scaling.md, "What one execution costs").
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::message::StreamMessage;
