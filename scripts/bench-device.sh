@@ -12,7 +12,7 @@
 # whole scaling matrix, partitions S_PARTITIONS, default "1 8") while time is left, then the
 # tenants' fairness run when python3 is there. Nothing starts after BUDGET seconds (default 500; one device call may
 # run 600): the group under way is stopped and what it finished stays. OUT/summary.txt has each
-# run's throughput, latencies and cores per process.
+# run's throughput, latencies, cores per process and subscription-list lock takes.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -56,6 +56,6 @@ fi
 for report in "$OUT"/[tps]-*.txt; do
   [ -e "$report" ] || continue
   echo "== $(basename "$report" .txt)"
-  grep -E 'throughput:|ok .*failed|first delta|terminal \(|cores per process|bench: profile' "$report"
+  grep -E 'throughput:|ok .*failed|first delta|terminal \(|cores per process|subscription lists|bench: profile' "$report"
 done >> "$OUT/summary.txt"
 cat "$OUT/summary.txt"
