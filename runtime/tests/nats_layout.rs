@@ -1277,7 +1277,9 @@ async fn a_logs_head_is_asked_on_the_streams_one_direct_get_subject() {
     let unknown = ExecutionId::new_random();
     let watcher = async_nats::connect(server.url()).await.unwrap();
     let mut requests = watcher.subscribe("$JS.API.DIRECT.GET.>").await.unwrap();
-    watcher.flush().await.unwrap();
+    // A flush only sends the subscription; a round trip on the same connection comes back
+    // after the server has applied it.
+    watcher.request("$JS.API.INFO", "".into()).await.unwrap();
 
     let head = store.head(id).await.unwrap().expect("the log's head");
     assert_eq!(head.last_sequence, Sequence(2));
