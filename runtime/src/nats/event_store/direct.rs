@@ -63,6 +63,18 @@ struct LastRequest<'a> {
     last_by_subj: &'a str,
 }
 
+/// The JSON body of a direct-get request.
+fn body(request: &impl Serialize) -> Result<Bytes, StoreError> {
+    serde_json::to_vec(request)
+        .map(Bytes::from)
+        .map_err(|e| unavailable("direct get", e))
+}
+
+/// A reply status a direct get cannot go on from.
+fn refused(status: u16) -> StoreError {
+    StoreError::Unavailable(format!("direct get: status {status}"))
+}
+
 fn header_u64(headers: Option<&HeaderMap>, name: &str) -> Option<u64> {
     headers?.get(name)?.as_str().parse().ok()
 }
@@ -77,12 +89,10 @@ impl NatsEventStore {
         self.backend.check_connected()?;
         let subject = self.subject(id);
         let shard = self.shard(id);
-        let body = serde_json::to_vec(&LastRequest {
-            last_by_subj: &subject,
-        })
-        .map_err(|e| unavailable("direct get", e))?;
         let request = async_nats::Request::new()
-            .payload(body.into())
+            .payload(body(&LastRequest {
+                last_by_subj: &subject,
+            })?)
             .timeout(Some(self.backend.settings.request_timeout));
         let reply = shard
             .lane
@@ -96,9 +106,7 @@ impl NatsEventStore {
                 .map(Some)
                 .map_err(|e| unavailable("direct get", e)),
             Some(NOT_FOUND) => Ok(None),
-            Some(status) => Err(StoreError::Unavailable(format!(
-                "direct get: status {status}"
-            ))),
+            Some(status) => Err(refused(status)),
         }
     }
 
@@ -113,21 +121,21 @@ impl NatsEventStore {
     ) -> Result<Batch, StoreError> {
         self.backend.check_connected()?;
         let subject = self.subject(id);
-        let readers = &self.shard(id).readers;
+        let shard = self.shard(id);
+        let readers = &shard.readers;
         let mut replies = readers.replies.register();
-        let body = serde_json::to_vec(&BatchRequest {
+        let request = body(&BatchRequest {
             seq: from.max(1),
             next_by_subj: &subject,
             batch: max,
             max_bytes: BATCH_MAX_BYTES,
-        })
-        .map_err(|e| unavailable("direct get", e))?;
+        })?;
         readers
             .client
             .publish_with_reply(
-                self.shard(id).direct_get_subject.clone(),
+                shard.direct_get_subject.clone(),
                 replies.subject.clone(),
-                body.into(),
+                request,
             )
             .await
             .map_err(|e| unavailable("direct get", e))?;
@@ -159,11 +167,7 @@ impl NatsEventStore {
                             more: false,
                         });
                     }
-                    Some(status) => {
-                        return Err(StoreError::Unavailable(format!(
-                            "direct get: status {status}"
-                        )));
-                    }
+                    Some(status) => return Err(refused(status)),
                 }
             }
             Err(StoreError::Unavailable(
