@@ -50,13 +50,16 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 const HEALTHY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A free loopback port for a server a test starts: picked at random below the kernel's
-/// ephemeral range, checked free by binding it, then released; never the same port twice in
-/// one process.
+/// ephemeral range, reserved for this test process, checked free by binding it, then released
+/// for the server to bind.
 ///
 /// Below the ephemeral range, because that is where a port the kernel hands out (`bind` to
-/// port 0, the local end of an outgoing connection) never lands: between this release and the
-/// server's own bind, the busy machine's other tests can take a port of that range, but not
-/// this one. Only another test's random pick could, and its own bind check sees the server.
+/// port 0, the local end of an outgoing connection) never lands. And reserved
+/// ([`reserve_port`]), because between this release and the server's bind (or while a test
+/// has killed its server to restart it on the same port) another test process's random pick
+/// could land on it and find it free: two servers would then race for one port, and the loser
+/// exits during startup. A reserved port is never handed out to another test process, nor
+/// twice in this one.
 pub fn free_port() -> u16 {
     use std::collections::BTreeSet;
     use std::hash::{BuildHasher, RandomState};
@@ -70,13 +73,51 @@ pub fn free_port() -> u16 {
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
     for attempt in 0u32..1000 {
         let port = base + (random.hash_one(attempt) % u64::from(PORT_SPAN)) as u16;
-        if handed_out.contains(&port) || TcpListener::bind(("127.0.0.1", port)).is_err() {
+        if handed_out.contains(&port)
+            || !reserve_port(port)
+            || TcpListener::bind(("127.0.0.1", port)).is_err()
+        {
             continue;
         }
         handed_out.insert(port);
         return port;
     }
     kernel_port()
+}
+
+/// Reserves `port` for this process until it exits, against every other process that reserves
+/// ports this way: false if another holds it.
+///
+/// The reservation is a Unix socket bound to the abstract name `mrt-test-port-{port}`: binding
+/// a name another process holds fails, and the kernel releases it when its process exits, even
+/// killed, leaving nothing behind (no files to clean up). Elsewhere than Linux nothing is
+/// reserved (always true).
+#[cfg(target_os = "linux")]
+fn reserve_port(port: u16) -> bool {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener};
+    use std::sync::Mutex;
+    static HELD: Mutex<Vec<UnixListener>> = Mutex::new(Vec::new());
+    let name = format!("mrt-test-port-{port}");
+    let Ok(addr) = UnixAddr::from_abstract_name(name.as_bytes()) else {
+        return true;
+    };
+    match UnixListener::bind_addr(&addr) {
+        Ok(listener) => {
+            HELD.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(listener);
+            true
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => false,
+        // A system without abstract sockets: no reservation, the bind check alone.
+        Err(_) => true,
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn reserve_port(_port: u16) -> bool {
+    true
 }
 
 /// How many ports below the ephemeral range [`free_port`] picks from.
@@ -676,5 +717,43 @@ mod cluster_tests {
         assert!(!cluster.is_running(0));
         cluster.start_stopped();
         assert!((0..3).all(|i| cluster.is_running(i)));
+    }
+}
+
+#[cfg(test)]
+mod port_tests {
+    use super::*;
+
+    #[test]
+    fn a_handed_out_port_is_reserved_against_every_later_pick() {
+        let port = free_port();
+        // The reservation is a name in the kernel's abstract socket namespace, shared by every
+        // process: a second bind fails whichever process tries it.
+        #[cfg(target_os = "linux")]
+        assert!(!reserve_port(port), "port {port} was reserved twice");
+        let others: Vec<u16> = (0..50).map(|_| free_port()).collect();
+        assert!(!others.contains(&port), "port {port} handed out twice");
+        // It is still free to bind: the server it is for can take it.
+        TcpListener::bind(("127.0.0.1", port)).expect("the reserved port binds");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn another_process_cannot_reserve_a_port_this_one_holds() {
+        let port = free_port();
+        // Python binds the same abstract name in a process of its own.
+        let script = format!(
+            "import socket,sys\ns=socket.socket(socket.AF_UNIX)\n\
+             try:\n s.bind('\\0mrt-test-port-{port}')\nexcept OSError:\n sys.exit(3)\n"
+        );
+        let status = Command::new("python3")
+            .args(["-c", &script])
+            .status()
+            .expect("python3 runs");
+        assert_eq!(
+            status.code(),
+            Some(3),
+            "another process reserved port {port}"
+        );
     }
 }
