@@ -24,3 +24,37 @@ pub async fn stream_state(js: &Context, name: &str) -> State {
         .state
         .clone()
 }
+
+/// A replicated stream, or a consumer of one: a group with a leader of its own on a cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Group {
+    Stream(String),
+    /// Stream, consumer.
+    Consumer(String, String),
+}
+
+/// The server name leading `group` now (`None` during an election, or while it cannot be read).
+pub async fn leader(js: &Context, group: &Group) -> Option<String> {
+    let cluster = match group {
+        Group::Stream(name) => {
+            let mut stream = js.get_stream(name).await.ok()?;
+            stream.info().await.ok()?.cluster.clone()
+        }
+        Group::Consumer(stream, name) => {
+            let stream = js.get_stream(stream).await.ok()?;
+            stream.consumer_info(name).await.ok()?.cluster
+        }
+    };
+    cluster?.leader
+}
+
+/// Asks `group`'s leader to hand leadership to server `to` (as `nats stream cluster step-down
+/// --preferred` does); what the server answers is not checked: read [`leader`].
+pub async fn ask_leader(js: &Context, group: &Group, to: &str) {
+    let api = match group {
+        Group::Stream(s) => format!("STREAM.LEADER.STEPDOWN.{s}"),
+        Group::Consumer(s, c) => format!("CONSUMER.LEADER.STEPDOWN.{s}.{c}"),
+    };
+    let body = serde_json::json!({ "placement": { "preferred": to } });
+    let _: Result<serde_json::Value, _> = js.request(api, &body).await;
+}

@@ -45,6 +45,21 @@ pub struct WorkerArgs {
     #[arg(long, env = "MODEL_RUNTIME_APPEND_PACE_MS", default_value = "auto",
           value_parser = parse_append_pace)]
     pub append_pace_ms: AppendPace,
+    /// On a NATS cluster, how often (milliseconds) the worker checks that each partition's
+    /// streams and consumers are led from the node of its own (partition k from the k-th by
+    /// name, `runtime::nats::spawn_leader_placement`) and moves a leader that stayed away
+    /// from it; `0` never moves one. Nothing happens with one partition or one replica.
+    #[arg(long, env = "MODEL_RUNTIME_LEADER_PLACEMENT_MS", default_value_t = 30_000,
+          value_parser = parse_leader_placement)]
+    pub leader_placement_ms: u64,
+}
+
+/// The worker's `--leader-placement-ms`: 0 (off) or 500 ms to one hour.
+fn parse_leader_placement(value: &str) -> Result<u64, String> {
+    match value.parse::<u64>() {
+        Ok(ms) if ms == 0 || (500..=3_600_000).contains(&ms) => Ok(ms),
+        _ => Err("expected 0 (off) or a number of milliseconds from 500 to 3600000".into()),
+    }
 }
 
 /// The worker's `--append-pace-ms` (see [`runtime::pace`]).
@@ -220,6 +235,13 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
         runtime::SweeperSettings::default(),
     )
     .spawn(stopping.clone());
+    if args.leader_placement_ms > 0 {
+        runtime::nats::spawn_leader_placement(
+            &nats.connection,
+            Duration::from_millis(args.leader_placement_ms),
+            stopping.clone(),
+        );
+    }
     let runner = Arc::new(Runner::new(
         registry,
         store,
@@ -276,6 +298,23 @@ mod tests {
     fn pace_of(args: &[&str]) -> Result<AppendPace, clap::Error> {
         let argv = ["worker", "--backend", "nats"].iter().chain(args);
         WorkerArgs::try_parse_from(argv).map(|a| a.append_pace_ms)
+    }
+
+    #[test]
+    fn leader_placement_runs_every_30_s_unless_told_another_period_or_0() {
+        let placement = |args: &[&str]| {
+            let argv = ["worker", "--backend", "nats"].iter().chain(args);
+            WorkerArgs::try_parse_from(argv).map(|a| a.leader_placement_ms)
+        };
+        assert_eq!(placement(&[]).unwrap(), 30_000);
+        assert_eq!(placement(&["--leader-placement-ms", "0"]).unwrap(), 0);
+        assert_eq!(placement(&["--leader-placement-ms", "500"]).unwrap(), 500);
+        for bad in ["1", "499", "3600001", "-1", "often"] {
+            let arg = format!("--leader-placement-ms={bad}");
+            let error = placement(&[arg.as_str()]).unwrap_err().to_string();
+            assert!(error.contains("--leader-placement-ms"), "{error}");
+            assert!(error.contains("0 (off)"), "{error}");
+        }
     }
 
     #[test]

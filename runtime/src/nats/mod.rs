@@ -20,13 +20,15 @@
 //!   `{ns}.cancel.{id}` for prompt delivery.
 //!
 //! Streams, the consumer and the bucket are created or reconciled with the process's settings at
-//! startup (see `reconcile`); several processes may start at once.
+//! startup (see `reconcile`); several processes may start at once. On a cluster, workers keep
+//! each partition's leaders on a node of its own (`placement`).
 //! [`NatsServices::connect`] is the one way a process connects all three.
 
 mod access;
 mod cancel;
 mod event_store;
 mod job_queue;
+mod placement;
 pub mod quorum;
 mod reconcile;
 mod replies;
@@ -42,6 +44,7 @@ pub use access::{NatsAccess, ResolvedAccess};
 pub use cancel::NatsCancelBus;
 pub use event_store::{NatsEventStore, OWNER_HEADER, stored_events};
 pub use job_queue::NatsJobQueue;
+pub use placement::{misplaced_leaders, spawn_leader_placement};
 // For other crates' streams and consumers in the namespace (webhook deliveries).
 pub use reconcile::{pull_consumer as reconcile_pull_consumer, stream as reconcile_stream};
 pub use services::{NatsConnectSettings, NatsServices};
