@@ -28,7 +28,10 @@
 //! comes), and with the jobs and logs spread over three partitions (`--partitions`: three jobs
 //! streams, consumers and events streams) and the workers' output paced (`--append-pace-ms`),
 //! so runs of several events are in flight and held when nodes die; there the first kill takes
-//! the leader of the last partition's events stream, the second that of its jobs stream.
+//! the leader of the last partition's events stream, the second that of its jobs stream, and
+//! the workers place leaders every second (`--leader-placement-ms`): after the kills each
+//! partition must be led from its own node again (partition k from node k), so leaders move
+//! under load as well, and the audit covers those moves too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -41,7 +44,7 @@ use e2e_tests::*;
 use futures_util::StreamExt;
 use protocol::sse::{SseEvent, SseParser};
 use serde_json::{Value, json};
-use testkit::jetstream::stream_state;
+use testkit::jetstream::{Group, leader, stream_state};
 use testkit::{NatsCluster, RedisServer, TempDir, unique_namespace};
 use tokio::sync::Mutex;
 
@@ -51,6 +54,10 @@ const CLIENTS: usize = 8;
 const SUBMIT_BOUND: Duration = Duration::from_secs(2);
 /// How soon after a kill submits must succeed again (contract section 8).
 const RECOVERY_BOUND: Duration = Duration::from_secs(15);
+/// How long the workers' leader placement may take to lead each partition from its node
+/// again once every node is back (readings a second apart, then an election per group, on a
+/// busy machine).
+const PLACED: Duration = Duration::from_secs(90);
 /// Longest one execution may take to reach its terminal event through failovers.
 const EXECUTION_BOUND: Duration = Duration::from_secs(60);
 
@@ -72,6 +79,9 @@ struct Layout {
     /// `MODEL_RUNTIME_APPEND_PACE_MS` of the workers (set for every process; only workers
     /// read it); `None`: unset (no pacing).
     pace_ms: Option<u16>,
+    /// `MODEL_RUNTIME_LEADER_PLACEMENT_MS` of the workers; `None`: unset (every 30 s). Set, the
+    /// scenario also checks that each partition is led from its node again after the kills.
+    placement_ms: Option<u64>,
 }
 
 /// NATS cluster, Redis, and the gateway and worker processes, each on one node.
@@ -122,6 +132,11 @@ impl Stack {
                     .pace_ms
                     .map(|ms| ("MODEL_RUNTIME_APPEND_PACE_MS".into(), ms.to_string())),
             )
+            .chain(
+                layout
+                    .placement_ms
+                    .map(|ms| ("MODEL_RUNTIME_LEADER_PLACEMENT_MS".into(), ms.to_string())),
+            )
             .collect()
         };
         let gateways = [1, 2]
@@ -169,6 +184,23 @@ impl Stack {
     fn jobs_streams(&self) -> Vec<String> {
         let layout = runtime::nats::EventShards::new(self.namespace.clone(), self.shards).unwrap();
         (0..self.shards).map(|p| layout.jobs_stream(p)).collect()
+    }
+
+    /// The groups partition `k` is led by: its events and jobs streams and its lanes'
+    /// consumers (the namespace has the default lanes).
+    fn partition_groups(&self, k: u16) -> Vec<Group> {
+        let layout = runtime::nats::EventShards::new(self.namespace.clone(), self.shards)
+            .unwrap()
+            .with_lanes(runtime::nats::DEFAULT_TENANT_LANES)
+            .unwrap();
+        let mut groups = vec![
+            Group::Stream(layout.stream(k)),
+            Group::Stream(layout.jobs_stream(k)),
+        ];
+        groups.extend((0..layout.lanes()).map(|lane| {
+            Group::Consumer(layout.jobs_stream(k), layout.jobs_lane_consumer(k, lane))
+        }));
+        groups
     }
 
     /// The last partition's jobs stream.
@@ -458,6 +490,30 @@ async fn wait_all_current(js: &async_nats::jetstream::Context, stack: &Stack) {
     }
 }
 
+/// Waits until every group of partition k is led from node k (the workers' leader placement),
+/// as it was before the kills moved leaders away.
+async fn wait_placed(js: &async_nats::jetstream::Context, stack: &Stack) {
+    let deadline = Instant::now() + PLACED;
+    for k in 0..stack.shards {
+        let place = stack.nats.server_name(usize::from(k));
+        for group in stack.partition_groups(k) {
+            loop {
+                let now = leader(js, &group).await;
+                if now.as_deref() == Some(place) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{group:?} of partition {k} led by {now:?}, not {place}, {PLACED:?} after \
+                     the last node came back\n{}",
+                    stack.logs()
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
 /// Waits until `more` further executions reached their terminal event.
 async fn wait_terminals(observed: &Observed, more: usize, stack: &Stack) {
     let target = observed.terminals.load(Ordering::SeqCst) + more;
@@ -615,6 +671,7 @@ async fn killing_any_node_loses_nothing_and_every_execution_ends() {
     kills_lose_nothing(Layout {
         shards: None,
         pace_ms: None,
+        placement_ms: None,
     })
     .await;
 }
@@ -625,6 +682,7 @@ async fn killing_any_node_loses_nothing_with_sharded_logs_and_paced_output() {
     kills_lose_nothing(Layout {
         shards: Some(3),
         pace_ms: Some(500),
+        placement_ms: Some(1000),
     })
     .await;
 }
@@ -666,6 +724,14 @@ async fn kills_lose_nothing(layout: Layout) {
         .expect("three workers on three nodes, two kills");
     let victim = *victim;
     kill_and_recover("a worker's node", victim, &mut stack, &js, &observed).await;
+    if layout.placement_ms.is_some() {
+        let started = Instant::now();
+        wait_placed(&js, &stack).await;
+        eprintln!(
+            "each partition led from its node again {:?} after the last node came back",
+            started.elapsed()
+        );
+    }
     restart_whole_cluster(&mut stack, &js, &observed).await;
 
     observed.stop.store(true, Ordering::SeqCst);
