@@ -18,6 +18,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use testkit::KillOnDrop;
 use tokio::time::Instant;
 
+/// The workers' `--leader-placement-ms`: readings a second apart.
+const PLACEMENT_MS: u64 = 1000;
+
 /// How long a server or worker may take to start on a busy machine.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -321,6 +324,11 @@ impl Stack {
     /// Starts `plan.workers` worker processes with deployment `config` and waits until each
     /// printed `worker started`.
     pub async fn start_workers(&mut self, plan: &StackPlan, config: &Path) -> Result<(), String> {
+        // Workers of builds before leader placement have no such flag (comparing builds).
+        let places = plan.nats_nodes > 1 && plan.replicas > 1 && {
+            let help = Command::new(&plan.worker_bin).arg("--help").output();
+            help.is_ok_and(|h| String::from_utf8_lossy(&h.stdout).contains("--leader-placement-ms"))
+        };
         let mut started = Vec::new();
         for i in 0..plan.workers {
             let name = format!("worker-{}", i + 1);
@@ -334,6 +342,9 @@ impl Stack {
                 .arg("--admin-port=0")
                 .arg("--config")
                 .arg(config)
+                // On a cluster, partitions are led from nodes of their own within seconds of
+                // the start (`wait_placed`), not after the default 30 s.
+                .args(places.then(|| format!("--leader-placement-ms={PLACEMENT_MS}")))
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(log_target(plan.log_dir.as_deref(), &name)?)
@@ -363,7 +374,57 @@ impl Stack {
                 }
             }
         }
+        if places {
+            self.wait_placed().await?;
+        }
         Ok(())
+    }
+
+    /// Waits until the workers have led each partition from its node
+    /// (`runtime::nats::misplaced_leaders`), so a run on a cluster measures partitions spread
+    /// over the nodes, as deployments run, and no leader moves during it. Nothing to wait for
+    /// with one partition.
+    async fn wait_placed(&mut self) -> Result<(), String> {
+        let servers = self
+            .nats_urls
+            .iter()
+            .map(|u| u.parse::<async_nats::ServerAddr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        let client = async_nats::connect(servers)
+            .await
+            .map_err(|e| format!("cannot connect to NATS: {e}"))?;
+        let js = async_nats::jetstream::new(client);
+        let layout = runtime::nats::recorded_event_shards(&js, &self.namespace)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("the namespace has no streams after the workers started")?;
+        if layout.count() < 2 {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let deadline = started + START_TIMEOUT;
+        loop {
+            let away = runtime::nats::misplaced_leaders(&js, &layout).await;
+            if away.is_empty() {
+                eprintln!(
+                    "bench: each of {} partitions led from its node after {:.1} s",
+                    layout.count(),
+                    started.elapsed().as_secs_f64()
+                );
+                return Ok(());
+            }
+            if let Some(name) = self.exited() {
+                return Err(format!("{name} exited while leaders were placed"));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "partitions not led from their nodes within {START_TIMEOUT:?}: {}",
+                    away.join("; ")
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
 
     /// `(name, pid)` of every process of the stack, for the CPU report.
