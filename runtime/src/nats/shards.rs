@@ -6,7 +6,8 @@
 //! each other there however many processes and cores are added. A namespace may therefore
 //! spread its work over `n` partitions (one by default, the layout of earlier versions). Each
 //! partition has its own jobs stream, workers' consumer and events stream, so on a cluster
-//! their leaders can sit on different nodes; every worker pulls from every partition.
+//! their leaders can sit on different nodes (the workers put partition k's on the k-th node:
+//! `placement`); every worker pulls from every partition.
 //!
 //! | partition | events stream | log subjects | jobs stream | jobs subject | consumer |
 //! | --- | --- | --- | --- | --- | --- |
