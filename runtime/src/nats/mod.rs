@@ -206,6 +206,9 @@ impl Readers {
 #[derive(Clone)]
 pub(crate) struct Lane {
     pub(crate) context: jetstream::Context,
+    /// The context's connection, kept to be read without a clone (`Context::client` clones
+    /// it, and `connected` asks every lane before every append).
+    client: async_nats::Client,
     pub(crate) writes: quorum::Writes,
 }
 
@@ -390,6 +393,7 @@ impl NatsBackend {
         };
         let mut lanes = vec![Lane {
             context: js.clone(),
+            client: client.clone(),
             writes: writes.clone(),
         }];
         for lane in 1..events.count().min(MAX_LANES) {
@@ -397,10 +401,11 @@ impl NatsBackend {
             let (extra, watch) =
                 watched(format!("-lane{lane}"), "lane", lane_writes.clone()).await?;
             watches.push(watch);
-            let mut context = jetstream::new(extra);
+            let mut context = jetstream::new(extra.clone());
             context.set_timeout(settings.request_timeout);
             lanes.push(Lane {
                 context,
+                client: extra,
                 writes: lane_writes,
             });
             if settings.reader_lanes {
@@ -463,7 +468,7 @@ impl NatsBackend {
             && self
                 .lanes
                 .iter()
-                .all(|lane| lane.context.client().connection_state() == State::Connected)
+                .all(|lane| lane.client.connection_state() == State::Connected)
     }
 
     pub(crate) fn check_connected(&self) -> Result<(), StoreError> {

@@ -96,7 +96,7 @@ pub(super) async fn delivery(
     message: async_nats::jetstream::Message,
     received_at: tokio::time::Instant,
     lease: &Arc<Lease>,
-    stream: &Stream,
+    stream: &Arc<Stream>,
 ) -> Option<Delivery> {
     let (delivered, stream_sequence, pending) = message
         .info()
@@ -117,7 +117,7 @@ pub(super) async fn delivery(
                 handle: Box::new(NatsDelivery {
                     acker,
                     lease: Arc::clone(lease),
-                    stream: stream.clone(),
+                    stream: Arc::clone(stream),
                     stream_sequence,
                     received_at,
                     pending,
@@ -136,7 +136,7 @@ struct NatsDelivery {
     acker: Acker,
     lease: Arc<Lease>,
     /// The jobs stream and the job's sequence in it (for `withdrawn`).
-    stream: Stream,
+    stream: Arc<Stream>,
     stream_sequence: u64,
     received_at: tokio::time::Instant,
     /// Jobs the consumer had left to hand out after this one (the delivery's metadata).

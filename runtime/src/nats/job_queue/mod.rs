@@ -126,8 +126,9 @@ struct Source {
     lease: OnceCell<Arc<Lease>>,
     /// The standing inbox its pull requests answer to, subscribed on first use (workers only).
     inbox: OnceCell<pull::Inbox>,
-    /// The partition's jobs stream, looked up on first use (shared by its lanes).
-    stream: Arc<OnceCell<Stream>>,
+    /// The partition's jobs stream, looked up on first use (shared by its lanes), behind an
+    /// `Arc`: every delivery keeps it, and a `Stream` clone copies the stream's whole info.
+    stream: Arc<OnceCell<Arc<Stream>>>,
 }
 
 impl std::fmt::Debug for NatsJobQueue {
@@ -241,7 +242,7 @@ impl NatsJobQueue {
     }
 
     /// A source's jobs stream (its partition's), looked up once.
-    async fn stream<'a>(&self, source: &'a Source) -> Result<&'a Stream, StoreError> {
+    async fn stream<'a>(&self, source: &'a Source) -> Result<&'a Arc<Stream>, StoreError> {
         source
             .stream
             .get_or_try_init(|| async {
@@ -249,6 +250,7 @@ impl NatsJobQueue {
                     .lane
                     .get_stream(&source.stream_name)
                     .await
+                    .map(Arc::new)
                     .map_err(|e| unavailable("jobs stream", e))
             })
             .await
@@ -317,14 +319,14 @@ impl NatsJobQueue {
         source: &Source,
         max: usize,
         expires: Option<Duration>,
-    ) -> Result<Option<(Pulled, Arc<Lease>, Stream)>, StoreError> {
+    ) -> Result<Option<(Pulled, Arc<Lease>, Arc<Stream>)>, StoreError> {
         if self.closed.is_cancelled() {
             return Ok(None);
         }
         let lease = self.shared_lease(source).await?;
         lease.refresh();
         // Looked up before pulling, so a lookup failure never strands a delivered job.
-        let stream = self.stream(source).await?.clone();
+        let stream = Arc::clone(self.stream(source).await?);
         let inbox = source
             .inbox
             .get_or_try_init(|| pull::Inbox::new(&source.lane))
@@ -339,7 +341,11 @@ impl NatsJobQueue {
 
     /// The deliveries of `requests` (pull requests sent together for at most `max` jobs in
     /// all), merged as they arrive.
-    fn deliveries(&self, requests: Vec<(Pulled, Arc<Lease>, Stream)>, max: usize) -> Deliveries {
+    fn deliveries(
+        &self,
+        requests: Vec<(Pulled, Arc<Lease>, Arc<Stream>)>,
+        max: usize,
+    ) -> Deliveries {
         let closed = self.closed.clone();
         // Each message is taken (and its reception timed) as soon as it arrives, and the
         // large ones are decoded side by side, so no job waits for the decoding of a large one
@@ -347,7 +353,7 @@ impl NatsJobQueue {
         let merged =
             futures_util::stream::select_all(requests.into_iter().map(|(batch, lease, stream)| {
                 batch
-                    .map(move |message| (message, Arc::clone(&lease), stream.clone()))
+                    .map(move |message| (message, Arc::clone(&lease), Arc::clone(&stream)))
                     .boxed()
             }));
         merged
