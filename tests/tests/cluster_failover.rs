@@ -29,9 +29,10 @@
 //! streams, consumers and events streams) and the workers' output paced (`--append-pace-ms`),
 //! so runs of several events are in flight and held when nodes die; there the first kill takes
 //! the leader of the last partition's events stream, the second that of its jobs stream, and
-//! the workers place leaders every second (`--leader-placement-ms`): after the kills each
-//! partition must be led from its own node again (partition k from node k), so leaders move
-//! under load as well, and the audit covers those moves too.
+//! the workers place leaders every second (`--leader-placement-ms`): after the kills, and again
+//! after the whole cluster's restart, each partition must be led from its own node again
+//! (partition k from node k), so leaders move under load as well, and the audit covers those
+//! moves too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -44,7 +45,7 @@ use e2e_tests::*;
 use futures_util::StreamExt;
 use protocol::sse::{SseEvent, SseParser};
 use serde_json::{Value, json};
-use testkit::jetstream::{Group, leader, stream_state};
+use testkit::jetstream::{Group, leader};
 use testkit::{NatsCluster, RedisServer, TempDir, unique_namespace};
 use tokio::sync::Mutex;
 
@@ -588,7 +589,7 @@ async fn restart_whole_cluster(
     let events = stack.event_streams();
     let mut stored_before = HashMap::new();
     for stream in &events {
-        stored_before.insert(stream.clone(), stream_state(js, stream).await.messages);
+        stored_before.insert(stream.clone(), settled_state(js, stream).await.messages);
     }
     let stored_before_all: u64 = stored_before.values().sum();
     eprintln!("stopping the whole cluster ({stored_before_all} events stored)");
@@ -607,7 +608,7 @@ async fn restart_whole_cluster(
     // Events are never deleted within the retention: each stream only grows, and the audit
     // compares every event clients saw before the restart with the log after it.
     for stream in &events {
-        let stored_after = stream_state(js, stream).await;
+        let stored_after = settled_state(js, stream).await;
         assert_eq!(
             stored_after.first_sequence, 1,
             "{stream}: events lost in the restart"
@@ -616,6 +617,46 @@ async fn restart_whole_cluster(
             stored_after.messages >= stored_before[stream],
             "{stream}: events lost in the restart"
         );
+    }
+}
+
+/// The state of stream `name`, asked again while its leader cannot answer (an election: after
+/// a restart the workers move leaders back to their nodes while this reads).
+async fn settled_state(
+    js: &async_nats::jetstream::Context,
+    name: &str,
+) -> async_nats::jetstream::stream::State {
+    let deadline = Instant::now() + PROMPT;
+    loop {
+        let read = async { js.get_stream(name).await.ok()?.info().await.ok().cloned() };
+        if let Some(info) = read.await {
+            return info.state;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: no state within {PROMPT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Message `sequence` of `stream`, asked again while the stream's leader cannot answer (an
+/// election, such as a leader placed back on its node, times a request out).
+async fn raw_message(
+    stream: &async_nats::jetstream::stream::Stream,
+    sequence: u64,
+) -> async_nats::jetstream::message::StreamMessage {
+    let deadline = Instant::now() + PROMPT;
+    loop {
+        match stream.get_raw_message(sequence).await {
+            Ok(message) => return message,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "message {sequence} of {} unreadable: {e}",
+                stream.cached_info().config.name
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -632,7 +673,7 @@ async fn stored_logs(
         let mut stream = js.get_stream(&name).await.unwrap();
         let last = stream.info().await.unwrap().state.last_sequence;
         for sequence in 1..=last {
-            let message = stream.get_raw_message(sequence).await.unwrap();
+            let message = raw_message(&stream, sequence).await;
             // `{ns}.events.{id}` in the first shard, `{ns}.events.{k}.{id}` in the others.
             let rest = message.subject.as_str().strip_prefix(&prefix).unwrap();
             let id = rest.rsplit('.').next().unwrap().to_owned();
@@ -733,6 +774,16 @@ async fn kills_lose_nothing(layout: Layout) {
         );
     }
     restart_whole_cluster(&mut stack, &js, &observed).await;
+    if layout.placement_ms.is_some() {
+        // The restart elected every leader afresh: the workers move them back while the
+        // clients run, and the audit below reads the streams once they stay put.
+        let started = Instant::now();
+        wait_placed(&js, &stack).await;
+        eprintln!(
+            "each partition led from its node again {:?} after the cluster's restart",
+            started.elapsed()
+        );
+    }
 
     observed.stop.store(true, Ordering::SeqCst);
     for client in clients {
