@@ -523,16 +523,7 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
     // JetStream message counts before any load (the gateway created the streams at startup).
     let js = match &stack {
         Some(stack) => {
-            let servers = stack
-                .nats_urls
-                .iter()
-                .map(|u| u.parse::<async_nats::ServerAddr>())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("bad NATS URL: {e}"))?;
-            let client = async_nats::connect(servers)
-                .await
-                .map_err(|e| format!("cannot connect to NATS: {e}"))?;
-            let js = async_nats::jetstream::new(client);
+            let js = stack.jetstream().await?;
             let before = servers::stream_counts(&js, &stack.namespace).await?;
             let subs = sublists(&stack.nats_monitors).await;
             Some((js, before, subs))

@@ -385,16 +385,7 @@ impl Stack {
     /// over the nodes, as deployments run, and no leader moves during it. Nothing to wait for
     /// with one partition.
     async fn wait_placed(&mut self) -> Result<(), String> {
-        let servers = self
-            .nats_urls
-            .iter()
-            .map(|u| u.parse::<async_nats::ServerAddr>())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| e.to_string())?;
-        let client = async_nats::connect(servers)
-            .await
-            .map_err(|e| format!("cannot connect to NATS: {e}"))?;
-        let js = async_nats::jetstream::new(client);
+        let js = self.jetstream().await?;
         let layout = runtime::nats::recorded_event_shards(&js, &self.namespace)
             .await
             .map_err(|e| e.to_string())?
@@ -425,6 +416,21 @@ impl Stack {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    /// A plain JetStream client of the stack's servers (every node), for the harness's own
+    /// reads.
+    pub async fn jetstream(&self) -> Result<async_nats::jetstream::Context, String> {
+        let servers = self
+            .nats_urls
+            .iter()
+            .map(|u| u.parse::<async_nats::ServerAddr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("bad NATS URL: {e}"))?;
+        let client = async_nats::connect(servers)
+            .await
+            .map_err(|e| format!("cannot connect to NATS: {e}"))?;
+        Ok(async_nats::jetstream::new(client))
     }
 
     /// `(name, pid)` of every process of the stack, for the CPU report.

@@ -13,16 +13,22 @@ pub async fn connect(url: &str) -> Context {
     async_nats::jetstream::new(client)
 }
 
-/// The state of stream `name` on the server (messages, first and last sequence, ...).
+/// The state of stream `name` on the server (messages, first and last sequence, ...), asked
+/// again for up to 30 s while the stream cannot answer (on a cluster, during an election of
+/// its leader).
 pub async fn stream_state(js: &Context, name: &str) -> State {
-    js.get_stream(name)
-        .await
-        .unwrap_or_else(|e| panic!("stream {name}: {e}"))
-        .info()
-        .await
-        .unwrap_or_else(|e| panic!("info of stream {name}: {e}"))
-        .state
-        .clone()
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let error = match js.get_stream(name).await {
+            Ok(mut stream) => match stream.info().await {
+                Ok(info) => return info.state.clone(),
+                Err(e) => format!("info of stream {name}: {e}"),
+            },
+            Err(e) => format!("stream {name}: {e}"),
+        };
+        assert!(std::time::Instant::now() < deadline, "{error}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
 
 /// A replicated stream, or a consumer of one: a group with a leader of its own on a cluster.

@@ -45,7 +45,7 @@ use e2e_tests::*;
 use futures_util::StreamExt;
 use protocol::sse::{SseEvent, SseParser};
 use serde_json::{Value, json};
-use testkit::jetstream::{Group, leader};
+use testkit::jetstream::{Group, leader, stream_state};
 use testkit::{NatsCluster, RedisServer, TempDir, unique_namespace};
 use tokio::sync::Mutex;
 
@@ -492,9 +492,10 @@ async fn wait_all_current(js: &async_nats::jetstream::Context, stack: &Stack) {
 }
 
 /// Waits until every group of partition k is led from node k (the workers' leader placement),
-/// as it was before the kills moved leaders away.
-async fn wait_placed(js: &async_nats::jetstream::Context, stack: &Stack) {
-    let deadline = Instant::now() + PLACED;
+/// as it was before the kills moved leaders away; says how long that took `after` what.
+async fn wait_placed(js: &async_nats::jetstream::Context, stack: &Stack, after: &str) {
+    let started = Instant::now();
+    let deadline = started + PLACED;
     for k in 0..stack.shards {
         let place = stack.nats.server_name(usize::from(k));
         for group in stack.partition_groups(k) {
@@ -506,13 +507,17 @@ async fn wait_placed(js: &async_nats::jetstream::Context, stack: &Stack) {
                 assert!(
                     Instant::now() < deadline,
                     "{group:?} of partition {k} led by {now:?}, not {place}, {PLACED:?} after \
-                     the last node came back\n{}",
+                     {after}\n{}",
                     stack.logs()
                 );
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
     }
+    eprintln!(
+        "each partition led from its node again {:?} after {after}",
+        started.elapsed()
+    );
 }
 
 /// Waits until `more` further executions reached their terminal event.
@@ -589,7 +594,7 @@ async fn restart_whole_cluster(
     let events = stack.event_streams();
     let mut stored_before = HashMap::new();
     for stream in &events {
-        stored_before.insert(stream.clone(), settled_state(js, stream).await.messages);
+        stored_before.insert(stream.clone(), stream_state(js, stream).await.messages);
     }
     let stored_before_all: u64 = stored_before.values().sum();
     eprintln!("stopping the whole cluster ({stored_before_all} events stored)");
@@ -608,7 +613,7 @@ async fn restart_whole_cluster(
     // Events are never deleted within the retention: each stream only grows, and the audit
     // compares every event clients saw before the restart with the log after it.
     for stream in &events {
-        let stored_after = settled_state(js, stream).await;
+        let stored_after = stream_state(js, stream).await;
         assert_eq!(
             stored_after.first_sequence, 1,
             "{stream}: events lost in the restart"
@@ -617,26 +622,6 @@ async fn restart_whole_cluster(
             stored_after.messages >= stored_before[stream],
             "{stream}: events lost in the restart"
         );
-    }
-}
-
-/// The state of stream `name`, asked again while its leader cannot answer (an election: after
-/// a restart the workers move leaders back to their nodes while this reads).
-async fn settled_state(
-    js: &async_nats::jetstream::Context,
-    name: &str,
-) -> async_nats::jetstream::stream::State {
-    let deadline = Instant::now() + PROMPT;
-    loop {
-        let read = async { js.get_stream(name).await.ok()?.info().await.ok().cloned() };
-        if let Some(info) = read.await {
-            return info.state;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name}: no state within {PROMPT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -766,23 +751,13 @@ async fn kills_lose_nothing(layout: Layout) {
     let victim = *victim;
     kill_and_recover("a worker's node", victim, &mut stack, &js, &observed).await;
     if layout.placement_ms.is_some() {
-        let started = Instant::now();
-        wait_placed(&js, &stack).await;
-        eprintln!(
-            "each partition led from its node again {:?} after the last node came back",
-            started.elapsed()
-        );
+        wait_placed(&js, &stack, "the last node came back").await;
     }
     restart_whole_cluster(&mut stack, &js, &observed).await;
     if layout.placement_ms.is_some() {
         // The restart elected every leader afresh: the workers move them back while the
         // clients run, and the audit below reads the streams once they stay put.
-        let started = Instant::now();
-        wait_placed(&js, &stack).await;
-        eprintln!(
-            "each partition led from its node again {:?} after the cluster's restart",
-            started.elapsed()
-        );
+        wait_placed(&js, &stack, "the cluster's restart").await;
     }
 
     observed.stop.store(true, Ordering::SeqCst);

@@ -206,9 +206,9 @@ impl Readers {
 #[derive(Clone)]
 pub(crate) struct Lane {
     pub(crate) context: jetstream::Context,
-    /// The context's connection, kept to be read without a clone (`Context::client` clones
-    /// it, and `connected` asks every lane before every append).
-    client: async_nats::Client,
+    /// The context's connection, kept to be used without a clone (`Context::client` clones
+    /// it: `connected` asks every lane before every append, and a log's head is read on it).
+    pub(crate) client: async_nats::Client,
     pub(crate) writes: quorum::Writes,
 }
 

@@ -95,12 +95,20 @@ impl Leadership {
         Some(peers[usize::from(partition) % peers.len()])
     }
 
+    /// The place, when the leader is not there.
+    pub(crate) fn away_from(&self, partition: u16) -> Option<&str> {
+        self.place(partition)
+            .filter(|place| self.leader.as_deref() != Some(*place))
+    }
+
     /// The peer to hand leadership to, when the leader is away from the place and the place
     /// is a ready follower.
     pub(crate) fn move_to(&self, partition: u16) -> Option<&str> {
-        let place = self.place(partition)?;
-        let ready = self.followers.iter().any(|f| f.name == place && f.ready);
-        (self.leader.as_deref() != Some(place) && ready).then_some(place)
+        let place = self.away_from(partition)?;
+        self.followers
+            .iter()
+            .any(|f| f.name == place && f.ready)
+            .then_some(place)
     }
 }
 
@@ -155,10 +163,7 @@ impl Placer {
             let Some(leadership) = leadership else {
                 continue;
             };
-            let misplaced = leadership
-                .place(partition)
-                .is_some_and(|place| leadership.leader.as_deref() != Some(place));
-            if !misplaced {
+            if leadership.away_from(partition).is_none() {
                 continue;
             }
             if self.away.contains(group)
@@ -296,9 +301,7 @@ pub async fn misplaced_leaders(js: &jetstream::Context, events: &EventShards) ->
             away.push(format!("{group}: leadership unknown"));
             continue;
         };
-        if let Some(place) = leadership.place(partition)
-            && leadership.leader.as_deref() != Some(place)
-        {
+        if let Some(place) = leadership.away_from(partition) {
             let leader = leadership.leader.as_deref().unwrap_or("nobody");
             away.push(format!("{group} led by {leader}, place {place}"));
         }

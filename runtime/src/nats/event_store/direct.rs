@@ -96,8 +96,7 @@ impl NatsEventStore {
             .timeout(Some(self.backend.settings.request_timeout));
         let reply = shard
             .lane
-            .context
-            .client()
+            .client
             .send_request(shard.direct_get_subject.clone(), request)
             .await
             .map_err(|e| unavailable("direct get", e))?;
