@@ -1,16 +1,26 @@
 //! The job loop: `concurrency` slots. With a queue of one source, the loop waits for a free
 //! slot, then asks the queue for as many jobs as slots are free then (at most [`MAX_PULL`]) in
 //! one request, so no worker buffers jobs it cannot start and under load one round trip brings
-//! several jobs. With several sources (partitions, and their tenant lanes), one loop per
-//! source, all sharing the slots, each either *waiting* (one request for one job, holding no
-//! slot: a source without jobs holds none of the slots) or, once its source has jobs, *taking*
-//! (as many as slots are free, up to its share, without waiting on the source) until its
-//! source runs dry; a job whose delivery says its source had none left goes straight back to
-//! waiting, without a take that would only be told so. Free slots go to the waiting loops in turn, so the lanes of tenants with
-//! jobs share the slots evenly whatever their backlogs: one tenant's thousand waiting jobs
-//! never stand in front of another tenant's first. Each job runs in its slot, heartbeating
-//! the delivery while the execution runs, and is acknowledged once the log is terminal. The slot is freed when the execution ends, before that
-//! acknowledgement's round trip, so a busy worker takes its next job one round trip sooner.
+//! several jobs.
+//!
+//! With several sources (partitions, and their tenant lanes), one loop per source, all sharing
+//! the slots, each either *waiting* or *taking*:
+//! - waiting, a loop holds no slot (a source without jobs holds none of the slots) and asks its
+//!   source for its part of the slots free then (`waiting_ask`: at least one), the request
+//!   staying open a while, so jobs that arrive one at a time come through one request. Each
+//!   job starts as it arrives, in a free slot, or, should the other loops have filled the
+//!   slots meanwhile, once one frees, heartbeated while it waits;
+//! - once its source has jobs left, taking: as many as slots are free, up to its share,
+//!   without waiting on the source, until the source runs dry. A request whose last delivery
+//!   says its source had none left goes straight back to waiting, without a take that would
+//!   only be told so.
+//!
+//! Free slots go to the loops in turn (the semaphore is first come, first served), so the
+//! lanes of tenants with jobs share the slots evenly whatever their backlogs: one tenant's
+//! thousand waiting jobs never stand in front of another tenant's first. Each job runs in its
+//! slot, heartbeating the delivery while the execution runs, and is acknowledged once the log
+//! is terminal. The slot is freed when the execution ends, before that acknowledgement's
+//! round trip, so a busy worker takes its next job one round trip sooner.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -127,6 +137,7 @@ async fn receive_loops(
         stop: stop.clone(),
         tracker: tracker.clone(),
         slots: Arc::clone(&slots),
+        sources,
         source,
         share,
         backoff: receive_backoff(),
@@ -156,6 +167,8 @@ struct Puller {
     stop: CancellationToken,
     tracker: TaskTracker,
     slots: Arc<Semaphore>,
+    /// How many sources the pool's loops pull from.
+    sources: usize,
     source: Option<usize>,
     share: usize,
     backoff: Backoff,
@@ -184,6 +197,26 @@ impl Puller {
         let heartbeat = self.heartbeat;
         self.tracker.spawn(async move {
             run_delivery(&runner, delivery, permit, heartbeat).await;
+        });
+    }
+
+    /// Runs `delivery`, a job received while no slot was free, once one frees: it waits in
+    /// its own tracked task, its turn among the loops (the semaphore is first come, first
+    /// served), heartbeating the delivery so its lease never lapses meanwhile, and the loop
+    /// goes on reading its request. Stopping before a slot freed hands it back, so another
+    /// worker runs it now.
+    fn start_when_free(&self, delivery: Delivery) {
+        let runner = Arc::clone(&self.runner);
+        let slots = Arc::clone(&self.slots);
+        let stop = self.stop.clone();
+        let heartbeat = self.heartbeat;
+        self.tracker.spawn(async move {
+            match slot_for(&slots, &delivery, &stop, heartbeat).await {
+                Some(permit) => run_delivery(&runner, delivery, permit, heartbeat).await,
+                None => {
+                    let _ = delivery.handle.release().await;
+                }
+            }
         });
     }
 
@@ -253,17 +286,18 @@ impl Puller {
         }
     }
 
-    /// The loop of one source of several (see the module docs): waiting for one job without a
-    /// slot, then, unless its delivery says the source had none left, taking what the free
-    /// slots allow until the source runs dry.
+    /// The loop of one source of several (see the module docs): waiting for its part of the
+    /// free slots' jobs without holding a slot, then, unless the last delivery says the source
+    /// had none left, taking what the free slots allow until the source runs dry.
     async fn source_loop(mut self) {
         let source = self.source.unwrap_or(0);
         loop {
-            // Waiting: one job, no slot held meanwhile.
+            // Waiting: no slot held meanwhile.
+            let asked = waiting_ask(self.slots.available_permits(), self.sources, self.share);
             let request = tokio::select! {
                 biased;
                 () = self.stop.cancelled() => return,
-                d = self.queue.receive_from(source, 1) => d,
+                d = self.queue.receive_from(source, asked) => d,
             };
             let Some(waited) = self.answered(request).await else {
                 return;
@@ -283,14 +317,10 @@ impl Puller {
                 match next {
                     Ok(delivery) => {
                         left = delivery.handle.pending();
-                        let Some(permit) =
-                            slot_for(&self.slots, &delivery, &self.stop, self.heartbeat).await
-                        else {
-                            // Stopping before a slot freed: another worker runs it now.
-                            let _ = delivery.handle.release().await;
-                            return;
-                        };
-                        self.start(delivery, permit);
+                        match Arc::clone(&self.slots).try_acquire_owned() {
+                            Ok(permit) => self.start(delivery, permit),
+                            Err(_) => self.start_when_free(delivery),
+                        }
                         got = true;
                     }
                     Err(e) => {
@@ -363,6 +393,16 @@ async fn free_slots(
         permits.merge(extra);
     }
     Some(permits)
+}
+
+/// How many jobs a waiting loop asks its source for: its part (one of `sources`) of the
+/// slots free now, at least one (a source is always asked) and at most `share`. The waiting
+/// loops together never ask for more jobs than slots were free when they asked, so a worker
+/// holds jobs it cannot start only when taking loops filled the slots meanwhile (each such
+/// job waits for a slot, heartbeated); and jobs that arrive one at a time come through one
+/// request, not a request each.
+fn waiting_ask(free: usize, sources: usize, share: usize) -> usize {
+    (free / sources.max(1)).clamp(1, share.max(1))
 }
 
 /// A slot for `delivery`, a job received before one was free: waits its turn among the
@@ -508,4 +548,24 @@ async fn run_delivery(
 /// The trace id field of a validated `traceparent` (`00-<trace id>-<span id>-<flags>`).
 fn trace_id_of_traceparent(traceparent: &str) -> Option<String> {
     traceparent.split('-').nth(1).map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::waiting_ask;
+
+    #[test]
+    fn waiting_loops_together_never_ask_for_more_jobs_than_slots_are_free() {
+        assert_eq!(waiting_ask(64, 8, 64), 8);
+        assert_eq!(waiting_ask(64, 1, 16), 16, "at most a loop's share");
+        // A source is always asked, for one job when slots are few or none are free.
+        assert_eq!(waiting_ask(4, 8, 1), 1);
+        assert_eq!(waiting_ask(0, 8, 8), 1);
+        assert_eq!(waiting_ask(5, 0, 0), 1);
+        for sources in 1..=16 {
+            for free in sources..=200 {
+                assert!(waiting_ask(free, sources, 64) * sources <= free);
+            }
+        }
+    }
 }

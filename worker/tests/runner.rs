@@ -2465,9 +2465,25 @@ async fn a_failed_execution_logs_one_warn_line_with_its_code_and_others_none() {
 }
 
 /// A queue of two partitions over a memory queue: partition 0's requests stay open forever
-/// with no job (a partition nobody submits to), partition 1 hands out the memory queue's jobs.
+/// with no job (a partition nobody submits to), partition 1 hands out the memory queue's jobs
+/// and records how many jobs each of its waiting requests asked for.
 struct OneSilentPartition {
     inner: Arc<MemoryJobQueue>,
+    asked: std::sync::Mutex<Vec<usize>>,
+}
+
+impl OneSilentPartition {
+    fn new(inner: Arc<MemoryJobQueue>) -> Self {
+        Self {
+            inner,
+            asked: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// What partition 1's waiting requests asked for, in order.
+    fn asked(&self) -> Vec<usize> {
+        self.asked.lock().unwrap().clone()
+    }
 }
 
 /// `request`, unless it is one of partition 0's: those never end.
@@ -2501,7 +2517,11 @@ impl JobQueue for OneSilentPartition {
         partition: usize,
         max: usize,
     ) -> Result<Option<runtime::Deliveries>, StoreError> {
-        unless_silent(partition, self.inner.receive_up_to(max)).await
+        unless_silent(partition, async {
+            self.asked.lock().unwrap().push(max);
+            self.inner.receive_up_to(max).await
+        })
+        .await
     }
     async fn take_from(
         &self,
@@ -2526,11 +2546,39 @@ async fn a_partition_without_jobs_never_holds_up_the_jobs_of_another() {
     let a = ScriptedProvider::succeeding("a");
     let h = Harness::scripted(&[&a]);
     let inner = Arc::new(MemoryJobQueue::new());
-    let queue = Arc::new(OneSilentPartition {
-        inner: Arc::clone(&inner),
-    });
+    let queue = Arc::new(OneSilentPartition::new(Arc::clone(&inner)));
     let pool = spawn_pool_on(&h, queue, 8, Duration::from_millis(50));
     h.run_texts(&*inner, 20, Duration::from_secs(30)).await;
     assert_eq!(a.calls(), 20);
+    drop(pool);
+}
+
+/// A waiting loop, holding no slot, asks its source for its part of the slots free then (8
+/// slots over 2 sources: 4), not for one job: jobs that arrive one at a time come through one
+/// request, not a round trip each.
+#[tokio::test]
+async fn a_waiting_loop_asks_for_its_part_of_the_free_slots() {
+    let a = ScriptedProvider::succeeding("a");
+    let h = Harness::scripted(&[&a]);
+    let inner = Arc::new(MemoryJobQueue::new());
+    let queue = Arc::new(OneSilentPartition::new(Arc::clone(&inner)));
+    let pool = spawn_pool_on(
+        &h,
+        Arc::clone(&queue) as Arc<dyn JobQueue>,
+        8,
+        Duration::from_millis(50),
+    );
+    wait_until("partition 1 is asked", PATIENCE, || async {
+        !queue.asked().is_empty()
+    })
+    .await;
+    assert_eq!(queue.asked()[0], 4, "8 free slots over 2 sources");
+    h.run_texts(&*inner, 6, Duration::from_secs(30)).await;
+    assert_eq!(a.calls(), 6);
+    assert!(
+        queue.asked().iter().all(|&asked| (1..=4).contains(&asked)),
+        "never more than a source's part of the slots: {:?}",
+        queue.asked()
+    );
     drop(pool);
 }
