@@ -9,7 +9,8 @@
 //!   source for its part of the slots free then (`waiting_ask`: at least one), the request
 //!   staying open a while, so jobs that arrive one at a time come through one request. Each
 //!   job starts as it arrives, in a free slot, or, should the other loops have filled the
-//!   slots meanwhile, once one frees, heartbeated while it waits;
+//!   slots meanwhile, once one frees, heartbeated while it waits (and the loop asks again only
+//!   once its jobs all have a slot);
 //! - once its source has jobs left, taking: as many as slots are free, up to its share,
 //!   without waiting on the source, until the source runs dry. A request whose last delivery
 //!   says its source had none left goes straight back to waiting, without a take that would
@@ -29,7 +30,7 @@ use futures_util::future::OptionFuture;
 use futures_util::{FutureExt, StreamExt};
 use runtime::backoff::Backoff;
 use runtime::{Deliveries, Delivery, JobQueue, StoreError};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -204,20 +205,25 @@ impl Puller {
     /// its own tracked task, its turn among the loops (the semaphore is first come, first
     /// served), heartbeating the delivery so its lease never lapses meanwhile, and the loop
     /// goes on reading its request. Stopping before a slot freed hands it back, so another
-    /// worker runs it now.
-    fn start_when_free(&self, delivery: Delivery) {
+    /// worker runs it now. The returned receiver ends once the job has its slot (or was
+    /// handed back).
+    fn start_when_free(&self, delivery: Delivery) -> oneshot::Receiver<()> {
         let runner = Arc::clone(&self.runner);
         let slots = Arc::clone(&self.slots);
         let stop = self.stop.clone();
         let heartbeat = self.heartbeat;
+        let (seated, waited) = oneshot::channel();
         self.tracker.spawn(async move {
-            match slot_for(&slots, &delivery, &stop, heartbeat).await {
+            let permit = slot_for(&slots, &delivery, &stop, heartbeat).await;
+            drop(seated);
+            match permit {
                 Some(permit) => run_delivery(&runner, delivery, permit, heartbeat).await,
                 None => {
                     let _ = delivery.handle.release().await;
                 }
             }
         });
+        waited
     }
 
     /// Starts `delivery` in a slot split off `permits`; `false` when none is left. A queue
@@ -309,6 +315,8 @@ impl Puller {
             // What the source had left after the last job that came: none means taking would
             // only be told so (a round trip per job in a sparse lane).
             let mut left = None;
+            // The jobs that came while every slot was busy, until they have one.
+            let mut unseated = Vec::new();
             while let Some(next) = tokio::select! {
                 biased;
                 () = self.stop.cancelled() => None,
@@ -319,7 +327,7 @@ impl Puller {
                         left = delivery.handle.pending();
                         match Arc::clone(&self.slots).try_acquire_owned() {
                             Ok(permit) => self.start(delivery, permit),
-                            Err(_) => self.start_when_free(delivery),
+                            Err(_) => unseated.push(self.start_when_free(delivery)),
                         }
                         got = true;
                     }
@@ -329,6 +337,15 @@ impl Puller {
                         }
                         break;
                     }
+                }
+            }
+            // The loop asks again only once every job it holds has a slot: a lane never holds
+            // more jobs without one than it asked for, which another worker may be free for.
+            for waited in unseated {
+                tokio::select! {
+                    biased;
+                    () = self.stop.cancelled() => return,
+                    _ = waited => {}
                 }
             }
             if self.stop.is_cancelled() {

@@ -2470,6 +2470,9 @@ async fn a_failed_execution_logs_one_warn_line_with_its_code_and_others_none() {
 struct OneSilentPartition {
     inner: Arc<MemoryJobQueue>,
     asked: std::sync::Mutex<Vec<usize>>,
+    /// Whether each delivery says its source had no more jobs (as a NATS lane drained by the
+    /// delivery does), so the pool goes back to waiting rather than taking.
+    none_left: bool,
 }
 
 impl OneSilentPartition {
@@ -2477,6 +2480,15 @@ impl OneSilentPartition {
         Self {
             inner,
             asked: std::sync::Mutex::new(Vec::new()),
+            none_left: false,
+        }
+    }
+
+    /// A queue whose deliveries say their source had no more jobs.
+    fn none_left(inner: Arc<MemoryJobQueue>) -> Self {
+        Self {
+            none_left: true,
+            ..Self::new(inner)
         }
     }
 
@@ -2517,9 +2529,23 @@ impl JobQueue for OneSilentPartition {
         partition: usize,
         max: usize,
     ) -> Result<Option<runtime::Deliveries>, StoreError> {
+        use futures_util::StreamExt;
         unless_silent(partition, async {
             self.asked.lock().unwrap().push(max);
-            self.inner.receive_up_to(max).await
+            let deliveries = self.inner.receive_up_to(max).await?;
+            if !self.none_left {
+                return Ok(deliveries);
+            }
+            Ok(deliveries.map(|deliveries| {
+                deliveries
+                    .map(|delivery| {
+                        delivery.map(|mut delivery| {
+                            delivery.handle = Box::new(NoneLeft(delivery.handle));
+                            delivery
+                        })
+                    })
+                    .boxed()
+            }))
         })
         .await
     }
@@ -2538,6 +2564,34 @@ impl JobQueue for OneSilentPartition {
     }
     async fn scan(&self, after: u64, limit: usize) -> Result<Vec<runtime::QueuedJob>, StoreError> {
         self.inner.scan(after, limit).await
+    }
+}
+
+/// A delivery that says its source had no more jobs; everything else is its inner handle's.
+struct NoneLeft(Box<dyn runtime::DeliveryHandle>);
+
+#[async_trait::async_trait]
+impl runtime::DeliveryHandle for NoneLeft {
+    async fn ack(&self) -> Result<(), StoreError> {
+        self.0.ack().await
+    }
+    async fn in_progress(&self) -> Result<(), StoreError> {
+        self.0.in_progress().await
+    }
+    fn lease(&self) -> Option<Duration> {
+        self.0.lease()
+    }
+    fn received_at(&self) -> Option<tokio::time::Instant> {
+        self.0.received_at()
+    }
+    async fn withdrawn(&self) -> Result<bool, StoreError> {
+        self.0.withdrawn().await
+    }
+    fn pending(&self) -> Option<u64> {
+        Some(0)
+    }
+    async fn release(&self) -> Result<(), StoreError> {
+        self.0.release().await
     }
 }
 
@@ -2580,5 +2634,49 @@ async fn a_waiting_loop_asks_for_its_part_of_the_free_slots() {
         "never more than a source's part of the slots: {:?}",
         queue.asked()
     );
+    drop(pool);
+}
+
+/// A job a waiting loop receives while every slot is busy waits for a slot, and its loop asks
+/// its source again only once that job has one: a lane holds no more jobs it cannot start
+/// than it asked for, and the rest stay in the queue for a worker with free slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_holds_no_more_jobs_without_a_slot_than_it_asked_for() {
+    let (a, h) = hanging_a();
+    let inner = Arc::new(MemoryJobQueue::new());
+    let queue = Arc::new(OneSilentPartition::none_left(Arc::clone(&inner)));
+    let pool = spawn_pool_on(
+        &h,
+        Arc::clone(&queue) as Arc<dyn JobQueue>,
+        1,
+        Duration::from_millis(20),
+    );
+    let running = h.submit(&text_request(""), LONG).await;
+    inner.publish(&running).await.unwrap();
+    wait_until("the first job runs", PATIENCE, || async { a.calls() == 1 }).await;
+    // Its delivery said the lane had no more: the loop waits again, for one job (no slot free).
+    wait_until("the loop waits again", PATIENCE, || async {
+        queue.asked().len() == 2
+    })
+    .await;
+    assert_eq!(queue.asked(), [1, 1]);
+    let held = h.submit(&text_request(""), LONG).await;
+    let left = h.submit(&text_request(""), LONG).await;
+    inner.publish(&held).await.unwrap();
+    inner.publish(&left).await.unwrap();
+    // Without the bound the loop would ask again at once and take `left` too.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        queue.asked().len(),
+        2,
+        "asked again while its job had no slot"
+    );
+    let waiting: Vec<_> = inner
+        .take_pending()
+        .into_iter()
+        .map(|job| job.execution_id)
+        .collect();
+    assert_eq!(waiting, [left.execution_id]);
+    assert_eq!(a.calls(), 1);
     drop(pool);
 }
