@@ -6,11 +6,12 @@
 //! With several sources (partitions, and their tenant lanes), one loop per source, all sharing
 //! the slots, each either *waiting* or *taking*:
 //! - waiting, a loop holds no slot (a source without jobs holds none of the slots) and asks its
-//!   source for its part of the slots free then (`waiting_ask`: at least one), the request
-//!   staying open a while, so jobs that arrive one at a time come through one request. Each
-//!   job starts as it arrives, in a free slot, or, should the other loops have filled the
-//!   slots meanwhile, once one frees, heartbeated while it waits (and the loop asks again only
-//!   once its jobs all have a slot);
+//!   source for one job or, when its last waiting request brought jobs, for its part of the
+//!   slots free then, shared among such loops (`waiting_ask`), the request staying open a
+//!   while, so jobs that arrive one at a time come through one request. Each job starts as it
+//!   arrives, in a free slot, or, should the other loops have filled the slots meanwhile, once
+//!   one frees, heartbeated while it waits (and the loop asks again only once its jobs all
+//!   have a slot);
 //! - once its source has jobs left, taking: as many as slots are free, up to its share,
 //!   without waiting on the source, until the source runs dry. A request whose last delivery
 //!   says its source had none left goes straight back to waiting, without a take that would
@@ -24,6 +25,7 @@
 //! round trip, so a busy worker takes its next job one round trip sooner.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::future::OptionFuture;
@@ -131,6 +133,7 @@ async fn receive_loops(
 ) {
     let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
     let sources = queue.sources().max(1);
+    let busy = Arc::new(AtomicUsize::new(0));
     let puller = |source, share| Puller {
         queue: Arc::clone(&queue),
         runner: Arc::clone(&runner),
@@ -138,7 +141,7 @@ async fn receive_loops(
         stop: stop.clone(),
         tracker: tracker.clone(),
         slots: Arc::clone(&slots),
-        sources,
+        busy: Arc::clone(&busy),
         source,
         share,
         backoff: receive_backoff(),
@@ -168,8 +171,9 @@ struct Puller {
     stop: CancellationToken,
     tracker: TaskTracker,
     slots: Arc<Semaphore>,
-    /// How many sources the pool's loops pull from.
-    sources: usize,
+    /// How many of the pool's loops are busy: their last waiting request brought jobs (see
+    /// [`waiting_ask`]).
+    busy: Arc<AtomicUsize>,
     source: Option<usize>,
     share: usize,
     backoff: Backoff,
@@ -297,9 +301,19 @@ impl Puller {
     /// had none left, taking what the free slots allow until the source runs dry.
     async fn source_loop(mut self) {
         let source = self.source.unwrap_or(0);
+        // Whether this loop's last waiting request brought jobs (counted in `self.busy`).
+        let mut busy = false;
         loop {
             // Waiting: no slot held meanwhile.
-            let asked = waiting_ask(self.slots.available_permits(), self.sources, self.share);
+            let asked = if busy {
+                waiting_ask(
+                    self.slots.available_permits(),
+                    self.busy.load(Ordering::Relaxed),
+                    self.share,
+                )
+            } else {
+                1
+            };
             let request = tokio::select! {
                 biased;
                 () = self.stop.cancelled() => return,
@@ -312,6 +326,7 @@ impl Puller {
                 continue;
             };
             let mut got = false;
+
             // What the source had left after the last job that came: none means taking would
             // only be told so (a round trip per job in a sparse lane).
             let mut left = None;
@@ -337,6 +352,14 @@ impl Puller {
                         }
                         break;
                     }
+                }
+            }
+            if got != busy {
+                busy = got;
+                if got {
+                    self.busy.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.busy.fetch_sub(1, Ordering::Relaxed);
                 }
             }
             // The loop asks again only once every job it holds has a slot: a lane never holds
@@ -412,14 +435,15 @@ async fn free_slots(
     Some(permits)
 }
 
-/// How many jobs a waiting loop asks its source for: its part (one of `sources`) of the
-/// slots free now, at least one (a source is always asked) and at most `share`. The waiting
-/// loops together never ask for more jobs than slots were free when they asked, so a worker
-/// holds jobs it cannot start only when taking loops filled the slots meanwhile (each such
-/// job waits for a slot, heartbeated); and jobs that arrive one at a time come through one
-/// request, not a request each.
-fn waiting_ask(free: usize, sources: usize, share: usize) -> usize {
-    (free / sources.max(1)).clamp(1, share.max(1))
+/// How many jobs a busy waiting loop (its last waiting request brought jobs) asks its source
+/// for: its part (one of the `busy` loops') of the slots free now, at least one and at most
+/// `share`; a loop whose last request brought none asks for one. So jobs that arrive one at a
+/// time in a busy lane come through one request, not a request each, and the waiting loops
+/// together never ask for more jobs than slots were free when they asked, plus one per idle
+/// lane (whose first job may come at any time): a worker holds jobs it cannot start only when
+/// other loops filled the slots meanwhile, and each such job waits for a slot, heartbeated.
+fn waiting_ask(free: usize, busy: usize, share: usize) -> usize {
+    (free / busy.max(1)).clamp(1, share.max(1))
 }
 
 /// A slot for `delivery`, a job received before one was free: waits its turn among the
@@ -575,13 +599,13 @@ mod tests {
     fn waiting_loops_together_never_ask_for_more_jobs_than_slots_are_free() {
         assert_eq!(waiting_ask(64, 8, 64), 8);
         assert_eq!(waiting_ask(64, 1, 16), 16, "at most a loop's share");
-        // A source is always asked, for one job when slots are few or none are free.
+        // A busy source is always asked, for one job when slots are few or none are free.
         assert_eq!(waiting_ask(4, 8, 1), 1);
         assert_eq!(waiting_ask(0, 8, 8), 1);
         assert_eq!(waiting_ask(5, 0, 0), 1);
-        for sources in 1..=16 {
-            for free in sources..=200 {
-                assert!(waiting_ask(free, sources, 64) * sources <= free);
+        for busy in 1..=16 {
+            for free in busy..=200 {
+                assert!(waiting_ask(free, busy, 64) * busy <= free);
             }
         }
     }

@@ -2607,8 +2607,9 @@ async fn a_partition_without_jobs_never_holds_up_the_jobs_of_another() {
     drop(pool);
 }
 
-/// A waiting loop, holding no slot, asks its source for its part of the slots free then (8
-/// slots over 2 sources: 4), not for one job: jobs that arrive one at a time come through one
+/// A waiting loop, holding no slot, asks its idle source for one job, and once its source has
+/// had jobs, for its part of the slots free then (8 slots, one busy loop, at most its share of
+/// 4), not for one job: jobs that arrive one at a time in a busy lane come through one
 /// request, not a round trip each.
 #[tokio::test]
 async fn a_waiting_loop_asks_for_its_part_of_the_free_slots() {
@@ -2626,8 +2627,18 @@ async fn a_waiting_loop_asks_for_its_part_of_the_free_slots() {
         !queue.asked().is_empty()
     })
     .await;
-    assert_eq!(queue.asked()[0], 4, "8 free slots over 2 sources");
-    h.run_texts(&*inner, 6, Duration::from_secs(30)).await;
+    assert_eq!(queue.asked(), [1], "an idle source");
+    h.run_texts(&*inner, 1, Duration::from_secs(30)).await;
+    wait_until("partition 1 is asked again", PATIENCE, || async {
+        queue.asked().len() >= 2
+    })
+    .await;
+    assert_eq!(
+        queue.asked()[1],
+        4,
+        "a busy source, 7 or 8 free slots, a share of 4"
+    );
+    h.run_texts(&*inner, 5, Duration::from_secs(30)).await;
     assert_eq!(a.calls(), 6);
     assert!(
         queue.asked().iter().all(|&asked| (1..=4).contains(&asked)),
