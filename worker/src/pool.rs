@@ -296,9 +296,10 @@ impl Puller {
         }
     }
 
-    /// The loop of one source of several (see the module docs): waiting for its part of the
-    /// free slots' jobs without holding a slot, then, unless the last delivery says the source
-    /// had none left, taking what the free slots allow until the source runs dry.
+    /// The loop of one source of several (see the module docs): waiting without holding a
+    /// slot (for one job, or, while its source is busy, for its part of the free slots), then,
+    /// unless the last delivery says the source had none left, taking what the free slots
+    /// allow until the source runs dry.
     async fn source_loop(mut self) {
         let source = self.source.unwrap_or(0);
         // Whether this loop's last waiting request brought jobs (counted in `self.busy`).
