@@ -12,6 +12,8 @@ use crate::id::{ExecutionId, Sequence};
 use crate::time::Timestamp;
 use crate::usage::UsageFact;
 
+mod decode;
+
 /// Largest serialized terminal event, in bytes [R 47].
 pub const MAX_TERMINAL_EVENT_BYTES: usize = 2048;
 
@@ -188,8 +190,9 @@ impl EventBody {
     }
 }
 
-/// A runtime event: a body plus the runtime-owned envelope.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A runtime event: a body plus the runtime-owned envelope. Its decoder is written by hand
+/// (`decode`), in one pass over the fields.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RuntimeEvent {
     #[serde(flatten)]
