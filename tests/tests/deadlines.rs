@@ -138,7 +138,9 @@ async fn killed_worker_deadline(layout: Layout) {
     let cluster = layout.cluster(&mock(200, 100));
     let gateway = cluster.gateway();
     let worker = cluster.worker();
-    let deadline_ms = 5000;
+    // Room for the worker to start the attempt first even on two loaded cores (a full test
+    // run once took 4.9 s from acceptance to the route).
+    let deadline_ms = 10_000;
     let id = layout
         .submit_followed(&gateway.url, &with_deadline(deadline_ms))
         .await;

@@ -284,6 +284,24 @@ mod tests {
         serde_json::from_str(json)
     }
 
+    /// The decoder's name for `body`'s type. The match lists every event type, so a new one
+    /// does not compile until this decoder reads it (and `body()` below generates it).
+    fn kind_of(body: &EventBody) -> Kind {
+        match body {
+            EventBody::Accepted => Kind::Accepted,
+            EventBody::RouteSelected { .. } => Kind::RouteSelected,
+            EventBody::RouteAttemptFailed { .. } => Kind::RouteAttemptFailed,
+            EventBody::OutputDelta { .. } => Kind::OutputDelta,
+            EventBody::ToolCallStarted { .. } => Kind::ToolCallStarted,
+            EventBody::ToolCallArgumentsDelta { .. } => Kind::ToolCallArgumentsDelta,
+            EventBody::Progress { .. } => Kind::Progress,
+            EventBody::OutputResult { .. } => Kind::OutputResult,
+            EventBody::UsageReported { .. } => Kind::UsageReported,
+            EventBody::Completed { .. } => Kind::Completed,
+            EventBody::Failed { .. } => Kind::Failed,
+        }
+    }
+
     /// `{"k":v,...}` with the entries in the order given (a `Map` would sort them).
     fn object(entries: &[(String, Value)]) -> String {
         let fields: Vec<String> = entries
@@ -450,6 +468,8 @@ mod tests {
             let all = entries(&e);
             let shuffled: Vec<_> = order.iter().map(|&i| all[i].clone()).collect();
             let json = object(&shuffled);
+            let named: Option<Kind> = serde_json::from_value(e.type_name().into()).ok();
+            prop_assert_eq!(named, Some(kind_of(&e.body)));
             prop_assert_eq!(decode(&json).ok(), Some(e.clone()), "{}", json);
             prop_assert_eq!(reference(&json).ok(), Some(e), "{}", json);
         }
