@@ -168,47 +168,55 @@ impl Slots {
         }
     }
 
-    fn body<E: de::Error>(&mut self, kind: Kind) -> Result<EventBody, E> {
-        Ok(match kind {
+    /// The event the fields read make up: the body named by `type`, then the envelope.
+    fn into_event<E: de::Error>(self) -> Result<RuntimeEvent, E> {
+        let body = match take(self.kind, "type")? {
             Kind::Accepted => EventBody::Accepted,
             Kind::RouteSelected => EventBody::RouteSelected {
-                target: take(self.target.take(), "target")?,
-                attempt: take(self.attempt.take(), "attempt")?,
+                target: take(self.target, "target")?,
+                attempt: take(self.attempt, "attempt")?,
             },
             Kind::RouteAttemptFailed => EventBody::RouteAttemptFailed {
-                target: take(self.target.take(), "target")?,
-                attempt: take(self.attempt.take(), "attempt")?,
-                error: take(self.error.take(), "error")?,
+                target: take(self.target, "target")?,
+                attempt: take(self.attempt, "attempt")?,
+                error: take(self.error, "error")?,
             },
             Kind::OutputDelta => EventBody::OutputDelta {
-                output_index: take(self.output_index.take(), "output_index")?,
-                delta: take(self.delta.take(), "delta")?,
+                output_index: take(self.output_index, "output_index")?,
+                delta: take(self.delta, "delta")?,
             },
             Kind::ToolCallStarted => EventBody::ToolCallStarted {
-                call_id: take(self.call_id.take(), "call_id")?,
-                name: take(self.name.take(), "name")?,
+                call_id: take(self.call_id, "call_id")?,
+                name: take(self.name, "name")?,
             },
             Kind::ToolCallArgumentsDelta => EventBody::ToolCallArgumentsDelta {
-                call_id: take(self.call_id.take(), "call_id")?,
-                delta: take(self.delta.take(), "delta")?,
+                call_id: take(self.call_id, "call_id")?,
+                delta: take(self.delta, "delta")?,
             },
             Kind::Progress => EventBody::Progress {
-                phase: take(self.phase.take(), "phase")?,
-                progress: self.progress.take().flatten(),
+                phase: take(self.phase, "phase")?,
+                progress: self.progress.flatten(),
             },
             Kind::OutputResult => EventBody::OutputResult {
-                result: take(self.result.take(), "result")?,
-                artifacts: self.artifacts.take().flatten(),
+                result: take(self.result, "result")?,
+                artifacts: self.artifacts.flatten(),
             },
             Kind::UsageReported => EventBody::UsageReported {
-                facts: take(self.facts.take(), "facts")?,
+                facts: take(self.facts, "facts")?,
             },
             Kind::Completed => EventBody::Completed {
-                target: take(self.target.take(), "target")?,
+                target: take(self.target, "target")?,
             },
             Kind::Failed => EventBody::Failed {
-                error: take(self.error.take(), "error")?,
+                error: take(self.error, "error")?,
             },
+        };
+        Ok(RuntimeEvent {
+            body,
+            status: take(self.status, "status")?,
+            execution_id: take(self.execution_id, "execution_id")?,
+            sequence: take(self.sequence, "sequence")?,
+            time: take(self.time, "time")?,
         })
     }
 }
@@ -233,15 +241,7 @@ impl<'de> Visitor<'de> for EventVisitor {
                 _ => slots.read(&mut map, field)?,
             }
         }
-        let kind = take(slots.kind, "type")?;
-        let body = slots.body(kind)?;
-        Ok(RuntimeEvent {
-            body,
-            status: take(slots.status, "status")?,
-            execution_id: take(slots.execution_id, "execution_id")?,
-            sequence: take(slots.sequence, "sequence")?,
-            time: take(slots.time, "time")?,
-        })
+        slots.into_event()
     }
 }
 
