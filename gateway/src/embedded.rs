@@ -90,6 +90,7 @@ impl Embedded {
             max_execution_bytes: config.event_store.max_execution_bytes,
             max_events: config.event_store.max_events,
             retention: config.retention,
+            ..MemoryLimits::default()
         };
         let store = Arc::new(MemoryEventStore::new(limits));
         let queue = Arc::new(MemoryJobQueue::new());

@@ -8,7 +8,10 @@
 //! every reader). Once the log is terminal only the JSON of its events is kept ([`Held`]),
 //! but for the terminal event itself, which live readers are about to read (it is small): a
 //! retained execution then costs about the size of its events, and a read of it decodes them
-//! again, as a read from NATS does.
+//! again, as a read from NATS does. The logs that ended last stay whole a little longer, within
+//! [`MemoryLimits::recent_whole_bytes`] of their JSON: their readers are the likeliest still to
+//! come (a client that asks for the events of an execution that ended before its request
+//! arrived), and a whole log is read without decoding it.
 //!
 //! A [`TerminalHook`] learns of every terminal event right after it is stored (embedded mode
 //! releases the execution's quota slot with it); it runs outside the store's locks and cannot
@@ -16,8 +19,8 @@
 //! owner (embedded mode feeds webhook deliveries with it).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -47,6 +50,10 @@ pub struct MemoryLimits {
     pub max_events: usize,
     /// How long a terminal execution is retained.
     pub retention: Duration,
+    /// Bytes of event JSON of the most recently ended logs that stay whole (see the module
+    /// docs); the whole form costs about twice as much again. Older ended logs keep their
+    /// JSON alone, and a log larger than this does at once.
+    pub recent_whole_bytes: usize,
 }
 
 impl Default for MemoryLimits {
@@ -58,6 +65,7 @@ impl Default for MemoryLimits {
             max_execution_bytes: 4 * 1024 * 1024,
             max_events: 4096,
             retention: Duration::from_secs(24 * 3600),
+            recent_whole_bytes: 1024 * 1024,
         }
     }
 }
@@ -113,11 +121,46 @@ struct Entry {
     notify: Notify,
 }
 
+impl Entry {
+    /// Keeps the JSON alone of an ended log's events but its terminal one: readers that
+    /// follow the log live have read what came before, and the terminal event they are about
+    /// to read stays whole (it is small).
+    fn compact(&self) {
+        let mut state = self.state.lock();
+        if let Some((_, earlier)) = state.records.split_last_mut() {
+            earlier.iter_mut().for_each(Held::compact);
+        }
+    }
+}
+
 #[derive(Default)]
 struct Registry {
     /// Terminal executions in order of termination.
     terminal: VecDeque<(ExecutionId, Instant)>,
     active: usize,
+    /// The ended logs still whole, in order of termination, with their bytes (an evicted one
+    /// is gone already and needs no compacting).
+    whole: VecDeque<(Weak<Entry>, usize)>,
+    /// The sum of `whole`'s bytes.
+    whole_bytes: usize,
+}
+
+impl Registry {
+    /// Adds a log that just ended to the whole ones; returns those that no longer fit, oldest
+    /// first, to compact once the registry is unlocked.
+    fn ended_whole(&mut self, entry: &Arc<Entry>, bytes: usize, budget: usize) -> Vec<Weak<Entry>> {
+        self.whole.push_back((Arc::downgrade(entry), bytes));
+        self.whole_bytes += bytes;
+        let mut over = Vec::new();
+        while self.whole_bytes > budget {
+            let Some((entry, bytes)) = self.whole.pop_front() else {
+                break;
+            };
+            self.whole_bytes -= bytes;
+            over.push(entry);
+        }
+        over
+    }
 }
 
 /// Called with an execution's id once its terminal event is stored; must not block.
@@ -310,7 +353,7 @@ impl EventStore for MemoryEventStore {
         let id = event.execution_id;
         let entry = self.entry(id).ok_or(StoreError::NotFound)?;
         let terminal = event.is_terminal();
-        let stored = {
+        let (stored, bytes) = {
             let mut state = entry.state.lock();
             let m = &state.materializer;
             if event.sequence != m.last_sequence().next() || m.is_terminal() {
@@ -337,15 +380,10 @@ impl EventStore for MemoryEventStore {
             if !state.tail_writer.is_some_and(|(w, _)| w == writer) {
                 state.tail_writer = Some((writer, state.records.len()));
             }
-            if terminal {
-                // Readers that follow the log live have read what came before; the terminal
-                // event they are about to read stays whole (it is small).
-                state.records.iter_mut().for_each(Held::compact);
-            }
             state.records.push(Held::Record(Arc::clone(&record)));
             state.bytes += size;
             self.inner.total_bytes.fetch_add(size, Ordering::Relaxed);
-            record
+            (record, state.bytes)
         };
         entry.notify.notify_waiters();
         self.stored(&stored, &entry.owner);
@@ -353,7 +391,11 @@ impl EventStore for MemoryEventStore {
             let mut registry = self.inner.registry.lock();
             registry.active = registry.active.saturating_sub(1);
             registry.terminal.push_back((id, Instant::now()));
+            let over = registry.ended_whole(&entry, bytes, self.inner.limits.recent_whole_bytes);
             drop(registry);
+            over.iter()
+                .filter_map(Weak::upgrade)
+                .for_each(|e| e.compact());
             let hook = self.inner.on_terminal.read().clone();
             if let Some(hook) = hook {
                 hook(id);
@@ -445,28 +487,39 @@ mod tests {
     use super::*;
     use crate::contract::{completed, delta, drain, event, routed};
 
-    /// A terminal log keeps the JSON alone of each event but its terminal one, and reads,
-    /// subscriptions, the head and the snapshot see exactly what they saw while it was open.
-    #[tokio::test]
-    async fn a_terminal_log_keeps_its_json_alone_and_reads_back_the_same() {
-        let store = MemoryEventStore::new(MemoryLimits::default());
-        let id = routed(&store).await;
+    /// Which of the execution's events are held as JSON alone.
+    fn json_alone(store: &MemoryEventStore, id: ExecutionId) -> Vec<bool> {
+        let entry = store.entry(id).unwrap();
+        let state = entry.state.lock();
+        state
+            .records
+            .iter()
+            .map(|h| matches!(h, Held::Json(_)))
+            .collect()
+    }
+
+    /// An execution with two deltas, ended; returns its id and its records read while open.
+    async fn ended(store: &MemoryEventStore) -> (ExecutionId, Vec<Arc<EventRecord>>) {
+        let id = routed(store).await;
         for (seq, text) in [(3, "one "), (4, "two")] {
             store.append(event(id, seq, delta(text))).await.unwrap();
         }
         let open = store.read(id, Sequence::ZERO, 100).await.unwrap().unwrap();
         store.append(event(id, 5, completed())).await.unwrap();
+        (id, open)
+    }
 
-        let entry = store.entry(id).unwrap();
-        let held: Vec<bool> = entry
-            .state
-            .lock()
-            .records
-            .iter()
-            .map(|h| matches!(h, Held::Json(_)))
-            .collect();
+    /// A terminal log keeps the JSON alone of each event but its terminal one, and reads,
+    /// subscriptions, the head and the snapshot see exactly what they saw while it was open.
+    #[tokio::test]
+    async fn a_terminal_log_keeps_its_json_alone_and_reads_back_the_same() {
+        let store = MemoryEventStore::new(MemoryLimits {
+            recent_whole_bytes: 0,
+            ..MemoryLimits::default()
+        });
+        let (id, open) = ended(&store).await;
         assert_eq!(
-            held,
+            json_alone(&store, id),
             [true, true, true, true, false],
             "a terminal log holds only JSON but for its terminal event"
         );
@@ -485,5 +538,81 @@ mod tests {
         assert!(snapshot.is_terminal());
         let result = serde_json::to_value(snapshot.result_response().unwrap()).unwrap();
         assert!(result.to_string().contains("one two"), "{result}");
+    }
+
+    /// The logs that ended last stay whole within their budget, oldest compacted first, and
+    /// an evicted one is skipped; what a read returns never changes.
+    #[tokio::test]
+    async fn the_logs_that_ended_last_stay_whole_within_their_budget() {
+        let probe = MemoryEventStore::new(MemoryLimits::default());
+        let (probe_id, _) = ended(&probe).await;
+        let one_log = probe.entry(probe_id).unwrap().state.lock().bytes;
+        let store = MemoryEventStore::new(MemoryLimits {
+            recent_whole_bytes: 2 * one_log + one_log / 2,
+            ..MemoryLimits::default()
+        });
+
+        let (first, first_open) = ended(&store).await;
+        let (second, _) = ended(&store).await;
+        let whole = [false; 5];
+        assert_eq!(json_alone(&store, first), whole, "two logs fit the budget");
+        assert_eq!(json_alone(&store, second), whole);
+        let first_whole = store
+            .read(first, Sequence::ZERO, 100)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            first_whole[..4]
+                .iter()
+                .zip(&first_open)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+        );
+
+        let (third, _) = ended(&store).await;
+        assert_eq!(
+            json_alone(&store, first),
+            [true, true, true, true, false],
+            "the oldest log no longer fits"
+        );
+        assert_eq!(json_alone(&store, second), whole);
+        assert_eq!(json_alone(&store, third), whole);
+        let first_closed = store
+            .read(first, Sequence::ZERO, 100)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            first_closed.iter().map(|r| &**r).collect::<Vec<_>>(),
+            first_whole.iter().map(|r| &**r).collect::<Vec<_>>()
+        );
+
+        store.remove(second);
+        let (fourth, _) = ended(&store).await;
+        assert!(store.entry(second).is_none());
+        assert_eq!(
+            json_alone(&store, third),
+            whole,
+            "the evicted log left the budget first"
+        );
+        assert_eq!(json_alone(&store, fourth), whole);
+        let (fifth, _) = ended(&store).await;
+        assert!(
+            json_alone(&store, third)[0],
+            "the oldest whole log no longer fits"
+        );
+        assert_eq!(json_alone(&store, fourth), whole);
+        assert_eq!(json_alone(&store, fifth), whole);
+
+        let big = MemoryEventStore::new(MemoryLimits {
+            recent_whole_bytes: one_log - 1,
+            ..MemoryLimits::default()
+        });
+        let (alone, _) = ended(&big).await;
+        assert_eq!(
+            json_alone(&big, alone)[..4],
+            [true; 4],
+            "a log above the budget"
+        );
     }
 }
