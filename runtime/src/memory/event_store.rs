@@ -498,13 +498,18 @@ mod tests {
             .collect()
     }
 
+    /// Every record of the execution's log.
+    async fn read_all(store: &MemoryEventStore, id: ExecutionId) -> Vec<Arc<EventRecord>> {
+        store.read(id, Sequence::ZERO, 100).await.unwrap().unwrap()
+    }
+
     /// An execution with two deltas, ended; returns its id and its records read while open.
     async fn ended(store: &MemoryEventStore) -> (ExecutionId, Vec<Arc<EventRecord>>) {
         let id = routed(store).await;
         for (seq, text) in [(3, "one "), (4, "two")] {
             store.append(event(id, seq, delta(text))).await.unwrap();
         }
-        let open = store.read(id, Sequence::ZERO, 100).await.unwrap().unwrap();
+        let open = read_all(store, id).await;
         store.append(event(id, 5, completed())).await.unwrap();
         (id, open)
     }
@@ -523,7 +528,7 @@ mod tests {
             [true, true, true, true, false],
             "a terminal log holds only JSON but for its terminal event"
         );
-        let closed = store.read(id, Sequence::ZERO, 100).await.unwrap().unwrap();
+        let closed = read_all(&store, id).await;
         assert_eq!(closed.len(), 5);
         assert_eq!(
             closed[..4].iter().map(|r| &**r).collect::<Vec<_>>(),
@@ -557,16 +562,13 @@ mod tests {
         let whole = [false; 5];
         assert_eq!(json_alone(&store, first), whole, "two logs fit the budget");
         assert_eq!(json_alone(&store, second), whole);
-        let first_whole = store
-            .read(first, Sequence::ZERO, 100)
-            .await
-            .unwrap()
-            .unwrap();
+        let first_whole = read_all(&store, first).await;
         assert!(
             first_whole[..4]
                 .iter()
                 .zip(&first_open)
-                .all(|(a, b)| Arc::ptr_eq(a, b))
+                .all(|(a, b)| Arc::ptr_eq(a, b)),
+            "a whole log is read as the records its readers share"
         );
 
         let (third, _) = ended(&store).await;
@@ -577,11 +579,7 @@ mod tests {
         );
         assert_eq!(json_alone(&store, second), whole);
         assert_eq!(json_alone(&store, third), whole);
-        let first_closed = store
-            .read(first, Sequence::ZERO, 100)
-            .await
-            .unwrap()
-            .unwrap();
+        let first_closed = read_all(&store, first).await;
         assert_eq!(
             first_closed.iter().map(|r| &**r).collect::<Vec<_>>(),
             first_whole.iter().map(|r| &**r).collect::<Vec<_>>()
