@@ -13,6 +13,10 @@ use serde_json::Value;
 /// stream, consumer, events stream and connection lane are not partition 0's.
 pub const PARTITIONS: u16 = 4;
 
+/// The most executions [`Layout::submit_followed`] submits. The partition is uniform over
+/// random ids: 64 tries leave one chance in 10^8 of missing it with 4 partitions.
+pub const FOLLOW_SUBMITS: usize = 64;
+
 /// How the jobs and logs of a test's namespace are laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
@@ -60,19 +64,19 @@ impl Layout {
     }
 
     /// Submits `body` to `base` until an execution of [`Self::followed_partition`] is
-    /// accepted (the others run as well) and returns its id. With one partition that is the
-    /// first one.
+    /// accepted and returns its id. With one partition that is the first one. The others run
+    /// as well, up to [`FOLLOW_SUBMITS`]` - 1` of them (8 or more in one run of 10 with 4
+    /// partitions): a test whose followed execution must start at once gives the worker room
+    /// for all of them.
     pub async fn submit_followed(self, base: &str, body: &Value) -> String {
-        // The partition is uniform over random ids: 64 tries leave one chance in 10^8 of
-        // missing it with 4 partitions.
-        for _ in 0..64 {
+        for _ in 0..FOLLOW_SUBMITS {
             let id = submit_accepted(base, body).await;
             if self.partition_of(&id) == self.followed_partition() {
                 return id;
             }
         }
         panic!(
-            "no execution of partition {} in 64 submits",
+            "no execution of partition {} in {FOLLOW_SUBMITS} submits",
             self.followed_partition()
         );
     }

@@ -13,12 +13,15 @@ use testkit::jetstream::stream_state;
 /// The contract's bound from a deadline to its terminal event.
 const AFTER_DEADLINE_MS: i64 = 2000;
 
-/// [`chunked_mock`] with smaller limits: 8 running and 16 queued per worker, 100 active.
+/// [`chunked_mock`], with room in the worker for every execution [`Layout::submit_followed`]
+/// submits: the followed one starts at once even when it was the last of them (with 8 slots,
+/// the run of 10 that submitted 9 or more started it only when the earlier ones, running for
+/// 20 s, reached their deadlines: after it had passed its own).
 fn mock(delay_ms: u64, chunks: usize) -> Value {
     let mut deployment = chunked_mock(delay_ms, chunks);
-    deployment["providers"][0]["max_concurrency"] = json!(8);
-    deployment["providers"][0]["max_queue_depth"] = json!(16);
-    deployment["max_active_executions"] = json!(100);
+    deployment["providers"][0]["max_concurrency"] = json!(FOLLOW_SUBMITS);
+    deployment["providers"][0]["max_queue_depth"] = json!(FOLLOW_SUBMITS);
+    deployment["max_active_executions"] = json!(2 * FOLLOW_SUBMITS);
     deployment
 }
 
@@ -138,9 +141,7 @@ async fn killed_worker_deadline(layout: Layout) {
     let cluster = layout.cluster(&mock(200, 100));
     let gateway = cluster.gateway();
     let worker = cluster.worker();
-    // Room for the worker to start the attempt first even on two loaded cores (a full test
-    // run once took 4.9 s from acceptance to the route).
-    let deadline_ms = 10_000;
+    let deadline_ms = 5000;
     let id = layout
         .submit_followed(&gateway.url, &with_deadline(deadline_ms))
         .await;
