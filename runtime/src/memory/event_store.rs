@@ -5,13 +5,13 @@
 //! keep their `Arc` and finish normally.
 //!
 //! While a log is open each event is held as its record (the event and its JSON, shared by
-//! every reader). Once the log is terminal only the JSON of its events is kept ([`Held`]),
-//! but for the terminal event itself, which live readers are about to read (it is small): a
-//! retained execution then costs about the size of its events, and a read of it decodes them
-//! again, as a read from NATS does. The logs that ended last stay whole a little longer, within
-//! [`MemoryLimits::recent_whole_bytes`] of their JSON: their readers are the likeliest still to
-//! come (a client that asks for the events of an execution that ended before its request
-//! arrived), and a whole log is read without decoding it.
+//! every reader). The logs that ended last stay so, within [`MemoryLimits::recent_whole_bytes`]
+//! of their JSON: their readers are the likeliest still to come (a client that asks for the
+//! events of an execution that ended before its request arrived), and a whole log is read
+//! without decoding it. Older ended logs keep only the JSON of their events ([`Held`]), but for
+//! the terminal event itself, which live readers are about to read (it is small): a retained
+//! execution then costs about the size of its events, and a read of it decodes them again, as a
+//! read from NATS does.
 //!
 //! A [`TerminalHook`] learns of every terminal event right after it is stored (embedded mode
 //! releases the execution's quota slot with it); it runs outside the store's locks and cannot
