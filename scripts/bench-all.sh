@@ -26,12 +26,15 @@
 #      (1 4 8, MODEL_RUNTIME_PARTITIONS), gateways (1 2) and NATS nodes (1, 3 with R3), for a CPU-light workload
 #      (zero-delay mock, c=256) and an I/O-bound one (3 chunks x 50 ms, 128 provider slots per
 #      worker process, c=128 per worker). Each report says the machine's cores and the cores
-#      each process used. Meant for a machine with many cores: on 2 cores every row measures
-#      the same saturated CPU. S_WORKERS, S_PARTITIONS override the lists.
+#      each process used; `bench scaling` puts them in one table (s-scaling.md: throughput, its
+#      ratio to one worker, latencies, cores) and charts throughput against each setting
+#      (s-scaling-workers.svg, -partitions, -gateways, -nodes). Meant for a machine with many
+#      cores: on 2 cores every row measures the same saturated CPU. S_WORKERS, S_PARTITIONS
+#      override the lists.
 #   t  issue 31 item 5: the runs its 16-core targets are judged by, most important first (group
 #      s's headline rows, 4,096 token streams with 4 workers, the I/O-bound workers 1/2/4, a 3-node
 #      R3 cluster, embedded), so that a run cut short by a time limit still has the first
-#      (scripts/bench-device.sh)
+#      (scripts/bench-device.sh); t-scaling.md tables them as group s's
 #   p  issue 31 item 3: group t's zero-delay runs (8 and 1 partitions; 8 again with nats-server's
 #      subscription match cache off) and its 4,096 token streams again, profiled (bench
 #      --profile-dir OUT/profiles/LABEL; scripts/pack-profiling.sh makes a device pack able to)
@@ -131,6 +134,12 @@ plot() {
   if [ "${#args[@]}" -gt 0 ]; then
     "$BENCH" plot "${args[@]}" --out "$dir" --prefix "$group-" > /dev/null
   fi
+}
+
+# scaling GROUP: the table and charts of throughput against workers, partitions, gateways and
+# NATS nodes of the group's reports in OUT (OUT/GROUP-scaling.md, OUT/GROUP-scaling-*.svg).
+scaling() {
+  "$BENCH" scaling "$OUT" --prefix "$1-" --out "$OUT" > /dev/null || FAILED+=("$1-scaling")
 }
 
 STREAM=(--mock-chunks 100 --mock-delay-ms 10)
@@ -250,6 +259,7 @@ for group in $GROUPS_TO_RUN; do
         --max-active-executions 100000 --warmup 3 --ramp-up 1 "${T[@]}"
     done
     plot s
+    scaling s
     ;;
   t)
     zero=(-c 256 --provider-concurrency 256 --max-active-executions 100000 --warmup 3 --ramp-up 1
@@ -273,6 +283,7 @@ for group in $GROUPS_TO_RUN; do
     MODEL_RUNTIME_PARTITIONS=8 run t-zero-r3-w4 --backend nats --nats-cluster 3 --replicas 3 \
       --worker-procs 4 "${zero[@]}"
     run t-embedded-c256 --backend embedded "${zero[@]}"
+    scaling t
     ;;
   p)
     # Where the time goes in group t's headline runs (bench --profile-dir): nats-server's Go CPU

@@ -12,7 +12,8 @@
 # whole scaling matrix, partitions S_PARTITIONS, default "1 8") while time is left, then the
 # tenants' fairness run when python3 is there. Nothing starts after BUDGET seconds (default 500; one device call may
 # run 600): the group under way is stopped and what it finished stays. OUT/summary.txt has each
-# run's throughput, latencies, cores per process and subscription-list lock takes.
+# run's stack, throughput, latencies, cores per process and subscription-list lock takes, then
+# group t's and group s's tables (`bench scaling`).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -56,6 +57,9 @@ fi
 for report in "$OUT"/[tps]-*.txt; do
   [ -e "$report" ] || continue
   echo "== $(basename "$report" .txt)"
-  grep -E 'throughput:|ok .*failed|first delta|terminal \(|cores per process|subscription lists|bench: profile' "$report"
+  grep -E 'stack:|throughput:|ok .*failed|first delta|terminal \(|cores per process|subscription lists|bench: profile' "$report"
+done >> "$OUT/summary.txt"
+for table in "$OUT"/[ts]-scaling.md; do
+  [ -e "$table" ] && { echo "== $(basename "$table")"; cat "$table"; }
 done >> "$OUT/summary.txt"
 cat "$OUT/summary.txt"

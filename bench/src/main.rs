@@ -16,7 +16,8 @@
 //! Redis, worker processes: see `servers`), reports every process's CPU and the JetStream
 //! messages stored per execution. `--mock-chunks N --mock-delay-ms D` make the mock a token
 //! stream, and the report then shows the added time per delta. `--out DIR` writes the JSON
-//! report and SVG charts; `bench plot` draws charts from several reports (before/after).
+//! report and SVG charts; `bench plot` draws charts from several reports (before/after), and
+//! `bench scaling` a table and charts of throughput against each setting of a scaling matrix.
 //!
 //! The client is one tokio runtime and one pooled `reqwest` client; on a small machine the
 //! harness and the gateway share the cores, and the report shows how much CPU each used.
@@ -28,6 +29,7 @@ mod profile;
 mod raw;
 mod report;
 mod run;
+mod scaling;
 mod servers;
 mod spawn;
 mod stats;
@@ -55,6 +57,9 @@ enum Command {
     Plot(plot::PlotArgs),
     /// The verdict on issue 14's targets from group a's reports, one directory per round.
     Targets(targets::TargetsArgs),
+    /// Throughput against worker processes, partitions, gateways and NATS nodes: a table and
+    /// SVG charts from the reports of a scaling matrix (`scripts/bench-all.sh` group s).
+    Scaling(scaling::ScalingArgs),
 }
 
 /// Where the executions run with `--spawn`.
@@ -392,6 +397,7 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         Some(Command::Raw(cmd)) => return raw::run(cmd).await,
         Some(Command::Plot(a)) => return plot::run(&a),
         Some(Command::Targets(a)) => return targets::run(&a),
+        Some(Command::Scaling(a)) => return scaling::run(&a),
         None => {}
     }
     let nofile = raise_nofile();
@@ -520,12 +526,15 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
     }
     api.wait_ready("/healthz", Duration::from_secs(10)).await?;
 
-    // JetStream message counts before any load (the gateway created the streams at startup).
+    // JetStream message counts before any load (the gateway created the streams at startup),
+    // and the namespace's partitions and lanes.
+    let mut layout = None;
     let js = match &stack {
         Some(stack) => {
             let js = stack.jetstream().await?;
             let before = servers::stream_counts(&js, &stack.namespace).await?;
             let subs = sublists(&stack.nats_monitors).await;
+            layout = Some(stack.layout(&js).await?);
             Some((js, before, subs))
         }
         None => None,
@@ -649,6 +658,8 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         sublist_cache: (args.backend == Backend::Nats).then_some(!args.nats_no_sublist_cache),
         worker_processes: (args.backend == Backend::Nats).then_some(args.worker_procs),
         gateways: (args.backend == Backend::Nats).then_some(args.gateways),
+        partitions: layout.map(|(partitions, _)| partitions),
+        tenant_lanes: layout.map(|(_, lanes)| lanes),
         exec_slots,
         mock_chunks: args.chunks,
         mock_delay_ms: args.delay_ms,

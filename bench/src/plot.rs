@@ -224,6 +224,7 @@ pub fn write_charts(runs: &[PlotRun], dir: &Path, prefix: &str) -> Result<Vec<Pa
             "seconds since the measured start",
             "completions per second",
             &lines,
+            false,
         )?;
         written.push(p);
     }
@@ -370,25 +371,41 @@ fn draw_legend<'a, 'b: 'a>(
         .map_err(err)
 }
 
-/// One line per series over a shared x axis.
+/// One line per series over a shared x axis; with `markers`, a dot on every point too (for a
+/// few measured points, such as throughput against worker processes).
 pub fn line_chart(
     path: &Path,
     title: &str,
     x_desc: &str,
     y_desc: &str,
     series: &[(String, Vec<(f64, f64)>)],
+    markers: bool,
 ) -> Result<(), String> {
     let points = series.iter().flat_map(|(_, p)| p.iter());
     let (x_max, y_max) = points.fold((0f64, 0f64), |(x, y), (px, py)| (x.max(*px), y.max(*py)));
     let root = SVGBackend::new(path, (960, 540)).into_drawing_area();
-    let x = 0f64..(x_max * 1.02).max(1.0);
+    // Measured points sit on whole settings (1, 2, 4, 8 workers): labelled there alone.
+    let x = if markers {
+        0.5..x_max.max(1.0) + 0.5
+    } else {
+        0f64..(x_max * 1.02).max(1.0)
+    };
+    let whole = |v: &f64| {
+        if (v - v.round()).abs() < 1e-9 {
+            format!("{v:.0}")
+        } else {
+            String::new()
+        }
+    };
     let mut chart = chart_on(&root, title, 45, x, 0f64..(y_max * 1.1).max(1.0))?;
-    chart
-        .configure_mesh()
-        .x_desc(x_desc)
-        .y_desc(y_desc)
-        .draw()
-        .map_err(err)?;
+    let mut mesh = chart.configure_mesh();
+    mesh.x_desc(x_desc).y_desc(y_desc);
+    if markers {
+        // At most 16 labels, one per whole setting up to 15, then every other and so on.
+        let labels = (x_max.max(1.0) as usize).min(16);
+        mesh.x_labels(labels + 1).x_label_formatter(&whole);
+    }
+    mesh.draw().map_err(err)?;
     for (k, (name, pts)) in series.iter().enumerate() {
         let color = Palette99::pick(k).to_rgba();
         chart
@@ -398,6 +415,11 @@ pub fn line_chart(
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
             });
+        if markers {
+            chart
+                .draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))
+                .map_err(err)?;
+        }
     }
     draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     root.present().map_err(err)

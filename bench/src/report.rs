@@ -41,6 +41,9 @@ pub struct Setup {
     pub worker_processes: Option<usize>,
     /// Gateway processes the harness started (nats mode).
     pub gateways: Option<u16>,
+    /// The namespace's partitions and tenant lanes per partition (nats mode), as recorded.
+    pub partitions: Option<u16>,
+    pub tenant_lanes: Option<u16>,
     /// Concurrent executions per executing process (`--workers` of the gateway in embedded mode
     /// or of each worker); `None`: the binary's default.
     pub exec_slots: Option<usize>,
@@ -51,6 +54,32 @@ pub struct Setup {
     pub nofile_limit: Option<u64>,
     /// `OTEL_EXPORTER_OTLP_ENDPOINT` as the spawned processes saw it (trace export on when set).
     pub otlp_endpoint: Option<String>,
+}
+
+impl Setup {
+    /// The distributed stack in words (`None` without one): the figures a scaling run varies.
+    pub fn stack_line(&self) -> Option<String> {
+        let plural = |n: usize, one: &str| format!("{n} {one}{}", if n == 1 { "" } else { "s" });
+        let nodes = self.nats_nodes?;
+        let mut parts = vec![plural(self.gateways.map_or(1, usize::from), "gateway")];
+        let workers = self.worker_processes.unwrap_or(0);
+        parts.push(format!(
+            "{workers} worker process{}",
+            if workers == 1 { "" } else { "es" }
+        ));
+        if let Some(p) = self.partitions {
+            let lanes = self.tenant_lanes.map_or_else(String::new, |l| {
+                format!(" of {}", plural(l.into(), "tenant lane"))
+            });
+            parts.push(format!("{}{lanes}", plural(p.into(), "partition")));
+        }
+        parts.push(format!(
+            "{} R{}",
+            plural(nodes, "NATS node"),
+            self.replicas.unwrap_or(1)
+        ));
+        Some(parts.join(", "))
+    }
 }
 
 /// JetStream messages the run stored, from the streams' last sequence before the first and
@@ -273,6 +302,9 @@ impl Report {
             self.params.client_threads,
             self.nproc,
         );
+        if let Some(stack) = self.params.setup.stack_line() {
+            let _ = writeln!(s, "  stack: {stack}");
+        }
         let unit = if load.mode == Mode::Submit {
             "submits/s"
         } else {
@@ -483,24 +515,62 @@ mod tests {
         assert_eq!(opt(Some(0.5)), "0.50");
     }
 
+    fn embedded() -> Setup {
+        Setup {
+            backend: "embedded".into(),
+            nats_nodes: None,
+            replicas: None,
+            sync_interval: None,
+            sublist_cache: None,
+            worker_processes: None,
+            gateways: None,
+            partitions: None,
+            tenant_lanes: None,
+            exec_slots: None,
+            mock_chunks: None,
+            mock_delay_ms: 0,
+            nofile_limit: None,
+            otlp_endpoint: None,
+        }
+    }
+
+    #[test]
+    fn the_stack_line_names_what_a_scaling_run_varies() {
+        assert_eq!(embedded().stack_line(), None);
+        let one = Setup {
+            backend: "nats".into(),
+            nats_nodes: Some(1),
+            replicas: Some(1),
+            worker_processes: Some(1),
+            gateways: Some(1),
+            partitions: Some(1),
+            tenant_lanes: Some(8),
+            ..embedded()
+        };
+        assert_eq!(
+            one.stack_line().unwrap(),
+            "1 gateway, 1 worker process, 1 partition of 8 tenant lanes, 1 NATS node R1"
+        );
+        let many = Setup {
+            nats_nodes: Some(3),
+            replicas: Some(3),
+            worker_processes: Some(4),
+            gateways: Some(2),
+            partitions: Some(8),
+            tenant_lanes: Some(1),
+            ..one
+        };
+        assert_eq!(
+            many.stack_line().unwrap(),
+            "2 gateways, 4 worker processes, 8 partitions of 1 tenant lane, 3 NATS nodes R3"
+        );
+    }
+
     #[test]
     fn the_run_parameters_stay_top_level_keys() {
         let params = Params {
             label: "l".into(),
-            setup: Setup {
-                backend: "embedded".into(),
-                nats_nodes: None,
-                replicas: None,
-                sync_interval: None,
-                sublist_cache: None,
-                worker_processes: None,
-                gateways: None,
-                exec_slots: None,
-                mock_chunks: None,
-                mock_delay_ms: 0,
-                nofile_limit: None,
-                otlp_endpoint: None,
-            },
+            setup: embedded(),
             load: Load {
                 mode: Mode::Open,
                 stream: StreamMode::Get,

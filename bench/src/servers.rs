@@ -420,6 +420,16 @@ impl Stack {
 
     /// A plain JetStream client of the stack's servers (every node), for the harness's own
     /// reads.
+    /// The namespace's partitions and tenant lanes per partition, as `{NS}_EVENTS` records
+    /// them (the gateway created the namespace; `MODEL_RUNTIME_PARTITIONS` chose the count).
+    pub async fn layout(&self, js: &async_nats::jetstream::Context) -> Result<(u16, u16), String> {
+        let layout = runtime::nats::recorded_event_shards(js, &self.namespace)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("the namespace has no streams after the gateway started")?;
+        Ok((layout.count(), layout.lanes()))
+    }
+
     pub async fn jetstream(&self) -> Result<async_nats::jetstream::Context, String> {
         let servers = self
             .nats_urls
