@@ -418,8 +418,6 @@ impl Stack {
         }
     }
 
-    /// A plain JetStream client of the stack's servers (every node), for the harness's own
-    /// reads.
     /// The namespace's partitions and tenant lanes per partition, as `{NS}_EVENTS` records
     /// them (the gateway created the namespace; `MODEL_RUNTIME_PARTITIONS` chose the count).
     pub async fn layout(&self, js: &async_nats::jetstream::Context) -> Result<(u16, u16), String> {
@@ -430,6 +428,8 @@ impl Stack {
         Ok((layout.count(), layout.lanes()))
     }
 
+    /// A plain JetStream client of the stack's servers (every node), for the harness's own
+    /// reads.
     pub async fn jetstream(&self) -> Result<async_nats::jetstream::Context, String> {
         let servers = self
             .nats_urls
