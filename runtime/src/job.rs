@@ -99,8 +99,9 @@ pub trait DeliveryHandle: Send + Sync {
         None
     }
     /// Gives the job back unstarted, for delivery to another worker now rather than after the
-    /// lease (a worker stopping while it held a job it had no slot for yet). Best effort: a
-    /// lost release is a redelivery after the lease.
+    /// lease (a worker stopping while it held a job it had no slot for yet, or a delivery that
+    /// stopped before it claimed the log). Best effort: a lost release is a redelivery after
+    /// the lease.
     async fn release(&self) -> Result<(), StoreError> {
         Ok(())
     }

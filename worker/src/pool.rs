@@ -583,6 +583,11 @@ async fn run_delivery(
                 tracing::warn!(execution_id = %job.execution_id, error = %e, "ack failed; the job may be redelivered");
             }
         }
+        RunOutcome::Unclaimed => {
+            if let Err(e) = handle.release().await {
+                tracing::warn!(execution_id = %job.execution_id, error = %e, "could not hand the job back; it is redelivered when its lease lapses");
+            }
+        }
         RunOutcome::Abandoned => {}
     }
 }

@@ -1421,6 +1421,162 @@ async fn a_withdrawn_job_is_never_claimed_when_its_log_appears_late() {
     );
 }
 
+/// Provider `a` succeeding, its runner reading log heads through a [`SlowReadsStore`] whose
+/// next `failures` reads time out.
+fn slow_reads_a(failures: u32) -> (Arc<ScriptedProvider>, Harness, Arc<SlowReadsStore>) {
+    let a = ScriptedProvider::succeeding("a");
+    let store = Arc::new(runtime::memory::MemoryEventStore::new(
+        MemoryLimits::default(),
+    ));
+    let slow = SlowReadsStore::new(Arc::clone(&store), failures);
+    let h = Harness::with_store(
+        with_default_limits(&[&a]),
+        Arc::clone(&slow) as Arc<dyn EventStore>,
+        store,
+        RunnerSettings::default(),
+    );
+    (a, h, slow)
+}
+
+// Paused time. A read that times out on a busy store once left the job to the lease's lapse
+// (30 s on JetStream) before anyone ran it.
+#[tokio::test(start_paused = true)]
+async fn a_log_read_that_times_out_is_retried_and_the_job_runs_in_this_delivery() {
+    let (a, h, slow) = slow_reads_a(3);
+    let job = h.submit(&text_request(""), LONG).await;
+    let handle = Handed::default();
+    let started = tokio::time::Instant::now();
+    assert_eq!(
+        h.runner.run_delivery(&job, 1, Some(&handle)).await,
+        RunOutcome::Finished
+    );
+    assert_eq!(slow.failures_left(), 0);
+    assert_eq!(a.calls(), 1);
+    // Three timed-out reads and the pauses between them, not a lease.
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        type_names(&h.events(job.execution_id).await).last(),
+        Some(&"execution.completed")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_delivery_whose_reads_keep_failing_hands_its_job_back_after_the_log_wait() {
+    let (a, h, _slow) = slow_reads_a(u32::MAX);
+    let job = h.submit(&text_request(""), LONG).await;
+    let handle = Handed::default();
+    let started = tokio::time::Instant::now();
+    assert_eq!(
+        h.runner.run_delivery(&job, 1, Some(&handle)).await,
+        RunOutcome::Unclaimed
+    );
+    assert!(started.elapsed() >= RunnerSettings::default().log_wait);
+    assert_eq!(a.calls(), 0);
+    // Nothing written: the next delivery starts from `execution.accepted`.
+    assert_eq!(
+        type_names(&h.events(job.execution_id).await),
+        ["execution.accepted"]
+    );
+}
+
+/// A memory queue whose deliveries count their acknowledgements and hand-backs.
+struct CountingQueue {
+    inner: Arc<MemoryJobQueue>,
+    acks: Arc<AtomicUsize>,
+    releases: Arc<AtomicUsize>,
+}
+
+struct CountingHandle {
+    inner: Box<dyn runtime::DeliveryHandle>,
+    acks: Arc<AtomicUsize>,
+    releases: Arc<AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl runtime::DeliveryHandle for CountingHandle {
+    async fn ack(&self) -> Result<(), StoreError> {
+        self.acks.fetch_add(1, SeqCst);
+        self.inner.ack().await
+    }
+    async fn in_progress(&self) -> Result<(), StoreError> {
+        self.inner.in_progress().await
+    }
+    async fn withdrawn(&self) -> Result<bool, StoreError> {
+        self.inner.withdrawn().await
+    }
+    async fn release(&self) -> Result<(), StoreError> {
+        self.releases.fetch_add(1, SeqCst);
+        self.inner.release().await
+    }
+}
+
+#[async_trait::async_trait]
+impl JobQueue for CountingQueue {
+    async fn publish(&self, job: &runtime::Job) -> Result<(), StoreError> {
+        self.inner.publish(job).await
+    }
+    async fn withdraw(&self, job: &runtime::Job) -> Result<(), StoreError> {
+        self.inner.withdraw(job).await
+    }
+    async fn receive(&self) -> Result<Option<runtime::Delivery>, StoreError> {
+        let delivery = self.inner.receive().await?;
+        Ok(delivery.map(|d| runtime::Delivery {
+            handle: Box::new(CountingHandle {
+                inner: d.handle,
+                acks: Arc::clone(&self.acks),
+                releases: Arc::clone(&self.releases),
+            }),
+            ..d
+        }))
+    }
+    fn close(&self) {
+        self.inner.close();
+    }
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.inner.ready().await
+    }
+    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<runtime::QueuedJob>, StoreError> {
+        self.inner.scan(after, limit).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_pool_hands_back_a_job_its_delivery_could_not_claim() {
+    let (a, h, _slow) = slow_reads_a(u32::MAX);
+    let queue = Arc::new(CountingQueue {
+        inner: Arc::new(MemoryJobQueue::new()),
+        acks: Arc::new(AtomicUsize::new(0)),
+        releases: Arc::new(AtomicUsize::new(0)),
+    });
+    let pool = spawn_pool_on(
+        &h,
+        Arc::clone(&queue) as Arc<dyn JobQueue>,
+        2,
+        Duration::from_secs(1),
+    );
+    let job = h.submit(&text_request(""), LONG).await;
+    queue.publish(&job).await.unwrap();
+    let waited = tokio::time::Instant::now();
+    while queue.releases.load(SeqCst) == 0 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(60),
+            "never handed back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        queue.acks.load(SeqCst),
+        0,
+        "an unclaimed job is not acknowledged"
+    );
+    assert_eq!(a.calls(), 0);
+    assert!(pool.shutdown(Duration::from_secs(1)).await);
+}
+
 #[tokio::test]
 async fn a_gateway_cancel_of_a_queued_execution_fences_the_runner() {
     let (a, h, job) = succeeding_a_with_job().await;
@@ -2266,15 +2422,15 @@ async fn keyed_and_counted(
 }
 
 /// A keyed job whose key cannot be claimed (the key store is out of reach) is retried for the
-/// claim's budget (tries until a second before it ends, at most a second apart), then left to a
-/// later delivery: not run, its log untouched.
+/// claim's budget (tries until a second before it ends, at most a second apart), then handed
+/// back for the next delivery: not run, its log untouched.
 #[tokio::test(start_paused = true)]
 async fn a_keyed_job_whose_key_cannot_be_claimed_is_left_unrun() {
     let (a, h) = succeeding_a();
     let (h, _) = TestKeys::install(h, |k| k.unreachable = true);
     let job = keyed(h.submit(&text_request(""), LONG).await, "key-unreachable");
     let started = tokio::time::Instant::now();
-    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Abandoned);
+    assert_eq!(h.runner.run(&job, 1).await, RunOutcome::Unclaimed);
     let budget = worker::key_guard::KEY_CLAIM_BUDGET;
     let tried = started.elapsed();
     assert!(

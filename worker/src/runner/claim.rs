@@ -1,6 +1,12 @@
 //! Before a delivery is claimed: waiting for its log (a job can arrive a few milliseconds
 //! before it) and, for a redelivery, for its previous holder to be gone
 //! ([`crate::holder`]); a job its submitter withdrew meanwhile is dropped.
+//!
+//! A read that fails here (the store slow or unreachable) is retried like a missing log, within
+//! [`super::RunnerSettings::log_wait`]; a delivery that stops before its claim (those retries
+//! spent, or the worker shutting down) ran nothing, so it hands its job back
+//! ([`RunOutcome::Unclaimed`]) for the next delivery to come at once, not when its lease
+//! lapses.
 
 use std::time::Duration;
 
@@ -45,7 +51,7 @@ impl Runner {
             }
             tokio::select! {
                 () = tokio::time::sleep(holder::POLL) => {}
-                () = self.abort_all.cancelled() => return Err(RunOutcome::Abandoned),
+                () = self.abort_all.cancelled() => return Err(RunOutcome::Unclaimed),
             }
             match self.store.head(id).await {
                 Ok(Some(latest)) if latest.terminal => return Err(RunOutcome::Dropped),
@@ -72,24 +78,23 @@ impl Runner {
         let mut delay = Duration::from_millis(1);
         let mut polls = 0u32;
         let mut waited = false;
+        // Reads that failed: the first is logged, the count once the wait ends in one.
+        let mut failed = 0u32;
         loop {
-            match self.store.head(id).await {
+            let (what, error) = match self.store.head(id).await {
                 Ok(Some(head)) => {
-                    if waited
-                        && !head.terminal
-                        && let Some(held) = held
-                    {
-                        match withdrawn(id, held).await {
-                            Ok(false) => {}
-                            Ok(true) => return Err(RunOutcome::Dropped),
-                            Err(e) => {
-                                tracing::warn!(execution_id = %id, error = %e, "cannot tell whether the job was withdrawn");
-                                return Err(RunOutcome::Abandoned);
-                            }
+                    // A log there at the first look (or closed) needs no withdrawal check.
+                    let Some(held) = held.filter(|_| waited && !head.terminal) else {
+                        return Ok(head);
+                    };
+                    match withdrawn(id, held).await {
+                        Ok(false) => {
+                            tracing::debug!(execution_id = %id, last_sequence = head.last_sequence.get(), "log found");
+                            return Ok(head);
                         }
+                        Ok(true) => return Err(RunOutcome::Dropped),
+                        Err(e) => ("cannot tell whether the job was withdrawn", e),
                     }
-                    tracing::debug!(execution_id = %id, waited, last_sequence = head.last_sequence.get(), "log found");
-                    return Ok(head);
                 }
                 Ok(None) if started.elapsed() < self.settings.log_wait => {
                     polls += 1;
@@ -102,27 +107,48 @@ impl Runner {
                         return Err(RunOutcome::Dropped);
                     }
                     waited = true;
-                    tokio::select! {
-                        () = tokio::time::sleep(delay) => {}
-                        // Shutting down: leave the job to another worker.
-                        () = self.abort_all.cancelled() => return Err(RunOutcome::Abandoned),
-                    }
-                    if polls >= QUICK_POLLS {
-                        delay = (delay * 2).min(Duration::from_millis(500));
-                    }
+                    self.pause(&mut delay, polls >= QUICK_POLLS).await?;
+                    continue;
                 }
                 Ok(None) => {
                     tracing::info!(execution_id = %id, "job without a log; dropped");
                     return Err(RunOutcome::Dropped);
                 }
-                Err(e) => {
-                    tracing::warn!(execution_id = %id, error = %e, "cannot read execution state");
-                    return Err(RunOutcome::Abandoned);
-                }
+                Err(e) => ("cannot read execution state", e),
+            };
+            failed += 1;
+            if started.elapsed() >= self.settings.log_wait {
+                tracing::warn!(execution_id = %id, failed, %error, "{what}; handing the job back");
+                return Err(RunOutcome::Unclaimed);
             }
+            if failed == 1 {
+                tracing::warn!(execution_id = %id, %error, "{what}; retrying");
+            }
+            // Whether the log existed at the first look is unknown: check for a withdrawal once
+            // it is found.
+            waited = true;
+            delay = delay.max(FAILED_READ_PAUSE);
+            self.pause(&mut delay, true).await?;
         }
     }
+
+    /// Sleeps `delay` (doubled after, up to 500 ms, when `backing_off`), or hands the job back
+    /// when the worker shuts down meanwhile (leaving it to another worker).
+    async fn pause(&self, delay: &mut Duration, backing_off: bool) -> Result<(), RunOutcome> {
+        tokio::select! {
+            () = tokio::time::sleep(*delay) => {}
+            () = self.abort_all.cancelled() => return Err(RunOutcome::Unclaimed),
+        }
+        if backing_off {
+            *delay = (*delay * 2).min(Duration::from_millis(500));
+        }
+        Ok(())
+    }
 }
+
+/// The first pause after a failed read: a store that timed out is busy, not a millisecond
+/// from answering.
+const FAILED_READ_PAUSE: Duration = Duration::from_millis(50);
 
 /// Polls of a missing log 1 ms apart, without asking the queue about the job, before the
 /// backoff starts: a job usually reaches the worker only a few milliseconds before its log

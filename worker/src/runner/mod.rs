@@ -16,7 +16,9 @@
 //!   concurrently, so a job can arrive first. The runner waits for the log (polling its head 1 ms
 //!   apart a few times, then with backoff up to 500 ms, heartbeating the delivery meanwhile) for
 //!   at most [`RunnerSettings::log_wait`], then drops the job: a log that has not appeared by
-//!   then was never created (the gateway answered 503 and withdrew the job). When the log does
+//!   then was never created (the gateway answered 503 and withdrew the job). A read that fails
+//!   meanwhile is retried within the same bound; a delivery that gives up before its claim
+//!   (or stops for a shutdown) hands its job back at once ([`RunOutcome::Unclaimed`]). When the log does
 //!   appear after a wait, the runner first asks the queue whether the job was withdrawn (the
 //!   gateway withdraws the job of a submission whose create failed or whose outcome it could not
 //!   learn) and never claims a withdrawn job (it also asks on every poll past the first quick
@@ -69,6 +71,11 @@ pub enum RunOutcome {
     /// The store could not take the terminal event: do not acknowledge, so the job is
     /// redelivered and the next holder closes the log.
     Abandoned,
+    /// This delivery stopped before it claimed the log (its reads kept failing, or the worker
+    /// is shutting down): nothing ran here, so hand the job back for the next delivery to
+    /// come at once rather than when the lease lapses (a lapse costs the execution the whole
+    /// lease, 30 s by default).
+    Unclaimed,
 }
 
 /// Runner settings.
@@ -301,8 +308,8 @@ impl Runner {
                 RunOutcome::Dropped
             }
             Err(e) => {
-                tracing::warn!(execution_id = %id, error = %e, "cannot claim the idempotency key; leaving the job to a later delivery");
-                RunOutcome::Abandoned
+                tracing::warn!(execution_id = %id, error = %e, "cannot claim the idempotency key; handing the job back");
+                RunOutcome::Unclaimed
             }
         }
     }

@@ -958,3 +958,64 @@ impl runtime::intercept::Intercept for PartitionedStore {
         self.inner.head(id).await
     }
 }
+
+/// A memory store whose log-head reads time out, as a JetStream store's direct gets do on a
+/// busy server: each of the next `failures` reads waits [`SlowReadsStore::TIMEOUT`] and then
+/// fails `Unavailable`; the reads after them are served.
+pub struct SlowReadsStore {
+    pub inner: Arc<MemoryEventStore>,
+    failures: std::sync::atomic::AtomicU32,
+}
+
+impl std::fmt::Debug for SlowReadsStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlowReadsStore").finish_non_exhaustive()
+    }
+}
+
+impl SlowReadsStore {
+    /// How long a failing read takes (the JetStream store's request timeout).
+    pub const TIMEOUT: Duration = Duration::from_millis(1500);
+
+    /// `failures` reads fail (`u32::MAX`: every one).
+    pub fn new(inner: Arc<MemoryEventStore>, failures: u32) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            failures: std::sync::atomic::AtomicU32::new(failures),
+        })
+    }
+
+    /// How many reads are still to fail (for a finite count).
+    pub fn failures_left(&self) -> u32 {
+        self.failures.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl runtime::intercept::Intercept for SlowReadsStore {
+    fn inner(&self) -> &dyn EventStore {
+        self.inner.as_ref()
+    }
+
+    async fn head(&self, id: ExecutionId) -> Result<Option<runtime::LogHead>, runtime::StoreError> {
+        let failing = self
+            .failures
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |left| match left {
+                    0 => None,
+                    u32::MAX => Some(u32::MAX),
+                    left => Some(left - 1),
+                },
+            )
+            .is_ok();
+        if failing {
+            tokio::time::sleep(Self::TIMEOUT).await;
+            return Err(runtime::StoreError::Unavailable(
+                "direct get: timed out".into(),
+            ));
+        }
+        self.inner.head(id).await
+    }
+}
