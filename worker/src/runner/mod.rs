@@ -17,9 +17,9 @@
 //!   apart a few times, then with backoff up to 500 ms, heartbeating the delivery meanwhile) for
 //!   at most [`RunnerSettings::log_wait`], then drops the job: a log that has not appeared by
 //!   then was never created (the gateway answered 503 and withdrew the job). A read that fails
-//!   meanwhile is retried within the same bound; a delivery that gives up before its claim
-//!   (or stops for a shutdown) hands its job back at once ([`RunOutcome::Unclaimed`]). When the log does
-//!   appear after a wait, the runner first asks the queue whether the job was withdrawn (the
+//!   meanwhile is retried within the same bound; a delivery that gives up before its claim (or
+//!   stops for a shutdown) hands its job back at once ([`RunOutcome::Unclaimed`]). When the log
+//!   does appear after a wait, the runner first asks the queue whether the job was withdrawn (the
 //!   gateway withdraws the job of a submission whose create failed or whose outcome it could not
 //!   learn) and never claims a withdrawn job (it also asks on every poll past the first quick
 //!   ones, so a withdrawn job does not hold a slot). A job whose log is there at the first look
