@@ -22,6 +22,7 @@ use serde::Deserialize;
 
 use crate::plot::{LatencyJson, Percentiles, line_chart};
 use crate::spawn::ProcessCpu;
+use crate::targets::median;
 
 /// `bench scaling` options.
 #[derive(Debug, Clone, clap::Args)]
@@ -222,16 +223,6 @@ impl Axis {
     }
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => 0.0,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
-}
-
 /// The lines of `axis`'s chart: for every configuration but that setting, its runs'
 /// throughput (the median of a configuration's reports) at each value of the setting, where
 /// there are at least two values.
@@ -253,7 +244,7 @@ pub fn lines(runs: &[ScalingRun], axis: Axis) -> Vec<(Config, Vec<(f64, f64)>)> 
         .map(|(rest, points)| {
             let points = points
                 .into_iter()
-                .map(|(x, ys)| (x as f64, median(ys)))
+                .map(|(x, ys)| (x as f64, median(ys).unwrap_or(0.0)))
                 .collect();
             (rest, points)
         })
@@ -317,7 +308,7 @@ fn ratio_to_one_worker(run: &ScalingRun, runs: &[ScalingRun]) -> Option<f64> {
         .filter(|r| r.config == one)
         .map(|r| r.throughput_per_s)
         .collect();
-    let base = median(base);
+    let base = median(base)?;
     (base > 0.0).then(|| run.throughput_per_s / base)
 }
 

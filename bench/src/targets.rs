@@ -280,7 +280,7 @@ pub fn judge(round: &Round) -> Vec<Verdict> {
 }
 
 /// The median of the figures present (the mean of the middle two for an even count).
-fn median(mut figures: Vec<f64>) -> Option<f64> {
+pub(crate) fn median(mut figures: Vec<f64>) -> Option<f64> {
     figures.retain(|f| f.is_finite());
     if figures.is_empty() {
         return None;
