@@ -481,7 +481,7 @@ pub fn bar_chart(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn run(label: &str, added: Option<[f64; 2]>) -> PlotRun {
@@ -497,7 +497,7 @@ mod tests {
         }
     }
 
-    fn temp_dir(tag: &str) -> PathBuf {
+    pub(crate) fn temp_dir(tag: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!(
             "bench-plot-test-{tag}-{}-{:?}",
             std::process::id(),
@@ -509,7 +509,7 @@ mod tests {
     }
 
     /// Every text node of an SVG document, which must parse as XML with an `svg` root.
-    fn svg_texts(path: &Path) -> Vec<String> {
+    pub(crate) fn svg_texts(path: &Path) -> Vec<String> {
         let text = std::fs::read_to_string(path).unwrap();
         let doc = roxmltree::Document::parse(&text).unwrap();
         assert_eq!(doc.root_element().tag_name().name(), "svg");

@@ -488,6 +488,7 @@ pub fn run(a: &ScalingArgs) -> Result<(), String> {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+    use crate::plot::tests::{svg_texts, temp_dir};
 
     /// A report as `bench --out` writes it (the fields this module reads).
     fn report(label: &str, workers: usize, partitions: u16, delay_ms: u64, per_s: f64) -> String {
@@ -652,9 +653,7 @@ mod tests {
 
     #[test]
     fn writes_the_table_and_a_chart_per_setting_that_varies() {
-        let dir = std::env::temp_dir().join(format!("bench-scaling-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = temp_dir("scaling");
         for r in matrix() {
             let (w, p) = (r.config.workers, r.config.partitions.unwrap());
             let delay = if r.config.workload == "zero-delay" {
@@ -687,11 +686,9 @@ mod tests {
                 .iter()
                 .any(|n| n.contains("gateways") || n.contains("nodes"))
         );
-        let svg = std::fs::read_to_string(out.join("s-scaling-workers.svg")).unwrap();
-        let doc = roxmltree::Document::parse(&svg).unwrap();
-        let texts: Vec<&str> = doc.descendants().filter_map(|n| n.text()).collect();
+        let texts = svg_texts(&out.join("s-scaling-workers.svg"));
         assert!(
-            texts.iter().any(|t| t.trim() == "zero-delay, 8 partitions"),
+            texts.iter().any(|t| t == "zero-delay, 8 partitions"),
             "{texts:?}"
         );
         assert!(texts.iter().any(|t| t.contains("worker processes")));

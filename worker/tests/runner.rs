@@ -1483,75 +1483,32 @@ async fn a_delivery_whose_reads_keep_failing_hands_its_job_back_after_the_log_wa
     );
 }
 
-/// A memory queue whose deliveries count their acknowledgements and hand-backs.
-struct CountingQueue {
-    inner: Arc<MemoryJobQueue>,
-    acks: Arc<AtomicUsize>,
-    releases: Arc<AtomicUsize>,
-}
-
-struct CountingHandle {
-    inner: Box<dyn runtime::DeliveryHandle>,
-    acks: Arc<AtomicUsize>,
-    releases: Arc<AtomicUsize>,
+/// Acknowledgements and hand-backs of a [`Wrapping`] queue's deliveries, counted.
+#[derive(Default)]
+struct HandBacks {
+    acks: AtomicUsize,
+    releases: AtomicUsize,
 }
 
 #[async_trait::async_trait]
-impl runtime::DeliveryHandle for CountingHandle {
+impl runtime::DeliveryHandle for Wrapped<HandBacks> {
     async fn ack(&self) -> Result<(), StoreError> {
-        self.acks.fetch_add(1, SeqCst);
+        self.state.acks.fetch_add(1, SeqCst);
         self.inner.ack().await
     }
     async fn in_progress(&self) -> Result<(), StoreError> {
         self.inner.in_progress().await
     }
-    async fn withdrawn(&self) -> Result<bool, StoreError> {
-        self.inner.withdrawn().await
-    }
     async fn release(&self) -> Result<(), StoreError> {
-        self.releases.fetch_add(1, SeqCst);
+        self.state.releases.fetch_add(1, SeqCst);
         self.inner.release().await
-    }
-}
-
-#[async_trait::async_trait]
-impl JobQueue for CountingQueue {
-    async fn publish(&self, job: &runtime::Job) -> Result<(), StoreError> {
-        self.inner.publish(job).await
-    }
-    async fn withdraw(&self, job: &runtime::Job) -> Result<(), StoreError> {
-        self.inner.withdraw(job).await
-    }
-    async fn receive(&self) -> Result<Option<runtime::Delivery>, StoreError> {
-        let delivery = self.inner.receive().await?;
-        Ok(delivery.map(|d| runtime::Delivery {
-            handle: Box::new(CountingHandle {
-                inner: d.handle,
-                acks: Arc::clone(&self.acks),
-                releases: Arc::clone(&self.releases),
-            }),
-            ..d
-        }))
-    }
-    fn close(&self) {
-        self.inner.close();
-    }
-    async fn ready(&self) -> Result<(), StoreError> {
-        self.inner.ready().await
-    }
-    async fn scan(&self, after: u64, limit: usize) -> Result<Vec<runtime::QueuedJob>, StoreError> {
-        self.inner.scan(after, limit).await
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_pool_hands_back_a_job_its_delivery_could_not_claim() {
     let (a, h, _slow) = slow_reads_a(u32::MAX);
-    let queue = Arc::new(CountingQueue {
-        inner: Arc::new(MemoryJobQueue::new()),
-        acks: Arc::new(AtomicUsize::new(0)),
-        releases: Arc::new(AtomicUsize::new(0)),
-    });
+    let queue = Wrapping::new(HandBacks::default());
     let pool = spawn_pool_on(
         &h,
         Arc::clone(&queue) as Arc<dyn JobQueue>,
@@ -1560,16 +1517,13 @@ async fn the_pool_hands_back_a_job_its_delivery_could_not_claim() {
     );
     let job = h.submit(&text_request(""), LONG).await;
     queue.publish(&job).await.unwrap();
-    let waited = tokio::time::Instant::now();
-    while queue.releases.load(SeqCst) == 0 {
-        assert!(
-            waited.elapsed() < Duration::from_secs(60),
-            "never handed back"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until("the job was handed back", Duration::from_secs(60), || {
+        let released = queue.state.releases.load(SeqCst) > 0;
+        async move { released }
+    })
+    .await;
     assert_eq!(
-        queue.acks.load(SeqCst),
+        queue.state.acks.load(SeqCst),
         0,
         "an unclaimed job is not acknowledged"
     );
