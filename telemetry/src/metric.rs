@@ -184,7 +184,7 @@ pub fn register() {
     );
     describe_gauge!(
         JOBS_PENDING,
-        "Jobs waiting or unacknowledged in the shared queue (nats mode)."
+        "Jobs waiting or unacknowledged in the namespace's queue, every partition and tenant lane (nats mode)."
     );
     describe_counter!(
         JOB_REDELIVERIES_TOTAL,

@@ -1,14 +1,12 @@
-//! The Kubernetes base (`deploy/k8s/base`) agrees with the runtime's layout: the KEDA
-//! `ScaledObject` that scales the workers lists exactly the jobs streams and consumers of the
-//! namespace the gateways and workers create (its partitions, each with the default tenant
-//! lanes), so a trigger never names a consumer that does not exist and no lane goes unwatched.
-//! Names come from `runtime::nats::EventShards`, the code that creates them.
+//! The Kubernetes base (`deploy/k8s/base`) agrees with the runtime: gateways and workers ask for
+//! the same namespace and partitions, and the KEDA `ScaledObject` that scales the workers reads
+//! the queue's depth where the workers serve it: the gauge `mrt_jobs_pending` of the workers'
+//! admin endpoint, through a Service that selects the worker pods on their admin port, with a
+//! target of the executions one worker pod runs at once. (`tests/tests/autoscaling.rs` checks
+//! that the gauge counts every partition and tenant lane.)
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
-
-use runtime::nats::{DEFAULT_TENANT_LANES, EventShards};
 
 fn base(file: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -41,50 +39,78 @@ fn values<'a>(manifest: &'a str, key: &str) -> Vec<&'a str> {
 }
 
 #[test]
-fn the_worker_triggers_watch_every_lane_of_every_partition_and_nothing_else() {
+fn gateways_and_workers_ask_for_the_same_namespace_and_partitions() {
     let gateway = base("gateway-deployment.yaml");
     let worker = base("worker-deployment.yaml");
-    let namespace = env_value(&gateway, "MODEL_RUNTIME_NAMESPACE");
-    assert_eq!(env_value(&worker, "MODEL_RUNTIME_NAMESPACE"), namespace);
-    let partitions: u16 = env_value(&gateway, "MODEL_RUNTIME_PARTITIONS")
+    for name in ["MODEL_RUNTIME_NAMESPACE", "MODEL_RUNTIME_PARTITIONS"] {
+        assert_eq!(
+            env_value(&gateway, name),
+            env_value(&worker, name),
+            "{name}: a process asking another namespace's count refuses to start"
+        );
+    }
+    let partitions: u16 = env_value(&worker, "MODEL_RUNTIME_PARTITIONS")
         .parse()
         .unwrap();
-    assert_eq!(
-        env_value(&worker, "MODEL_RUNTIME_PARTITIONS"),
-        partitions.to_string(),
-        "gateways and workers must agree: a process asking another count refuses to start"
-    );
-    let layout = EventShards::new(namespace, partitions)
-        .unwrap()
-        .with_lanes(DEFAULT_TENANT_LANES)
-        .unwrap();
-    let expected: BTreeSet<(String, String)> = (0..partitions)
-        .flat_map(|p| {
-            let layout = &layout;
-            (0..DEFAULT_TENANT_LANES)
-                .map(move |lane| (layout.jobs_stream(p), layout.jobs_lane_consumer(p, lane)))
-        })
-        .collect();
+    assert!(runtime::nats::EventShards::new("mrt", partitions).is_ok());
+}
 
+#[test]
+fn keda_scales_the_workers_on_the_queue_they_serve_one_pod_per_slots() {
+    let worker = base("worker-deployment.yaml");
+    let service = base("worker-service.yaml");
     let scaled = base("worker-scaledobject.yaml");
-    let streams = values(&scaled, "stream");
-    let consumers = values(&scaled, "consumer");
-    assert_eq!(streams.len(), consumers.len());
-    let listed: Vec<(String, String)> = streams
-        .iter()
-        .zip(&consumers)
-        .map(|(s, c)| (s.to_string(), c.to_string()))
-        .collect();
-    let unique: BTreeSet<(String, String)> = listed.iter().cloned().collect();
-    assert_eq!(unique.len(), listed.len(), "a consumer listed twice");
-    assert_eq!(unique, expected);
-    let triggers = scaled
-        .lines()
-        .filter(|l| l.trim() == "- type: nats-jetstream")
-        .count();
+
+    // One trigger: the Metrics API scaler on the workers' Prometheus exposition.
+    assert_eq!(values(&scaled, "- type"), ["metrics-api"]);
+    assert_eq!(values(&scaled, "format"), ["prometheus"]);
     assert_eq!(
-        triggers,
-        expected.len(),
-        "one nats-jetstream trigger per consumer"
+        values(&scaled, "valueLocation"),
+        [telemetry::metric::JOBS_PENDING]
     );
+    // A pod per MODEL_RUNTIME_WORKERS jobs, the executions a worker pod runs at once.
+    assert_eq!(
+        values(&scaled, "targetValue"),
+        [env_value(&worker, "MODEL_RUNTIME_WORKERS")]
+    );
+
+    // The URL names the Service, with a namespace (KEDA's operator runs in its own), on the
+    // port the Service maps to the workers' admin port.
+    let [url] = values(&scaled, "url")[..] else {
+        panic!("one url")
+    };
+    let rest = url
+        .strip_prefix("http://")
+        .expect("plain http inside the cluster");
+    let (authority, path) = rest.split_once('/').unwrap();
+    assert_eq!(path, "metrics");
+    let (host, port) = authority.split_once(':').unwrap();
+    let labels: Vec<&str> = host.split('.').collect();
+    assert_eq!(
+        labels.len(),
+        5,
+        "SERVICE.NAMESPACE.svc.cluster.local: {host}"
+    );
+    assert_eq!(labels[2..], ["svc", "cluster", "local"]);
+    assert_eq!(values(&service, "name")[0], labels[0], "the Service's name");
+    assert_eq!(values(&service, "port"), [port]);
+    assert_eq!(values(&service, "targetPort"), ["admin"]);
+    // The admin port is the one the workers listen on, and the Service selects their pods.
+    let admin_port = env_value(&worker, "MODEL_RUNTIME_ADMIN_PORT");
+    assert_eq!(values(&worker, "containerPort"), [admin_port.as_str()]);
+    assert_eq!(
+        values(&worker, "- name")
+            .iter()
+            .filter(|n| **n == "admin")
+            .count(),
+        1,
+        "the worker container's port named admin"
+    );
+    for label in ["app.kubernetes.io/name", "app.kubernetes.io/component"] {
+        let selected = values(&service, label);
+        let pods = values(&worker, label);
+        assert!(!selected.is_empty() && pods.contains(&selected[0]));
+        assert!(selected.iter().all(|v| *v == selected[0]));
+    }
+    assert_eq!(values(&service, "app.kubernetes.io/component")[0], "worker");
 }
