@@ -99,6 +99,7 @@ pub async fn run(args: GatewayArgs) -> ExitCode {
                     }
                 }
                 // Closes executions past their deadline that no worker runs (contract §8).
+                // Gateways alone run one: workers do not (`worker::process`).
                 runtime::DeadlineSweeper::new(
                     Arc::clone(&backend.store),
                     Arc::clone(&backend.queue),

@@ -4,7 +4,10 @@
 //! no worker ran the execution: none alive (the job waits in the queue), or its worker died (the
 //! job waits for its lease to lapse, then for another worker). The contract wants such an
 //! execution to end with `deadline_exceeded` at most 2 s after its deadline, written by any
-//! gateway or worker. Every gateway and worker process therefore runs a [`DeadlineSweeper`].
+//! gateway or worker. Every gateway process therefore runs a [`DeadlineSweeper`] (and the
+//! embedded gateway over its memory queue). Workers do not: a sweeper reads every job of the
+//! namespace once, so a sweeper per worker would make every added worker cost each execution
+//! one more read, where gateways are few and run one each whatever the workers.
 //!
 //! How it works, and why:
 //! - It follows the job queue with [`JobQueue::scan`] from the last position it saw, keeping
@@ -12,8 +15,9 @@
 //!   The queue is the source because it already holds every job not yet finished (acknowledged
 //!   jobs leave it), bounded by the cluster's admission limit; a separate deadline index would
 //!   cost one more write per submission and could disagree with the queue. Following from a
-//!   cursor (one per partition of the queue) reads each job once per process, not once per sweep; a process that starts (or
-//!   restarts) scans from the beginning, so jobs of a gateway that died are covered by the others.
+//!   cursor (one per partition of the queue) reads each job once per process, not once per
+//!   sweep; a process that starts (or restarts) scans from the beginning, so jobs of a gateway
+//!   that died are covered by the others, and while no gateway runs, by the first to start.
 //! - Every [`SweeperSettings::interval`], executions whose deadline passed more than
 //!   [`SweeperSettings::grace`] ago are taken from the index; for each, the log's head is read and,
 //!   unless terminal, `execution.failed` `deadline_exceeded` is appended through [`EventWriter`]

@@ -227,14 +227,10 @@ pub async fn run(args: WorkerArgs, shutdown: impl std::future::Future<Output = (
             return backend_failure("NATS", "--nats-url", &e);
         }
     }
-    // Closes executions past their deadline that no worker runs, e.g. a dead worker's
-    // (contract §8); gateways run one too.
-    runtime::DeadlineSweeper::new(
-        Arc::clone(&store),
-        Arc::clone(&queue) as Arc<dyn runtime::JobQueue>,
-        runtime::SweeperSettings::default(),
-    )
-    .spawn(stopping.clone());
+    // Executions past their deadline that no worker runs (a dead worker's, or still queued)
+    // are closed by the gateways' deadline sweepers (contract §8), not here: a sweeper reads
+    // every job of the namespace, so one per worker would make each added worker cost every
+    // execution a read (docs/scaling.md, "What one execution costs").
     if args.leader_placement_ms > 0 {
         runtime::nats::spawn_leader_placement(
             &nats.connection,
