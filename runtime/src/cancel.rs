@@ -78,14 +78,4 @@ impl Watches {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    /// Watched executions not cancelled yet.
-    pub fn pending(&self) -> Vec<(ExecutionId, CancellationToken)> {
-        self.tokens
-            .lock()
-            .iter()
-            .filter(|(_, (t, _))| !t.is_cancelled())
-            .map(|(id, (t, _))| (*id, t.clone()))
-            .collect()
-    }
 }

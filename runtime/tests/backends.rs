@@ -154,6 +154,70 @@ async fn a_cancel_requested_in_another_process_reaches_the_watcher() {
         .unwrap();
 }
 
+/// A mark stored without its core message (lost in a disconnect, or written by a process that
+/// died before publishing it) still cancels the watcher: processes follow the bucket itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mark_without_its_core_message_still_cancels_the_watcher() {
+    let (_server, worker_side, other) = two_processes().await;
+    let bucket = other.settings.cancel_bucket();
+    let worker_bus = NatsCancelBus::new(worker_side).await.unwrap();
+    let id = ExecutionId::new_random();
+    let token = worker_bus.watch(id);
+    let untouched = worker_bus.watch(ExecutionId::new_random());
+    let kv = other.jetstream.get_key_value(bucket).await.unwrap();
+    kv.put(id.to_string(), bytes::Bytes::from_static(b"1"))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), token.cancelled())
+        .await
+        .unwrap();
+    assert!(
+        !untouched.is_cancelled(),
+        "a mark cancels its execution only"
+    );
+}
+
+/// A watcher's process keeps following the marks across a restart of the server: a cancel
+/// requested afterwards reaches it, and so does a mark stored afterwards without its core
+/// message (the watch is started again once the connection reconnected).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watcher_follows_the_marks_across_a_server_restart() {
+    let mut server = NatsServer::start();
+    let settings = fresh_settings();
+    let worker_bus = NatsCancelBus::new(support::connect(&server, settings.clone()).await)
+        .await
+        .unwrap();
+    let (requested, marked) = (ExecutionId::new_random(), ExecutionId::new_random());
+    let tokens = [worker_bus.watch(requested), worker_bus.watch(marked)];
+    server.restart();
+    // The other side connects after the restart; its writes may meet a server still starting
+    // JetStream, so each is retried until it is stored.
+    let other = support::connect(&server, settings.clone()).await;
+    let kv = other
+        .jetstream
+        .get_key_value(settings.cancel_bucket())
+        .await
+        .unwrap();
+    let gateway_bus = NatsCancelBus::new(other).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while let Err(e) = gateway_bus.request(requested).await {
+        assert!(tokio::time::Instant::now() < deadline, "{e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    while let Err(e) = kv
+        .put(marked.to_string(), bytes::Bytes::from_static(b"1"))
+        .await
+    {
+        assert!(tokio::time::Instant::now() < deadline, "{e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for token in tokens {
+        tokio::time::timeout(Duration::from_secs(30), token.cancelled())
+            .await
+            .unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_store_instance_is_fenced_like_another_process() {
     // Two store instances with separate head caches race on one log: CAS in the server, not
