@@ -46,7 +46,7 @@ fn gateways_and_workers_ask_for_the_same_namespace_and_partitions() {
         assert_eq!(
             env_value(&gateway, name),
             env_value(&worker, name),
-            "{name}: a process asking another namespace's count refuses to start"
+            "{name} differs between gateways and workers: they would not share a namespace"
         );
     }
     let partitions: u16 = env_value(&worker, "MODEL_RUNTIME_PARTITIONS")
