@@ -168,6 +168,39 @@ async fn a_reader_gets_the_events_its_live_path_missed_from_the_stream() {
     assert_eq!(json_of(&seen), log[2..]);
 }
 
+/// A reader that has waited a long while without news re-reads the stream less often, but
+/// still gets the end of its log when the live path misses it: here a server restart (every
+/// connection reconnects) with the terminal event stored while republish is off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_silent_reader_gets_an_end_its_live_path_missed_across_a_reconnect() {
+    let (mut server, _settings, backend, store) = node().await;
+    let id = routed(&store).await;
+    let mut reader = store.subscribe(id, Sequence(0)).await.unwrap().unwrap();
+    for want in [1, 2] {
+        let record = tokio::time::timeout(PROMPT, reader.next()).await.unwrap();
+        assert_eq!(record.unwrap().unwrap().sequence(), Sequence(want));
+    }
+    // Silent long enough for its quiet re-reads to have backed off past a second.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let on = backend
+        .jetstream
+        .get_stream(backend.events.stream_of(&id))
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone();
+    republish(&backend, &on, false).await;
+    server.restart();
+    let deadline = Instant::now() + PROMPT;
+    while let Err(e) = store.append(ev(id, 3, completed())).await {
+        assert!(Instant::now() < deadline, "{e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rest = tokio::time::timeout(PROMPT, drain(reader)).await.unwrap();
+    assert_eq!(json_of(&rest), stored(&store, id).await[2..]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_see_exactly_the_log_while_writers_on_other_connections_race() {
     // Writers on separate connections (separate processes) race for every sequence; the losers

@@ -4,9 +4,10 @@
 //! ([`super::direct`]), which also brings the owner from the first message's headers.
 //! Subscriptions to them subscribe to the stream's republish of the execution
 //! (`{ns}.stored.{id}`) first, then read that batch and merge by sequence, re-reading the
-//! stream on a gap (up to the message that showed it) or after a quiet spell (50 ms doubling
-//! to a second until the first live message, then a second): no consumer state on the server
-//! per reader. No read chases the end of a log being written. Longer logs
+//! stream on a gap (up to the message that showed it), after a reconnect of the readers'
+//! connection, or after a quiet spell (50 ms doubling to a second until the first live message,
+//! then a second, doubling up to 8 s while the stream stays silent): no consumer state on the
+//! server per reader. No read chases the end of a log being written. Longer logs
 //! use an ordered consumer, which batches deliveries. (An ordered consumer for every reader
 //! cost the server most of a core at ~800 executions/s; see BENCHMARKS.md.)
 //!
@@ -38,6 +39,20 @@ pub(super) const DIRECT_READ_MAX: usize = 64;
 /// How long the live path may stay quiet before the stream is re-read, once a message has
 /// arrived on it.
 const LIVE_RECHECK: Duration = Duration::from_secs(1);
+
+/// The longest quiet spell between two re-reads of a live read that receives nothing: from
+/// [`LIVE_RECHECK`], each re-read that finds nothing new doubles the spell, up to this; a
+/// message on the live path, a re-read that finds one, or a reconnect brings it back.
+///
+/// Execution logs stay silent for as long as a provider is (a model call that streams nothing
+/// for 10 s, an image generation): a re-read every quiet second cost each open stream a read a
+/// second, about a third of the gateway's CPU per execution for 10-s executions at 200 exec/s
+/// on 2 cores (BENCHMARKS.md, "A read per quiet second"). What the live path can miss is a
+/// message published while the readers' connection was away (core NATS is at most once), which
+/// a reconnect announces, or one dropped for a slow consumer, which the next message shows as a
+/// gap; so the quiet re-read is a backstop, and the connection's reconnects are checked at each
+/// quiet [`LIVE_RECHECK`] to re-read at once.
+const QUIET_MAX: Duration = Duration::from_secs(8);
 
 /// The first quiet wait before any message has arrived on the live path; each quiet re-read
 /// doubles it, up to [`LIVE_RECHECK`].
@@ -196,9 +211,10 @@ impl NatsEventStore {
     /// only) is made first, then the log is read in one batched direct get (`history`, see
     /// [`Self::open`]), and both are merged by sequence. No server-side consumer is created, so
     /// streams cost the server one subscription each. A gap on the live path (republish is at
-    /// most once), or a quiet spell ([`FIRST_RECHECK`] doubling until the first live message,
-    /// then [`LIVE_RECHECK`]), triggers a re-read from the stream, so a message missed on the
-    /// live path is still delivered.
+    /// most once), a reconnect of the readers' connection, or a quiet spell ([`FIRST_RECHECK`]
+    /// doubling until the first live message, then [`LIVE_RECHECK`] doubling up to
+    /// [`QUIET_MAX`] while nothing comes) triggers a re-read from the stream, so a message
+    /// missed on the live path is still delivered.
     ///
     /// Every message stored once the subscription is in place reaches it (the server takes this
     /// connection's requests in order), so the history is what one batch read after subscribing
@@ -222,6 +238,9 @@ impl NatsEventStore {
             ready: std::collections::VecDeque::new(),
             finished: false,
             quiet: first_recheck(&self.shard(id).readers),
+            idle: LIVE_RECHECK,
+            quiet_for: Duration::ZERO,
+            connects: connects(&self.shard(id).readers),
         };
         merge.absorb(history)?;
         let stream = futures_util::stream::unfold(merge, |mut merge| async move {
@@ -275,8 +294,24 @@ struct LiveMerge {
     finished: bool,
     /// How long the live path may stay quiet before the next re-read: [`FIRST_RECHECK`],
     /// doubling, until a message arrives on it (and again after a re-read that came short);
-    /// then [`LIVE_RECHECK`].
+    /// then [`LIVE_RECHECK`], the period at which a quiet read checks for reconnects.
     quiet: Duration,
+    /// Once `quiet` is [`LIVE_RECHECK`]: how long the live path may stay quiet before the
+    /// stream is re-read, [`LIVE_RECHECK`] doubling up to [`QUIET_MAX`] (see there).
+    idle: Duration,
+    /// Quiet time since the stream was last read or a message arrived.
+    quiet_for: Duration,
+    /// The readers' connection's connects when the stream was last read.
+    connects: u64,
+}
+
+/// How many times the readers' connection has connected (a reconnect adds one).
+fn connects(readers: &Readers) -> u64 {
+    readers
+        .client
+        .statistics()
+        .connects
+        .load(std::sync::atomic::Ordering::Relaxed)
 }
 
 impl LiveMerge {
@@ -322,13 +357,23 @@ impl LiveMerge {
             let message = match tokio::time::timeout(self.quiet, self.subscriber.next()).await {
                 Ok(Some(message)) => {
                     self.quiet = LIVE_RECHECK;
+                    self.idle = LIVE_RECHECK;
+                    self.quiet_for = Duration::ZERO;
                     Some(message)
                 }
                 Ok(None) => {
                     return Some(Err(StoreError::Unavailable("subscription closed".into())));
                 }
-                Err(_) => {
+                Err(_) if self.quiet < LIVE_RECHECK => {
                     self.quiet = (self.quiet * 2).min(LIVE_RECHECK);
+                    None
+                }
+                Err(_) => {
+                    self.quiet_for += self.quiet;
+                    let reconnected = connects(&self.store.shard(self.id).readers) != self.connects;
+                    if self.quiet_for < self.idle && !reconnected {
+                        continue;
+                    }
                     None
                 }
             };
@@ -336,12 +381,20 @@ impl LiveMerge {
                 let records = decode_message(m.headers.as_ref(), m.payload.clone())?;
                 Some((stored_sequence(&m), records))
             });
-            // An undecodable message or a quiet second: read what the stream has.
+            // An undecodable message, a quiet spell or a reconnect: read what the stream has.
             let Some((stream_sequence, records)) = decoded else {
+                let before = self.expected;
+                self.connects = connects(&self.store.shard(self.id).readers);
                 if let Err(e) = self.reread(None).await {
                     self.finished = true;
                     return Some(Err(e));
                 }
+                self.quiet_for = Duration::ZERO;
+                self.idle = if self.expected == before {
+                    (self.idle * 2).min(QUIET_MAX)
+                } else {
+                    LIVE_RECHECK
+                };
                 continue;
             };
             // A message is stored as a unit: it continues what was delivered when its first
