@@ -117,6 +117,18 @@ async fn readers_never_see_appends_the_stream_refused_or_never_stored() {
     readers.assert_saw(&log).await;
 }
 
+/// The configuration of the events stream holding `id`'s log.
+async fn events_stream_config(backend: &NatsBackend, id: ExecutionId) -> stream::Config {
+    backend
+        .jetstream
+        .get_stream(backend.events.stream_of(&id))
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone()
+}
+
 /// Turns the republish of the events stream `on` describes off or back on, as a reader's live path sees
 /// it when a stored message does not reach it (the subscription's interest not yet on the
 /// server that republishes, a slow consumer's dropped message).
@@ -137,14 +149,7 @@ async fn a_reader_gets_the_events_its_live_path_missed_from_the_stream() {
         let record = tokio::time::timeout(PROMPT, reader.next()).await.unwrap();
         assert_eq!(record.unwrap().unwrap().sequence(), Sequence(want));
     }
-    let on = backend
-        .jetstream
-        .get_stream(backend.events.stream_of(&id))
-        .await
-        .unwrap()
-        .cached_info()
-        .config
-        .clone();
+    let on = events_stream_config(&backend, id).await;
     assert!(on.republish.is_some());
     // Event 3 never reaches the live path; event 4 does, and shows the gap.
     republish(&backend, &on, false).await;
@@ -182,14 +187,7 @@ async fn a_long_silent_reader_gets_an_end_its_live_path_missed_across_a_reconnec
     }
     // Silent long enough for its quiet re-reads to have backed off past a second.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let on = backend
-        .jetstream
-        .get_stream(backend.events.stream_of(&id))
-        .await
-        .unwrap()
-        .cached_info()
-        .config
-        .clone();
+    let on = events_stream_config(&backend, id).await;
     republish(&backend, &on, false).await;
     server.restart();
     let deadline = Instant::now() + PROMPT;

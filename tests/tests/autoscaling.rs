@@ -70,14 +70,7 @@ fn bare_sample(exposition: &str, name: &str) -> Option<f64> {
 }
 
 async fn jobs_pending(admin: &str) -> Result<f64, String> {
-    let text = client()
-        .get(format!("{admin}/metrics"))
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .text()
-        .await
-        .map_err(|e| e.to_string())?;
+    let text = fetch_text(&format!("{admin}/metrics")).await?;
     // Absent until the worker's first reading of the queue.
     let value = bare_sample(&text, "mrt_jobs_pending")
         .ok_or_else(|| "no mrt_jobs_pending sample yet".to_owned())?;

@@ -43,14 +43,7 @@ async fn submit_and_count_inflight(gateway: &str, metrics_url: &str, want: usize
     let submits = (0..AT_ONCE).map(|_| submit_accepted(gateway, &request));
     futures_util::future::join_all(submits).await;
     let read = async || {
-        let text = client()
-            .get(metrics_url)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .text()
-            .await
-            .map_err(|e| e.to_string())?;
+        let text = fetch_text(metrics_url).await?;
         inflight(&text).ok_or_else(|| format!("no inflight gauge in:\n{text}"))
     };
     poll_until(

@@ -266,6 +266,18 @@ pub fn client() -> reqwest::Client {
     super::http_client()
 }
 
+/// The body of a GET of `url` as text (a metrics exposition), or why it could not be read.
+pub async fn fetch_text(url: &str) -> Result<String, String> {
+    client()
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .text()
+        .await
+        .map_err(|e| e.to_string())
+}
+
 pub use super::{delta_texts, text_request, types};
 
 /// A deployment of the mock `provider-mock` that streams `chunks` chunks (`c0 `, `c1 `, ...),
