@@ -13,7 +13,6 @@
 //! after two missed heartbeats (10 s).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
@@ -171,8 +170,7 @@ async fn follow(
     tokens: Tokens,
     stop: CancellationToken,
 ) {
-    let stats = client.statistics();
-    let mut connects = stats.connects.load(Ordering::Relaxed);
+    let mut connects = super::connects(&client);
     let mut check = tokio::time::interval(RECONNECT_CHECK);
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -194,7 +192,7 @@ async fn follow(
                 None => true,
             },
             _ = check.tick() => {
-                let now = stats.connects.load(Ordering::Relaxed);
+                let now = super::connects(&client);
                 std::mem::replace(&mut connects, now) != now
             }
             () = stop.cancelled() => return,

@@ -258,6 +258,16 @@ where
     }
 }
 
+/// How many times `client` has connected (its first connection counts; each reconnect adds
+/// one): a reader of core messages compares two readings to learn that it may have missed
+/// some in between.
+pub(crate) fn connects(client: &async_nats::Client) -> u64 {
+    client
+        .statistics()
+        .connects
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
 pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("{what}: {e}"))
 }

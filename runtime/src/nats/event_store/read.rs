@@ -30,7 +30,7 @@ use super::format::{decode_message, undecodable};
 use super::{Edge, Fetched, NatsEventStore, owner_of};
 use crate::error::StoreError;
 use crate::event_store::{EventRecord, EventStream};
-use crate::nats::{Readers, unavailable};
+use crate::nats::{Readers, connects, unavailable};
 
 /// Logs up to this many messages are read by one batched direct get and followed with a plain
 /// subscription; longer ones by an ordered consumer, which batches deliveries.
@@ -240,7 +240,7 @@ impl NatsEventStore {
             quiet: first_recheck(&self.shard(id).readers),
             idle: LIVE_RECHECK,
             quiet_for: Duration::ZERO,
-            connects: connects(&self.shard(id).readers),
+            connects: connects(&self.shard(id).readers.client),
         };
         merge.absorb(history)?;
         let stream = futures_util::stream::unfold(merge, |mut merge| async move {
@@ -305,15 +305,6 @@ struct LiveMerge {
     connects: u64,
 }
 
-/// How many times the readers' connection has connected (a reconnect adds one).
-fn connects(readers: &Readers) -> u64 {
-    readers
-        .client
-        .statistics()
-        .connects
-        .load(std::sync::atomic::Ordering::Relaxed)
-}
-
 impl LiveMerge {
     /// Queues the records that continue the log; skips ones already delivered.
     fn accept(&mut self, record: EventRecord) {
@@ -370,7 +361,8 @@ impl LiveMerge {
                 }
                 Err(_) => {
                     self.quiet_for += self.quiet;
-                    let reconnected = connects(&self.store.shard(self.id).readers) != self.connects;
+                    let reconnected =
+                        connects(&self.store.shard(self.id).readers.client) != self.connects;
                     if self.quiet_for < self.idle && !reconnected {
                         continue;
                     }
@@ -384,7 +376,7 @@ impl LiveMerge {
             // An undecodable message, a quiet spell or a reconnect: read what the stream has.
             let Some((stream_sequence, records)) = decoded else {
                 let before = self.expected;
-                self.connects = connects(&self.store.shard(self.id).readers);
+                self.connects = connects(&self.store.shard(self.id).readers.client);
                 if let Err(e) = self.reread(None).await {
                     self.finished = true;
                     return Some(Err(e));
