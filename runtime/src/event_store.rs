@@ -255,6 +255,18 @@ pub trait EventStore: Send + Sync + 'static {
         Ok(self.state(id).await?.as_ref().map(LogHead::of))
     }
 
+    /// [`EventStore::head`] of each of `ids`, in the same order: one answer for many logs
+    /// (the deadline sweeper checks executions by the hundred). An error means none was
+    /// answered. The default asks [`EventStore::head`] for each in turn; stores that can read
+    /// many heads in one round trip override it.
+    async fn heads(&self, ids: &[ExecutionId]) -> Result<Vec<Option<LogHead>>, StoreError> {
+        let mut heads = Vec::with_capacity(ids.len());
+        for &id in ids {
+            heads.push(self.head(id).await?);
+        }
+        Ok(heads)
+    }
+
     /// Up to `limit` events after `after`.
     async fn read(&self, id: ExecutionId, after: Sequence, limit: usize) -> ReadResult;
 

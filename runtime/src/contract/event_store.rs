@@ -93,6 +93,32 @@ pub async fn event_store_suite(store: Arc<dyn EventStore>) {
     executions_belong_to_their_creator(&*store).await;
     logs_created_closed_read_closed(&*store).await;
     a_retry_of_a_landed_write_is_recognised_only_for_its_writer(&*store).await;
+    heads_answer_like_head(&*store).await;
+}
+
+/// `heads` answers for many logs at once exactly as `head` does for each, in the order asked:
+/// open, closed and unknown logs, one asked twice, and more than one request's worth per
+/// shard of a sharded store.
+async fn heads_answer_like_head(store: &dyn EventStore) {
+    let open = routed(store).await;
+    let closed = accepted(store).await;
+    store.append(event(closed, 2, completed())).await.unwrap();
+    let unknown = ExecutionId::new_random();
+    let mut ids = vec![open, closed, unknown, open];
+    for _ in 0..800 {
+        ids.push(accepted(store).await);
+    }
+    let heads = store.heads(&ids).await.unwrap();
+    assert_eq!(heads.len(), ids.len());
+    let summary = |h: &Option<crate::LogHead>| h.map(|h| (h.last_sequence.get(), h.terminal));
+    assert_eq!(summary(&heads[0]), Some((2, false)));
+    assert_eq!(summary(&heads[1]), Some((2, true)));
+    assert_eq!(heads[2], None);
+    assert_eq!(heads[3], heads[0]);
+    for (id, head) in ids.iter().zip(&heads) {
+        assert_eq!(*head, store.head(*id).await.unwrap(), "{id}");
+    }
+    assert!(store.heads(&[]).await.unwrap().is_empty());
 }
 
 /// A writer's retry of a run (or event) that landed although its outcome looked unknown

@@ -26,6 +26,7 @@
 
 mod access;
 mod cancel;
+mod direct;
 mod event_store;
 mod job_queue;
 mod placement;

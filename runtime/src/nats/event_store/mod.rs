@@ -59,6 +59,16 @@ struct Head {
     time: protocol::Timestamp,
 }
 
+impl From<Head> for LogHead {
+    fn from(head: Head) -> Self {
+        Self {
+            last_sequence: head.sequence,
+            terminal: head.terminal,
+            last_time: head.time,
+        }
+    }
+}
+
 /// The last message of a subject as read from the server.
 struct Fetched {
     head: Head,
@@ -68,6 +78,29 @@ struct Fetched {
 }
 
 impl Fetched {
+    /// The last message of a log, stored at `stream_sequence`.
+    fn decode(
+        headers: &async_nats::HeaderMap,
+        payload: bytes::Bytes,
+        stream_sequence: u64,
+    ) -> Result<Self, StoreError> {
+        let msg_id = written_id(headers);
+        let records = decode_message(Some(headers), payload).ok_or_else(undecodable)?;
+        // The head of the log is the last event of its last message.
+        let record = records.last().ok_or_else(undecodable)?;
+        let head = Head {
+            sequence: record.sequence(),
+            stream_sequence,
+            terminal: record.event.is_terminal(),
+            time: record.event.time,
+        };
+        Ok(Self {
+            head,
+            msg_id,
+            records,
+        })
+    }
+
     /// Whether this message is `run` as written by `writer`: its msg id and its events. The
     /// events are compared too, so a msg id of ours over other events (which a writer never
     /// sends: see `writer`'s unknown outcomes) is never taken for our write.
@@ -198,27 +231,9 @@ impl NatsEventStore {
             Some(message) => Some(message),
             None => self.confirm_missing(id, Edge::Last).await?,
         };
-        match found {
-            Some(message) => {
-                let msg_id = written_id(&message.headers);
-                let records = decode_message(Some(&message.headers), message.payload)
-                    .ok_or_else(undecodable)?;
-                // The head of the log is the last event of its last message.
-                let record = records.last().ok_or_else(undecodable)?;
-                let head = Head {
-                    sequence: record.sequence(),
-                    stream_sequence: message.sequence,
-                    terminal: record.event.is_terminal(),
-                    time: record.event.time,
-                };
-                Ok(Some(Fetched {
-                    head,
-                    msg_id,
-                    records,
-                }))
-            }
-            None => Ok(None),
-        }
+        found
+            .map(|message| Fetched::decode(&message.headers, message.payload, message.sequence))
+            .transpose()
     }
 
     /// A direct get found no message for the execution. With replicas, any of them may answer a
@@ -420,14 +435,31 @@ impl EventStore for NatsEventStore {
     }
 
     async fn head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
-        Ok(self.fetch_head(id).await?.map(|Fetched { head: h, .. }| {
-            self.remember(id, h);
-            LogHead {
-                last_sequence: h.sequence,
-                terminal: h.terminal,
-                last_time: h.time,
-            }
+        Ok(self.fetch_head(id).await?.map(|Fetched { head, .. }| {
+            self.remember(id, head);
+            head.into()
         }))
+    }
+
+    /// One multi-subject get per partition for up to 256 logs; a log it does not answer for
+    /// (no message on the server that answered, or past the batch's size) is read by
+    /// [`Self::head`], which confirms a miss with the leader.
+    async fn heads(&self, ids: &[ExecutionId]) -> Result<Vec<Option<LogHead>>, StoreError> {
+        let mut found = HashMap::with_capacity(ids.len());
+        for (id, message) in self.direct_lasts(ids).await? {
+            let Fetched { head, .. } =
+                Fetched::decode(&message.headers, message.payload, message.stream_sequence)?;
+            self.remember(id, head);
+            found.insert(id, LogHead::from(head));
+        }
+        let mut heads = Vec::with_capacity(ids.len());
+        for &id in ids {
+            heads.push(match found.get(&id) {
+                Some(&head) => Some(head),
+                None => self.head(id).await?,
+            });
+        }
+        Ok(heads)
     }
 
     async fn state(&self, id: ExecutionId) -> Result<Option<Materializer>, StoreError> {

@@ -25,11 +25,11 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use protocol::{ExecutionId, Sequence, Tenant};
 
-use super::direct::Batch;
 use super::format::{decode_message, undecodable};
 use super::{Edge, Fetched, NatsEventStore, owner_of};
 use crate::error::StoreError;
 use crate::event_store::{EventRecord, EventStream};
+use crate::nats::direct::Batch;
 use crate::nats::{Readers, connects, unavailable};
 
 /// Logs up to this many messages are read by one batched direct get and followed with a plain
