@@ -19,23 +19,34 @@
 //!   sweep; a process that starts (or restarts) scans from the beginning, so jobs of a gateway
 //!   that died are covered by the others, and while no gateway runs, by the first to start.
 //! - Every [`SweeperSettings::interval`], executions whose deadline passed more than
-//!   [`SweeperSettings::grace`] ago are taken from the index; for each, the log's head is read and,
-//!   unless terminal, `execution.failed` `deadline_exceeded` is appended through [`EventWriter`]
-//!   from that head. The append is compare-and-set, so concurrent sweepers, a live worker and a
+//!   [`SweeperSettings::grace`] ago are taken from the index; their logs' heads are read (many
+//!   per request) and, for each log not terminal, `execution.failed` `deadline_exceeded` is
+//!   appended through [`EventWriter`] from that head. The append is compare-and-set, so concurrent sweepers, a live worker and a
 //!   late worker all race safely: exactly one terminal is stored, nothing follows it, and a
 //!   worker that later takes the job finds the log terminal and drops it. The grace leaves the
 //!   worker running an execution a moment to close it itself (its timer fires at the deadline);
 //!   either way the terminal is the same `deadline_exceeded`.
 //! - An execution the store could not be asked about, or whose append lost a race without the
 //!   log becoming terminal, stays in the index and is tried again on the next sweep.
+//! - A job leaves the queue when a worker acknowledges it (its log is terminal), when its
+//!   submission is withdrawn (after its log was closed) or when it ages out (with its log).
+//!   Every sweep asks each partition where the queue now starts ([`JobQueue::first_held`]) and
+//!   checks the heads of the indexed jobs before it, many per request
+//!   ([`EventStore::heads`]): those whose log is terminal or gone leave the index. So the
+//!   index holds what the queue holds, not every job of the last deadline's span, and a job
+//!   costs one batched head check, not a read at its deadline (BENCHMARKS.md, "Reads per job
+//!   and gateway"). A log found open stays indexed
+//!   and is closed at its deadline: a job acknowledged while its log is open (a worker fenced
+//!   by another that later died) is still enforced. One long-running job at the front of a
+//!   partition holds the jobs after it in the index until it leaves; they are then checked
+//!   as above.
 //! - Memory: the index holds at most [`SweeperSettings::max_indexed`] jobs; when full, the cursor
 //!   stops advancing until deadlines pass (those jobs stay in the queue, so none is lost, only
-//!   enforced later). Each indexed job costs one head read when its deadline passes, whether or
-//!   not it is still running; that is the price of not tracking acknowledgements.
+//!   enforced later).
 //! - The sweeper does not remove the job from the queue (it does not hold the delivery); the next
 //!   worker to receive it acknowledges and drops it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,7 +55,7 @@ use protocol::{ExecutionId, RuntimeError, Timestamp};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::StoreError;
-use crate::event_store::EventStore;
+use crate::event_store::{EventStore, LogHead};
 use crate::job::JobQueue;
 use crate::writer::EventWriter;
 
@@ -56,7 +67,7 @@ pub struct SweeperSettings {
     pub interval: Duration,
     /// How long after a deadline the sweeper waits for a live worker to close the execution.
     pub grace: Duration,
-    /// Jobs read from the queue per request batch.
+    /// Jobs read from the queue per request, and logs whose heads are asked at once.
     pub scan_batch: usize,
     /// Most jobs kept in the index.
     pub max_indexed: usize,
@@ -73,16 +84,28 @@ impl Default for SweeperSettings {
     }
 }
 
+/// Batches of jobs that left the queue checked per sweep, at most: a flood of them (the
+/// queue's first job, long held, finally acknowledged) is worked off over several sweeps, so
+/// expired executions are not kept waiting behind it.
+const SETTLE_BATCHES_PER_SWEEP: usize = 16;
+
 /// What one sweep did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SweepReport {
     /// Jobs newly read from the queue.
     pub scanned: usize,
+    /// Indexed jobs that left the queue and whose logs were found terminal (or gone): dropped
+    /// from the index before their deadline.
+    pub settled: usize,
     /// Executions this sweep closed with `deadline_exceeded`.
     pub closed: usize,
     /// Expired executions left for the next sweep (store unreachable or a lost race).
     pub retry: usize,
 }
+
+/// An indexed job: its deadline (unix milliseconds), execution, partition and position in the
+/// queue. Ordered by deadline first.
+type Indexed = (i64, ExecutionId, usize, u64);
 
 /// See the module docs.
 pub struct DeadlineSweeper {
@@ -93,8 +116,11 @@ pub struct DeadlineSweeper {
     cursors: Vec<u64>,
     /// The partition the next read continues in.
     partition: usize,
-    /// Indexed jobs by deadline (unix milliseconds).
-    index: BTreeSet<(i64, ExecutionId)>,
+    /// Indexed jobs by deadline.
+    index: BTreeSet<Indexed>,
+    /// Per partition, the indexed jobs the queue may still hold, by position: those before
+    /// the partition's first held position left the queue and are checked then.
+    held: Vec<BTreeMap<u64, (i64, ExecutionId)>>,
 }
 
 impl std::fmt::Debug for DeadlineSweeper {
@@ -122,9 +148,11 @@ impl DeadlineSweeper {
         queue: Arc<dyn JobQueue>,
         settings: SweeperSettings,
     ) -> Self {
+        let partitions = queue.partitions().max(1);
         Self {
             store,
-            cursors: vec![0; queue.partitions().max(1)],
+            cursors: vec![0; partitions],
+            held: vec![BTreeMap::new(); partitions],
             queue,
             partition: 0,
             settings,
@@ -158,7 +186,8 @@ impl DeadlineSweeper {
         })
     }
 
-    /// One sweep: reads new jobs, then closes every execution past its deadline and grace.
+    /// One sweep: reads new jobs, drops those that left the queue with their execution over,
+    /// then closes every execution past its deadline and grace.
     pub async fn sweep(&mut self) -> SweepReport {
         let mut report = SweepReport::default();
         match self.follow_queue().await {
@@ -166,23 +195,40 @@ impl DeadlineSweeper {
             // Expired executions already indexed are still closed below.
             Err(e) => tracing::warn!(error = %e, "deadline sweeper cannot read the job queue"),
         }
+        report.settled = self.settle_left().await;
         let grace = i64::try_from(self.settings.grace.as_millis()).unwrap_or(i64::MAX);
         let due_before = Timestamp::now().unix_millis().saturating_sub(grace);
         let mut expired = Vec::new();
-        while let Some(&(deadline, id)) = self.index.first() {
-            if deadline > due_before {
+        while let Some(&entry) = self.index.first() {
+            if entry.0 > due_before {
                 break;
             }
             self.index.pop_first();
-            expired.push((deadline, id));
+            let (_, _, partition, position) = entry;
+            if let Some(held) = self.held.get_mut(partition) {
+                held.remove(&position);
+            }
+            expired.push(entry);
         }
-        for (deadline, id) in expired {
-            match self.close(id).await {
-                Closing::Closed => report.closed += 1,
-                Closing::Done => {}
-                Closing::Retry => {
-                    report.retry += 1;
-                    self.index.insert((deadline, id));
+        for chunk in expired.chunks(self.settings.scan_batch.max(1)) {
+            let ids: Vec<ExecutionId> = chunk.iter().map(|e| e.1).collect();
+            let heads = match self.store.heads(&ids).await {
+                Ok(heads) => heads,
+                Err(e) => {
+                    tracing::warn!(error = %e, "deadline sweeper cannot read the logs");
+                    report.retry += chunk.len();
+                    self.index.extend(chunk.iter().copied());
+                    continue;
+                }
+            };
+            for (&entry, head) in chunk.iter().zip(heads) {
+                match self.close(entry.1, head).await {
+                    Closing::Closed => report.closed += 1,
+                    Closing::Done => {}
+                    Closing::Retry => {
+                        report.retry += 1;
+                        self.index.insert(entry);
+                    }
                 }
             }
         }
@@ -210,8 +256,12 @@ impl DeadlineSweeper {
                 if let Some(cursor) = self.cursors.get_mut(partition) {
                     *cursor = (*cursor).max(job.position);
                 }
+                let deadline = job.deadline_at.unix_millis();
                 self.index
-                    .insert((job.deadline_at.unix_millis(), job.execution_id));
+                    .insert((deadline, job.execution_id, partition, job.position));
+                if let Some(held) = self.held.get_mut(partition) {
+                    held.insert(job.position, (deadline, job.execution_id));
+                }
                 scanned += 1;
             }
             if done && self.partition == 0 {
@@ -220,15 +270,69 @@ impl DeadlineSweeper {
         }
     }
 
-    /// Appends the `deadline_exceeded` terminal unless the log is terminal already.
-    async fn close(&self, id: ExecutionId) -> Closing {
-        let head = match self.store.head(id).await {
-            Ok(Some(head)) => head,
-            Ok(None) => return Closing::Done,
-            Err(e) => {
-                tracing::warn!(execution_id = %id, error = %e, "deadline sweeper cannot read the log");
-                return Closing::Retry;
+    /// Checks the indexed jobs that left the queue (before their partition's first held
+    /// position) and drops those whose log is terminal or gone; returns how many. One whose
+    /// log is still open (its job acknowledged by a worker that was fenced, while the writer
+    /// that fenced it died) stays indexed and is closed at its deadline like any other.
+    async fn settle_left(&mut self) -> usize {
+        let batch = self.settings.scan_batch.max(1);
+        let mut budget = SETTLE_BATCHES_PER_SWEEP * batch;
+        let mut left: Vec<Indexed> = Vec::new();
+        for partition in 0..self.held.len() {
+            if budget == 0 || self.held[partition].is_empty() {
+                continue;
             }
+            let first = match self.queue.first_held(partition).await {
+                Ok(first) => first,
+                Err(e) => {
+                    tracing::debug!(partition, error = %e, "deadline sweeper cannot read where the queue starts");
+                    continue;
+                }
+            };
+            let held = &mut self.held[partition];
+            while budget > 0 {
+                let Some(entry) = held.first_entry() else {
+                    break;
+                };
+                if *entry.key() >= first {
+                    break;
+                }
+                let (position, (deadline, id)) = entry.remove_entry();
+                left.push((deadline, id, partition, position));
+                budget -= 1;
+            }
+        }
+        let mut settled = 0;
+        for chunk in left.chunks(batch) {
+            let ids: Vec<ExecutionId> = chunk.iter().map(|e| e.1).collect();
+            match self.store.heads(&ids).await {
+                Ok(heads) => {
+                    for (entry, head) in chunk.iter().zip(heads) {
+                        if head.is_none_or(|h| h.terminal) {
+                            self.index.remove(entry);
+                            settled += 1;
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "deadline sweeper cannot read the logs of finished jobs");
+                    // Checked again on the next sweep.
+                    for &(deadline, id, partition, position) in chunk {
+                        if let Some(held) = self.held.get_mut(partition) {
+                            held.insert(position, (deadline, id));
+                        }
+                    }
+                }
+            }
+        }
+        settled
+    }
+
+    /// Appends the `deadline_exceeded` terminal unless the log, whose head is `head`, is
+    /// terminal already.
+    async fn close(&self, id: ExecutionId, head: Option<LogHead>) -> Closing {
+        let Some(head) = head else {
+            return Closing::Done;
         };
         if head.terminal {
             return Closing::Done;
@@ -439,6 +543,71 @@ mod tests {
             let head = store.head(id).await.unwrap().unwrap();
             assert_eq!(head.last_sequence, Sequence(2));
         }
+    }
+
+    /// A job a worker finished and acknowledged leaves the index on the next sweep, long
+    /// before its deadline, and is never read again.
+    #[tokio::test]
+    async fn a_finished_job_leaves_the_index_before_its_deadline() {
+        let (store, queue) = backends();
+        let (id, mut writer) = submit(&store, &queue, 600_000).await;
+        let (other, _) = submit(&store, &queue, 600_000).await;
+        let mut sweeper = DeadlineSweeper::new(Arc::clone(&store), Arc::clone(&queue), settings());
+        assert_eq!(sweeper.sweep().await.scanned, 2);
+        assert_eq!(sweeper.indexed(), 2);
+        let delivery = queue.receive().await.unwrap().unwrap();
+        assert_eq!(delivery.job.execution_id, id);
+        writer.append(crate::contract::completed()).await.unwrap();
+        delivery.handle.ack().await.unwrap();
+        let report = sweeper.sweep().await;
+        assert_eq!((report.settled, report.closed), (1, 0));
+        assert_eq!(sweeper.indexed(), 1, "the job still queued stays");
+        assert_eq!(sweeper.sweep().await, SweepReport::default());
+        assert_eq!(terminal_error(&store, other).await, None);
+    }
+
+    /// A job acknowledged while its log is still open (its worker was fenced by another writer
+    /// that then died) stays indexed and is closed at its deadline.
+    #[tokio::test]
+    async fn a_job_acknowledged_with_its_log_open_is_still_closed_at_its_deadline() {
+        let (store, queue) = backends();
+        let (id, _) = submit(&store, &queue, 300).await;
+        let mut sweeper = DeadlineSweeper::new(Arc::clone(&store), Arc::clone(&queue), settings());
+        assert_eq!(sweeper.sweep().await.scanned, 1);
+        let delivery = queue.receive().await.unwrap().unwrap();
+        delivery.handle.ack().await.unwrap();
+        assert_eq!(sweeper.sweep().await.settled, 0);
+        assert_eq!(sweeper.indexed(), 1);
+        let until = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let report = sweeper.sweep().await;
+            if report.closed == 1 {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < until, "never closed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            terminal_error(&store, id).await.as_deref(),
+            Some("DeadlineExceeded")
+        );
+        assert_eq!(sweeper.indexed(), 0);
+    }
+
+    /// The memory queue says where it starts: its first held job, or past every job given out.
+    #[tokio::test]
+    async fn the_memory_queue_starts_at_its_first_held_job() {
+        let (store, queue) = backends();
+        assert_eq!(queue.first_held(0).await.unwrap(), 1);
+        submit(&store, &queue, 1000).await;
+        submit(&store, &queue, 1000).await;
+        let held = queue.scan(0, 10).await.unwrap();
+        assert_eq!(queue.first_held(0).await.unwrap(), held[0].position);
+        for _ in 0..2 {
+            let delivery = queue.receive().await.unwrap().unwrap();
+            delivery.handle.ack().await.unwrap();
+        }
+        assert_eq!(queue.first_held(0).await.unwrap(), held[1].position + 1);
     }
 
     #[tokio::test]

@@ -158,6 +158,9 @@ pub type Deliveries = BoxStream<'static, Result<Delivery, StoreError>>;
 ///   greater position, so a scanner that continues from the last position it saw misses none.
 ///   A queue of several partitions (`partitions`) keeps positions per partition: the rule holds
 ///   within each, read with `scan_partition`.
+/// - `first_held(partition)`: every job of the partition at a position before the answer has
+///   left the queue (acknowledged, withdrawn or aged out). The answer may lag the queue (be
+///   lower than the truth), never run ahead of it; 0 says nothing.
 /// - `withdraw` removes an execution's job whatever became of its publish: stored, not stored,
 ///   or outcome unknown (a lost acknowledgement). Once it returns `Ok`, the job is no longer
 ///   held and will not be delivered again, and a delivery already handed out reports
@@ -207,6 +210,11 @@ pub trait JobQueue: Send + Sync + 'static {
     /// keeps slots waiting while another source has jobs.
     async fn take_from(&self, source: usize, max: usize) -> Result<Option<Deliveries>, StoreError> {
         self.receive_from(source, max).await
+    }
+    /// The position before which partition `partition` holds no job (see the contract
+    /// above): a scanner's jobs before it are done with. The default says nothing (0).
+    async fn first_held(&self, _partition: usize) -> Result<u64, StoreError> {
+        Ok(0)
     }
     /// [`Self::scan`] of partition `partition` (below [`Self::partitions`]).
     async fn scan_partition(

@@ -60,6 +60,10 @@ pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
     } else {
         assert!(after_ids.is_empty(), "{after_ids:?}");
     }
+    // Where a queue says where a partition starts, it never passes a job still held.
+    let says = queue.first_held(pa).await.unwrap() > 0;
+    assert!(queue.first_held(pa).await.unwrap() <= held_a.position);
+    assert!(queue.first_held(pb).await.unwrap() <= held_b.position);
     let first = receive_promptly(&*queue).await;
     first.handle.in_progress().await.unwrap();
     assert!(!first.handle.withdrawn().await.unwrap());
@@ -74,6 +78,19 @@ pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
             "acked jobs still scanned"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // And once they left, it starts past them.
+    if says {
+        for (partition, position) in [(pa, held_a.position), (pb, held_b.position)] {
+            let until = tokio::time::Instant::now() + PROMPT;
+            while queue.first_held(partition).await.unwrap() <= position {
+                assert!(
+                    tokio::time::Instant::now() < until,
+                    "the partition still starts at an acknowledged job"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
     }
     let mut got = vec![first.job.execution_id, second.job.execution_id];
     got.sort();

@@ -230,6 +230,15 @@ impl JobQueue for MemoryJobQueue {
             .map(|(_, job)| *job)
             .collect())
     }
+
+    async fn first_held(&self, _partition: usize) -> Result<u64, StoreError> {
+        let held = self.held.lock();
+        // Positions start at 1; with nothing held, every position given out is done with.
+        Ok(held
+            .jobs
+            .first_key_value()
+            .map_or(held.next.saturating_add(1), |(&position, _)| position))
+    }
 }
 
 impl MemoryJobQueue {

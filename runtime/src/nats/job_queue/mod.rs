@@ -26,11 +26,12 @@
 //! lease below a third of the old one while executions run may still cost them a
 //! redelivery.)
 //!
-//! `scan` reads held jobs with direct gets (`next_by_subj` from a sequence; the message-get
-//! API where a stream does not allow direct gets), one request per job: a
-//! WorkQueue stream admits no second consumer overlapping the workers' one, and a get neither
-//! takes nor delays a delivery. Acknowledged jobs are gone from the stream, so a scan reads
-//! only jobs waiting or running (at most `max_jobs`).
+//! `scan` reads held jobs with batched direct gets (`next_by_subj` from a sequence, up to the
+//! scan's limit in one request, `nats::direct`; the message-get API, a request per job, where a
+//! stream does not allow direct gets): a WorkQueue stream admits no second consumer
+//! overlapping the workers' one, and a get neither takes nor delays a delivery. Acknowledged
+//! jobs are gone from the stream, so a scan reads only jobs waiting or running (at most
+//! `max_jobs`), and `first_held` is the stream's first sequence (its info, from the leader).
 //!
 //! `withdraw` (a submission that failed after its job may have been stored) publishes the job
 //! again under the same `Nats-Msg-Id`: inside the duplicate window the server answers with the
@@ -46,9 +47,7 @@ use std::time::Duration;
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::consumer;
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::stream::{
-    DeleteMessageErrorKind, DirectGetErrorKind, RawMessageErrorKind, Stream,
-};
+use async_nats::jetstream::stream::{DeleteMessageErrorKind, RawMessageErrorKind, Stream};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -59,7 +58,7 @@ mod delivery;
 mod pull;
 
 use self::delivery::{Lease, delivery};
-use super::{NatsBackend, unavailable};
+use super::{NatsBackend, direct, unavailable};
 use crate::error::StoreError;
 use crate::job::{Deliveries, Delivery, Job, JobQueue, QueuedJob};
 
@@ -609,54 +608,111 @@ impl JobQueue for NatsJobQueue {
             source.subject.clone()
         };
         // Direct gets where the stream allows them: answered by the server as it reads the
-        // request, not through its one JetStream API queue, which every process's sweeper would
-        // otherwise fill with a request per job. Any replica may answer one: one behind its
-        // leader ends this scan early (the next sweep goes on from the cursor) or returns a
-        // job already acknowledged (indexed, then found done at its deadline): neither loses
-        // a deadline.
-        let direct = stream.cached_info().config.allow_direct;
+        // request, not through its one JetStream API queue, which every gateway's sweeper would
+        // otherwise fill. Any replica may answer one: one behind its leader ends this scan
+        // early (the next sweep goes on from the cursor) or returns a job already acknowledged
+        // (indexed, then found done): neither loses a deadline.
+        if stream.cached_info().config.allow_direct {
+            return self.scan_direct(source, &subjects, after, limit).await;
+        }
         let mut out = Vec::new();
         let mut next = after.saturating_add(1);
         while out.len() < limit {
-            let got = if direct {
-                match stream
-                    .direct_get_next_for_subject(subjects.clone(), Some(next))
-                    .await
-                {
-                    Ok(message) => Some(message),
-                    Err(e) if e.kind() == DirectGetErrorKind::NotFound => None,
-                    Err(e) => return Err(unavailable("scan jobs", e)),
-                }
-            } else {
-                match stream
-                    .raw_message_builder()
-                    .sequence(next)
-                    .next_by_subject(subjects.clone())
-                    .send()
-                    .await
-                {
-                    Ok(message) => Some(message),
-                    Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => None,
-                    Err(e) => return Err(unavailable("scan jobs", e)),
-                }
-            };
-            let Some(message) = got else {
-                break;
+            let message = match stream
+                .raw_message_builder()
+                .sequence(next)
+                .next_by_subject(subjects.clone())
+                .send()
+                .await
+            {
+                Ok(message) => message,
+                Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => break,
+                Err(e) => return Err(unavailable("scan jobs", e)),
             };
             next = message.sequence.saturating_add(1);
-            // Only the two fields a scan needs: the request is skipped, never built.
-            match serde_json::from_slice::<JobHeader>(&message.payload) {
-                Ok(job) => out.push(QueuedJob {
-                    position: message.sequence,
-                    execution_id: job.execution_id,
-                    deadline_at: job.deadline_at,
-                }),
-                // `receive` terminates undecodable jobs; a scan just skips them.
-                Err(_) => continue,
+            out.extend(queued(message.sequence, &message.payload));
+        }
+        Ok(out)
+    }
+
+    async fn first_held(&self, partition: usize) -> Result<u64, StoreError> {
+        self.backend.check_connected()?;
+        let Some(source) = self.partition(partition) else {
+            return Ok(0);
+        };
+        // The stream's info comes from its leader, so its first sequence never runs ahead of
+        // the acknowledgements it has applied. An empty stream's first sequence is one past
+        // its last.
+        let stream = source
+            .lane
+            .get_stream(&source.stream_name)
+            .await
+            .map_err(|e| unavailable("jobs stream", e))?;
+        Ok(stream.cached_info().state.first_sequence)
+    }
+}
+
+impl NatsJobQueue {
+    /// [`JobQueue::scan_partition`] with batched direct gets, on the partition's readers'
+    /// connection: up to `limit` jobs in one request (a further one where the jobs' bytes
+    /// exceed a batch's).
+    async fn scan_direct(
+        &self,
+        source: &Source,
+        subjects: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<QueuedJob>, StoreError> {
+        let readers = self.backend.readers_of(source.number);
+        let direct_get_subject =
+            async_nats::Subject::from(format!("$JS.API.DIRECT.GET.{}", source.stream_name));
+        let mut out = Vec::new();
+        let mut next = after.saturating_add(1);
+        while out.len() < limit {
+            let request = direct::body(&direct::NextBatch {
+                seq: next,
+                next_by_subj: subjects,
+                batch: limit - out.len(),
+                max_bytes: direct::BATCH_MAX_BYTES,
+            })?;
+            let batch = direct::batch(
+                readers,
+                direct_get_subject.clone(),
+                request,
+                self.backend.settings.request_timeout,
+            )
+            .await
+            .map_err(|e| match e {
+                StoreError::Unavailable(what) => {
+                    StoreError::Unavailable(format!("scan jobs: {what}"))
+                }
+                other => other,
+            })?;
+            let Some(last) = batch.messages.last() else {
+                break;
+            };
+            next = last.stream_sequence.saturating_add(1);
+            for message in &batch.messages {
+                out.extend(queued(message.stream_sequence, &message.payload));
+            }
+            if !batch.more {
+                break;
             }
         }
         Ok(out)
     }
+}
+
+/// The job stored at `position` as a scan lists it; `None` for an undecodable one (`receive`
+/// terminates those; a scan just skips them).
+fn queued(position: u64, payload: &[u8]) -> Option<QueuedJob> {
+    // Only the two fields a scan needs: the request is skipped, never built.
+    let job = serde_json::from_slice::<JobHeader>(payload).ok()?;
+    Some(QueuedJob {
+        position,
+        execution_id: job.execution_id,
+        deadline_at: job.deadline_at,
+    })
 }
 
 /// The fields of a queued job a deadline scan reads.
