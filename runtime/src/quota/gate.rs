@@ -3,8 +3,8 @@
 //! deadline into its slot's hold, and, when a tenant is at its active cap, reconciles the
 //! tenant's slots with the event store before answering (see the parent module for why).
 //!
-//! Reconciliation reads the log head of up to [`GateSettings::reconcile_batch`] slot holders
-//! (those expiring first), releases the terminal ones and, if any were released, admits once
+//! Reconciliation reads the log heads of up to [`GateSettings::reconcile_batch`] slot holders
+//! (those expiring first; [`EventStore::heads`], many per request), releases the terminal ones and, if any were released, admits once
 //! more. It runs at most once per [`GateSettings::reconcile_interval`] per tenant in this
 //! process. Admits refused at the cap while a reconciliation runs wait for it, and retry once if
 //! it (or any since they first asked) released slots: otherwise a burst of submits arriving at
@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use protocol::{ExecutionId, Tenant, Timestamp};
 use tokio::time::Instant;
 
@@ -37,8 +36,6 @@ pub struct GateSettings {
     pub reconcile_interval: Duration,
     /// Most slot holders whose log head one reconciliation reads.
     pub reconcile_batch: usize,
-    /// Log heads read concurrently during a reconciliation.
-    pub reconcile_concurrency: usize,
 }
 
 impl Default for GateSettings {
@@ -47,7 +44,6 @@ impl Default for GateSettings {
             grace: Duration::from_secs(5),
             reconcile_interval: Duration::from_millis(250),
             reconcile_batch: 512,
-            reconcile_concurrency: 16,
         }
     }
 }
@@ -219,22 +215,19 @@ impl QuotaGate {
                 return 0;
             }
         };
-        let events = &self.events;
-        let ended: Vec<ExecutionId> = futures_util::stream::iter(holders)
-            .map(|id| async move { (id, events.head(id).await) })
-            .buffer_unordered(self.settings.reconcile_concurrency.max(1))
-            .filter_map(|(id, head)| async move {
-                match head {
-                    Ok(Some(head)) if head.terminal => Some(id),
-                    Ok(_) => None,
-                    Err(e) => {
-                        tracing::debug!(execution_id = %id, error = %e, "log head unreadable; slot kept");
-                        None
-                    }
-                }
-            })
-            .collect()
-            .await;
+        let heads = match self.events.heads(&holders).await {
+            Ok(heads) => heads,
+            Err(e) => {
+                tracing::debug!(error = %e, "log heads unreadable; slots kept");
+                return 0;
+            }
+        };
+        let ended: Vec<ExecutionId> = holders
+            .iter()
+            .zip(heads)
+            .filter(|(_, head)| head.is_some_and(|h| h.terminal))
+            .map(|(&id, _)| id)
+            .collect();
         if ended.is_empty() {
             return 0;
         }
