@@ -226,6 +226,10 @@ struct Args {
     /// The prompt text.
     #[arg(long, default_value = "hi")]
     prompt: String,
+    /// The request's `deadline_ms` (the deployment's default when unset): short deadlines put
+    /// the deadline sweepers' checks of every execution inside the measured window.
+    #[arg(long)]
+    deadline_ms: Option<u64>,
     /// Send `Idempotency-Key: {this}-{n}`, unique per submit (puts the idempotency store, Redis
     /// in nats mode, on the submit path).
     #[arg(long)]
@@ -514,10 +518,13 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
     } else {
         gateways.iter().map(|g| g.url.clone()).collect()
     };
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "ability": args.ability,
         "input": [{"type": "text", "text": args.prompt}],
     });
+    if let Some(deadline_ms) = args.deadline_ms {
+        body["deadline_ms"] = deadline_ms.into();
+    }
     let body = Bytes::from(serde_json::to_vec(&body).map_err(|e| e.to_string())?);
     let pool = args.concurrency.max(args.max_in_flight.min(4096)).max(1);
     let mut api = Api::new(&urls, body, pool)?;
