@@ -326,3 +326,79 @@ async fn an_unreachable_server_is_reported_promptly() {
     assert!(queue.ready().await.is_err());
     assert!(store.ready().await.is_err());
 }
+
+/// Over JetStream (three partitions): the sweeper reads jobs in batches, drops a finished job
+/// as soon as it leaves its jobs stream, and closes at its deadline one acknowledged while its
+/// log was still open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweeper_drops_finished_jobs_and_closes_open_ones_over_jetstream() {
+    use runtime::{DeadlineSweeper, EventWriter, Job, SweeperSettings};
+
+    let server = NatsServer::start();
+    let backend = backend(&server).await;
+    let store: Arc<dyn EventStore> = Arc::new(support::store_on(&backend, MAX_EVENTS).await);
+    let queue: Arc<dyn JobQueue> = Arc::new(NatsJobQueue::new(backend));
+    let submit = |deadline_in_ms: i64| {
+        let (store, queue) = (Arc::clone(&store), Arc::clone(&queue));
+        async move {
+            let id = ExecutionId::new_random();
+            let accepted_at = Timestamp::now();
+            let writer = EventWriter::create(store, id, accepted_at, &Tenant::default())
+                .await
+                .unwrap();
+            let job = Job {
+                deadline_at: Timestamp::from_unix_millis(
+                    accepted_at.unix_millis() + deadline_in_ms,
+                ),
+                ..contract::job(id)
+            };
+            queue.publish(&job).await.unwrap();
+            (id, writer)
+        }
+    };
+    // More jobs than one scan request brings, so the scan takes several batches.
+    let settings = SweeperSettings {
+        grace: Duration::ZERO,
+        scan_batch: 8,
+        ..SweeperSettings::default()
+    };
+    let mut writers = std::collections::HashMap::new();
+    for _ in 0..20 {
+        let (id, writer) = submit(600_000).await;
+        writers.insert(id, writer);
+    }
+    let (open, _) = submit(3_000).await;
+    let mut sweeper = DeadlineSweeper::new(Arc::clone(&store), Arc::clone(&queue), settings);
+    assert_eq!(sweeper.sweep().await.scanned, 21);
+    assert_eq!(sweeper.indexed(), 21);
+    assert_eq!(sweeper.sweep().await.scanned, 0, "each job is read once");
+    // A worker finishes the 20 long ones and acknowledges every job, the open one's too.
+    let mut acked = 0;
+    while acked < 21 {
+        let delivery = queue.receive().await.unwrap().unwrap();
+        if let Some(mut writer) = writers.remove(&delivery.job.execution_id) {
+            writer.append(contract::completed()).await.unwrap();
+        }
+        delivery.handle.ack().await.unwrap();
+        acked += 1;
+    }
+    // The finished ones leave the index as their jobs leave the stream; the open one is not
+    // settled (its log is open) but closed once its deadline passes.
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    let (mut settled, mut closed) = (0, 0);
+    while settled < 20 || closed < 1 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "settled {settled}, closed {closed}"
+        );
+        let report = sweeper.sweep().await;
+        settled += report.settled;
+        closed += report.closed;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!((settled, closed), (20, 1));
+    let head = store.head(open).await.unwrap().unwrap();
+    assert!(head.terminal);
+    assert_eq!(sweeper.indexed(), 0);
+    assert_eq!(sweeper.sweep().await, runtime::SweepReport::default());
+}
