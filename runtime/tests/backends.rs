@@ -402,3 +402,89 @@ async fn the_sweeper_drops_finished_jobs_and_closes_open_ones_over_jetstream() {
     assert_eq!(sweeper.indexed(), 0);
     assert_eq!(sweeper.sweep().await, runtime::SweepReport::default());
 }
+
+/// On a 3-node cluster with three replicas, where any replica may answer a direct get:
+/// `heads` reads every log's head (multi-subject gets answered by followers too), and the
+/// sweeper settles finished jobs by the jobs streams' first sequences, read from their leaders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heads_and_settling_work_on_a_replicated_cluster() {
+    use runtime::nats::{NatsBackend, NatsSettings};
+    use runtime::{DeadlineSweeper, EventWriter, Job, SweeperSettings};
+
+    let cluster = testkit::NatsCluster::start(3);
+    let settings = NatsSettings {
+        replicas: 3,
+        event_shards: Some(3),
+        reader_lanes: true,
+        ..NatsSettings::new(unique_namespace("t"))
+    };
+    let backend = NatsBackend::connect(&cluster.url(), settings, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let store: Arc<dyn EventStore> = Arc::new(support::store_on(&backend, MAX_EVENTS).await);
+    let queue: Arc<dyn JobQueue> = Arc::new(NatsJobQueue::new(backend));
+    let mut writers = Vec::new();
+    for _ in 0..60 {
+        let id = ExecutionId::new_random();
+        let accepted_at = Timestamp::now();
+        let writer = EventWriter::create(Arc::clone(&store), id, accepted_at, &Tenant::default())
+            .await
+            .unwrap();
+        let job = Job {
+            deadline_at: Timestamp::from_unix_millis(accepted_at.unix_millis() + 600_000),
+            ..contract::job(id)
+        };
+        queue.publish(&job).await.unwrap();
+        writers.push((id, writer));
+    }
+    let ids: Vec<ExecutionId> = writers.iter().map(|(id, _)| *id).collect();
+    let mut sweeper = DeadlineSweeper::new(
+        Arc::clone(&store),
+        Arc::clone(&queue),
+        SweeperSettings::default(),
+    );
+    // A scan answered by a follower a little behind may bring fewer at first.
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut scanned = 0;
+    while scanned < 60 {
+        assert!(tokio::time::Instant::now() < until, "scanned {scanned}");
+        scanned += sweeper.sweep().await.scanned;
+    }
+    // Every job is acknowledged, every other execution's log closed first (the other half
+    // as a fenced worker leaves them: acknowledged, the log open).
+    let mut closed = std::collections::HashSet::new();
+    for _ in 0..60 {
+        let delivery = queue.receive().await.unwrap().unwrap();
+        let id = delivery.job.execution_id;
+        if ids.iter().position(|i| *i == id).unwrap() % 2 == 0 {
+            let (_, writer) = writers.iter_mut().find(|(i, _)| *i == id).unwrap();
+            writer.append(contract::completed()).await.unwrap();
+            closed.insert(id);
+        }
+        delivery.handle.ack().await.unwrap();
+    }
+    loop {
+        assert!(tokio::time::Instant::now() < until, "heads never caught up");
+        let heads = store.heads(&ids).await.unwrap();
+        let terminal: std::collections::HashSet<ExecutionId> = ids
+            .iter()
+            .zip(&heads)
+            .filter(|(_, h)| h.unwrap().terminal)
+            .map(|(id, _)| *id)
+            .collect();
+        if terminal == closed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The finished half leaves the index once the leaders' first sequences pass them; the
+    // open half stays, for its deadline.
+    let mut settled = 0;
+    while settled < 30 {
+        assert!(tokio::time::Instant::now() < until, "settled {settled}");
+        settled += sweeper.sweep().await.settled;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(settled, 30);
+    assert_eq!(sweeper.indexed(), 30);
+}
