@@ -121,6 +121,8 @@ pub struct DeadlineSweeper {
     /// Per partition, the indexed jobs the queue may still hold, by position: those before
     /// the partition's first held position left the queue and are checked then.
     held: Vec<BTreeMap<u64, (i64, ExecutionId)>>,
+    /// The partition whose jobs that left the queue are checked first in the next sweep.
+    settle_from: usize,
 }
 
 impl std::fmt::Debug for DeadlineSweeper {
@@ -153,6 +155,7 @@ impl DeadlineSweeper {
             store,
             cursors: vec![0; partitions],
             held: vec![BTreeMap::new(); partitions],
+            settle_from: 0,
             queue,
             partition: 0,
             settings,
@@ -278,7 +281,10 @@ impl DeadlineSweeper {
         let batch = self.settings.scan_batch.max(1);
         let mut budget = SETTLE_BATCHES_PER_SWEEP * batch;
         let mut left: Vec<Indexed> = Vec::new();
-        for partition in 0..self.held.len() {
+        // Partitions take turns at being first, so a flood in one never starves the others.
+        let partitions = self.held.len();
+        self.settle_from = (self.settle_from + 1) % partitions.max(1);
+        for partition in (0..partitions).map(|k| (self.settle_from + k) % partitions) {
             if budget == 0 || self.held[partition].is_empty() {
                 continue;
             }
@@ -571,7 +577,7 @@ mod tests {
     #[tokio::test]
     async fn a_job_acknowledged_with_its_log_open_is_still_closed_at_its_deadline() {
         let (store, queue) = backends();
-        let (id, _) = submit(&store, &queue, 300).await;
+        let (id, _) = submit(&store, &queue, 2_000).await;
         let mut sweeper = DeadlineSweeper::new(Arc::clone(&store), Arc::clone(&queue), settings());
         assert_eq!(sweeper.sweep().await.scanned, 1);
         let delivery = queue.receive().await.unwrap().unwrap();
