@@ -30,16 +30,20 @@
 //!   log becoming terminal, stays in the index and is tried again on the next sweep.
 //! - A job leaves the queue when a worker acknowledges it (its log is terminal), when its
 //!   submission is withdrawn (after its log was closed) or when it ages out (with its log).
-//!   Every sweep asks each partition where the queue now starts ([`JobQueue::first_held`]) and
+//!   Every sweep asks each partition where the queue now starts ([`JobQueue::held_span`]) and
 //!   checks the heads of the indexed jobs before it, many per request
 //!   ([`EventStore::heads`]): those whose log is terminal or gone leave the index. So the
 //!   index holds what the queue holds, not every job of the last deadline's span, and a job
 //!   costs one batched head check, not a read at its deadline (BENCHMARKS.md, "Reads per job
-//!   and gateway"). A log found open stays indexed
-//!   and is closed at its deadline: a job acknowledged while its log is open (a worker fenced
-//!   by another that later died) is still enforced. One long-running job at the front of a
-//!   partition holds the jobs after it in the index until it leaves; they are then checked
-//!   as above.
+//!   and gateway"). A log found open stays indexed and is closed at its deadline: a job
+//!   acknowledged while its log is open (a worker fenced by another that later died) is still
+//!   enforced. Whether a log is terminal decides, so checking one too early (a listing
+//!   answered by a replica behind its leader) costs a read, never a deadline.
+//! - A job held long at the front of a partition keeps its start back while the jobs after it
+//!   finish. Once the index holds more than twice the jobs the partition does (plus one scan
+//!   batch), the partition is listed ([`JobQueue::scan_partition`] from its start) and the
+//!   indexed jobs it no longer holds are checked the same way: a listing reads the partition's
+//!   jobs once and drops more entries than it reads.
 //! - Memory: the index holds at most [`SweeperSettings::max_indexed`] jobs; when full, the cursor
 //!   stops advancing until deadlines pass (those jobs stay in the queue, so none is lost, only
 //!   enforced later).
@@ -132,6 +136,13 @@ impl std::fmt::Debug for DeadlineSweeper {
             .field("indexed", &self.index.len())
             .finish_non_exhaustive()
     }
+}
+
+/// The positions a partition holds up to a point ([`DeadlineSweeper::listed`]).
+struct Listed {
+    positions: BTreeSet<u64>,
+    /// The last position the listing covers.
+    through: u64,
 }
 
 /// What became of one expired execution.
@@ -288,8 +299,8 @@ impl DeadlineSweeper {
             if budget == 0 || self.held[partition].is_empty() {
                 continue;
             }
-            let first = match self.queue.first_held(partition).await {
-                Ok(first) => first,
+            let span = match self.queue.held_span(partition).await {
+                Ok(span) => span,
                 Err(e) => {
                     tracing::debug!(partition, error = %e, "deadline sweeper cannot read where the queue starts");
                     continue;
@@ -300,12 +311,41 @@ impl DeadlineSweeper {
                 let Some(entry) = held.first_entry() else {
                     break;
                 };
-                if *entry.key() >= first {
+                if *entry.key() >= span.first {
                     break;
                 }
                 let (position, (deadline, id)) = entry.remove_entry();
                 left.push((deadline, id, partition, position));
                 budget -= 1;
+            }
+            // A job held long at the front keeps `first` back while the jobs after it finish:
+            // once this index holds more than twice what the partition does, the partition is
+            // listed, and the indexed jobs it no longer holds are checked. Each listing reads
+            // the partition's jobs once and drops more entries than it reads.
+            let stale = span
+                .jobs
+                .is_some_and(|jobs| held.len() as u64 > jobs.saturating_mul(2) + batch as u64);
+            if budget > 0 && stale {
+                let listed = match self.listed(partition, span.first).await {
+                    Ok(listed) => listed,
+                    Err(e) => {
+                        tracing::debug!(partition, error = %e, "deadline sweeper cannot list the queue");
+                        continue;
+                    }
+                };
+                let held = &mut self.held[partition];
+                let gone: Vec<u64> = held
+                    .range(..=listed.through)
+                    .map(|(&position, _)| position)
+                    .filter(|position| !listed.positions.contains(position))
+                    .take(budget)
+                    .collect();
+                for position in gone {
+                    if let Some((deadline, id)) = held.remove(&position) {
+                        left.push((deadline, id, partition, position));
+                        budget -= 1;
+                    }
+                }
             }
         }
         let mut settled = 0;
@@ -332,6 +372,29 @@ impl DeadlineSweeper {
             }
         }
         settled
+    }
+
+    /// The positions partition `partition` holds from `first` through this sweeper's cursor
+    /// there, read with batched scans.
+    async fn listed(&self, partition: usize, first: u64) -> Result<Listed, StoreError> {
+        let through = self.cursors.get(partition).copied().unwrap_or(0);
+        let batch = self.settings.scan_batch.max(1);
+        let mut positions = BTreeSet::new();
+        let mut after = first.saturating_sub(1);
+        loop {
+            let jobs = self.queue.scan_partition(partition, after, batch).await?;
+            let full = jobs.len() == batch;
+            for job in jobs {
+                if job.position > through {
+                    return Ok(Listed { positions, through });
+                }
+                positions.insert(job.position);
+                after = job.position;
+            }
+            if !full {
+                return Ok(Listed { positions, through });
+            }
+        }
     }
 
     /// Appends the `deadline_exceeded` terminal unless the log, whose head is `head`, is
@@ -600,20 +663,63 @@ mod tests {
         assert_eq!(sweeper.indexed(), 0);
     }
 
-    /// The memory queue says where it starts: its first held job, or past every job given out.
+    /// The memory queue says where it starts (its first held job, or past every job given
+    /// out) and how many jobs it holds.
     #[tokio::test]
-    async fn the_memory_queue_starts_at_its_first_held_job() {
+    async fn the_memory_queue_says_where_its_jobs_lie() {
         let (store, queue) = backends();
-        assert_eq!(queue.first_held(0).await.unwrap(), 1);
+        let span = |first, jobs| crate::HeldSpan {
+            first,
+            jobs: Some(jobs),
+        };
+        assert_eq!(queue.held_span(0).await.unwrap(), span(1, 0));
         submit(&store, &queue, 1000).await;
         submit(&store, &queue, 1000).await;
         let held = queue.scan(0, 10).await.unwrap();
-        assert_eq!(queue.first_held(0).await.unwrap(), held[0].position);
+        assert_eq!(queue.held_span(0).await.unwrap(), span(held[0].position, 2));
         for _ in 0..2 {
             let delivery = queue.receive().await.unwrap().unwrap();
             delivery.handle.ack().await.unwrap();
         }
-        assert_eq!(queue.first_held(0).await.unwrap(), held[1].position + 1);
+        assert_eq!(
+            queue.held_span(0).await.unwrap(),
+            span(held[1].position + 1, 0)
+        );
+    }
+
+    /// A job held at the front of the queue does not keep the finished jobs after it indexed:
+    /// once they outnumber what the queue holds, the queue is listed and they are dropped.
+    #[tokio::test]
+    async fn finished_jobs_behind_a_long_one_leave_the_index_too() {
+        let (store, queue) = backends();
+        let (front, _) = submit(&store, &queue, 600_000).await;
+        let mut writers = std::collections::HashMap::new();
+        for _ in 0..6 {
+            let (id, writer) = submit(&store, &queue, 600_000).await;
+            writers.insert(id, writer);
+        }
+        let settings = SweeperSettings {
+            scan_batch: 2,
+            ..settings()
+        };
+        let mut sweeper = DeadlineSweeper::new(Arc::clone(&store), Arc::clone(&queue), settings);
+        assert_eq!(sweeper.sweep().await.scanned, 7);
+        // The front job is taken and runs on; the six after it finish.
+        let held = queue.receive().await.unwrap().unwrap();
+        assert_eq!(held.job.execution_id, front);
+        for _ in 0..6 {
+            let delivery = queue.receive().await.unwrap().unwrap();
+            let mut writer = writers.remove(&delivery.job.execution_id).unwrap();
+            writer.append(crate::contract::completed()).await.unwrap();
+            delivery.handle.ack().await.unwrap();
+        }
+        // 7 indexed against 1 held: more than twice what the queue holds plus a batch.
+        let report = sweeper.sweep().await;
+        assert_eq!((report.settled, report.closed), (6, 0));
+        assert_eq!(sweeper.indexed(), 1);
+        // Nothing more to list while the index and the queue agree.
+        assert_eq!(sweeper.sweep().await, SweepReport::default());
+        assert_eq!(terminal_error(&store, front).await, None);
     }
 
     #[tokio::test]

@@ -157,7 +157,8 @@ impl<T: Intercept> EventStore for T {
 /// - `receive_up_to` asks [`QueueIntercept::receive`] for one delivery unless overridden, and
 ///   the other operations keep `JobQueue`'s defaults, built on this wrapper's: one partition,
 ///   one source, `receive_from` and `take_from` are `receive_up_to`, `scan_partition` is
-///   `scan`, and `first_held` says nothing (0). A queue that needs partitions of its own implements `JobQueue` itself.
+///   `scan`, and `held_span` says nothing. A queue that needs partitions of its own
+///   implements `JobQueue` itself.
 ///
 /// As for [`Intercept`], write the implementation by path
 /// (`impl runtime::intercept::QueueIntercept for MyQueue`) and use the wrapper as a `JobQueue`.

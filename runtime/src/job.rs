@@ -134,6 +134,15 @@ pub struct QueuedJob {
     pub deadline_at: Timestamp,
 }
 
+/// Where one partition's held jobs lie ([`JobQueue::held_span`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeldSpan {
+    /// Every job at a position before this one has left the queue (0: not known).
+    pub first: u64,
+    /// How many jobs the partition holds (`None`: not known).
+    pub jobs: Option<u64>,
+}
+
 /// The deliveries of one [`JobQueue::receive_up_to`] request, in arrival order; an item's error
 /// ends the request.
 pub type Deliveries = BoxStream<'static, Result<Delivery, StoreError>>;
@@ -158,9 +167,10 @@ pub type Deliveries = BoxStream<'static, Result<Delivery, StoreError>>;
 ///   greater position, so a scanner that continues from the last position it saw misses none.
 ///   A queue of several partitions (`partitions`) keeps positions per partition: the rule holds
 ///   within each, read with `scan_partition`.
-/// - `first_held(partition)`: every job of the partition at a position before the answer has
-///   left the queue (acknowledged, withdrawn or aged out). The answer may lag the queue (be
-///   lower than the truth), never run ahead of it; 0 says nothing.
+/// - `held_span(partition)`: every job of the partition at a position before its `first` has
+///   left the queue (acknowledged, withdrawn or aged out), and it holds `jobs` jobs. `first`
+///   may lag the queue (be lower than the truth), never run ahead of it; 0 says nothing, as
+///   `jobs: None` does.
 /// - `withdraw` removes an execution's job whatever became of its publish: stored, not stored,
 ///   or outcome unknown (a lost acknowledgement). Once it returns `Ok`, the job is no longer
 ///   held and will not be delivered again, and a delivery already handed out reports
@@ -211,10 +221,10 @@ pub trait JobQueue: Send + Sync + 'static {
     async fn take_from(&self, source: usize, max: usize) -> Result<Option<Deliveries>, StoreError> {
         self.receive_from(source, max).await
     }
-    /// The position before which partition `partition` holds no job (see the contract
-    /// above): a scanner's jobs before it are done with. The default says nothing (0).
-    async fn first_held(&self, _partition: usize) -> Result<u64, StoreError> {
-        Ok(0)
+    /// Where partition `partition`'s jobs lie (see the contract above): a scanner's jobs
+    /// before its `first` are done with. The default says nothing.
+    async fn held_span(&self, _partition: usize) -> Result<HeldSpan, StoreError> {
+        Ok(HeldSpan::default())
     }
     /// [`Self::scan`] of partition `partition` (below [`Self::partitions`]).
     async fn scan_partition(

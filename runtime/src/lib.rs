@@ -71,7 +71,7 @@ pub use event_store::{
     EventRecord, EventStore, EventStream, LogHead, ReadResult, RunError, SubscribeResult, WriterId,
 };
 pub use idempotency::{IdempotencyRecord, IdempotencyStore};
-pub use job::{Deliveries, Delivery, DeliveryHandle, Job, JobQueue, KeyClaim, QueuedJob};
+pub use job::{Deliveries, Delivery, DeliveryHandle, HeldSpan, Job, JobQueue, KeyClaim, QueuedJob};
 pub use pace::Pace;
 pub use quota::{Admission, AdmitRequest, QuotaGate, QuotaLimits, QuotaStore};
 pub use writer::{EventWriter, WriteError, WriteFailure};

@@ -60,10 +60,14 @@ pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
     } else {
         assert!(after_ids.is_empty(), "{after_ids:?}");
     }
-    // Where a queue says where a partition starts, it never passes a job still held.
-    let says = queue.first_held(pa).await.unwrap() > 0;
-    assert!(queue.first_held(pa).await.unwrap() <= held_a.position);
-    assert!(queue.first_held(pb).await.unwrap() <= held_b.position);
+    // Where a queue says where a partition starts, it never passes a job still held, and it
+    // counts the jobs held.
+    let says = queue.held_span(pa).await.unwrap().first > 0;
+    assert!(queue.held_span(pa).await.unwrap().first <= held_a.position);
+    assert!(queue.held_span(pb).await.unwrap().first <= held_b.position);
+    if says {
+        assert_eq!(held_jobs(&*queue).await, 2);
+    }
     let first = receive_promptly(&*queue).await;
     first.handle.in_progress().await.unwrap();
     assert!(!first.handle.withdrawn().await.unwrap());
@@ -79,11 +83,11 @@ pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // And once they left, it starts past them.
+    // And once they left, it starts past them and holds none.
     if says {
         for (partition, position) in [(pa, held_a.position), (pb, held_b.position)] {
             let until = tokio::time::Instant::now() + PROMPT;
-            while queue.first_held(partition).await.unwrap() <= position {
+            while queue.held_span(partition).await.unwrap().first <= position {
                 assert!(
                     tokio::time::Instant::now() < until,
                     "the partition still starts at an acknowledged job"
@@ -91,6 +95,7 @@ pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
+        assert_eq!(held_jobs(&*queue).await, 0);
     }
     let mut got = vec![first.job.execution_id, second.job.execution_id];
     got.sort();
@@ -212,6 +217,15 @@ pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
 }
 
 /// Every job `queue` holds (at most 100 a partition), with its partition.
+/// The jobs every partition says it holds.
+async fn held_jobs(queue: &dyn JobQueue) -> u64 {
+    let mut jobs = 0;
+    for partition in 0..queue.partitions().max(1) {
+        jobs += queue.held_span(partition).await.unwrap().jobs.unwrap();
+    }
+    jobs
+}
+
 async fn scan_all(queue: &dyn JobQueue) -> Vec<(usize, crate::job::QueuedJob)> {
     let mut all = Vec::new();
     for partition in 0..queue.partitions() {

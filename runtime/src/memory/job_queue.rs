@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::StoreError;
-use crate::job::{Deliveries, Delivery, DeliveryHandle, Job, JobQueue, QueuedJob};
+use crate::job::{Deliveries, Delivery, DeliveryHandle, HeldSpan, Job, JobQueue, QueuedJob};
 
 const DEDUPE_WINDOW: Duration = Duration::from_secs(120);
 /// Most ids remembered, whatever the window: keeps memory flat at high throughput. Embedded
@@ -231,13 +231,17 @@ impl JobQueue for MemoryJobQueue {
             .collect())
     }
 
-    async fn first_held(&self, _partition: usize) -> Result<u64, StoreError> {
+    async fn held_span(&self, _partition: usize) -> Result<HeldSpan, StoreError> {
         let held = self.held.lock();
         // Positions start at 1; with nothing held, every position given out is done with.
-        Ok(held
+        let first = held
             .jobs
             .first_key_value()
-            .map_or(held.next.saturating_add(1), |(&position, _)| position))
+            .map_or(held.next.saturating_add(1), |(&position, _)| position);
+        Ok(HeldSpan {
+            first,
+            jobs: Some(held.jobs.len() as u64),
+        })
     }
 }
 

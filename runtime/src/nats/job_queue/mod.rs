@@ -31,7 +31,8 @@
 //! stream does not allow direct gets): a WorkQueue stream admits no second consumer
 //! overlapping the workers' one, and a get neither takes nor delays a delivery. Acknowledged
 //! jobs are gone from the stream, so a scan reads only jobs waiting or running (at most
-//! `max_jobs`), and `first_held` is the stream's first sequence (its info, from the leader).
+//! `max_jobs`), and `held_span` is the stream's first sequence and message count (its info,
+//! from the leader).
 //!
 //! `withdraw` (a submission that failed after its job may have been stored) publishes the job
 //! again under the same `Nats-Msg-Id`: inside the duplicate window the server answers with the
@@ -60,7 +61,7 @@ mod pull;
 use self::delivery::{Lease, delivery};
 use super::{NatsBackend, direct, unavailable};
 use crate::error::StoreError;
-use crate::job::{Deliveries, Delivery, Job, JobQueue, QueuedJob};
+use crate::job::{Deliveries, Delivery, HeldSpan, Job, JobQueue, QueuedJob};
 
 /// How long one pull request stays open for the jobs it asked for (see the module docs).
 const PULL_EXPIRES: Duration = Duration::from_secs(5);
@@ -635,10 +636,10 @@ impl JobQueue for NatsJobQueue {
         Ok(out)
     }
 
-    async fn first_held(&self, partition: usize) -> Result<u64, StoreError> {
+    async fn held_span(&self, partition: usize) -> Result<HeldSpan, StoreError> {
         self.backend.check_connected()?;
         let Some(source) = self.partition(partition) else {
-            return Ok(0);
+            return Ok(HeldSpan::default());
         };
         // The stream's info comes from its leader, so its first sequence never runs ahead of
         // the acknowledgements it has applied. An empty stream's first sequence is one past
@@ -648,7 +649,11 @@ impl JobQueue for NatsJobQueue {
             .get_stream(&source.stream_name)
             .await
             .map_err(|e| unavailable("jobs stream", e))?;
-        Ok(stream.cached_info().state.first_sequence)
+        let state = &stream.cached_info().state;
+        Ok(HeldSpan {
+            first: state.first_sequence,
+            jobs: Some(state.messages),
+        })
     }
 }
 
