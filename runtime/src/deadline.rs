@@ -42,15 +42,17 @@
 //! - A job held long at the front of a partition keeps its start back while the jobs after it
 //!   finish. Once the index holds more than twice the jobs the partition does (plus one scan
 //!   batch), the partition is listed ([`JobQueue::scan_partition`] from its start) and the
-//!   indexed jobs it no longer holds are checked the same way: a listing reads the partition's
-//!   jobs once and drops more entries than it reads.
+//!   indexed jobs it no longer holds are checked the same way, at most 16 requests' worth a
+//!   sweep and all before another listing: a listing reads the partition's jobs once and
+//!   drops more entries than it reads. A sweep closes expired executions before it settles
+//!   anything, so settling never delays a terminal event.
 //! - Memory: the index holds at most [`SweeperSettings::max_indexed`] jobs; when full, the cursor
 //!   stops advancing until deadlines pass (those jobs stay in the queue, so none is lost, only
 //!   enforced later).
 //! - The sweeper does not remove the job from the queue (it does not hold the delivery); the next
 //!   worker to receive it acknowledges and drops it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -127,6 +129,8 @@ pub struct DeadlineSweeper {
     held: Vec<BTreeMap<u64, (i64, ExecutionId)>>,
     /// The partition whose jobs that left the queue are checked first in the next sweep.
     settle_from: usize,
+    /// Indexed jobs a listing found gone and not checked yet (a sweep checks a bounded number).
+    unsettled: VecDeque<Indexed>,
 }
 
 impl std::fmt::Debug for DeadlineSweeper {
@@ -167,6 +171,7 @@ impl DeadlineSweeper {
             cursors: vec![0; partitions],
             held: vec![BTreeMap::new(); partitions],
             settle_from: 0,
+            unsettled: VecDeque::new(),
             queue,
             partition: 0,
             settings,
@@ -200,8 +205,8 @@ impl DeadlineSweeper {
         })
     }
 
-    /// One sweep: reads new jobs, drops those that left the queue with their execution over,
-    /// then closes every execution past its deadline and grace.
+    /// One sweep: reads new jobs, closes every execution past its deadline and grace, then
+    /// drops the jobs that left the queue with their execution over.
     pub async fn sweep(&mut self) -> SweepReport {
         let mut report = SweepReport::default();
         match self.follow_queue().await {
@@ -209,7 +214,6 @@ impl DeadlineSweeper {
             // Expired executions already indexed are still closed below.
             Err(e) => tracing::warn!(error = %e, "deadline sweeper cannot read the job queue"),
         }
-        report.settled = self.settle_left().await;
         let grace = i64::try_from(self.settings.grace.as_millis()).unwrap_or(i64::MAX);
         let due_before = Timestamp::now().unix_millis().saturating_sub(grace);
         let mut expired = Vec::new();
@@ -246,6 +250,8 @@ impl DeadlineSweeper {
                 }
             }
         }
+        // After the deadlines: settling (a listing above all) never delays a terminal.
+        report.settled = self.settle_left().await;
         report
     }
 
@@ -292,6 +298,14 @@ impl DeadlineSweeper {
         let batch = self.settings.scan_batch.max(1);
         let mut budget = SETTLE_BATCHES_PER_SWEEP * batch;
         let mut left: Vec<Indexed> = Vec::new();
+        // What an earlier listing found gone comes first.
+        while budget > 0 {
+            let Some(entry) = self.unsettled.pop_front() else {
+                break;
+            };
+            left.push(entry);
+            budget -= 1;
+        }
         // Partitions take turns at being first, so a flood in one never starves the others.
         let partitions = self.held.len();
         self.settle_from = (self.settle_from + 1) % partitions.max(1);
@@ -320,12 +334,13 @@ impl DeadlineSweeper {
             }
             // A job held long at the front keeps `first` back while the jobs after it finish:
             // once this index holds more than twice what the partition does, the partition is
-            // listed, and the indexed jobs it no longer holds are checked. Each listing reads
-            // the partition's jobs once and drops more entries than it reads.
+            // listed, and the indexed jobs it no longer holds are checked, over as many sweeps
+            // as it takes, before another listing. So a listing reads the partition's jobs once
+            // and settles more entries than it reads.
             let stale = span
                 .jobs
                 .is_some_and(|jobs| held.len() as u64 > jobs.saturating_mul(2) + batch as u64);
-            if budget > 0 && stale {
+            if stale && self.unsettled.is_empty() {
                 let listed = match self.listed(partition, span.first).await {
                     Ok(listed) => listed,
                     Err(e) => {
@@ -338,13 +353,19 @@ impl DeadlineSweeper {
                     .range(..=listed.through)
                     .map(|(&position, _)| position)
                     .filter(|position| !listed.positions.contains(position))
-                    .take(budget)
                     .collect();
                 for position in gone {
                     if let Some((deadline, id)) = held.remove(&position) {
-                        left.push((deadline, id, partition, position));
-                        budget -= 1;
+                        self.unsettled
+                            .push_back((deadline, id, partition, position));
                     }
+                }
+                while budget > 0 {
+                    let Some(entry) = self.unsettled.pop_front() else {
+                        break;
+                    };
+                    left.push(entry);
+                    budget -= 1;
                 }
             }
         }
@@ -354,8 +375,8 @@ impl DeadlineSweeper {
             match self.store.heads(&ids).await {
                 Ok(heads) => {
                     for (entry, head) in chunk.iter().zip(heads) {
-                        if head.is_none_or(|h| h.terminal) {
-                            self.index.remove(entry);
+                        // An entry that expired meanwhile was taken from the index already.
+                        if head.is_none_or(|h| h.terminal) && self.index.remove(entry) {
                             settled += 1;
                         }
                     }
@@ -720,6 +741,37 @@ mod tests {
         // Nothing more to list while the index and the queue agree.
         assert_eq!(sweeper.sweep().await, SweepReport::default());
         assert_eq!(terminal_error(&store, front).await, None);
+    }
+
+    /// What a listing found gone is checked over as many sweeps as the per-sweep bound takes.
+    #[tokio::test]
+    async fn a_listing_is_settled_over_several_sweeps() {
+        let (store, queue) = backends();
+        let (front, _) = submit(&store, &queue, 600_000).await;
+        let mut writers = std::collections::HashMap::new();
+        for _ in 0..20 {
+            let (id, writer) = submit(&store, &queue, 600_000).await;
+            writers.insert(id, writer);
+        }
+        // One job per request: 16 checks a sweep.
+        let settings = SweeperSettings {
+            scan_batch: 1,
+            ..settings()
+        };
+        let mut sweeper = DeadlineSweeper::new(Arc::clone(&store), Arc::clone(&queue), settings);
+        assert_eq!(sweeper.sweep().await.scanned, 21);
+        let held = queue.receive().await.unwrap().unwrap();
+        assert_eq!(held.job.execution_id, front);
+        for _ in 0..20 {
+            let delivery = queue.receive().await.unwrap().unwrap();
+            let mut writer = writers.remove(&delivery.job.execution_id).unwrap();
+            writer.append(crate::contract::completed()).await.unwrap();
+            delivery.handle.ack().await.unwrap();
+        }
+        assert_eq!(sweeper.sweep().await.settled, SETTLE_BATCHES_PER_SWEEP);
+        assert_eq!(sweeper.sweep().await.settled, 20 - SETTLE_BATCHES_PER_SWEEP);
+        assert_eq!(sweeper.indexed(), 1);
+        assert_eq!(sweeper.sweep().await, SweepReport::default());
     }
 
     #[tokio::test]

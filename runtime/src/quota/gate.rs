@@ -4,13 +4,13 @@
 //! tenant's slots with the event store before answering (see the parent module for why).
 //!
 //! Reconciliation reads the log heads of up to [`GateSettings::reconcile_batch`] slot holders
-//! (those expiring first; [`EventStore::heads`], many per request), releases the terminal ones and, if any were released, admits once
-//! more. It runs at most once per [`GateSettings::reconcile_interval`] per tenant in this
-//! process. Admits refused at the cap while a reconciliation runs wait for it, and retry once if
-//! it (or any since they first asked) released slots: otherwise a burst of submits arriving at
-//! a cap full of ended executions would all be refused but the one that reconciled. A holder
-//! without a log is kept: its submit may still be creating it, and if that submit died the slot
-//! expires.
+//! (those expiring first; [`EventStore::heads`], many per request), releases the terminal ones
+//! and, if any were released, admits once more. It runs at most once per
+//! [`GateSettings::reconcile_interval`] per tenant in this process. Admits refused at the cap
+//! while a reconciliation runs wait for it, and retry once if it (or any since they first
+//! asked) released slots: otherwise a burst of submits arriving at a cap full of ended
+//! executions would all be refused but the one that reconciled. A holder without a log is
+//! kept: its submit may still be creating it, and if that submit died the slot expires.
 
 use std::collections::HashMap;
 use std::sync::Arc;

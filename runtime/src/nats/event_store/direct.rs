@@ -21,14 +21,11 @@ use crate::nats::direct::{
 };
 use crate::nats::unavailable;
 
-/// Heads asked in one multi-subject get: a log's last message may be a run of events up to
-/// the stream's message size, so a request naming many subjects may not get all of them in
-/// one batch; those left are asked for again.
-const HEADS_PER_REQUEST: usize = if MULTI_LAST_MAX < 256 {
-    MULTI_LAST_MAX
-} else {
-    256
-};
+/// Heads asked in one multi-subject get, well under the server's [`MULTI_LAST_MAX`]: a log's
+/// last message may be a run of events up to the stream's message size, so a request naming
+/// many subjects may not get all of them in one batch (those left are read one by one).
+const HEADS_PER_REQUEST: usize = 256;
+const _: () = assert!(HEADS_PER_REQUEST <= MULTI_LAST_MAX);
 
 /// The request body of a last-message get.
 #[derive(Serialize)]
