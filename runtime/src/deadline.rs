@@ -708,32 +708,47 @@ mod tests {
         );
     }
 
-    /// A job held at the front of the queue does not keep the finished jobs after it indexed:
-    /// once they outnumber what the queue holds, the queue is listed and they are dropped.
-    #[tokio::test]
-    async fn finished_jobs_behind_a_long_one_leave_the_index_too() {
+    /// A sweeper reading `scan_batch` jobs a request, which indexed a queue whose first job was
+    /// then taken and runs on while the `finished` jobs after it ended and were acknowledged;
+    /// with the store, the front job's id and its delivery (kept, so the job stays held).
+    async fn behind_a_running_job(
+        finished: usize,
+        scan_batch: usize,
+    ) -> (
+        Arc<dyn EventStore>,
+        DeadlineSweeper,
+        ExecutionId,
+        crate::Delivery,
+    ) {
         let (store, queue) = backends();
         let (front, _) = submit(&store, &queue, 600_000).await;
         let mut writers = std::collections::HashMap::new();
-        for _ in 0..6 {
+        for _ in 0..finished {
             let (id, writer) = submit(&store, &queue, 600_000).await;
             writers.insert(id, writer);
         }
         let settings = SweeperSettings {
-            scan_batch: 2,
+            scan_batch,
             ..settings()
         };
         let mut sweeper = DeadlineSweeper::new(Arc::clone(&store), Arc::clone(&queue), settings);
-        assert_eq!(sweeper.sweep().await.scanned, 7);
-        // The front job is taken and runs on; the six after it finish.
+        assert_eq!(sweeper.sweep().await.scanned, finished + 1);
         let held = queue.receive().await.unwrap().unwrap();
         assert_eq!(held.job.execution_id, front);
-        for _ in 0..6 {
+        for _ in 0..finished {
             let delivery = queue.receive().await.unwrap().unwrap();
             let mut writer = writers.remove(&delivery.job.execution_id).unwrap();
             writer.append(crate::contract::completed()).await.unwrap();
             delivery.handle.ack().await.unwrap();
         }
+        (store, sweeper, front, held)
+    }
+
+    /// A job held at the front of the queue does not keep the finished jobs after it indexed:
+    /// once they outnumber what the queue holds, the queue is listed and they are dropped.
+    #[tokio::test]
+    async fn finished_jobs_behind_a_long_one_leave_the_index_too() {
+        let (store, mut sweeper, front, _held) = behind_a_running_job(6, 2).await;
         // 7 indexed against 1 held: more than twice what the queue holds plus a batch.
         let report = sweeper.sweep().await;
         assert_eq!((report.settled, report.closed), (6, 0));
@@ -743,31 +758,11 @@ mod tests {
         assert_eq!(terminal_error(&store, front).await, None);
     }
 
-    /// What a listing found gone is checked over as many sweeps as the per-sweep bound takes.
+    /// What a listing found gone is checked over as many sweeps as the per-sweep bound takes
+    /// (one job a request: 16 checks a sweep).
     #[tokio::test]
     async fn a_listing_is_settled_over_several_sweeps() {
-        let (store, queue) = backends();
-        let (front, _) = submit(&store, &queue, 600_000).await;
-        let mut writers = std::collections::HashMap::new();
-        for _ in 0..20 {
-            let (id, writer) = submit(&store, &queue, 600_000).await;
-            writers.insert(id, writer);
-        }
-        // One job per request: 16 checks a sweep.
-        let settings = SweeperSettings {
-            scan_batch: 1,
-            ..settings()
-        };
-        let mut sweeper = DeadlineSweeper::new(Arc::clone(&store), Arc::clone(&queue), settings);
-        assert_eq!(sweeper.sweep().await.scanned, 21);
-        let held = queue.receive().await.unwrap().unwrap();
-        assert_eq!(held.job.execution_id, front);
-        for _ in 0..20 {
-            let delivery = queue.receive().await.unwrap().unwrap();
-            let mut writer = writers.remove(&delivery.job.execution_id).unwrap();
-            writer.append(crate::contract::completed()).await.unwrap();
-            delivery.handle.ack().await.unwrap();
-        }
+        let (_store, mut sweeper, _front, _held) = behind_a_running_job(20, 1).await;
         assert_eq!(sweeper.sweep().await.settled, SETTLE_BATCHES_PER_SWEEP);
         assert_eq!(sweeper.sweep().await.settled, 20 - SETTLE_BATCHES_PER_SWEEP);
         assert_eq!(sweeper.indexed(), 1);
