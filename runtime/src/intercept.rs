@@ -28,10 +28,9 @@ use crate::job::{Deliveries, Delivery, Job, JobQueue, QueuedJob};
 ///   wrapper's operations, so interfering with an operation also covers what is built on it:
 ///   `append_run_as` appends one by one through [`Intercept::append_as`], `head` materializes
 ///   through [`Intercept::state`], `heads` asks `head` for each log, and `create`, `append` and
-///   `owned_state` go through
-///   `create_owned`, `append_as`, `state` and `owner`. `pipelines_appends` is `false`. A wrapper
-///   that wants the inner store's own version (one message per run, a cheap head) overrides
-///   the operation and forwards it.
+///   `owned_state` go through `create_owned`, `append_as`, `state` and `owner`.
+///   `pipelines_appends` is `false`. A wrapper that wants the inner store's own version (one
+///   message per run, a cheap head) overrides the operation and forwards it.
 ///
 /// Its operations share the names of [`EventStore`]'s: write the implementation by path
 /// (`impl runtime::intercept::Intercept for MyStore`) and use the wrapper as an `EventStore`;

@@ -216,7 +216,6 @@ pub async fn job_queue_suite(queue: Arc<dyn JobQueue>) {
     );
 }
 
-/// Every job `queue` holds (at most 100 a partition), with its partition.
 /// The jobs every partition says it holds.
 async fn held_jobs(queue: &dyn JobQueue) -> u64 {
     let mut jobs = 0;
@@ -226,6 +225,7 @@ async fn held_jobs(queue: &dyn JobQueue) -> u64 {
     jobs
 }
 
+/// Every job `queue` holds (at most 100 a partition), with its partition.
 async fn scan_all(queue: &dyn JobQueue) -> Vec<(usize, crate::job::QueuedJob)> {
     let mut all = Vec::new();
     for partition in 0..queue.partitions() {
