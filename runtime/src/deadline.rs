@@ -298,14 +298,6 @@ impl DeadlineSweeper {
         let batch = self.settings.scan_batch.max(1);
         let mut budget = SETTLE_BATCHES_PER_SWEEP * batch;
         let mut left: Vec<Indexed> = Vec::new();
-        // What an earlier listing found gone comes first.
-        while budget > 0 {
-            let Some(entry) = self.unsettled.pop_front() else {
-                break;
-            };
-            left.push(entry);
-            budget -= 1;
-        }
         // Partitions take turns at being first, so a flood in one never starves the others.
         let partitions = self.held.len();
         self.settle_from = (self.settle_from + 1) % partitions.max(1);
@@ -348,27 +340,17 @@ impl DeadlineSweeper {
                         continue;
                     }
                 };
-                let held = &mut self.held[partition];
-                let gone: Vec<u64> = held
-                    .range(..=listed.through)
-                    .map(|(&position, _)| position)
-                    .filter(|position| !listed.positions.contains(position))
-                    .collect();
-                for position in gone {
-                    if let Some((deadline, id)) = held.remove(&position) {
-                        self.unsettled
-                            .push_back((deadline, id, partition, position));
-                    }
-                }
-                while budget > 0 {
-                    let Some(entry) = self.unsettled.pop_front() else {
-                        break;
-                    };
-                    left.push(entry);
-                    budget -= 1;
-                }
+                let gone = self.held[partition].extract_if(..=listed.through, |position, _| {
+                    !listed.positions.contains(position)
+                });
+                self.unsettled.extend(
+                    gone.map(|(position, (deadline, id))| (deadline, id, partition, position)),
+                );
             }
         }
+        // What listings found gone, with what is left of the bound.
+        let take = budget.min(self.unsettled.len());
+        left.extend(self.unsettled.drain(..take));
         let mut settled = 0;
         for chunk in left.chunks(batch) {
             let ids: Vec<ExecutionId> = chunk.iter().map(|e| e.1).collect();

@@ -22,6 +22,7 @@ use protocol::ExecutionId;
 use tokio_util::sync::CancellationToken;
 
 use super::{NatsBackend, unavailable};
+use crate::backoff::Backoff;
 use crate::cancel::{CancelBus, Watches};
 use crate::error::StoreError;
 
@@ -208,17 +209,18 @@ async fn follow(
 
 /// A watch of the bucket from revision `next`, retried until it starts; `None` once `stop`.
 async fn rewatch(kv: &kv::Store, next: u64, stop: &CancellationToken) -> Option<kv::Watch> {
-    let mut pause = REWATCH_FIRST;
+    let mut backoff = Backoff::new(REWATCH_FIRST, REWATCH_MAX);
     loop {
         match kv.watch_all_from_revision(next).await {
             Ok(watch) => return Some(watch),
             Err(e) => tracing::warn!(error = %e, "cannot watch the cancel marks; retrying"),
         }
+        // Without a budget there is always a next pause.
+        let pause = backoff.next_pause().unwrap_or(REWATCH_MAX);
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
             () = stop.cancelled() => return None,
         }
-        pause = (pause * 2).min(REWATCH_MAX);
     }
 }
 
