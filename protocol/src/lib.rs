@@ -74,6 +74,7 @@ pub mod json;
 pub mod manifest;
 pub mod materialize;
 pub mod number;
+mod parsed;
 pub mod request;
 #[cfg(feature = "schema")]
 pub mod schema;

@@ -83,8 +83,7 @@ impl serde::Serialize for Tenant {
 /// Read from its name, which must be valid (the error never echoes the input).
 impl<'de> serde::Deserialize<'de> for Tenant {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let name = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
-        Self::parse(&name).map_err(serde::de::Error::custom)
+        crate::parsed::deserialize(deserializer, "a tenant name", Self::parse)
     }
 }
 

@@ -88,8 +88,7 @@ impl fmt::Display for UsageUnit {
 
 impl<'de> Deserialize<'de> for UsageUnit {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let s = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
-        UsageUnit::parse(&s).map_err(serde::de::Error::custom)
+        crate::parsed::deserialize(deserializer, "a usage unit", UsageUnit::parse)
     }
 }
 
