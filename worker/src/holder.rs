@@ -19,6 +19,11 @@
 //! The one decision: waiting is bounded by the log's silence and the deadline, never by a
 //! heartbeat the waiting delivery cannot see, so a holder that really is gone costs at most
 //! one lease more than before.
+//!
+//! The same record of what runs here is how a shutdown interrupts it: [`Holders::cancel_all`]
+//! cancels the token of every execution running here, so a running execution waits on its own
+//! token alone and never polls one shared by the whole process (a lock every execution would
+//! take on every wake-up).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -27,6 +32,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use protocol::{ExecutionId, Timestamp};
 use runtime::LogHead;
+use tokio_util::sync::CancellationToken;
 
 /// How often a waiting redelivery reads the log's head.
 pub const POLL: Duration = Duration::from_millis(500);
@@ -50,8 +56,8 @@ pub struct Holders {
 
 #[derive(Default)]
 struct State {
-    /// Attempts running here, per execution.
-    running: HashMap<ExecutionId, usize>,
+    /// Attempts running here, per execution, and the execution's cancel token.
+    running: HashMap<ExecutionId, (usize, CancellationToken)>,
     gave_up: HashSet<ExecutionId>,
     gave_up_order: VecDeque<ExecutionId>,
 }
@@ -66,7 +72,7 @@ pub struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         let mut state = self.holders.inner.lock();
-        if let Some(count) = state.running.get_mut(&self.id) {
+        if let Some((count, _)) = state.running.get_mut(&self.id) {
             *count -= 1;
             if *count == 0 {
                 state.running.remove(&self.id);
@@ -76,9 +82,16 @@ impl Drop for Running {
 }
 
 impl Holders {
-    /// Marks `id` as running here until the returned guard is dropped.
-    pub fn running(&self, id: ExecutionId) -> Running {
-        *self.inner.lock().running.entry(id).or_insert(0) += 1;
+    /// Marks `id` as running here until the returned guard is dropped; [`Holders::cancel_all`]
+    /// cancels `cancel` meanwhile. Attempts of one execution share its cancel token (the cancel
+    /// bus's), so the first one's is kept.
+    pub fn running(&self, id: ExecutionId, cancel: &CancellationToken) -> Running {
+        self.inner
+            .lock()
+            .running
+            .entry(id)
+            .or_insert_with(|| (0, cancel.clone()))
+            .0 += 1;
         Running {
             holders: self.clone(),
             id,
@@ -87,6 +100,15 @@ impl Holders {
 
     pub fn is_running(&self, id: ExecutionId) -> bool {
         self.inner.lock().running.contains_key(&id)
+    }
+
+    /// Cancels every execution running here now. One marked running later is not: whoever
+    /// calls this first makes the interruption visible otherwise (the runner cancels its
+    /// `abort_all` token before, and checks it after marking an execution running).
+    pub fn cancel_all(&self) {
+        for (_, cancel) in self.inner.lock().running.values() {
+            cancel.cancel();
+        }
     }
 
     /// Remembers that an attempt here gave `id`'s job back (its event store was unreachable).
@@ -133,8 +155,9 @@ mod tests {
     fn running_is_counted_per_attempt_and_gave_up_is_bounded() {
         let holders = Holders::default();
         let id = ExecutionId::new_random();
-        let first = holders.running(id);
-        let second = holders.running(id);
+        let cancel = CancellationToken::new();
+        let first = holders.running(id, &cancel);
+        let second = holders.running(id, &cancel);
         drop(first);
         assert!(holders.is_running(id));
         drop(second);
@@ -145,5 +168,19 @@ mod tests {
             holders.gave_up(ExecutionId::new_random());
         }
         assert!(!holders.gave_up_unreachable(id), "the oldest is forgotten");
+    }
+
+    #[test]
+    fn cancel_all_cancels_what_runs_now_and_nothing_finished() {
+        let holders = Holders::default();
+        let (running, finished) = (CancellationToken::new(), CancellationToken::new());
+        let _running = holders.running(ExecutionId::new_random(), &running);
+        drop(holders.running(ExecutionId::new_random(), &finished));
+        holders.cancel_all();
+        assert!(running.is_cancelled());
+        assert!(
+            !finished.is_cancelled(),
+            "a finished execution is no longer held"
+        );
     }
 }

@@ -201,9 +201,12 @@ impl Runner {
         }
     }
 
-    /// Cancels every running execution (used when the shutdown grace period expires).
+    /// Cancels every running execution (used when the shutdown grace period expires): the
+    /// token every execution checks before it starts and the claim's waits select on, then
+    /// each running execution's own token, which is all a running execution waits on.
     pub fn abort_all(&self) {
         self.abort_all.cancel();
+        self.holders.cancel_all();
     }
 
     /// Runs `job` without a queue delivery (a withdrawal cannot be checked). `delivered` is 1
@@ -326,7 +329,7 @@ impl Runner {
             bus: &*self.cancel_bus,
             id,
         };
-        let _running = self.holders.running(id);
+        let _running = self.holders.running(id, &cancel);
         let outcome = self.run_claimed(job, writer, cancel).await;
         if outcome == RunOutcome::Abandoned {
             self.holders.gave_up(id);
@@ -357,6 +360,8 @@ impl Runner {
                 )
                 .await;
         }
+        // An `abort_all` after this execution was marked running cancelled `cancel`; one
+        // before shows here.
         if cancel.is_cancelled() || self.abort_all.is_cancelled() {
             return self
                 .finish(
@@ -376,11 +381,12 @@ impl Runner {
             tokio::pin!(route);
             // Interrupts are polled first: once one has fired, the attempt must not make more
             // progress (such as taking a freed gate slot and calling the provider) before it is
-            // told to stop.
+            // told to stop. `abort_all` reaches a running execution through `cancel`
+            // ([`holder::Holders::cancel_all`]): every branch here is polled on every wake-up,
+            // and a token shared by the process would be a lock all its executions contend for.
             let ending = tokio::select! {
                 biased;
                 () = cancel.cancelled() => Ending::Interrupted(RuntimeError::cancelled()),
-                () = self.abort_all.cancelled() => Ending::Interrupted(RuntimeError::cancelled()),
                 () = tokio::time::sleep_until(deadline) => Ending::Interrupted(RuntimeError::deadline_exceeded()),
                 e = write_failure.failed() => Ending::WriteFailed(e),
                 result = &mut route => Ending::Routed(result),
