@@ -201,6 +201,10 @@ async fn serve_connection(
     force: CancellationToken,
     _permit: OwnedSemaphorePermit,
 ) {
+    // The loop below polls every branch whenever the connection's task wakes, which is for
+    // every chunk of an event stream's body: it waits on this connection's own tokens, not on
+    // the gateway's, which every connection shares (a lock each would take on each wake-up).
+    let (drain, force) = (drain.child_token(), force.child_token());
     let watch = Arc::new(Watch::new(limits));
     let io = TokioIo::new(WatchedIo {
         inner: tcp,

@@ -17,6 +17,7 @@
 //! body built from a [`Projector`] are shared with the OpenAI streams (`crate::openai::stream`),
 //! which write other frames from the same log.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +29,7 @@ use futures_util::{FutureExt, StreamExt};
 use protocol::{ExecutionId, Tenant};
 use runtime::{EventRecord, EventStream, StoreError};
 use tokio::sync::OwnedSemaphorePermit;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use crate::state::AppState;
 
@@ -53,7 +54,11 @@ pub struct LogFeed {
     #[debug(skip)]
     records: futures_util::stream::Fuse<EventStream>,
     keep_alive: Duration,
-    close: CancellationToken,
+    /// Ready once the gateway closes its streams: one wait for the feed's life, on a child of
+    /// the gateway's token. [`LogFeed::wait`] polls it for every chunk of every stream, and the
+    /// gateway's own token, shared by all of them, would be a lock they all take each time.
+    #[debug(skip)]
+    closed: Pin<Box<WaitForCancellationFutureOwned>>,
     pub state: AppState,
     _permit: OwnedSemaphorePermit,
     /// Set once the body must end: after an error, or (for a projection that says so) the
@@ -78,7 +83,7 @@ impl LogFeed {
         Self {
             records: records.fuse(),
             keep_alive: state.inner.limits.keep_alive,
-            close: state.inner.close_streams.clone(),
+            closed: Box::pin(state.inner.close_streams.child_token().cancelled_owned()),
             state: state.clone(),
             _permit: permit,
             done: false,
@@ -90,7 +95,7 @@ impl LogFeed {
     pub async fn wait(&mut self) -> Waited {
         tokio::select! {
             biased;
-            () = self.close.cancelled() => Waited::Closed,
+            () = self.closed.as_mut() => Waited::Closed,
             item = self.records.next() => Waited::Record(item),
             () = tokio::time::sleep(self.keep_alive) => Waited::Idle,
         }
@@ -228,4 +233,55 @@ pub fn empty_sse_response() -> Response {
     );
     headers.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures_util::StreamExt;
+    use runtime::memory::{
+        MemoryCancelBus, MemoryEventStore, MemoryIdempotencyStore, MemoryJobQueue, MemoryLimits,
+    };
+    use runtime::quota::QuotaGate;
+    use tokio::sync::Semaphore;
+
+    use super::*;
+    use crate::state::{ApiLimits, Backend};
+
+    fn state() -> AppState {
+        let backend = Backend {
+            store: Arc::new(MemoryEventStore::new(MemoryLimits::default())),
+            queue: Arc::new(MemoryJobQueue::new()),
+            idempotency: Arc::new(MemoryIdempotencyStore::new(Duration::from_secs(60))),
+            cancel: Arc::new(MemoryCancelBus::new()),
+            quotas: Arc::new(QuotaGate::unlimited()),
+            heal_missing: false,
+        };
+        AppState::new(backend, Default::default(), ApiLimits::default())
+    }
+
+    fn feed(state: &AppState) -> LogFeed {
+        let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        LogFeed::open(state, futures_util::stream::pending().boxed(), permit)
+    }
+
+    #[tokio::test]
+    async fn closing_the_gateways_streams_ends_a_waiting_feed_and_any_opened_later() {
+        let state = state();
+        let mut waiting = feed(&state);
+        let mut quiet = feed(&state);
+        // Waits on its own child token, kept across waits: a wait that timed out leaves it armed.
+        assert!(quiet.wait().now_or_never().is_none());
+        let waited = tokio::spawn(async move { waiting.wait().await });
+        tokio::task::yield_now().await;
+        state.close_streams();
+        let waited = tokio::time::timeout(Duration::from_secs(10), waited)
+            .await
+            .expect("the waiting feed ends once streams are closed")
+            .unwrap();
+        assert!(matches!(waited, Waited::Closed));
+        assert!(matches!(quiet.wait().await, Waited::Closed));
+        assert!(matches!(feed(&state).wait().await, Waited::Closed));
+    }
 }
