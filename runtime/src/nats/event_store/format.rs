@@ -62,23 +62,52 @@ pub(super) fn decode_message(
     {
         None => Some(vec![EventRecord::decode(payload)?]),
         Some(FORMAT_RUN) => {
-            let raws: Vec<&serde_json::value::RawValue> = serde_json::from_slice(&payload).ok()?;
-            let mut records = Vec::with_capacity(raws.len());
-            for raw in raws {
-                // Each record keeps exactly its element's bytes, shared with the payload.
-                let json = payload.slice_ref(raw.get().as_bytes());
-                let record = EventRecord::decode(json)?;
-                if let Some(previous) = records.last().map(EventRecord::sequence)
-                    && record.sequence() != previous.next()
-                {
-                    return None;
-                }
-                records.push(record);
-            }
-            (!records.is_empty()).then_some(records)
+            let records = decode_packed(&payload).or_else(|| decode_elements(&payload))?;
+            let contiguous = records
+                .windows(2)
+                .all(|pair| pair[1].sequence() == pair[0].sequence().next());
+            (contiguous && !records.is_empty()).then_some(records)
         }
         Some(_) => None,
     }
+}
+
+/// The events of a run body as [`encode_run`] writes it, `[e1,e2,…]` with nothing between the
+/// elements, each decoded where it is found: one pass over the body. `None` when the body has
+/// another shape (or an element is not an event), for [`decode_elements`] to read.
+fn decode_packed(payload: &Bytes) -> Option<Vec<EventRecord>> {
+    let body = payload.as_ref();
+    if body.first() != Some(&b'[') {
+        return None;
+    }
+    let mut records = Vec::new();
+    let mut start = 1;
+    loop {
+        let element = body
+            .get(start..)
+            .filter(|rest| rest.first() == Some(&b'{'))?;
+        let mut events = serde_json::Deserializer::from_slice(element).into_iter();
+        let event = events.next()?.ok()?;
+        let end = start + events.byte_offset();
+        // Each record keeps exactly its element's bytes, shared with the payload.
+        records.push(EventRecord {
+            event,
+            json: payload.slice(start..end),
+        });
+        match body.get(end) {
+            Some(b',') => start = end + 1,
+            Some(b']') if end + 1 == body.len() => return Some(records),
+            _ => return None,
+        }
+    }
+}
+
+/// The events of any JSON array of events: its elements found first, then each decoded.
+fn decode_elements(payload: &Bytes) -> Option<Vec<EventRecord>> {
+    let raws: Vec<&serde_json::value::RawValue> = serde_json::from_slice(payload).ok()?;
+    raws.into_iter()
+        .map(|raw| EventRecord::decode(payload.slice_ref(raw.get().as_bytes())))
+        .collect()
 }
 
 pub(super) fn undecodable() -> StoreError {
@@ -128,5 +157,88 @@ pub(super) fn msg_id(run: &[EventRecord], writer: WriterId) -> String {
         format!("{id}:{}:{writer}", first.sequence)
     } else {
         format!("{id}:{}-{}:{writer}", first.sequence, last.sequence)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use async_nats::HeaderMap;
+    use protocol::{EventBody, ExecutionId, RuntimeEvent, Sequence, Timestamp};
+
+    use super::*;
+
+    fn run(id: ExecutionId, first: u64, deltas: &[&str]) -> Vec<EventRecord> {
+        deltas
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                EventRecord::new(RuntimeEvent::new(
+                    id,
+                    Sequence(first + i as u64),
+                    Timestamp::now(),
+                    EventBody::OutputDelta {
+                        output_index: 0,
+                        delta: (*text).to_owned(),
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    fn run_headers() -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(FORMAT_HEADER, FORMAT_RUN);
+        headers
+    }
+
+    fn decoded(body: &str) -> Option<Vec<EventRecord>> {
+        decode_message(
+            Some(&run_headers()),
+            Bytes::copy_from_slice(body.as_bytes()),
+        )
+    }
+
+    #[test]
+    fn a_written_run_decodes_in_one_pass_to_its_events_and_their_exact_bytes() {
+        let written = run(ExecutionId::new_random(), 3, &["a", "b,]", "\"c\" [x]"]);
+        let body = encode_run(&written);
+        assert!(
+            decode_packed(&body).is_some(),
+            "the writer's shape is read in one pass"
+        );
+        let read = decode_message(Some(&run_headers()), body).unwrap();
+        assert_eq!(read.len(), 3);
+        for (read, written) in read.iter().zip(&written) {
+            assert_eq!(read.event, written.event);
+            assert_eq!(read.json, written.json);
+        }
+    }
+
+    #[test]
+    fn a_run_of_another_shape_decodes_like_the_writers() {
+        let written = run(ExecutionId::new_random(), 1, &["a", "b"]);
+        let [a, b] = [&written[0].json, &written[1].json].map(|j| std::str::from_utf8(j).unwrap());
+        let spaced = format!("[ {a} ,\n{b} ]");
+        assert!(decode_packed(&Bytes::from(spaced.clone())).is_none());
+        let read = decoded(&spaced).unwrap();
+        assert_eq!(read.len(), 2);
+        assert_eq!(read[1].event, written[1].event);
+        assert_eq!(read[1].json, written[1].json);
+    }
+
+    #[test]
+    fn a_broken_or_discontiguous_run_is_not_read() {
+        let id = ExecutionId::new_random();
+        let written = run(id, 1, &["a", "b"]);
+        let [a, b] = [&written[0].json, &written[1].json].map(|j| std::str::from_utf8(j).unwrap());
+        assert!(decoded(&format!("[{b},{a}]")).is_none(), "out of order");
+        assert!(decoded(&format!("[{a},{a}]")).is_none(), "repeated");
+        assert!(decoded(&format!("[{a},{b}")).is_none(), "cut short");
+        assert!(decoded(&format!("[{a},{b}]x")).is_none(), "trailing bytes");
+        assert!(
+            decoded(&format!("[{a},{{\"type\":1}}]")).is_none(),
+            "not an event"
+        );
+        assert!(decoded("[]").is_none(), "empty");
     }
 }
