@@ -12,14 +12,16 @@
 //!   `event_store::format`). Each republishes every stored message on `{ns}.stored.{id}`,
 //!   which live readers follow (never the write subject, which also carries appends the stream
 //!   refuses).
-//! - `{NS}_JOBS`: subject `{ns}.jobs`, WorkQueue retention, file storage; `Nats-Msg-Id` = the
-//!   execution id, so a republish within the duplicate window is absorbed. One durable pull
-//!   consumer `{ns}_workers` shared by every worker, explicit acks, `ack_wait` with progress
-//!   heartbeats while an execution runs.
+//! - the jobs streams, `{NS}_JOBS` and `{NS}_JOBS_{k}`, one per partition beside its events
+//!   stream (`shards`): subject `{ns}.jobs` (`{ns}.jobs.{k}`), one subject per tenant lane
+//!   under it, WorkQueue retention, file storage; `Nats-Msg-Id` = the execution id, so a
+//!   republish within the duplicate window is absorbed. One durable pull consumer per lane
+//!   (`{ns}_workers`, `{ns}_workers_t{j}`, …) shared by every worker, explicit acks, `ack_wait`
+//!   with progress heartbeats while an execution runs.
 //! - `{NS}_CANCEL`: a KV bucket holding durable cancel marks, plus core subjects
 //!   `{ns}.cancel.{id}` for prompt delivery.
 //!
-//! Streams, the consumer and the bucket are created or reconciled with the process's settings at
+//! Streams, the consumers and the bucket are created or reconciled with the process's settings at
 //! startup (see `reconcile`); several processes may start at once. On a cluster, workers keep
 //! each partition's leaders on a node of its own (`placement`).
 //! [`NatsServices::connect`] is the one way a process connects all three.
