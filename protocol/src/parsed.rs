@@ -6,7 +6,6 @@
 //! the parser whatever the format has, borrowed or transient.
 
 use std::fmt::Display;
-use std::marker::PhantomData;
 
 use serde::Deserializer;
 use serde::de::{self, Visitor};
@@ -21,17 +20,12 @@ where
     D: Deserializer<'de>,
     E: Display,
 {
-    deserializer.deserialize_str(Parsed {
-        expecting,
-        parse,
-        value: PhantomData,
-    })
+    deserializer.deserialize_str(Parsed { expecting, parse })
 }
 
 struct Parsed<T, E> {
     expecting: &'static str,
     parse: fn(&str) -> Result<T, E>,
-    value: PhantomData<fn() -> T>,
 }
 
 impl<T, E: Display> Visitor<'_> for Parsed<T, E> {
