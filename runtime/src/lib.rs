@@ -28,6 +28,8 @@
 //! - [`redis_idempotency`]: the Redis idempotency store (distributed mode).
 //! - [`quota`]: per-tenant quotas (active executions, submit rate): the `QuotaStore` trait, its
 //!   memory and Redis implementations, and `QuotaGate`, which the gateway calls per submit.
+//! - [`apart`]: CPU-heavy work on large inputs (parsing, fingerprinting, decoding a job) run
+//!   on the blocking pool, so the tasks sharing a runtime thread never wait on it.
 //! - [`tls`]: the rustls provider, certificate file checks and TLS failures, shared by the
 //!   NATS and Redis connections.
 //! - `intercept` (feature `test-support`): `Intercept` and `QueueIntercept`, one event store
@@ -43,6 +45,7 @@
 //! appends are compare-and-set on the expected sequence, so a stale or duplicate writer can never
 //! interleave, whatever process it runs in.
 
+pub mod apart;
 pub mod backoff;
 pub mod cancel;
 #[cfg(any(test, feature = "contract-tests"))]

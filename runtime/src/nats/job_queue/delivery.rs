@@ -73,20 +73,12 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Jobs at least this large are decoded on the blocking pool, not on the runtime's threads: a
-/// 1 MiB job of the costliest JSON shapes takes 3-12 ms to decode in a release build, time
-/// the executions running on that thread would otherwise wait.
-const DECODE_APART: usize = 64 * 1024;
-
-/// Decodes a job's payload; `None` when the decoding could not finish (the runtime is shutting
-/// down).
+/// Decodes a job's payload, on the blocking pool when it is large ([`crate::apart`]: a 1 MiB
+/// job of the costliest JSON shapes takes 3-12 ms to decode in a release build, time the
+/// executions running on that thread would otherwise wait); `None` when the decoding could not
+/// finish (the runtime is shutting down).
 async fn decode(payload: Bytes) -> Option<Result<Job, serde_json::Error>> {
-    if payload.len() < DECODE_APART {
-        return Some(serde_json::from_slice(&payload));
-    }
-    tokio::task::spawn_blocking(move || serde_json::from_slice(&payload))
-        .await
-        .ok()
+    crate::apart::apart(payload.len(), move || serde_json::from_slice(&payload)).await
 }
 
 /// The delivery a pulled message carries, received at `received_at`. An undecodable job is

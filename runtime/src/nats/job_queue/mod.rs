@@ -11,7 +11,7 @@
 //! request each (each also cost the server's "no messages" answer). Requests answer to one
 //! standing inbox per source, not to a fresh subscription each (see `pull`).
 //! The jobs a request brings are taken as they arrive and decoded side by side (large ones on
-//! the blocking pool, [`DECODE_APART`]), and each delivery keeps when it was received
+//! the blocking pool, [`crate::apart`]), and each delivery keeps when it was received
 //! (`DeliveryHandle::received_at`): its lease runs from about then, so the worker times its
 //! first heartbeat from then, not from when the job starts.
 //! Unacknowledged jobs are redelivered after `ack_wait` (worker loss), and running executions
