@@ -266,11 +266,16 @@ async fn submit_execution(
     let limit = state.inner.limits.max_body_bytes;
     let key = idempotency_key(&headers)?;
     let bytes = read_body(body, limit).await?;
-    let request = protocol::validate::parse_request(&bytes)
-        .map_err(|e| ApiError::InvalidRequest(e.message()))?;
-    // The request holds what it needs (caller-defined JSON as raw text): the body goes now,
-    // not after the submit, so a request costs about one body while it is admitted.
-    drop(bytes);
+    let request_bytes = bytes.len();
+    // Parsed on the blocking pool when large ([`runtime::apart`]). The request holds what it
+    // needs (caller-defined JSON as raw text): the body goes with the parse, not after the
+    // submit, so a request costs about one body while it is admitted.
+    let request = runtime::apart::apart(request_bytes, move || {
+        protocol::validate::parse_request(&bytes).map_err(|e| e.message())
+    })
+    .await
+    .ok_or(ApiError::Unavailable("Runtime is shutting down"))?
+    .map_err(ApiError::InvalidRequest)?;
     let traceparent = headers
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
@@ -315,9 +320,16 @@ async fn submit_execution(
     } else {
         (tracing::Span::none(), traceparent)
     };
-    let submitted = submit::submit(&state, &principal.tenant, request, key, traceparent)
-        .instrument(span.clone())
-        .await;
+    let submitted = submit::submit(
+        &state,
+        &principal.tenant,
+        request,
+        request_bytes,
+        key,
+        traceparent,
+    )
+    .instrument(span.clone())
+    .await;
     state.metrics().count_submission(&submitted);
     let submission = submitted?;
     span.record(

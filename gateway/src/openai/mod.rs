@@ -136,8 +136,11 @@ impl Create {
             state.inner.limits.max_body_bytes,
         )
         .await?;
-        let parsed = T::parse(&bytes)?;
-        drop(bytes);
+        // Parsed on the blocking pool when large, as native bodies are.
+        let body_bytes = bytes.len();
+        let parsed = runtime::apart::apart(body_bytes, move || T::parse(&bytes))
+            .await
+            .ok_or(ApiError::Unavailable("Runtime is shutting down"))??;
         let (model_name, intent, streaming) = parsed.plan();
         let manifests = state.inner.capabilities.manifests();
         let resolved = model::resolve(&manifests, model_name)?;
@@ -160,8 +163,15 @@ impl Create {
             .and_then(|v| v.to_str().ok())
             .filter(|v| valid_traceparent(v))
             .map(str::to_owned);
-        let submitted =
-            submit::submit(state, &self.principal.tenant, request, key, traceparent).await;
+        let submitted = submit::submit(
+            state,
+            &self.principal.tenant,
+            request,
+            body_bytes,
+            key,
+            traceparent,
+        )
+        .await;
         state.metrics().count_submission(&submitted);
         let submission = submitted?;
         Ok((parsed, Created { submission, permit }))

@@ -31,7 +31,7 @@ pub struct ChatRequest {
 }
 
 /// What the shared submission flow reads of either create body.
-pub trait CreateRequest: Sized {
+pub trait CreateRequest: Sized + Send + 'static {
     /// The body parsed ([`responses`], [`chat`]).
     fn parse(bytes: &[u8]) -> Result<Self, OpenAiError>;
     /// The model asked for, the intent and whether the answer streams.

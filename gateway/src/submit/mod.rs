@@ -83,6 +83,10 @@
 //! Every step's store request ends by [`settle::STEP_BOUND`] after the submission started
 //! ([`settle::within_bound`]), unanswered counting as outcome unknown: a JetStream publish alone
 //! may take twice the request timeout, so the backend's own timeouts do not bound a submit.
+//! The submission starts once its request is parsed and fingerprinted: the bound is the
+//! store's, and that CPU work, tenths of a second for a 1 MiB body in a debug build, would
+//! otherwise leave a large request's steps no time (every retry answered 503 on a busy
+//! machine, each one spending the bound on its own fingerprint again).
 //!
 //! Store errors stay typed here until the flow has decided what they mean: `AlreadyExists` while
 //! closing a missing log is the one expected outcome (the log was created meanwhile); every
@@ -119,16 +123,17 @@ use settle::{Settle, settle};
 
 pub use keys::idempotency_key_hash;
 
-/// Runs the flow for a parsed request.
+/// Runs the flow for a parsed request, `request_bytes` the size of the JSON it was parsed from
+/// (which decides whether its fingerprint is computed on the blocking pool, [`runtime::apart`]).
 pub async fn submit(
     state: &AppState,
     tenant: &Tenant,
     request: ExecutionRequest,
+    request_bytes: usize,
     idempotency_key: Option<&str>,
     traceparent: Option<String>,
 ) -> Result<ExecutionSubmission, ApiError> {
     let inner = &state.inner;
-    let started = Instant::now();
     let deadline_ms = request
         .deadline_ms
         .unwrap_or(inner.limits.default_deadline_ms);
@@ -140,14 +145,31 @@ pub async fn submit(
     if !inner.capabilities.can_serve(&request) {
         return Err(ApiError::CapabilityUnavailable);
     }
-    let mut request = request;
+    // A keyed request's fingerprint, computed once (a rebound key's execution has the same
+    // request) and, like the parse, before the submission's clock starts: the bounds that
+    // clock sets are for the store's answers, and a large request's fingerprint takes
+    // milliseconds of CPU (tenths of a second in a debug build).
+    let (mut request, fingerprint) = match idempotency_key {
+        Some(_) => {
+            let (request, fingerprint) = runtime::apart::apart(request_bytes, move || {
+                let fingerprint = request_fingerprint(&request);
+                (request, fingerprint)
+            })
+            .await
+            .ok_or(ApiError::Unavailable("Runtime is shutting down"))?;
+            (request, Some(fingerprint))
+        }
+        None => (request, None),
+    };
+    let keyed = idempotency_key.zip(fingerprint.as_deref());
+    let started = Instant::now();
     let mut rebinds = 0;
     loop {
         match submit_once(
             state,
             tenant,
             request,
-            idempotency_key,
+            keyed,
             traceparent.clone(),
             started,
             deadline_ms,
@@ -191,12 +213,12 @@ enum Submitted {
 }
 
 /// One pass of [`submit`]: a fresh execution id, its key bound, its log created and its job
-/// published.
+/// published. `keyed` is the idempotency key and the request's fingerprint.
 async fn submit_once(
     state: &AppState,
     tenant: &Tenant,
     request: ExecutionRequest,
-    idempotency_key: Option<&str>,
+    keyed: Option<(&str, &str)>,
     traceparent: Option<String>,
     started: Instant,
     deadline_ms: u64,
@@ -204,7 +226,7 @@ async fn submit_once(
     let id = ExecutionId::new_random();
     let created_at = runtime::writer::acceptance_time();
     let mut job = new_job(id, tenant, request, created_at, deadline_ms, traceparent);
-    let Some(key) = idempotency_key else {
+    let Some((key, fingerprint)) = keyed else {
         create_fresh(state, tenant, &job, started)
             .await
             .map_err(|f| f.error)?;
@@ -212,7 +234,7 @@ async fn submit_once(
     };
     let key_hash = idempotency_key_hash(tenant, key);
     let record = IdempotencyRecord {
-        fingerprint: request_fingerprint(&job.request),
+        fingerprint: fingerprint.to_owned(),
         execution_id: id,
         created_at,
     };
