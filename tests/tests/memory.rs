@@ -135,13 +135,12 @@ fn rss(pid: u32) -> u64 {
 }
 
 /// Submits `body` with an idempotency key; returns the execution id (202 expected). A 503
-/// (retryable: on 2 busy cores a debug build can take longer than the store's request timeout
-/// to parse and publish several 1 MiB bodies at once) is retried with the same key, as a
-/// client would; a retry can only replay the same execution. When the 503 came before its
+/// (retryable: on 2 busy cores the store can take longer than a submission's bound to take
+/// several 1 MiB jobs at once) is retried with the same key, as a client would; a retry can only replay the same execution. When the 503 came before its
 /// outcome was known, the key stays bound and that execution may have been closed unrun since
 /// (`gateway::submit`): the replay then shows it failed, and the request is submitted again
-/// under a new key.
-async fn submit_raw(base: &str, body: String, key: &str) -> String {
+/// under a new key. A failure shows the last lines the `processes` logged.
+async fn submit_raw(base: &str, body: String, key: &str, processes: &[&Process]) -> String {
     let deadline = Instant::now() + PROMPT;
     let mut key = key.to_owned();
     loop {
@@ -159,7 +158,11 @@ async fn submit_raw(base: &str, body: String, key: &str) -> String {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         }
-        assert!(status == 202 || status == 200, "{status}: {answer}");
+        assert!(
+            status == 202 || status == 200,
+            "{status}: {answer}\n{}",
+            tails(processes)
+        );
         let id = answer["execution_id"].as_str().unwrap().to_owned();
         if status == 200 && given_up_unrun(base, &id).await {
             key.push_str("-again");
@@ -167,6 +170,24 @@ async fn submit_raw(base: &str, body: String, key: &str) -> String {
         }
         return id;
     }
+}
+
+/// The last lines each of `processes` logged, for a failure's message.
+fn tails(processes: &[&Process]) -> String {
+    processes
+        .iter()
+        .map(|p| {
+            let log = p.log_text();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+            format!(
+                "--- {} (last {} lines)\n{tail}",
+                p.name,
+                lines.len().min(40)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Whether execution `id`, replayed after a 503, was closed without running (the unqueued
@@ -224,9 +245,9 @@ async fn wait_running(base: &str, ids: &[String], processes: &[&Process]) {
 
 /// Warms `base` up (connections, runtime, first execution), so the baseline is the idle
 /// process and not its lazy start-up.
-async fn warm_up(base: &str) {
+async fn warm_up(base: &str, processes: &[&Process]) {
     for i in 0..3 {
-        let id = submit_raw(base, request("fast", ""), &format!("warm-{i}")).await;
+        let id = submit_raw(base, request("fast", ""), &format!("warm-{i}"), processes).await;
         let done = wait_terminal(base, &id).await;
         assert_eq!(done["status"], "succeeded", "{done}");
     }
@@ -236,7 +257,11 @@ async fn warm_up(base: &str) {
 /// watched processes have grown past the bound of everything submitted so far (so a build
 /// that amplifies stops early instead of exhausting the machine). Returns the ids and the
 /// summed bound.
-async fn submit_worst(base: &str, watched: &[(&str, u32, u64)]) -> (Vec<String>, u64) {
+async fn submit_worst(
+    base: &str,
+    watched: &[(&str, u32, u64)],
+    processes: &[&Process],
+) -> (Vec<String>, u64) {
     let shapes = worst_shapes();
     let mut ids = Vec::new();
     let mut total = 0;
@@ -247,7 +272,7 @@ async fn submit_worst(base: &str, watched: &[(&str, u32, u64)]) -> (Vec<String>,
         total += bodies.iter().map(|b| bound(b.len())).sum::<u64>();
         let submitted = join_all(bodies.into_iter().enumerate().map(|(i, body)| {
             let key = format!("worst-{batch}-{i}");
-            async move { submit_raw(base, body, &key).await }
+            async move { submit_raw(base, body, &key, processes).await }
         }))
         .await;
         ids.extend(submitted);
@@ -306,9 +331,10 @@ async fn embedded_gateway_memory_per_request_is_bounded_whatever_the_json_shape(
     ];
     let (gateway, line) = spawn("gateway", &["--port", "0"], &env, "listening on ", &dir);
     let base = line.trim_start_matches("listening on ").trim().to_owned();
-    warm_up(&base).await;
+    warm_up(&base, &[&gateway]).await;
     let baseline = rss(gateway.pid());
-    let (ids, total) = submit_worst(&base, &[("gateway", gateway.pid(), baseline)]).await;
+    let (ids, total) =
+        submit_worst(&base, &[("gateway", gateway.pid(), baseline)], &[&gateway]).await;
     // Confirmed held: 25 running, the rest queued.
     let deadline = Instant::now() + PROMPT;
     loop {
@@ -348,7 +374,8 @@ async fn gateway_and_worker_memory_per_request_is_bounded_whatever_the_json_shap
         ("MODEL_RUNTIME_ACK_WAIT_MS", "30000"),
     ]);
     let base = gateway.url.clone();
-    warm_up(&base).await;
+    let processes = [&gateway.process, &worker];
+    warm_up(&base, &processes).await;
     let (gateway_base, worker_base) = (rss(gateway.process.pid()), rss(worker.pid()));
     let (ids, total) = submit_worst(
         &base,
@@ -356,9 +383,10 @@ async fn gateway_and_worker_memory_per_request_is_bounded_whatever_the_json_shap
             ("gateway", gateway.process.pid(), gateway_base),
             ("worker", worker.pid(), worker_base),
         ],
+        &processes,
     )
     .await;
-    wait_running(&base, &ids, &[&gateway.process, &worker]).await;
+    wait_running(&base, &ids, &processes).await;
     for (name, pid, baseline) in [
         ("gateway", gateway.process.pid(), gateway_base),
         ("worker", worker.pid(), worker_base),
