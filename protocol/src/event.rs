@@ -245,13 +245,65 @@ impl RuntimeEvent {
         self.body.is_terminal()
     }
 
-    /// Serializes to compact JSON. Serialization of these types cannot fail except for
-    /// non-finite floats, which validated events never contain; the fallback keeps the log
-    /// well-formed anyway.
+    /// Serializes to compact JSON ([`RuntimeEvent::to_json_vec`]).
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_else(|_| String::from("{}"))
+        String::from_utf8(self.to_json_vec()).unwrap_or_else(|_| String::from("{}"))
+    }
+
+    /// Serializes to compact JSON, the bytes [`Serialize`] writes. The body goes through its
+    /// derived serializer (the type tag, then its fields), except an `output.delta`'s, the
+    /// event written most, which is written directly, and the envelope is appended directly:
+    /// `#[serde(flatten)]` would run every field through serde's map adapter, and the id
+    /// through the string escaper, for every event a worker writes (a token delta took about
+    /// 300 ns that way, 100 ns this way).
+    /// Serialization of these types cannot fail except for non-finite floats, which validated
+    /// events never contain; the fallback keeps the log well-formed anyway.
+    pub fn to_json_vec(&self) -> Vec<u8> {
+        let text = match &self.body {
+            EventBody::OutputDelta { delta, .. }
+            | EventBody::ToolCallArgumentsDelta { delta, .. } => delta.len(),
+            _ => 96,
+        };
+        let mut out = Vec::with_capacity(ENVELOPE_BYTES + text);
+        if let EventBody::OutputDelta {
+            output_index,
+            delta,
+        } = &self.body
+        {
+            out.extend_from_slice(b"{\"type\":\"output.delta\",\"output_index\":");
+            out.extend_from_slice(itoa::Buffer::new().format(*output_index).as_bytes());
+            out.extend_from_slice(b",\"delta\":");
+            if serde_json::to_writer(&mut out, delta).is_err() {
+                return b"{}".to_vec();
+            }
+        } else if serde_json::to_writer(&mut out, &self.body).is_err() || out.pop() != Some(b'}') {
+            return b"{}".to_vec();
+        }
+        out.extend_from_slice(b",\"status\":\"");
+        out.extend_from_slice(self.status.as_str().as_bytes());
+        out.extend_from_slice(b"\",\"execution_id\":\"");
+        let mut id = uuid::Uuid::encode_buffer();
+        out.extend_from_slice(
+            self.execution_id
+                .as_uuid()
+                .hyphenated()
+                .encode_lower(&mut id)
+                .as_bytes(),
+        );
+        out.extend_from_slice(b"\",\"sequence\":");
+        out.extend_from_slice(itoa::Buffer::new().format(self.sequence.0).as_bytes());
+        out.extend_from_slice(b",\"time\":");
+        if serde_json::to_writer(&mut out, &self.time).is_err() {
+            return b"{}".to_vec();
+        }
+        out.push(b'}');
+        out
     }
 }
+
+/// About what an event's JSON takes besides its text: the type tag, the envelope (status,
+/// a 36-character id, a sequence, a 24-character time) and a few small fields.
+const ENVELOPE_BYTES: usize = 176;
 
 #[cfg(test)]
 mod tests {
@@ -340,11 +392,59 @@ mod tests {
             let back: RuntimeEvent = serde_json::from_str(&e.to_json())
                 .unwrap_or_else(|err| panic!("{err}: {}", e.to_json()));
             assert_eq!(back, e);
+            // The hand-appended envelope writes what the derived serializer writes.
+            assert_eq!(
+                e.to_json_vec(),
+                serde_json::to_vec(&e).unwrap_or_default(),
+                "{}",
+                e.to_json()
+            );
             assert_eq!(
                 serde_json::to_value(&e)
                     .ok()
                     .and_then(|v| v.get("type").cloned()),
                 Some(e.type_name().into())
+            );
+        }
+    }
+
+    #[test]
+    fn the_envelope_is_written_as_the_derived_serializer_writes_it() {
+        let id = ExecutionId::new_random();
+        let events = [
+            // Escapes, control characters and non-ASCII text in the body.
+            RuntimeEvent::new(
+                id,
+                Sequence(u64::MAX),
+                Timestamp::from_unix_millis(1_780_000_000_123),
+                EventBody::OutputDelta {
+                    output_index: u32::MAX,
+                    delta: "a\"b\\c\n\u{1}\u{7f}é😀</script>".into(),
+                },
+            ),
+            // A time past year 9999 (written by the formatter, not the fixed-width path).
+            RuntimeEvent::new(
+                id,
+                Sequence(1),
+                Timestamp::from_unix_millis(300_000_000_000_000),
+                EventBody::Accepted,
+            ),
+            // A time before 1970, and a progress with its optional field.
+            RuntimeEvent::new(
+                id,
+                Sequence(7),
+                Timestamp::from_unix_millis(-86_400_001),
+                EventBody::Progress {
+                    phase: ProgressPhase::Processing,
+                    progress: Some(0.25),
+                },
+            ),
+        ];
+        for e in events {
+            let derived = serde_json::to_vec(&e).unwrap_or_default();
+            assert_eq!(
+                String::from_utf8_lossy(&e.to_json_vec()),
+                String::from_utf8_lossy(&derived)
             );
         }
     }

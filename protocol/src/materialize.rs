@@ -70,7 +70,7 @@ pub fn check_event(event: &RuntimeEvent) -> Result<(), LogViolation> {
     {
         return Err(LogViolation::InvalidUsage);
     }
-    if event.is_terminal() && event.to_json().len() > MAX_TERMINAL_EVENT_BYTES {
+    if event.is_terminal() && event.to_json_vec().len() > MAX_TERMINAL_EVENT_BYTES {
         return Err(LogViolation::TerminalTooLarge);
     }
     Ok(())

@@ -20,7 +20,7 @@ pub struct EventRecord {
 impl EventRecord {
     /// Serializes `event`.
     pub fn new(event: RuntimeEvent) -> Self {
-        let json = Bytes::from(event.to_json());
+        let json = Bytes::from(event.to_json_vec());
         Self { event, json }
     }
 

@@ -457,6 +457,14 @@ mod tests {
     }
 
     proptest! {
+        /// `to_json_vec`, which writes the envelope (and a delta's body) by hand, writes the
+        /// bytes of the derived serializer, for any event.
+        #[test]
+        fn any_event_is_written_as_the_derived_serializer_writes_it(e in event()) {
+            let (written, derived) = (e.to_json_vec(), serde_json::to_vec(&e).unwrap_or_default());
+            prop_assert_eq!(String::from_utf8_lossy(&written), String::from_utf8_lossy(&derived));
+        }
+
         /// Whatever the order of an event's fields, both decoders read it back.
         #[test]
         fn any_event_in_any_field_order_decodes_as_written(
