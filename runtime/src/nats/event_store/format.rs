@@ -76,17 +76,17 @@ pub(super) fn decode_message(
 /// elements, each decoded where it is found: one pass over the body. `None` when the body has
 /// another shape (or an element is not an event), for [`decode_elements`] to read.
 fn decode_packed(payload: &Bytes) -> Option<Vec<EventRecord>> {
-    let body = payload.as_ref();
-    if body.first() != Some(&b'[') {
+    // Checked as UTF-8 once, then read as text (see `EventRecord::decode`).
+    let body = std::str::from_utf8(payload).ok()?;
+    if !body.starts_with('[') {
         return None;
     }
     let mut records = Vec::new();
     let mut start = 1;
     loop {
-        let element = body
-            .get(start..)
-            .filter(|rest| rest.first() == Some(&b'{'))?;
-        let mut events = serde_json::Deserializer::from_slice(element).into_iter();
+        // `start` follows a `[` or a `,`: always a character boundary.
+        let element = body.get(start..).filter(|rest| rest.starts_with('{'))?;
+        let mut events = serde_json::Deserializer::from_str(element).into_iter();
         let event = events.next()?.ok()?;
         let end = start + events.byte_offset();
         // Each record keeps exactly its element's bytes, shared with the payload.
@@ -94,7 +94,7 @@ fn decode_packed(payload: &Bytes) -> Option<Vec<EventRecord>> {
             event,
             json: payload.slice(start..end),
         });
-        match body.get(end) {
+        match body.as_bytes().get(end) {
             Some(b',') => start = end + 1,
             Some(b']') if end + 1 == body.len() => return Some(records),
             _ => return None,
@@ -240,5 +240,24 @@ mod tests {
             "not an event"
         );
         assert!(decoded("[]").is_none(), "empty");
+    }
+
+    #[test]
+    fn text_beyond_ascii_is_read_and_bytes_that_are_not_utf8_are_refused() {
+        let id = ExecutionId::new_random();
+        let written = run(id, 1, &["é", "😀 \u{1}"]);
+        let read = decode_message(Some(&run_headers()), encode_run(&written)).unwrap();
+        assert_eq!(read[1].event, written[1].event);
+        let single = decode_message(None, written[0].json.clone()).unwrap();
+        assert_eq!(single[0].event, written[0].event);
+        // The same messages with one byte of the text replaced by one that is never UTF-8.
+        let broken = |bytes: &Bytes| {
+            let mut bytes = bytes.to_vec();
+            let at = bytes.iter().position(|&b| b >= 0x80).unwrap();
+            bytes[at] = 0xff;
+            Bytes::from(bytes)
+        };
+        assert!(decode_message(Some(&run_headers()), broken(&encode_run(&written))).is_none());
+        assert!(decode_message(None, broken(&written[0].json)).is_none());
     }
 }
