@@ -30,6 +30,8 @@
 //!   memory and Redis implementations, and `QuotaGate`, which the gateway calls per submit.
 //! - [`apart`]: CPU-heavy work on large inputs (parsing, fingerprinting, decoding a job) run
 //!   on the blocking pool, so the tasks sharing a runtime thread never wait on it.
+//! - [`own_wakes`]: `OwnWakes`, a future polled only when its own waker fired, for the
+//!   cancellation waits a task polls beside a stream it wakes for often.
 //! - [`tls`]: the rustls provider, certificate file checks and TLS failures, shared by the
 //!   NATS and Redis connections.
 //! - `intercept` (feature `test-support`): `Intercept` and `QueueIntercept`, one event store
@@ -61,6 +63,7 @@ pub mod job;
 pub mod memory;
 pub mod nats;
 pub mod nats_url;
+pub mod own_wakes;
 pub mod pace;
 pub mod quota;
 pub mod redis_idempotency;
