@@ -202,9 +202,11 @@ async fn serve_connection(
     _permit: OwnedSemaphorePermit,
 ) {
     // The loop below polls every branch whenever the connection's task wakes, which is for
-    // every chunk of an event stream's body: it waits on this connection's own tokens, not on
-    // the gateway's, which every connection shares (a lock each would take on each wake-up).
-    let (drain, force) = (drain.child_token(), force.child_token());
+    // every chunk of an event stream's body. Its waits for the drain and the force close are
+    // polled only once cancelled (`OwnWakes`), and on this connection's own child tokens, not
+    // the gateway's, which every connection shares (a lock each would take).
+    let mut drained = runtime::own_wakes::cancelled(&drain.child_token());
+    let mut forced = runtime::own_wakes::cancelled(&force.child_token());
     let watch = Arc::new(Watch::new(limits));
     let io = TokioIo::new(WatchedIo {
         inner: tcp,
@@ -235,6 +237,8 @@ async fn serve_connection(
     tokio::pin!(connection);
     let mut draining = false;
     loop {
+        // Polled only once notified, as the cancellations above.
+        let changed = runtime::own_wakes::own_wakes(watch.changed.notified());
         let deadline = watch.deadline();
         let expired = async {
             match deadline {
@@ -255,12 +259,12 @@ async fn serve_connection(
                     return;
                 }
             }
-            () = watch.changed.notified() => {}
-            () = drain.cancelled(), if !draining => {
+            () = changed => {}
+            () = &mut drained, if !draining => {
                 draining = true;
                 connection.as_mut().graceful_shutdown();
             }
-            () = force.cancelled() => return,
+            () = &mut forced => return,
         }
     }
 }

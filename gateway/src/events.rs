@@ -17,7 +17,6 @@
 //! body built from a [`Projector`] are shared with the OpenAI streams (`crate::openai::stream`),
 //! which write other frames from the same log.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +26,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
 use protocol::{ExecutionId, Tenant};
+use runtime::own_wakes::OwnWakes;
 use runtime::{EventRecord, EventStream, StoreError};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::WaitForCancellationFutureOwned;
@@ -55,10 +55,11 @@ pub struct LogFeed {
     records: futures_util::stream::Fuse<EventStream>,
     keep_alive: Duration,
     /// Ready once the gateway closes its streams: one wait for the feed's life, on a child of
-    /// the gateway's token. [`LogFeed::wait`] polls it for every chunk of every stream, and the
-    /// gateway's own token, shared by all of them, would be a lock they all take each time.
+    /// the gateway's token (the gateway's own token, shared by all of them, would be a lock
+    /// they all take), polled by [`LogFeed::wait`] only once that child was cancelled
+    /// (`OwnWakes`), not for every chunk of the stream.
     #[debug(skip)]
-    closed: Pin<Box<WaitForCancellationFutureOwned>>,
+    closed: OwnWakes<WaitForCancellationFutureOwned>,
     pub state: AppState,
     _permit: OwnedSemaphorePermit,
     /// Set once the body must end: after an error, or (for a projection that says so) the
@@ -83,7 +84,7 @@ impl LogFeed {
         Self {
             records: records.fuse(),
             keep_alive: state.inner.limits.keep_alive,
-            closed: Box::pin(state.inner.close_streams.child_token().cancelled_owned()),
+            closed: runtime::own_wakes::cancelled(&state.inner.close_streams.child_token()),
             state: state.clone(),
             _permit: permit,
             done: false,
@@ -95,7 +96,7 @@ impl LogFeed {
     pub async fn wait(&mut self) -> Waited {
         tokio::select! {
             biased;
-            () = self.closed.as_mut() => Waited::Closed,
+            () = &mut self.closed => Waited::Closed,
             item = self.records.next() => Waited::Record(item),
             () = tokio::time::sleep(self.keep_alive) => Waited::Idle,
         }

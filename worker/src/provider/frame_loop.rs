@@ -65,9 +65,9 @@ pub async fn run(
     sink: &mut dyn ProviderSink,
     mapper: &mut dyn FrameMapper,
 ) -> Result<(), RuntimeError> {
-    // One wait for the whole call, not one registered and dropped per frame.
-    let cancelled = cancel.cancelled();
-    tokio::pin!(cancelled);
+    // One wait for the whole call, not one registered and dropped per frame, polled only once
+    // cancelled (`OwnWakes`), not for each frame.
+    let mut cancelled = runtime::own_wakes::cancelled(cancel);
     let response = tokio::select! {
         biased;
         () = &mut cancelled => return Err(RuntimeError::cancelled()),

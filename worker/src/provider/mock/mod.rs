@@ -44,9 +44,9 @@ impl Provider for MockProvider {
         // at a fixed rate: one emitted late (the process was busy) does not push the rest back;
         // they come at once until the stream is on time again.
         let mut due = tokio::time::Instant::now();
-        // One wait for the whole stream, not one registered and dropped per chunk.
-        let cancelled = call.cancel.cancelled();
-        tokio::pin!(cancelled);
+        // One wait for the whole stream, not one registered and dropped per chunk, polled only
+        // once cancelled (`OwnWakes`).
+        let mut cancelled = runtime::own_wakes::cancelled(&call.cancel);
         for chunk in &self.options.chunks {
             if !self.options.delay.is_zero() {
                 due += self.options.delay;
