@@ -29,6 +29,9 @@ pub struct OwnWakes<F> {
     own: Waker,
     /// The task's waker last registered in `signal`.
     task: Option<Waker>,
+    /// Whether the future returned `Ready`: polled again, it is polled whatever woke the task
+    /// (a finished wait stays ready, as it does unwrapped).
+    finished: bool,
 }
 
 impl<F> std::fmt::Debug for OwnWakes<F> {
@@ -68,6 +71,7 @@ pub fn own_wakes<F: Future>(future: F) -> OwnWakes<F> {
         own: Waker::from(Arc::clone(&signal)),
         signal,
         task: None,
+        finished: false,
     }
 }
 
@@ -75,6 +79,15 @@ pub fn own_wakes<F: Future>(future: F) -> OwnWakes<F> {
 /// first poll).
 pub fn cancelled(token: &CancellationToken) -> OwnWakes<WaitForCancellationFutureOwned> {
     own_wakes(token.clone().cancelled_owned())
+}
+
+impl OwnWakes<WaitForCancellationFutureOwned> {
+    /// Whether the token was cancelled, without waiting: what `CancellationToken::is_cancelled`
+    /// answers, without its lock unless the token's waiter was woken (a cancellation wakes it
+    /// before `cancel` returns). The wait is polled with the calling task's waker.
+    pub async fn is_cancelled(&mut self) -> bool {
+        std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *self).poll(cx).is_ready())).await
+    }
 }
 
 impl<F: Future> Future for OwnWakes<F> {
@@ -85,6 +98,9 @@ impl<F: Future> Future for OwnWakes<F> {
         // The task's waker is registered before the flag is read, so a wake-up after the read
         // reaches it. Each wake-up takes the registration (`AtomicWaker::wake`) and sets the
         // flag first: while the flag is clear, the registration made when it was cleared holds.
+        if this.finished {
+            return this.future.as_mut().poll(cx);
+        }
         let changed = !this.task.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
         if changed {
             this.signal.task.register(cx.waker());
@@ -99,9 +115,12 @@ impl<F: Future> Future for OwnWakes<F> {
         if !changed {
             this.signal.task.register(cx.waker());
         }
-        this.future
+        let polled = this
+            .future
             .as_mut()
-            .poll(&mut Context::from_waker(&this.own))
+            .poll(&mut Context::from_waker(&this.own));
+        this.finished = polled.is_ready();
+        polled
     }
 }
 
@@ -209,6 +228,26 @@ mod tests {
         assert_eq!((first.wakes(), second.wakes()), (1, 1));
     }
 
+    #[tokio::test]
+    async fn is_cancelled_answers_as_the_token_does() {
+        let token = CancellationToken::new();
+        let mut wait = cancelled(&token);
+        for _ in 0..3 {
+            assert!(!wait.is_cancelled().await);
+        }
+        token.cancel();
+        assert!(wait.is_cancelled().await);
+        assert!(wait.is_cancelled().await);
+        let parent = CancellationToken::new();
+        let mut child_wait = cancelled(&parent.child_token());
+        assert!(!child_wait.is_cancelled().await);
+        parent.cancel();
+        assert!(
+            child_wait.is_cancelled().await,
+            "a parent's cancellation too"
+        );
+    }
+
     #[test]
     fn a_cancellation_is_seen_whenever_it_comes() {
         let token = CancellationToken::new();
@@ -219,6 +258,8 @@ mod tests {
         }
         token.cancel();
         assert_eq!(task.wakes(), 1);
+        assert!(poll(&mut wait, &task).is_ready());
+        // Polled again once ready, it stays ready.
         assert!(poll(&mut wait, &task).is_ready());
         // Cancelled before the first poll: ready at once.
         assert!(poll(&mut cancelled(&token), &task).is_ready());

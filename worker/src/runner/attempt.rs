@@ -8,9 +8,10 @@ use async_trait::async_trait;
 use protocol::event::EventBody;
 use protocol::request::RoutingPreferences;
 use protocol::{ErrorCode, RuntimeError, Target};
+use runtime::own_wakes::OwnWakes;
 use runtime::{EventWriter, Job, WriteError};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tracing::Instrument;
 
 use crate::instrument::AttemptMeter;
@@ -59,7 +60,7 @@ impl Runner {
                 .await?;
             let mut sink = AttemptSink {
                 writer: &mut *writer,
-                cancel: cancel.clone(),
+                cancelled: runtime::own_wakes::cancelled(&cancel),
                 write_error: None,
                 refused: None,
                 meter: None,
@@ -143,7 +144,8 @@ impl Runner {
 /// Turns adapter events into runtime events through the writer.
 struct AttemptSink<'a> {
     writer: &'a mut EventWriter,
-    cancel: CancellationToken,
+    /// The attempt's cancellation, read for every event without the token's lock.
+    cancelled: OwnWakes<WaitForCancellationFutureOwned>,
     write_error: Option<WriteError>,
     /// The first event this sink refused (cancelled, invalid usage).
     refused: Option<RuntimeError>,
@@ -161,7 +163,7 @@ impl AttemptSink<'_> {
 #[async_trait]
 impl ProviderSink for AttemptSink<'_> {
     async fn emit(&mut self, event: ProviderEvent) -> Result<(), RuntimeError> {
-        if self.cancel.is_cancelled() {
+        if self.cancelled.is_cancelled().await {
             return self.refuse(RuntimeError::cancelled());
         }
         if self.write_error.is_some() {

@@ -380,18 +380,20 @@ impl Runner {
             let route = self.route(&mut writer, job, attempt_cancel.clone());
             tokio::pin!(route);
             let mut cancelled = runtime::own_wakes::cancelled(&cancel);
+            let mut write_failed = runtime::own_wakes::own_wakes(write_failure.failed());
             // Interrupts are polled first: once one has fired, the attempt must not make more
             // progress (such as taking a freed gate slot and calling the provider) before it is
             // told to stop. `abort_all` reaches a running execution through `cancel`
             // ([`holder::Holders::cancel_all`]): every branch here is polled on every wake-up,
             // and a token shared by the process would be a lock all its executions contend for.
-            // The execution's own token is polled only once cancelled (`OwnWakes`), not for
-            // each delta the route's provider sends.
+            // The execution's own token, and the writer's failure (a wait woken by each of its
+            // appends), are polled only once woken (`OwnWakes`), not for each delta the
+            // route's provider sends.
             let ending = tokio::select! {
                 biased;
                 () = &mut cancelled => Ending::Interrupted(RuntimeError::cancelled()),
                 () = tokio::time::sleep_until(deadline) => Ending::Interrupted(RuntimeError::deadline_exceeded()),
-                e = write_failure.failed() => Ending::WriteFailed(e),
+                e = &mut write_failed => Ending::WriteFailed(e),
                 result = &mut route => Ending::Routed(result),
             };
             if matches!(ending, Ending::Interrupted(_) | Ending::WriteFailed(_)) {
