@@ -101,20 +101,18 @@ impl<F: Future> Future for OwnWakes<F> {
         if this.finished {
             return this.future.as_mut().poll(cx);
         }
-        let changed = !this.task.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
-        if changed {
+        if !this.task.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             this.signal.task.register(cx.waker());
             this.task = Some(cx.waker().clone());
         }
         if !this.signal.woken.load(Ordering::Acquire) {
             return Poll::Pending;
         }
-        // Cleared, then registered anew (the wake-up took the registration), then polled: a
-        // wake-up in between sets the flag again, and the poll below sees what caused it.
+        // Cleared, then registered anew (the wake-up took the registration, even one made
+        // just above), then polled: a wake-up in between sets the flag again, and the poll
+        // below sees what caused it.
         this.signal.woken.store(false, Ordering::Release);
-        if !changed {
-            this.signal.task.register(cx.waker());
-        }
+        this.signal.task.register(cx.waker());
         let polled = this
             .future
             .as_mut()
