@@ -265,3 +265,39 @@ async fn model_names_a_provider_and_fallback_stays_within_the_model() {
     );
     assert_eq!(body["error"]["code"], "provider_unavailable");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_create_is_answered_like_a_small_one_and_its_key_replays() {
+    // Above `runtime::apart::APART_BYTES`: parsed, translated and fingerprinted on the
+    // blocking pool.
+    let big = "word ".repeat(40_000);
+    assert!(big.len() > runtime::apart::APART_BYTES);
+    let gw = gateway().await;
+    let acme = tenant_key("acme");
+    let chat = json!({"model": "model-alpha", "messages": [{"role": "user", "content": big}]});
+    let r = post(&gw, "/v1/chat/completions", Some(&acme), &chat).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let completion: Value = r.json().await.unwrap();
+    assert_eq!(
+        completion["choices"][0]["message"]["content"], "hello from mock",
+        "{completion}"
+    );
+    let keyed = |body: &Value| {
+        gw.client
+            .post(gw.url("/v1/responses"))
+            .bearer_auth(&acme)
+            .header("idempotency-key", "large-create")
+            .json(body)
+    };
+    let body = json!({"model": "model-alpha", "input": big});
+    let first: Value = keyed(&body).send().await.unwrap().json().await.unwrap();
+    assert_eq!(first["status"], "completed", "{first}");
+    let again: Value = keyed(&body).send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        again["id"], first["id"],
+        "the same key replays the same execution"
+    );
+    let other = json!({"model": "model-alpha", "input": format!("{big}!")});
+    let conflict = keyed(&other).send().await.unwrap();
+    assert_eq!(conflict.status(), StatusCode::UNPROCESSABLE_ENTITY);
+}

@@ -141,12 +141,19 @@ impl Create {
         let parsed = runtime::apart::apart(body_bytes, move || T::parse(&bytes))
             .await
             .ok_or(ApiError::Unavailable("Runtime is shutting down"))??;
-        let (model_name, intent, streaming) = parsed.plan();
+        let (model_name, _, streaming) = parsed.plan();
         let manifests = state.inner.capabilities.manifests();
         let resolved = model::resolve(&manifests, model_name)?;
         let dialect = state.dialect(&resolved.provider);
-        let mut request: ExecutionRequest =
-            translate::execution_request(intent, &resolved, dialect)?;
+        // The native request (a JSON tree of the input, then its parse) is built on the
+        // blocking pool too when the body was large.
+        let (parsed, resolved, request) = runtime::apart::apart(body_bytes, move || {
+            let request = translate::execution_request(parsed.plan().1, &resolved, dialect);
+            (parsed, resolved, request)
+        })
+        .await
+        .ok_or(ApiError::Unavailable("Runtime is shutting down"))?;
+        let mut request: ExecutionRequest = request?;
         let targets = state.inner.capabilities.targets(&request);
         translate::pin_to_model(&mut request, &resolved, targets)?;
         // Reserved before anything is created, as for native streams.
