@@ -17,9 +17,10 @@
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, Layer};
+use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 /// Log line format on stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +77,7 @@ pub fn otlp_configured() -> bool {
 /// Installs the global subscriber for a binary named `service` (the default service name when
 /// `OTEL_SERVICE_NAME` is unset). A second call in one process is a no-op for logs.
 pub fn init(service: &'static str, format: LogFormat) -> TracingGuard {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = log_filter(std::env::var(EnvFilter::DEFAULT_ENV).ok().as_deref()).layer();
     let fmt = match format {
         LogFormat::Json => json_layer(std::io::stderr).boxed(),
         LogFormat::Text => tracing_subscriber::fmt::layer()
@@ -112,6 +113,62 @@ pub fn init(service: &'static str, format: LogFormat) -> TracingGuard {
         EXPORTING.store(true, std::sync::atomic::Ordering::Relaxed);
     }
     TracingGuard { provider }
+}
+
+/// The log filter `spec` (`RUST_LOG`) asks for, `info` when unset or invalid.
+///
+/// Directives that name spans or fields (`target[span{field=value}]=level`) need `EnvFilter`,
+/// which tracks the spans they match and looks every entered and exited span up under one
+/// lock the whole process shares: each poll of an instrumented future (an execution's, a
+/// request's) takes it twice. The usual directives (`info`, `worker=debug,info`) are static,
+/// and a static filter (`Targets`, the type `EnvFilter` keeps such directives in, with the same
+/// matching) costs nothing when a span is entered.
+fn log_filter(spec: Option<&str>) -> LogFilter {
+    let info = || LogFilter::Static(Box::new(Targets::new().with_default(tracing::Level::INFO)));
+    let Some(spec) = spec else {
+        return info();
+    };
+    let Ok(env) = EnvFilter::try_new(spec) else {
+        return info();
+    };
+    match static_targets(spec) {
+        Some(targets) => LogFilter::Static(Box::new(targets)),
+        None => LogFilter::Spans(Box::new(env)),
+    }
+}
+
+/// The filter [`log_filter`] chose.
+enum LogFilter {
+    /// Directives by target and level alone.
+    Static(Box<Targets>),
+    /// Directives that name spans or fields.
+    Spans(Box<EnvFilter>),
+}
+
+impl LogFilter {
+    fn layer(self) -> Box<dyn Layer<Registry> + Send + Sync> {
+        match self {
+            Self::Static(targets) => targets,
+            Self::Spans(env) => env,
+        }
+    }
+}
+
+/// `spec` as static directives, unless it names spans or fields (or is empty, which
+/// `EnvFilter` reads its own way).
+fn static_targets(spec: &str) -> Option<Targets> {
+    if spec.contains('[') {
+        return None;
+    }
+    let parts: Vec<&str> = spec
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    if parts.is_empty() {
+        return None;
+    }
+    parts.join(",").parse().ok()
 }
 
 /// JSON lines to `writer`, each with its innermost span (`span`) and every span it was logged
@@ -172,6 +229,68 @@ mod tests {
 
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
+        }
+    }
+
+    /// Whether an event of `target` at `level` passes `filter`.
+    fn passes(filter: Box<dyn Layer<Registry> + Send + Sync>, target: &str, level: &str) -> bool {
+        let subscriber = tracing_subscriber::registry().with(filter);
+        tracing::subscriber::with_default(subscriber, || match (target, level) {
+            ("worker::runner", "debug") => {
+                tracing::enabled!(target: "worker::runner", tracing::Level::DEBUG)
+            }
+            ("worker::runner", "info") => {
+                tracing::enabled!(target: "worker::runner", tracing::Level::INFO)
+            }
+            ("gateway::api", "debug") => {
+                tracing::enabled!(target: "gateway::api", tracing::Level::DEBUG)
+            }
+            ("gateway::api", "info") => {
+                tracing::enabled!(target: "gateway::api", tracing::Level::INFO)
+            }
+            ("gateway::api", "warn") => {
+                tracing::enabled!(target: "gateway::api", tracing::Level::WARN)
+            }
+            _ => unreachable!(),
+        })
+    }
+
+    #[test]
+    fn static_directives_filter_as_env_filter_does_and_span_directives_keep_it() {
+        for spec in [
+            "info",
+            "worker=debug,info",
+            "warn,worker::runner=debug",
+            "info,",
+            "off",
+            "gateway",
+        ] {
+            let filter = log_filter(Some(spec));
+            assert!(matches!(filter, LogFilter::Static(_)), "{spec}");
+            for (target, level) in [
+                ("worker::runner", "debug"),
+                ("worker::runner", "info"),
+                ("gateway::api", "debug"),
+                ("gateway::api", "info"),
+                ("gateway::api", "warn"),
+            ] {
+                let env = Box::new(EnvFilter::try_new(spec).expect(spec));
+                assert_eq!(
+                    passes(log_filter(Some(spec)).layer(), target, level),
+                    passes(env, target, level),
+                    "{spec}: {target} at {level}"
+                );
+            }
+        }
+        // Spans or fields named, or nothing: `EnvFilter` itself.
+        for spec in ["worker[execution]=debug", "[{execution_id}]=trace,info", ""] {
+            let filter = log_filter(Some(spec));
+            assert!(matches!(filter, LogFilter::Spans(_)), "{spec}");
+        }
+        // Unset or invalid: `info`.
+        for spec in [None, Some("worker=loud")] {
+            assert!(passes(log_filter(spec).layer(), "gateway::api", "info"));
+            assert!(!passes(log_filter(spec).layer(), "gateway::api", "debug"));
         }
     }
 
