@@ -250,6 +250,18 @@ pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiEr
     }
 }
 
+/// [`runtime::apart::apart`] for a request's CPU work (parsing, fingerprinting, translating a
+/// large body); a runtime shutting down is the 503 of a stopping gateway.
+pub(crate) async fn apart<T, F>(size: usize, work: F) -> Result<T, ApiError>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    runtime::apart::apart(size, work)
+        .await
+        .ok_or(ApiError::Unavailable("Runtime is shutting down"))
+}
+
 async fn submit_execution(
     State(state): State<AppState>,
     principal: Principal,
@@ -270,11 +282,10 @@ async fn submit_execution(
     // Parsed on the blocking pool when large ([`runtime::apart`]). The request holds what it
     // needs (caller-defined JSON as raw text): the body goes with the parse, not after the
     // submit, so a request costs about one body while it is admitted.
-    let request = runtime::apart::apart(request_bytes, move || {
+    let request = apart(request_bytes, move || {
         protocol::validate::parse_request(&bytes).map_err(|e| e.message())
     })
-    .await
-    .ok_or(ApiError::Unavailable("Runtime is shutting down"))?
+    .await?
     .map_err(ApiError::InvalidRequest)?;
     let traceparent = headers
         .get("traceparent")

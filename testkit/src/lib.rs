@@ -236,7 +236,7 @@ fn server_log(path: &Path) -> Stdio {
 }
 
 /// The last 20 lines of the log at `path`.
-fn log_tail(path: &Path) -> String {
+pub(crate) fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")

@@ -176,16 +176,7 @@ async fn submit_raw(base: &str, body: String, key: &str, processes: &[&Process])
 fn tails(processes: &[&Process]) -> String {
     processes
         .iter()
-        .map(|p| {
-            let log = p.log_text();
-            let lines: Vec<&str> = log.lines().collect();
-            let tail = lines[lines.len().saturating_sub(40)..].join("\n");
-            format!(
-                "--- {} (last {} lines)\n{tail}",
-                p.name,
-                lines.len().min(40)
-            )
-        })
+        .map(|p| format!("--- {} (last lines)\n{}", p.name, p.log_tail()))
         .collect::<Vec<_>>()
         .join("\n")
 }

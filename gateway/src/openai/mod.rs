@@ -44,7 +44,9 @@ use self::model::Dialect;
 use self::projection::Projection;
 use self::request::{ChatRequest, CreateRequest, ResponsesRequest};
 use self::stream::Grammar;
-use crate::api::{idempotency_key, json_headers, read_body, stream_permit, valid_traceparent};
+use crate::api::{
+    apart, idempotency_key, json_headers, read_body, stream_permit, valid_traceparent,
+};
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::response::json_response;
@@ -138,21 +140,18 @@ impl Create {
         .await?;
         // Parsed on the blocking pool when large, as native bodies are.
         let body_bytes = bytes.len();
-        let parsed = runtime::apart::apart(body_bytes, move || T::parse(&bytes))
-            .await
-            .ok_or(ApiError::Unavailable("Runtime is shutting down"))??;
+        let parsed = apart(body_bytes, move || T::parse(&bytes)).await??;
         let (model_name, _, streaming) = parsed.plan();
         let manifests = state.inner.capabilities.manifests();
         let resolved = model::resolve(&manifests, model_name)?;
         let dialect = state.dialect(&resolved.provider);
         // The native request (a JSON tree of the input, then its parse) is built on the
         // blocking pool too when the body was large.
-        let (parsed, resolved, request) = runtime::apart::apart(body_bytes, move || {
+        let (parsed, resolved, request) = apart(body_bytes, move || {
             let request = translate::execution_request(parsed.plan().1, &resolved, dialect);
             (parsed, resolved, request)
         })
-        .await
-        .ok_or(ApiError::Unavailable("Runtime is shutting down"))?;
+        .await?;
         let mut request: ExecutionRequest = request?;
         let targets = state.inner.capabilities.targets(&request);
         translate::pin_to_model(&mut request, &resolved, targets)?;

@@ -151,12 +151,11 @@ pub async fn submit(
     // milliseconds of CPU (tenths of a second in a debug build).
     let (mut request, fingerprint) = match idempotency_key {
         Some(_) => {
-            let (request, fingerprint) = runtime::apart::apart(request_bytes, move || {
+            let (request, fingerprint) = crate::api::apart(request_bytes, move || {
                 let fingerprint = request_fingerprint(&request);
                 (request, fingerprint)
             })
-            .await
-            .ok_or(ApiError::Unavailable("Runtime is shutting down"))?;
+            .await?;
             (request, Some(fingerprint))
         }
         None => (request, None),

@@ -82,6 +82,11 @@ impl Process {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// The last lines of the process's log, for a failure's message.
+    pub fn log_tail(&self) -> String {
+        crate::log_tail(&self.log)
+    }
 }
 
 /// Spawns `binary` with `args`/`env` and waits for a stdout line starting with `ready_prefix`;
