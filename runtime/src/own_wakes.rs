@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
-use futures_util::task::AtomicWaker;
+use parking_lot::Mutex;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// `future`, polled only when it asked to be (see the module docs).
@@ -45,7 +45,28 @@ impl<F> std::fmt::Debug for OwnWakes<F> {
 /// Set when the wrapped future's waker fired; forwards the wake-up to the task.
 struct Signal {
     woken: AtomicBool,
-    task: AtomicWaker,
+    /// The task's waker registered last. A wake-up wakes it and leaves it registered: a
+    /// registration a wake-up took would leave the next one nobody to wake, when that wake-up
+    /// set the flag before a poll cleared it and took the registration the poll made after.
+    task: Mutex<Option<Waker>>,
+}
+
+impl Signal {
+    /// Registers `waker` as the task's.
+    fn register(&self, waker: &Waker) {
+        let mut task = self.task.lock();
+        if !task.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            *task = Some(waker.clone());
+        }
+    }
+
+    /// Wakes the task registered last.
+    fn wake_task(&self) {
+        let task = self.task.lock().clone();
+        if let Some(task) = task {
+            task.wake();
+        }
+    }
 }
 
 impl Wake for Signal {
@@ -55,7 +76,7 @@ impl Wake for Signal {
 
     fn wake_by_ref(self: &Arc<Self>) {
         self.woken.store(true, Ordering::Release);
-        self.task.wake();
+        self.wake_task();
     }
 }
 
@@ -64,7 +85,7 @@ pub fn own_wakes<F: Future>(future: F) -> OwnWakes<F> {
     let signal = Arc::new(Signal {
         // The first poll polls the future.
         woken: AtomicBool::new(true),
-        task: AtomicWaker::new(),
+        task: Mutex::new(None),
     });
     OwnWakes {
         future: Box::pin(future),
@@ -95,24 +116,22 @@ impl<F: Future> Future for OwnWakes<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
-        // The task's waker is registered before the flag is read, so a wake-up after the read
-        // reaches it. Each wake-up takes the registration (`AtomicWaker::wake`) and sets the
-        // flag first: while the flag is clear, the registration made when it was cleared holds.
+        // The task's waker is registered before the flag is read (the registration's lock
+        // orders the two against a wake-up's flag and read of the registration), so a wake-up
+        // after the read reaches it; a wake-up leaves it registered.
         if this.finished {
             return this.future.as_mut().poll(cx);
         }
         if !this.task.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            this.signal.task.register(cx.waker());
+            this.signal.register(cx.waker());
             this.task = Some(cx.waker().clone());
         }
         if !this.signal.woken.load(Ordering::Acquire) {
             return Poll::Pending;
         }
-        // Cleared, then registered anew (the wake-up took the registration, even one made
-        // just above), then polled: a wake-up in between sets the flag again, and the poll
-        // below sees what caused it.
+        // Cleared, then polled: a wake-up in between sets the flag again, and the poll below
+        // sees what caused it.
         this.signal.woken.store(false, Ordering::Release);
-        this.signal.task.register(cx.waker());
         let polled = this
             .future
             .as_mut()
@@ -125,6 +144,8 @@ impl<F: Future> Future for OwnWakes<F> {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::AtomicUsize;
+
+    use futures_util::task::AtomicWaker;
 
     use super::*;
 
@@ -224,6 +245,27 @@ mod tests {
         assert_eq!(polls.load(Ordering::SeqCst), 2);
         waker.wake();
         assert_eq!((first.wakes(), second.wakes()), (1, 1));
+    }
+
+    #[test]
+    fn a_wake_up_split_around_a_poll_leaves_the_next_one_a_task_to_wake() {
+        let (mut wrapped, polls, _ready, waker) = counted();
+        let task = Arc::new(Task::default());
+        assert!(poll(&mut wrapped, &task).is_pending());
+        // A wake-up on another thread sets the flag; before it wakes the task, the task is
+        // polled for another reason and clears the flag (the poll registers the task again).
+        wrapped.signal.woken.store(true, Ordering::Release);
+        assert!(poll(&mut wrapped, &task).is_pending());
+        assert_eq!(polls.load(Ordering::SeqCst), 2);
+        // The wake-up's second half: it wakes the task, which finds nothing new.
+        wrapped.signal.wake_task();
+        assert_eq!(task.wakes(), 1);
+        assert!(poll(&mut wrapped, &task).is_pending());
+        // The next wake-up still reaches the task.
+        waker.wake();
+        assert_eq!(task.wakes(), 2, "the second wake-up found no task to wake");
+        assert!(poll(&mut wrapped, &task).is_pending());
+        assert_eq!(polls.load(Ordering::SeqCst), 3);
     }
 
     #[tokio::test]
