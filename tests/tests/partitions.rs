@@ -181,12 +181,30 @@ struct Answer {
     id: Option<String>,
 }
 
+/// A status read of the closed loop that got no answer.
+#[derive(Debug, Clone)]
+struct ReadFailure {
+    at: Instant,
+    took: Duration,
+    why: String,
+}
+
 /// The closed loop: each client submits with a fresh key, retrying a 503 with the same key,
-/// until `stop`.
-async fn clients(base: String, stop: Arc<AtomicBool>, answers: Arc<Mutex<Vec<Answer>>>) {
+/// until `stop`; after each acceptance it reads the execution's status until it has ended.
+async fn clients(
+    base: String,
+    stop: Arc<AtomicBool>,
+    answers: Arc<Mutex<Vec<Answer>>>,
+    reads_failed: Arc<Mutex<Vec<ReadFailure>>>,
+) {
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
-        let (base, stop, answers) = (base.clone(), Arc::clone(&stop), Arc::clone(&answers));
+        let (base, stop, answers, reads_failed) = (
+            base.clone(),
+            Arc::clone(&stop),
+            Arc::clone(&answers),
+            Arc::clone(&reads_failed),
+        );
         tasks.push(tokio::spawn(async move {
             let mut n = 0;
             while !stop.load(Ordering::SeqCst) {
@@ -227,8 +245,24 @@ async fn clients(base: String, stop: Arc<AtomicBool>, answers: Arc<Mutex<Vec<Ans
                     if let (Some(id), 200 | 202) = (id, status) {
                         let until = Instant::now() + Duration::from_secs(60);
                         while Instant::now() < until {
-                            let (_, snapshot) =
-                                get_json(&format!("{base}/v1/executions/{id}")).await;
+                            let url = format!("{base}/v1/executions/{id}");
+                            let asked = Instant::now();
+                            let snapshot = match client()
+                                .get(&url)
+                                .timeout(Duration::from_secs(10))
+                                .send()
+                                .await
+                            {
+                                Ok(resp) => resp.json::<Value>().await.unwrap_or(Value::Null),
+                                Err(e) => {
+                                    reads_failed.lock().await.push(ReadFailure {
+                                        at: asked,
+                                        took: asked.elapsed(),
+                                        why: error_chain(&e),
+                                    });
+                                    Value::Null
+                                }
+                            };
                             if matches!(
                                 snapshot["status"].as_str(),
                                 Some("succeeded" | "failed" | "cancelled")
@@ -423,11 +457,13 @@ async fn partitions_keep_every_execution_live_and_every_submit_prompt() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let answers = Arc::new(Mutex::new(Vec::new()));
+    let reads_failed = Arc::new(Mutex::new(Vec::new()));
     let mut phases: Vec<(Instant, &str)> = vec![(Instant::now(), "the load")];
     let load = tokio::spawn(clients(
         base.clone(),
         Arc::clone(&stop),
         Arc::clone(&answers),
+        Arc::clone(&reads_failed),
     ));
     tokio::time::sleep(Duration::from_secs(3)).await;
 
@@ -506,6 +542,16 @@ async fn partitions_keep_every_execution_live_and_every_submit_prompt() {
             "partitions: the slowest submit took {:?} {}: {slowest:?}",
             slowest.took,
             phase_of(&phases, slowest.at)
+        );
+    }
+    // Every status read was answered (a 503 is an answer).
+    for f in reads_failed.lock().await.iter() {
+        panic!(
+            "a status read got no answer after {:?}, {}: {}\n{}",
+            f.took,
+            phase_of(&phases, f.at),
+            f.why,
+            logs()
         );
     }
     // Every submit answered within the bound, with 202, 200 or 503.

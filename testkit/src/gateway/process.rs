@@ -352,6 +352,19 @@ pub async fn submit_until_accepted(base: &str, key: Option<&str>) -> Value {
     wait_terminal(base, &id).await
 }
 
+/// `error` and each of its sources, `: `-separated (reqwest's own message names no cause: a
+/// refused connection, a reset and a timeout all read "error sending request").
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
+}
+
 /// GETs JSON.
 pub async fn get_json(url: &str) -> (u16, Value) {
     get_json_with(url, None).await
@@ -369,10 +382,14 @@ async fn get_json_with(url: &str, key: Option<&str>) -> (u16, Value) {
     if let Some(key) = key {
         request = request.bearer_auth(key);
     }
-    let resp = request
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let started = Instant::now();
+    let resp = request.send().await.unwrap_or_else(|e| {
+        panic!(
+            "GET {url}, after {:?}: {}",
+            started.elapsed(),
+            error_chain(&e)
+        )
+    });
     let status = resp.status().as_u16();
     (status, resp.json().await.unwrap_or(Value::Null))
 }
