@@ -253,7 +253,7 @@ mod tests {
         let task = Arc::new(Task::default());
         assert!(poll(&mut wrapped, &task).is_pending());
         // A wake-up on another thread sets the flag; before it wakes the task, the task is
-        // polled for another reason and clears the flag (the poll registers the task again).
+        // polled for another reason, clears the flag and polls the future.
         wrapped.signal.woken.store(true, Ordering::Release);
         assert!(poll(&mut wrapped, &task).is_pending());
         assert_eq!(polls.load(Ordering::SeqCst), 2);
