@@ -26,9 +26,11 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
 use protocol::{ExecutionId, Tenant};
+use runtime::lazy_timer::LazyTimer;
 use runtime::own_wakes::OwnWakes;
 use runtime::{EventRecord, EventStream, StoreError};
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use crate::state::AppState;
@@ -54,6 +56,11 @@ pub struct LogFeed {
     #[debug(skip)]
     records: futures_util::stream::Fuse<EventStream>,
     keep_alive: Duration,
+    /// When the next keep-alive is due: one timer for the feed's life, its deadline moved by
+    /// each wait (a `sleep` made per wait took the runtime's timer lock twice per chunk of
+    /// every stream: `runtime::lazy_timer`).
+    #[debug(skip)]
+    idle: LazyTimer,
     /// Ready once the gateway closes its streams: one wait for the feed's life, on a child of
     /// the gateway's token (the gateway's own token, shared by all of them, would be a lock
     /// they all take), polled by [`LogFeed::wait`] only once that child was cancelled
@@ -84,6 +91,7 @@ impl LogFeed {
         Self {
             records: records.fuse(),
             keep_alive: state.inner.limits.keep_alive,
+            idle: LazyTimer::at(Instant::now() + state.inner.limits.keep_alive),
             closed: runtime::own_wakes::cancelled(&state.inner.close_streams.child_token()),
             state: state.clone(),
             _permit: permit,
@@ -94,11 +102,12 @@ impl LogFeed {
     /// Waits for the next record, the keep-alive period or the shutdown signal, whichever
     /// comes first (shutdown wins a tie).
     pub async fn wait(&mut self) -> Waited {
+        self.idle.set(Instant::now() + self.keep_alive);
         tokio::select! {
             biased;
             () = &mut self.closed => Waited::Closed,
             item = self.records.next() => Waited::Record(item),
-            () = tokio::time::sleep(self.keep_alive) => Waited::Idle,
+            () = self.idle.elapsed() => Waited::Idle,
         }
     }
 

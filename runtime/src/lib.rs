@@ -32,6 +32,8 @@
 //!   on the blocking pool, so the tasks sharing a runtime thread never wait on it.
 //! - [`own_wakes`]: `OwnWakes`, a future polled only when its own waker fired, for the
 //!   cancellation waits a task polls beside a stream it wakes for often.
+//! - [`lazy_timer`]: `LazyTimer`, a timer whose deadline moves with every message without
+//!   taking the runtime's timer lock each time (keep-alives, quiet spells, pace holds).
 //! - [`tls`]: the rustls provider, certificate file checks and TLS failures, shared by the
 //!   NATS and Redis connections.
 //! - `intercept` (feature `test-support`): `Intercept` and `QueueIntercept`, one event store
@@ -60,6 +62,7 @@ pub mod idempotency;
 #[cfg(any(test, feature = "test-support"))]
 pub mod intercept;
 pub mod job;
+pub mod lazy_timer;
 pub mod memory;
 pub mod nats;
 pub mod nats_url;

@@ -13,6 +13,7 @@ use tokio::sync::Notify;
 use crate::backoff::Backoff;
 use crate::error::StoreError;
 use crate::event_store::{EventRecord, EventStore, RunError, WriterId};
+use crate::lazy_timer::LazyTimer;
 use crate::pace::Pace;
 
 use super::{RUN_MAX_BYTES, RUN_MAX_EVENTS, WriteError, append_backoff};
@@ -133,6 +134,9 @@ pub(super) async fn run_appender(
 ) {
     // Until when queued events wait (unless urgent): the hold after the last run holding output.
     let mut held_until: Option<tokio::time::Instant> = None;
+    // One timer for every hold (a `sleep` made per hold took the runtime's timer lock twice per
+    // run: `crate::lazy_timer`).
+    let mut hold_timer = LazyTimer::at(tokio::time::Instant::now());
     loop {
         let run = loop {
             let woken = shared.wake_appender.notified();
@@ -151,9 +155,10 @@ pub(super) async fn run_appender(
             };
             match hold {
                 Some(until) => {
+                    hold_timer.set(until);
                     tokio::select! {
                         () = woken => {}
-                        () = tokio::time::sleep_until(until) => held_until = None,
+                        () = hold_timer.elapsed() => held_until = None,
                     }
                 }
                 None => woken.await,

@@ -24,11 +24,13 @@ use async_nats::jetstream::consumer::{self, DeliverPolicy};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use protocol::{ExecutionId, Sequence, Tenant};
+use tokio::time::Instant;
 
 use super::format::{decode_message, undecodable};
 use super::{Edge, Fetched, NatsEventStore, owner_of};
 use crate::error::StoreError;
 use crate::event_store::{EventRecord, EventStream};
+use crate::lazy_timer::LazyTimer;
 use crate::nats::direct::Batch;
 use crate::nats::{Readers, connects, unavailable};
 
@@ -241,6 +243,7 @@ impl NatsEventStore {
             idle: LIVE_RECHECK,
             quiet_for: Duration::ZERO,
             connects: connects(&self.shard(id).readers.client),
+            quiet_timer: LazyTimer::at(Instant::now()),
         };
         merge.absorb(history)?;
         let stream = futures_util::stream::unfold(merge, |mut merge| async move {
@@ -303,6 +306,10 @@ struct LiveMerge {
     quiet_for: Duration,
     /// The readers' connection's connects when the stream was last read.
     connects: u64,
+    /// Ends the wait for the next live message after `quiet`: one timer for the whole read,
+    /// its deadline moved for each wait (a timeout made per message took the runtime's timer
+    /// lock twice per message: `crate::lazy_timer`).
+    quiet_timer: LazyTimer,
 }
 
 impl LiveMerge {
@@ -345,7 +352,13 @@ impl LiveMerge {
             if self.finished {
                 return None;
             }
-            let message = match tokio::time::timeout(self.quiet, self.subscriber.next()).await {
+            self.quiet_timer.set(Instant::now() + self.quiet);
+            let waited = tokio::select! {
+                biased;
+                message = self.subscriber.next() => Ok(message),
+                () = self.quiet_timer.elapsed() => Err(()),
+            };
+            let message = match waited {
                 Ok(Some(message)) => {
                     self.quiet = LIVE_RECHECK;
                     self.idle = LIVE_RECHECK;
@@ -355,11 +368,11 @@ impl LiveMerge {
                 Ok(None) => {
                     return Some(Err(StoreError::Unavailable("subscription closed".into())));
                 }
-                Err(_) if self.quiet < LIVE_RECHECK => {
+                Err(()) if self.quiet < LIVE_RECHECK => {
                     self.quiet = (self.quiet * 2).min(LIVE_RECHECK);
                     None
                 }
-                Err(_) => {
+                Err(()) => {
                     self.quiet_for += self.quiet;
                     let reconnected =
                         connects(&self.store.shard(self.id).readers.client) != self.connects;
