@@ -8,6 +8,7 @@
 use async_trait::async_trait;
 use protocol::manifest::ProviderManifest;
 use protocol::{ErrorCode, RuntimeError, UsageFact};
+use runtime::lazy_timer::LazyTimer;
 
 use super::{AttemptResult, Provider, ProviderCall, ProviderEvent, ProviderSink};
 pub use providers::mock::MockConfig;
@@ -45,13 +46,16 @@ impl Provider for MockProvider {
         // they come at once until the stream is on time again.
         let mut due = tokio::time::Instant::now();
         // One wait for the whole stream, not one registered and dropped per chunk, polled only
-        // once cancelled (`OwnWakes`).
+        // once cancelled (`OwnWakes`); one timer too, moved to each chunk's time (a `sleep` per
+        // chunk took the runtime's timer lock twice a chunk: `runtime::lazy_timer`).
         let mut cancelled = runtime::own_wakes::cancelled(&call.cancel);
+        let mut timer = LazyTimer::at(due);
         for chunk in &self.options.chunks {
             if !self.options.delay.is_zero() {
                 due += self.options.delay;
+                timer.set(due);
                 tokio::select! {
-                    () = tokio::time::sleep_until(due) => {}
+                    () = timer.elapsed() => {}
                     () = &mut cancelled => return Err(RuntimeError::cancelled()),
                 }
             }
