@@ -73,6 +73,49 @@ const QUIET_MAX: Duration = Duration::from_secs(8);
 /// for nothing (BENCHMARKS.md, "Quiet re-reads on one server").
 const FIRST_RECHECK: Duration = Duration::from_millis(50);
 
+/// A whole-log read by an ordered consumer fails once no event has come for this many request
+/// timeouts (see [`read_through`]).
+const READ_IDLE_FACTOR: u32 = 2;
+
+/// The events of `stream` after `after`, up to `last`: what a whole-log read returns (a
+/// snapshot, a result). `Unavailable` once no event has come for `idle`: an ordered consumer
+/// whose stream leader moved or was cut off recreates itself for as long as it takes, and a
+/// status read answered nothing meanwhile (a client saw its request time out after a
+/// partition healed, instead of a 503 it could retry).
+async fn read_through(
+    stream: &mut EventStream,
+    after: Sequence,
+    last: Sequence,
+    idle: Duration,
+) -> Result<Vec<Arc<EventRecord>>, StoreError> {
+    let mut out = Vec::new();
+    // One timer for the read, its deadline moved by each event (`crate::lazy_timer`).
+    let mut timer = LazyTimer::at(Instant::now() + idle);
+    loop {
+        timer.set(Instant::now() + idle);
+        let item = tokio::select! {
+            biased;
+            item = stream.next() => item,
+            () = timer.elapsed() => {
+                return Err(StoreError::Unavailable(
+                    "log read: no event within the read's bound".into(),
+                ));
+            }
+        };
+        let Some(item) = item else {
+            return Ok(out);
+        };
+        let record = item?;
+        if record.sequence() > after {
+            let done = record.sequence() >= last;
+            out.push(record);
+            if done {
+                return Ok(out);
+            }
+        }
+    }
+}
+
 /// The first quiet wait of a live read on `readers` (see [`FIRST_RECHECK`]).
 fn first_recheck(readers: &Readers) -> Duration {
     if readers.clustered {
@@ -168,17 +211,8 @@ impl NatsEventStore {
             return Ok(Some((Vec::new(), None)));
         }
         let mut stream = self.ordered(id).await?;
-        let mut out = Vec::new();
-        while let Some(item) = stream.next().await {
-            let record = item?;
-            if record.sequence() > after {
-                let done = record.sequence() >= wanted_last;
-                out.push(record);
-                if done {
-                    break;
-                }
-            }
-        }
+        let idle = self.backend.settings.request_timeout * READ_IDLE_FACTOR;
+        let out = read_through(&mut stream, after, wanted_last, idle).await?;
         Ok(Some((out, None)))
     }
 
@@ -475,5 +509,64 @@ impl Ordered {
             self.done = record.event.is_terminal();
             return Some(Ok(Arc::new(record)));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use protocol::event::{EventBody, ProgressPhase};
+    use protocol::{RuntimeEvent, Timestamp};
+
+    use super::*;
+
+    fn record(sequence: u64) -> Result<Arc<EventRecord>, StoreError> {
+        let event = RuntimeEvent::new(
+            ExecutionId::new_random(),
+            Sequence(sequence),
+            Timestamp::now(),
+            EventBody::Progress {
+                phase: ProgressPhase::Processing,
+                progress: None,
+            },
+        );
+        Ok(Arc::new(EventRecord::new(event)))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_whole_log_read_that_stalls_fails_instead_of_waiting_forever() {
+        let idle = Duration::from_secs(3);
+        // Two events, then nothing (a consumer recreating itself without end).
+        let mut stalled: EventStream = futures_util::stream::iter([record(1), record(2)])
+            .chain(futures_util::stream::pending())
+            .boxed();
+        let started = Instant::now();
+        let read = read_through(&mut stalled, Sequence::ZERO, Sequence(5), idle).await;
+        assert!(matches!(read, Err(StoreError::Unavailable(_))), "{read:?}");
+        assert_eq!(
+            Instant::now() - started,
+            idle,
+            "after the bound, not before"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_log_read_that_keeps_coming_is_not_cut_off() {
+        let idle = Duration::from_secs(3);
+        // Each event 2 s after the last: 10 s in all, never 3 s without one.
+        let mut slow: EventStream = futures_util::stream::iter(1..=5)
+            .then(|s| async move {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                record(s)
+            })
+            .boxed();
+        let read = read_through(&mut slow, Sequence(1), Sequence(4), idle)
+            .await
+            .unwrap();
+        let sequences: Vec<u64> = read.iter().map(|r| r.sequence().get()).collect();
+        assert_eq!(
+            sequences,
+            [2, 3, 4],
+            "after the cursor, up to the last wanted"
+        );
     }
 }
