@@ -47,6 +47,10 @@ const CUT: Duration = Duration::from_secs(20);
 const LEASE: Duration = Duration::from_secs(5);
 /// Concurrent clients in the closed loop.
 const CLIENTS: usize = 8;
+/// How long a status read may go unanswered before the test calls it lost: far above the
+/// gateway's own bounds (each store request 1.5 s, a long log's read 3 s between events), so
+/// only a read that hangs fails.
+const READ_BOUND: Duration = Duration::from_secs(30);
 
 /// Runs `ip` with `args`; `Err` with its stderr when it fails.
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -247,11 +251,7 @@ async fn clients(
                         while Instant::now() < until {
                             let url = format!("{base}/v1/executions/{id}");
                             let asked = Instant::now();
-                            let snapshot = match client()
-                                .get(&url)
-                                .timeout(Duration::from_secs(10))
-                                .send()
-                                .await
+                            let snapshot = match client().get(&url).timeout(READ_BOUND).send().await
                             {
                                 Ok(resp) => resp.json::<Value>().await.unwrap_or(Value::Null),
                                 Err(e) => {
