@@ -4,7 +4,7 @@
 
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
-use protocol::Tenant;
+use protocol::{Sequence, Tenant};
 
 use super::format::{
     FORMAT_HEADER, FORMAT_RUN, HEADER_ALLOWANCE, MSG_ID_HEADER, encode_run, msg_id,
@@ -98,10 +98,13 @@ impl NatsEventStore {
         let first = &run[0].event;
         let last = &run[run.len() - 1].event;
         let id = first.execution_id;
+        // Every event before the run is stored: the writer appends a run once the one before
+        // it was acknowledged (or settled), and `execution.accepted` before any.
+        let known = Sequence(first.sequence.get().saturating_sub(1));
         let cached = self.heads.lock().get(&id).copied();
         let (head, fetched) = match cached {
             Some(h) if h.sequence.next() == first.sequence => (h, None),
-            _ => match self.fetch_head(id).await? {
+            _ => match self.fetch_head_since(id, known).await? {
                 Some(f) => (f.head, Some(f)),
                 None => return Err(StoreError::NotFound),
             },
@@ -133,7 +136,7 @@ impl NatsEventStore {
             }
             Err(_) => {
                 self.heads.lock().remove(&id);
-                match self.fetch_head(id).await? {
+                match self.fetch_head_since(id, known).await? {
                     Some(f) if f.is(run, writer) => {
                         // Our write landed earlier (a retry after a lost ack).
                         self.remember(id, f.head);

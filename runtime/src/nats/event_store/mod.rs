@@ -111,6 +111,12 @@ impl Fetched {
     }
 }
 
+/// Whether a head read as `read` (`None`: no message) must be stale, given that the event
+/// `known` is stored: a log never loses events, so only a replica behind the leader shows less.
+fn stale_read(read: Option<Sequence>, known: Sequence) -> bool {
+    read.unwrap_or(Sequence::ZERO) < known
+}
+
 /// Which message of an execution's subject a leader read confirms.
 #[derive(Debug, Clone, Copy)]
 enum Edge {
@@ -232,6 +238,29 @@ impl NatsEventStore {
             None => self.confirm_missing(id, Edge::Last).await?,
         };
         found
+            .map(|message| Fetched::decode(&message.headers, message.payload, message.sequence))
+            .transpose()
+    }
+
+    /// The log's head, at least as recent as `known`, an event this writer knows is stored
+    /// (it was acknowledged). A direct get may be answered by a replica that has not applied
+    /// the latest appends: one cut off from the others, whose clients still read from it, or
+    /// one catching up after a partition healed. A head older than `known` is such a stale
+    /// read, not another writer's: taken for one, it fenced a live writer, whose execution was
+    /// then failed by its own redelivery as if its worker had stopped. The leader (the
+    /// stream's message-get API) answers instead.
+    async fn fetch_head_since(
+        &self,
+        id: ExecutionId,
+        known: Sequence,
+    ) -> Result<Option<Fetched>, StoreError> {
+        let fetched = self.fetch_head(id).await?;
+        let read = fetched.as_ref().map(|f| f.head.sequence);
+        if !stale_read(read, known) || self.backend.settings.replicas <= 1 {
+            return Ok(fetched);
+        }
+        self.confirm_missing(id, Edge::Last)
+            .await?
             .map(|message| Fetched::decode(&message.headers, message.payload, message.sequence))
             .transpose()
     }

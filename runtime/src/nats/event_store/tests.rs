@@ -104,3 +104,28 @@ async fn each_partitions_logs_are_read_on_its_lanes_readers_connection() {
     .unwrap();
     assert_eq!(one.readers.len(), 1);
 }
+
+#[test]
+fn a_head_behind_what_the_writer_knows_is_stored_is_a_stale_read() {
+    use super::stale_read;
+    // The writer appends the run from 6: events up to 5 are stored.
+    let known = Sequence(5);
+    assert!(
+        stale_read(Some(Sequence(3)), known),
+        "a replica behind the leader"
+    );
+    assert!(
+        stale_read(None, known),
+        "a replica that has not the log yet"
+    );
+    assert!(
+        !stale_read(Some(Sequence(5)), known),
+        "the head the writer expects"
+    );
+    assert!(
+        !stale_read(Some(Sequence(7)), known),
+        "past it: another writer's events, or ours acknowledged late: decided as before"
+    );
+    // A log's first append knows nothing stored.
+    assert!(!stale_read(None, Sequence::ZERO));
+}
