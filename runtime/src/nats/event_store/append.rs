@@ -104,7 +104,7 @@ impl NatsEventStore {
         let cached = self.heads.lock().get(&id).copied();
         let (head, fetched) = match cached {
             Some(h) if h.sequence.next() == first.sequence => (h, None),
-            _ => match self.fetch_head_since(id, known).await? {
+            _ => match self.fetch_head(id, known).await? {
                 Some(f) => (f.head, Some(f)),
                 None => return Err(StoreError::NotFound),
             },
@@ -136,7 +136,7 @@ impl NatsEventStore {
             }
             Err(_) => {
                 self.heads.lock().remove(&id);
-                match self.fetch_head_since(id, known).await? {
+                match self.fetch_head(id, known).await? {
                     Some(f) if f.is(run, writer) => {
                         // Our write landed earlier (a retry after a lost ack).
                         self.remember(id, f.head);

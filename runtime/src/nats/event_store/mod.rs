@@ -231,46 +231,39 @@ impl NatsEventStore {
         heads.insert(id, head);
     }
 
-    /// Reads the last message of the execution's subject from the server.
-    async fn fetch_head(&self, id: ExecutionId) -> Result<Option<Fetched>, StoreError> {
-        let found = match self.direct_last(id).await? {
-            Some(message) => Some(message),
-            None => self.confirm_missing(id, Edge::Last).await?,
-        };
-        found
-            .map(|message| Fetched::decode(&message.headers, message.payload, message.sequence))
-            .transpose()
-    }
-
-    /// The log's head, at least as recent as `known`, an event this writer knows is stored
-    /// (it was acknowledged). A direct get may be answered by a replica that has not applied
-    /// the latest appends: one cut off from the others, whose clients still read from it, or
-    /// one catching up after a partition healed. A head older than `known` is such a stale
-    /// read, not another writer's: taken for one, it fenced a live writer, whose execution was
-    /// then failed by its own redelivery as if its worker had stopped. The leader (the
-    /// stream's message-get API) answers instead.
-    async fn fetch_head_since(
+    /// Reads the last message of the execution's subject from the server, at least as recent
+    /// as `known`: an event the caller knows is stored (it was acknowledged), `Sequence::ZERO`
+    /// when it knows none. With replicas, any of them may answer a direct get, including one
+    /// that has not applied the latest appends: one cut off from the others, whose clients
+    /// still read from it, or one catching up after a partition healed. So a miss, or a head
+    /// older than `known`, counts only once the leader confirms it ([`Self::leader_read`]). (A
+    /// stale head, taken for another writer's, fenced a live writer, whose execution was then
+    /// failed by its own redelivery as if its worker had stopped.)
+    async fn fetch_head(
         &self,
         id: ExecutionId,
         known: Sequence,
     ) -> Result<Option<Fetched>, StoreError> {
-        let fetched = self.fetch_head(id).await?;
+        let decode = |message: async_nats::jetstream::message::StreamMessage| {
+            Fetched::decode(&message.headers, message.payload, message.sequence)
+        };
+        let fetched = self.direct_last(id).await?.map(decode).transpose()?;
         let read = fetched.as_ref().map(|f| f.head.sequence);
-        if !stale_read(read, known) || self.backend.settings.replicas <= 1 {
+        if (fetched.is_some() && !stale_read(read, known)) || self.backend.settings.replicas <= 1 {
             return Ok(fetched);
         }
-        self.confirm_missing(id, Edge::Last)
+        self.leader_read(id, Edge::Last)
             .await?
-            .map(|message| Fetched::decode(&message.headers, message.payload, message.sequence))
+            .map(decode)
             .transpose()
     }
 
-    /// A direct get found no message for the execution. With replicas, any of them may answer a
-    /// direct get, and a follower may not have applied a message the leader has acknowledged
-    /// (a log created a moment ago would read as unknown: a 404 right after its 202). So a miss
-    /// is confirmed by the leader (the stream's message-get API) before it counts: one more
-    /// round trip, only for a miss and only with replicas.
-    async fn confirm_missing(
+    /// The first or last message of the execution's subject as the leader has it (the
+    /// stream's message-get API), for a direct get whose answer may come from a follower that
+    /// has not applied what the leader acknowledged: a miss (a log created a moment ago would
+    /// read as unknown: a 404 right after its 202) or a head older than its reader knows.
+    /// One more round trip, only then and only with replicas (`None` without).
+    async fn leader_read(
         &self,
         id: ExecutionId,
         edge: Edge,
@@ -343,7 +336,7 @@ impl NatsEventStore {
             return Ok(Some((stream, owner)));
         }
         drop(subscriber);
-        let Some(Fetched { head, .. }) = self.fetch_head(id).await? else {
+        let Some(Fetched { head, .. }) = self.fetch_head(id, Sequence::ZERO).await? else {
             return Ok(None);
         };
         if head.terminal && head.sequence <= after {
@@ -464,10 +457,13 @@ impl EventStore for NatsEventStore {
     }
 
     async fn head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
-        Ok(self.fetch_head(id).await?.map(|Fetched { head, .. }| {
-            self.remember(id, head);
-            head.into()
-        }))
+        Ok(self
+            .fetch_head(id, Sequence::ZERO)
+            .await?
+            .map(|Fetched { head, .. }| {
+                self.remember(id, head);
+                head.into()
+            }))
     }
 
     /// One multi-subject get per partition for up to 256 logs; a log it does not answer for
@@ -508,7 +504,7 @@ impl EventStore for NatsEventStore {
         {
             Ok(message) => Some(message),
             Err(e) if e.kind() == DirectGetErrorKind::NotFound => {
-                self.confirm_missing(id, Edge::First).await?
+                self.leader_read(id, Edge::First).await?
             }
             Err(e) => return Err(unavailable("direct get", e)),
         };

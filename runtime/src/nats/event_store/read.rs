@@ -171,7 +171,7 @@ impl NatsEventStore {
         if batch.messages.is_empty() {
             // A follower may not have applied a log the leader acknowledged: the leader decides.
             return Ok(self
-                .confirm_missing(id, Edge::First)
+                .leader_read(id, Edge::First)
                 .await?
                 .map(|_| Opened::Long));
         }
@@ -203,7 +203,7 @@ impl NatsEventStore {
             return Ok(Some((records, owner)));
         }
         // A long log: its head, read now, bounds the read (the ordered consumer follows it live).
-        let Some(Fetched { head, .. }) = self.fetch_head(id).await? else {
+        let Some(Fetched { head, .. }) = self.fetch_head(id, Sequence::ZERO).await? else {
             return Ok(None);
         };
         let wanted_last = head.sequence.min(wanted_last);
