@@ -179,6 +179,9 @@ pub type SubscribeResult = Result<Option<EventStream>, StoreError>;
 ///   executions had owners) belongs to the default tenant. `owned_state` is `state` together
 ///   with `owner`, and `owned_subscribe` is `subscribe` together with `owner`, each in one read
 ///   where the backend can.
+/// - `head` answers the log's last event; on a replicated store it may come from a replica
+///   behind the leader (older than an acknowledged append, or `None` for a log just created).
+///   `latest_head` never does.
 /// - `state`/`read`/`subscribe`/`owner`/`owned_state`/`owned_subscribe` return `Ok(None)` for
 ///   an unknown execution.
 /// - Retention: a terminal execution may be dropped after the retention period or evicted
@@ -257,6 +260,16 @@ pub trait EventStore: Send + Sync + 'static {
     /// Implementations with a cheaper way than materializing override it.
     async fn head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
         Ok(self.state(id).await?.as_ref().map(LogHead::of))
+    }
+
+    /// [`EventStore::head`] as of the latest acknowledged append: never older than an append
+    /// acknowledged before the call, also where `head` may answer from a copy of the log that
+    /// is behind (a replica that has not applied the leader's latest appends, which a
+    /// replicated store's cheap read may reach). For a decision that an older head would turn
+    /// wrong, such as taking a log's silence for its writer's end. The default is `head`
+    /// (stores with one copy); replicated stores ask the copy that acknowledges appends.
+    async fn latest_head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
+        self.head(id).await
     }
 
     /// [`EventStore::head`] of each of `ids`, in the same order: one answer for many logs

@@ -27,7 +27,7 @@ use crate::job::{Deliveries, Delivery, Job, JobQueue, QueuedJob};
 /// - The operations `EventStore` derives from those keep its defaults, built on *this*
 ///   wrapper's operations, so interfering with an operation also covers what is built on it:
 ///   `append_run_as` appends one by one through [`Intercept::append_as`], `head` materializes
-///   through [`Intercept::state`], `heads` asks `head` for each log, and `create`, `append` and
+///   through [`Intercept::state`], `latest_head` is `head`, `heads` asks `head` for each log, and `create`, `append` and
 ///   `owned_state` go through `create_owned`, `append_as`, `state` and `owner`.
 ///   `pipelines_appends` is `false`. A wrapper that wants the inner store's own version (one
 ///   message per run, a cheap head) overrides the operation and forwards it.
@@ -85,6 +85,11 @@ pub trait Intercept: Send + Sync + 'static {
         Ok(self.state(id).await?.as_ref().map(LogHead::of))
     }
 
+    /// [`EventStore::latest_head`]: by default [`Intercept::head`].
+    async fn latest_head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
+        self.head(id).await
+    }
+
     /// [`EventStore::read`].
     async fn read(&self, id: ExecutionId, after: Sequence, limit: usize) -> ReadResult {
         self.available()?;
@@ -132,6 +137,10 @@ impl<T: Intercept> EventStore for T {
 
     async fn head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
         Intercept::head(self, id).await
+    }
+
+    async fn latest_head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
+        Intercept::latest_head(self, id).await
     }
 
     async fn read(&self, id: ExecutionId, after: Sequence, limit: usize) -> ReadResult {

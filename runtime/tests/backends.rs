@@ -422,8 +422,8 @@ async fn the_sweeper_drops_finished_jobs_and_closes_open_ones_over_jetstream() {
 }
 
 /// On a 3-node cluster with three replicas, where any replica may answer a direct get:
-/// `heads` reads every log's head (multi-subject gets answered by followers too), and the
-/// sweeper settles finished jobs by the jobs streams' first sequences, read from their leaders.
+/// `heads` reads every log's head (multi-subject gets answered by followers too),
+/// `latest_head` the leader's, and the sweeper settles finished jobs by the jobs streams' first sequences, read from their leaders.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heads_and_settling_work_on_a_replicated_cluster() {
     use runtime::nats::{NatsBackend, NatsSettings};
@@ -480,6 +480,12 @@ async fn heads_and_settling_work_on_a_replicated_cluster() {
             closed.insert(id);
         }
         delivery.handle.ack().await.unwrap();
+    }
+    // The leader answers what was acknowledged at once.
+    for id in &ids {
+        let head = store.latest_head(*id).await.unwrap().unwrap();
+        assert_eq!(head.terminal, closed.contains(id), "{id}");
+        assert_eq!(head.last_sequence.get(), if head.terminal { 2 } else { 1 });
     }
     loop {
         assert!(tokio::time::Instant::now() < until, "heads never caught up");

@@ -1264,6 +1264,56 @@ async fn a_redelivery_waits_while_its_previous_holder_writes_and_closes_the_log_
         .await;
 }
 
+#[tokio::test]
+async fn a_redelivery_decides_its_holder_is_gone_on_the_latest_head_not_a_lagging_replica() {
+    // A replica behind the leader answers the cheap head reads with a head a lease old; the
+    // holder's last write, a moment ago, is on the leader only. Taking that stale head for
+    // silence closed the log at it: the compare-and-set lost to the holder's write, the
+    // redelivery was dropped, and, the holder being gone, the log stayed open until its
+    // deadline. The redelivery waits a lease from the holder's real last write, then closes
+    // the log after it.
+    let a = ScriptedProvider::succeeding("a");
+    let memory = Arc::new(runtime::memory::MemoryEventStore::new(
+        MemoryLimits::default(),
+    ));
+    let lagging = LaggingStore::new(Arc::clone(&memory));
+    let h = Harness::with_store(
+        with_default_limits(&[&a]),
+        Arc::clone(&lagging) as Arc<dyn EventStore>,
+        memory,
+        RunnerSettings::default(),
+    );
+    let job = h.submit(&text_request(""), LONG).await;
+    let id = job.execution_id;
+    h.append_foreign(id, selected("a", 1)).await;
+    lagging.freeze(id).await;
+    let lease = Duration::from_millis(600);
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    let last_write = delta("last");
+    h.append_foreign(id, last_write.clone()).await;
+    let written_at = std::time::Instant::now();
+
+    let outcome = within("the redelivery ends", PATIENCE, redeliver(&h, &job, lease)).await;
+    assert_eq!(outcome.unwrap(), RunOutcome::Finished);
+    assert!(
+        // (The write's own time is a little before `written_at`.)
+        written_at.elapsed() >= lease - Duration::from_millis(50),
+        "closed {:?} after the holder's last write, within its lease",
+        written_at.elapsed()
+    );
+    h.assert_log(
+        id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            last_write,
+            failed(interrupted_error()),
+        ],
+    )
+    .await;
+    assert_eq!(a.calls(), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_redelivery_of_a_job_this_worker_gave_up_names_the_unreachable_store() {
     // The cut outlasted every retry: the job was given back; its redelivery here, after the

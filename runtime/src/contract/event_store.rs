@@ -98,7 +98,7 @@ pub async fn event_store_suite(store: Arc<dyn EventStore>) {
 
 /// `heads` answers for many logs at once exactly as `head` does for each, in the order asked:
 /// open, closed and unknown logs, one asked twice, and more than one request's worth per
-/// shard of a sharded store.
+/// shard of a sharded store; `latest_head` answers as `head` where nothing lags.
 async fn heads_answer_like_head(store: &dyn EventStore) {
     let open = routed(store).await;
     let closed = accepted(store).await;
@@ -117,6 +117,13 @@ async fn heads_answer_like_head(store: &dyn EventStore) {
     assert_eq!(heads[3], heads[0]);
     for (id, head) in ids.iter().zip(&heads) {
         assert_eq!(*head, store.head(*id).await.unwrap(), "{id}");
+    }
+    for id in [open, closed, unknown] {
+        assert_eq!(
+            store.latest_head(id).await.unwrap(),
+            store.head(id).await.unwrap(),
+            "{id}"
+        );
     }
     assert!(store.heads(&[]).await.unwrap().is_empty());
 }

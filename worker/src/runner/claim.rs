@@ -21,7 +21,9 @@ use super::{DEADLINE_GRACE_MS, RunOutcome, Runner};
 impl Runner {
     /// Waits, for a redelivered job whose log is open past `execution.accepted`, while its
     /// previous holder may still be alive (see [`crate::holder`]); returns the log's head
-    /// once it is not, or the outcome when the log was closed meanwhile.
+    /// once it is not, or the outcome when the log was closed meanwhile. The polls read the
+    /// head cheaply; the head it decides on is the store's latest
+    /// ([`runtime::EventStore::latest_head`]).
     pub(super) async fn await_holder(
         &self,
         job: &Job,
@@ -39,7 +41,24 @@ impl Runner {
             let writing = !self.holders.gave_up_unreachable(id)
                 && lease.is_some_and(|lease| holder::written_within(&head, lease));
             if past_deadline || !(here || writing) {
-                return Ok(head);
+                // The head read may have come from a replica behind the leader: an older head
+                // than the holder wrote reads as silence, and closing the log there would lose
+                // its compare-and-set to the holder's writes, leaving a log whose holder really
+                // is gone to its deadline. Close only on the latest head.
+                match self.store.latest_head(id).await {
+                    Ok(Some(latest)) if latest.terminal => return Err(RunOutcome::Dropped),
+                    Ok(None) => return Err(RunOutcome::Dropped),
+                    Ok(Some(latest)) if latest.last_sequence > head.last_sequence => {
+                        head = latest;
+                        continue;
+                    }
+                    Ok(Some(latest)) => return Ok(latest),
+                    // Its compare-and-set still guards the closing append.
+                    Err(_) if past_deadline => return Ok(head),
+                    Err(e) => {
+                        tracing::debug!(execution_id = %id, error = %e, "cannot read the log's latest head");
+                    }
+                }
             }
             if !announced {
                 announced = true;
@@ -54,9 +73,11 @@ impl Runner {
                 () = self.abort_all.cancelled() => return Err(RunOutcome::Unclaimed),
             }
             match self.store.head(id).await {
-                Ok(Some(latest)) if latest.terminal => return Err(RunOutcome::Dropped),
-                Ok(Some(latest)) => head = latest,
-                Ok(None) => return Err(RunOutcome::Dropped),
+                Ok(Some(read)) if read.terminal => return Err(RunOutcome::Dropped),
+                Ok(Some(read)) if read.last_sequence > head.last_sequence => head = read,
+                // Nothing newer, or a replica behind what was read before: the decision above
+                // asks for the latest head.
+                Ok(_) => {}
                 // The holder's writes face the same store: keep waiting (this delivery is
                 // heartbeated meanwhile), bounded by the deadline.
                 Err(e) => {

@@ -1019,3 +1019,54 @@ impl runtime::intercept::Intercept for SlowReadsStore {
         self.inner.head(id).await
     }
 }
+
+/// A memory store whose cheap head read ([`EventStore::head`]) answers from a copy of a log
+/// frozen behind it, as a JetStream replica that stopped applying its leader's appends does,
+/// while [`EventStore::latest_head`] answers from the log itself (the leader).
+pub struct LaggingStore {
+    pub inner: Arc<MemoryEventStore>,
+    frozen: parking_lot::Mutex<std::collections::HashMap<ExecutionId, runtime::LogHead>>,
+}
+
+impl std::fmt::Debug for LaggingStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaggingStore").finish_non_exhaustive()
+    }
+}
+
+impl LaggingStore {
+    pub fn new(inner: Arc<MemoryEventStore>) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            frozen: parking_lot::Mutex::new(std::collections::HashMap::new()),
+        })
+    }
+
+    /// From now on, head reads of `id` answer its head as it is now.
+    pub async fn freeze(&self, id: ExecutionId) {
+        let head = self.inner.head(id).await.expect("head").expect("a log");
+        self.frozen.lock().insert(id, head);
+    }
+}
+
+#[async_trait]
+impl runtime::intercept::Intercept for LaggingStore {
+    fn inner(&self) -> &dyn EventStore {
+        self.inner.as_ref()
+    }
+
+    async fn head(&self, id: ExecutionId) -> Result<Option<runtime::LogHead>, runtime::StoreError> {
+        let frozen = self.frozen.lock().get(&id).copied();
+        match frozen {
+            Some(head) => Ok(Some(head)),
+            None => self.inner.head(id).await,
+        }
+    }
+
+    async fn latest_head(
+        &self,
+        id: ExecutionId,
+    ) -> Result<Option<runtime::LogHead>, runtime::StoreError> {
+        self.inner.head(id).await
+    }
+}

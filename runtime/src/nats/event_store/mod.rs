@@ -466,6 +466,22 @@ impl EventStore for NatsEventStore {
             }))
     }
 
+    /// The leader's last message of the log (the stream's message-get API): one round trip
+    /// more than [`Self::head`]'s direct get, which any replica may answer. With one replica
+    /// the direct get is the leader's word.
+    async fn latest_head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
+        if self.backend.settings.replicas <= 1 {
+            return self.head(id).await;
+        }
+        let Some(message) = self.leader_read(id, Edge::Last).await? else {
+            return Ok(None);
+        };
+        let Fetched { head, .. } =
+            Fetched::decode(&message.headers, message.payload, message.sequence)?;
+        self.remember(id, head);
+        Ok(Some(head.into()))
+    }
+
     /// One multi-subject get per partition for up to 256 logs; a log it does not answer for
     /// (no message on the server that answered, or past the batch's size) is read by
     /// [`Self::head`], which confirms a miss with the leader.
