@@ -3,6 +3,7 @@
 //! after a lost acknowledgement recognised by its message id.
 
 use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::header::HeaderName;
 use async_nats::jetstream::message::PublishMessage;
 use protocol::{Sequence, Tenant};
 
@@ -31,13 +32,13 @@ impl NatsEventStore {
         } else {
             PublishMessage::build()
                 .payload(encode_run(run))
-                .header(FORMAT_HEADER, FORMAT_RUN)
+                .header(HeaderName::from_static(FORMAT_HEADER), FORMAT_RUN)
         };
         message = message
-            .header(MSG_ID_HEADER, msg_id(run, writer).as_str())
+            .header(HeaderName::from_static(MSG_ID_HEADER), msg_id(run, writer))
             .expected_last_subject_sequence(expected);
         if let Some(owner) = owner {
-            message = message.header(OWNER_HEADER, owner.as_str());
+            message = message.header(HeaderName::from_static(OWNER_HEADER), owner.as_str());
         }
         let lane = &self.shard(id).lane;
         let ack = match lane.context.send_publish(self.subject(id), message).await {
