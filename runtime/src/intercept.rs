@@ -27,8 +27,9 @@ use crate::job::{Deliveries, Delivery, Job, JobQueue, QueuedJob};
 /// - The operations `EventStore` derives from those keep its defaults, built on *this*
 ///   wrapper's operations, so interfering with an operation also covers what is built on it:
 ///   `append_run_as` appends one by one through [`Intercept::append_as`], `head` materializes
-///   through [`Intercept::state`], `latest_head` is `head`, `heads` asks `head` for each log, and `create`, `append` and
-///   `owned_state` go through `create_owned`, `append_as`, `state` and `owner`.
+///   through [`Intercept::state`], `latest_head` is `head`, `heads` asks `head` for each log,
+///   and `create`, `append` and `owned_state` go through `create_owned`, `append_as`, `state`
+///   and `owner`.
 ///   `pipelines_appends` is `false`. A wrapper that wants the inner store's own version (one
 ///   message per run, a cheap head) overrides the operation and forwards it.
 ///

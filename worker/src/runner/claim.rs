@@ -60,7 +60,7 @@ impl Runner {
                     }
                 }
             }
-            if !announced {
+            if (here || writing) && !announced {
                 announced = true;
                 if here {
                     tracing::info!(execution_id = %id, "lease of an execution running here lapsed (its heartbeats did not reach the job queue: a consumer leader election or a partition); it keeps running");

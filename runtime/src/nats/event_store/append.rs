@@ -2,8 +2,8 @@
 //! stream sequence (cached per open execution, re-read when unknown or refused), with a retry
 //! after a lost acknowledgement recognised by its message id.
 
-use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::header::HeaderName;
+use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
 use protocol::{Sequence, Tenant};
 
