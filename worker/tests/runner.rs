@@ -1273,16 +1273,7 @@ async fn a_redelivery_decides_its_holder_is_gone_on_the_latest_head_not_a_laggin
     // deadline. The redelivery waits a lease from the holder's real last write, then closes
     // the log after it.
     let a = ScriptedProvider::succeeding("a");
-    let memory = Arc::new(runtime::memory::MemoryEventStore::new(
-        MemoryLimits::default(),
-    ));
-    let lagging = LaggingStore::new(Arc::clone(&memory));
-    let h = Harness::with_store(
-        with_default_limits(&[&a]),
-        Arc::clone(&lagging) as Arc<dyn EventStore>,
-        memory,
-        RunnerSettings::default(),
-    );
+    let (h, lagging) = over_wrapped_store(&a, LaggingStore::new);
     let job = h.submit(&text_request(""), LONG).await;
     let id = job.execution_id;
     h.append_foreign(id, selected("a", 1)).await;
@@ -1475,17 +1466,27 @@ async fn a_withdrawn_job_is_never_claimed_when_its_log_appears_late() {
 /// next `failures` reads time out.
 fn slow_reads_a(failures: u32) -> (Arc<ScriptedProvider>, Harness, Arc<SlowReadsStore>) {
     let a = ScriptedProvider::succeeding("a");
+    let (h, slow) = over_wrapped_store(&a, |store| SlowReadsStore::new(store, failures));
+    (a, h, slow)
+}
+
+/// A harness with provider `a` whose runner goes through the store `wrap` makes around a
+/// memory store (the harness reads that memory store directly).
+fn over_wrapped_store<S: EventStore>(
+    a: &Arc<ScriptedProvider>,
+    wrap: impl FnOnce(Arc<runtime::memory::MemoryEventStore>) -> Arc<S>,
+) -> (Harness, Arc<S>) {
     let store = Arc::new(runtime::memory::MemoryEventStore::new(
         MemoryLimits::default(),
     ));
-    let slow = SlowReadsStore::new(Arc::clone(&store), failures);
+    let wrapped = wrap(Arc::clone(&store));
     let h = Harness::with_store(
-        with_default_limits(&[&a]),
-        Arc::clone(&slow) as Arc<dyn EventStore>,
+        with_default_limits(&[a]),
+        Arc::clone(&wrapped) as Arc<dyn EventStore>,
         store,
         RunnerSettings::default(),
     );
-    (a, h, slow)
+    (h, wrapped)
 }
 
 // Paused time. A read that times out on a busy store once left the job to the lease's lapse
@@ -1632,16 +1633,7 @@ fn partitioned_a(after: Vec<Step>) -> (Harness, Arc<PartitionedStore>, Arc<Semap
     let mut script = vec![emit_delta("hel"), Step::Hold(Arc::clone(&release))];
     script.extend(after);
     let a = ScriptedProvider::new("a", script);
-    let store = Arc::new(runtime::memory::MemoryEventStore::new(
-        MemoryLimits::default(),
-    ));
-    let partitioned = PartitionedStore::new(Arc::clone(&store));
-    let h = Harness::with_store(
-        with_default_limits(&[&a]),
-        Arc::clone(&partitioned) as Arc<dyn EventStore>,
-        store,
-        RunnerSettings::default(),
-    );
+    let (h, partitioned) = over_wrapped_store(&a, PartitionedStore::new);
     (h, partitioned, release)
 }
 
