@@ -193,27 +193,62 @@ impl NatsEventStore {
             return Ok(None);
         };
         let wanted_last = Sequence(after.get().saturating_add(limit as u64));
-        if let Opened::Short((records, owner)) = opened {
-            let records = records
-                .into_iter()
-                .map(|(_, r)| r)
-                .filter(|r| r.sequence() > after && r.sequence() <= wanted_last)
-                .map(Arc::new)
-                .collect();
-            return Ok(Some((records, owner)));
-        }
-        // A long log: its head, read now, bounds the read (the ordered consumer follows it live).
-        let Some(Fetched { head, .. }) = self.fetch_head(id, Sequence::ZERO).await? else {
-            return Ok(None);
+        let (last, owner) = match opened {
+            Opened::Short((records, owner)) => {
+                let read = records.last().map(|(_, r)| r);
+                let Some(last) = self.behind_leader(id, read).await else {
+                    let records = records
+                        .into_iter()
+                        .map(|(_, r)| r)
+                        .filter(|r| r.sequence() > after && r.sequence() <= wanted_last)
+                        .map(Arc::new)
+                        .collect();
+                    return Ok(Some((records, owner)));
+                };
+                (last, owner)
+            }
+            // A long log: its head, read now, bounds the read (the ordered consumer follows it
+            // live).
+            Opened::Long => {
+                let Some(Fetched { head, .. }) = self.fetch_head(id, Sequence::ZERO).await? else {
+                    return Ok(None);
+                };
+                (head.sequence, None)
+            }
         };
-        let wanted_last = head.sequence.min(wanted_last);
-        if head.sequence <= after || limit == 0 {
-            return Ok(Some((Vec::new(), None)));
+        let wanted_last = last.min(wanted_last);
+        if last <= after || limit == 0 {
+            return Ok(Some((Vec::new(), owner)));
         }
         let mut stream = self.ordered(id).await?;
         let idle = self.backend.settings.request_timeout * READ_IDLE_FACTOR;
         let out = read_through(&mut stream, after, wanted_last, idle).await?;
-        Ok(Some((out, None)))
+        Ok(Some((out, owner)))
+    }
+
+    /// For a short log read whole from a replica of a replicated stream: the leader's last
+    /// event when the replica had not applied it yet (`read`: the last event the replica gave).
+    /// A follower applies the leader's appends a moment after they are acknowledged (longer on
+    /// a busy server), so a client that had read the terminal event from its event stream could
+    /// get "running" from a status read and 409 from a result read. One leader read settles it
+    /// (the stream's message-get API), made only where it can matter: with replicas, and while
+    /// the log read is open (a terminal event is the end of the log wherever it is read). When
+    /// the leader cannot be asked (a partition), the replica's read stands.
+    async fn behind_leader(&self, id: ExecutionId, read: Option<&EventRecord>) -> Option<Sequence> {
+        let read = read.filter(|r| !r.event.is_terminal())?;
+        if self.backend.settings.replicas <= 1 {
+            return None;
+        }
+        let message = match self.leader_read(id, Edge::Last).await {
+            Ok(message) => message?,
+            Err(e) => {
+                tracing::debug!(execution_id = %id, error = %e, "cannot ask the stream leader for the log's end; answering the replica's read");
+                return None;
+            }
+        };
+        let Fetched { head, .. } =
+            Fetched::decode(&message.headers, message.payload, message.sequence).ok()?;
+        (head.sequence > read.sequence()).then_some(head.sequence)
     }
 
     /// Records of the execution's subject from stream sequence `from` on, in batches of
