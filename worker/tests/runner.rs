@@ -1137,11 +1137,12 @@ async fn a_redelivered_job_with_a_started_attempt_fails_as_interrupted() {
 }
 
 /// A delivery handed to the runner directly: leased for `lease` (`None`: never lapses), and
-/// withdrawn by its submitter once `withdrawn` is set.
+/// withdrawn by its submitter once `withdrawn` is set; `asked` counts the runner's questions.
 #[derive(Default)]
 struct Handed {
     lease: Option<Duration>,
     withdrawn: Arc<AtomicBool>,
+    asked: Arc<AtomicUsize>,
 }
 
 impl Handed {
@@ -1174,6 +1175,7 @@ impl runtime::DeliveryHandle for Handed {
         self.lease
     }
     async fn withdrawn(&self) -> Result<bool, StoreError> {
+        self.asked.fetch_add(1, SeqCst);
         Ok(self.withdrawn.load(SeqCst))
     }
 }
@@ -1400,9 +1402,10 @@ async fn a_job_whose_log_never_appears_is_dropped_after_the_log_wait() {
 }
 
 /// Starts a delivery (to [`succeeding_a`]) of a job whose log does not exist, lets the runner
-/// find it missing (paused time: the runner's sleeps run only when every task is idle), then,
-/// as a submitter settling a failed create does, withdraws the job (if `withdraw`) and creates
-/// the log. Returns the provider, the harness, the job and the run's outcome.
+/// find it missing (paused time: the runner's sleeps run only when every task is idle), then
+/// creates the log; with `withdraw`, as a submitter settling a failed create does: the log
+/// created closed (one write), then the job withdrawn. Returns the provider, the harness, the
+/// job and the run's outcome.
 async fn run_before_the_log(
     withdraw: bool,
 ) -> (Arc<ScriptedProvider>, Harness, runtime::Job, RunOutcome) {
@@ -1415,8 +1418,24 @@ async fn run_before_the_log(
     let run = tokio::spawn(async move { runner.run_delivery(&delivered, 1, Some(&handle)).await });
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!run.is_finished(), "the runner waits for the log");
-    withdrawn.store(withdraw, std::sync::atomic::Ordering::SeqCst);
-    h.create_log(job.execution_id).await;
+    let id = job.execution_id;
+    if withdraw {
+        let at = Timestamp::now();
+        let unqueued = EventBody::Failed {
+            error: RuntimeError::unqueued(),
+        };
+        h.store
+            .create_closed(
+                RuntimeEvent::new(id, protocol::Sequence(1), at, EventBody::Accepted),
+                RuntimeEvent::new(id, protocol::Sequence(2), at, unqueued),
+                &protocol::Tenant::default(),
+            )
+            .await
+            .unwrap();
+        withdrawn.store(true, std::sync::atomic::Ordering::SeqCst);
+    } else {
+        h.create_log(id).await;
+    }
     let outcome = run.await.unwrap();
     (a, h, job, outcome)
 }
@@ -1428,6 +1447,33 @@ async fn a_job_that_arrives_before_its_log_waits_for_it_and_runs() {
     assert_eq!(a.calls(), 1);
     let events = h.events(job.execution_id).await;
     assert_eq!(events.last().unwrap().type_name(), "execution.completed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_whose_log_appears_is_claimed_on_the_log_alone() {
+    // Once its log was found after a wait, a job was dropped if the queue said it was
+    // withdrawn. On replicated jobs streams the queue is asked at the stream's leader, which
+    // can answer "no such message" for a job it has not applied yet (a follower's consumer
+    // delivered it first): a live job was dropped and its execution left to its deadline. A
+    // submitter closes a log before it withdraws its job, and a closed log refuses the claim,
+    // so the log alone decides; here the queue would (wrongly) say withdrawn.
+    let (a, h) = succeeding_a();
+    let job = job(&text_request(""), LONG);
+    let handle = Handed {
+        withdrawn: Arc::new(AtomicBool::new(true)),
+        ..Handed::default()
+    };
+    let asked = Arc::clone(&handle.asked);
+    let runner = Arc::clone(&h.runner);
+    let delivered = job.clone();
+    let run = tokio::spawn(async move { runner.run_delivery(&delivered, 1, Some(&handle)).await });
+    // Within the quick polls, which never ask the queue.
+    tokio::time::sleep(Duration::from_millis(3)).await;
+    assert!(!run.is_finished(), "the runner waits for the log");
+    h.create_log(job.execution_id).await;
+    assert_eq!(run.await.unwrap(), RunOutcome::Finished);
+    assert_eq!(a.calls(), 1);
+    assert_eq!(asked.load(SeqCst), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -1455,10 +1501,10 @@ async fn a_withdrawn_job_is_never_claimed_when_its_log_appears_late() {
     let (a, h, job, outcome) = run_before_the_log(true).await;
     assert_eq!(outcome, RunOutcome::Dropped);
     assert_eq!(a.calls(), 0);
-    // Left for the submitter to close: the worker wrote nothing.
+    // Closed by the submitter: the worker wrote nothing.
     assert_eq!(
         type_names(&h.events(job.execution_id).await),
-        ["execution.accepted"]
+        ["execution.accepted", "execution.failed"]
     );
 }
 

@@ -1,6 +1,7 @@
 //! Before a delivery is claimed: waiting for its log (a job can arrive a few milliseconds
 //! before it) and, for a redelivery, for its previous holder to be gone
-//! ([`crate::holder`]); a job its submitter withdrew meanwhile is dropped.
+//! ([`crate::holder`]); a job its submitter withdrew while its log is still missing is dropped
+//! without waiting for the log any longer.
 //!
 //! A read that fails here (the store slow or unreachable) is retried like a missing log, within
 //! [`super::RunnerSettings::log_wait`]; a delivery that stops before its claim (those retries
@@ -90,6 +91,14 @@ impl Runner {
     /// The end of the execution's log, waiting up to [`RunnerSettings::log_wait`] for a log
     /// that does not exist yet (see the module docs). Only the end of the log matters here,
     /// which every store reads cheaply.
+    ///
+    /// A log found, open or closed, is returned without asking the queue about the job: a
+    /// submitter that withdraws a job closes its log first (or never created it), and a claim
+    /// is a compare-and-set on the log, which a closed log refuses, also where this read came
+    /// from a replica that had not applied the close. (Asking cost every job that came before
+    /// its log one more round trip, to the jobs stream's leader with replicas; and a leader
+    /// that had not applied the job yet, although a follower's consumer had delivered it,
+    /// answered "no such message": a live job was dropped, its execution left to its deadline.)
     pub(super) async fn await_log(
         &self,
         id: protocol::ExecutionId,
@@ -98,24 +107,15 @@ impl Runner {
         let started = Instant::now();
         let mut delay = Duration::from_millis(1);
         let mut polls = 0u32;
-        let mut waited = false;
         // Reads that failed: the first is logged, the count once the wait ends in one.
         let mut failed = 0u32;
         loop {
-            let (what, error) = match self.store.head(id).await {
+            let error = match self.store.head(id).await {
                 Ok(Some(head)) => {
-                    // A log there at the first look (or closed) needs no withdrawal check.
-                    let Some(held) = held.filter(|_| waited && !head.terminal) else {
-                        return Ok(head);
-                    };
-                    match withdrawn(id, held).await {
-                        Ok(false) => {
-                            tracing::debug!(execution_id = %id, last_sequence = head.last_sequence.get(), "log found");
-                            return Ok(head);
-                        }
-                        Ok(true) => return Err(RunOutcome::Dropped),
-                        Err(e) => ("cannot tell whether the job was withdrawn", e),
+                    if polls > 0 || failed > 0 {
+                        tracing::debug!(execution_id = %id, last_sequence = head.last_sequence.get(), "log found");
                     }
+                    return Ok(head);
                 }
                 Ok(None) if started.elapsed() < self.settings.log_wait => {
                     polls += 1;
@@ -127,7 +127,6 @@ impl Runner {
                     {
                         return Err(RunOutcome::Dropped);
                     }
-                    waited = true;
                     self.pause(&mut delay, polls >= QUICK_POLLS).await?;
                     continue;
                 }
@@ -135,19 +134,16 @@ impl Runner {
                     tracing::info!(execution_id = %id, "job without a log; dropped");
                     return Err(RunOutcome::Dropped);
                 }
-                Err(e) => ("cannot read execution state", e),
+                Err(e) => e,
             };
             failed += 1;
             if started.elapsed() >= self.settings.log_wait {
-                tracing::warn!(execution_id = %id, failed, %error, "{what}; handing the job back");
+                tracing::warn!(execution_id = %id, failed, %error, "cannot read execution state; handing the job back");
                 return Err(RunOutcome::Unclaimed);
             }
             if failed == 1 {
-                tracing::warn!(execution_id = %id, %error, "{what}; retrying");
+                tracing::warn!(execution_id = %id, %error, "cannot read execution state; retrying");
             }
-            // Whether the log existed at the first look is unknown: check for a withdrawal once
-            // it is found.
-            waited = true;
             delay = delay.max(FAILED_READ_PAUSE);
             self.pause(&mut delay, true).await?;
         }
@@ -174,8 +170,8 @@ const FAILED_READ_PAUSE: Duration = Duration::from_millis(50);
 /// Polls of a missing log 1 ms apart, without asking the queue about the job, before the
 /// backoff starts: a job usually reaches the worker only a few milliseconds before its log
 /// (the gateway publishes both at once, and the jobs stream answers faster under load), and
-/// each of these polls is one direct get. Past them, every poll also asks whether the job was
-/// withdrawn, and the final check before a claim after any wait is always made.
+/// each of these polls is one direct get. Past them, every poll of a log still missing also
+/// asks whether the job was withdrawn.
 const QUICK_POLLS: u32 = 8;
 
 /// Whether the submitter of the job `held` delivers withdrew it (logged as a drop when it did).

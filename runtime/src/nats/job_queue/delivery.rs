@@ -179,8 +179,8 @@ impl DeliveryHandle for NatsDelivery {
     /// message-get API, answered by its leader. The API's requests wait in the server's one
     /// JetStream API queue, which under load backs up and drops what it holds (every API
     /// request of every client then times out), so the direct get is taken wherever it is
-    /// exact: a worker asks this after every job that came before its log, which under load
-    /// is most of them.
+    /// exact. A worker asks this only while a job's log is still missing after its quick
+    /// polls (`worker::runner::claim`).
     async fn withdrawn(&self) -> Result<bool, StoreError> {
         let config = &self.stream.cached_info().config;
         if config.allow_direct && config.num_replicas <= 1 {
@@ -192,7 +192,18 @@ impl DeliveryHandle for NatsDelivery {
         }
         match self.stream.get_raw_message(self.stream_sequence).await {
             Ok(_) => Ok(false),
-            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(true),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => {
+                // Deleted (withdrawn, or acknowledged by an earlier delivery), or not applied
+                // by the leader yet: a consumer led from a follower delivers a message as soon
+                // as that follower applied it, which can be before the leader did. Only a
+                // sequence the stream has reached can have been deleted.
+                let info = self
+                    .stream
+                    .get_info()
+                    .await
+                    .map_err(|e| unavailable("job stream info", e))?;
+                Ok(self.stream_sequence <= info.state.last_sequence)
+            }
             Err(e) => Err(unavailable("job lookup", e)),
         }
     }
