@@ -244,17 +244,24 @@ impl NatsEventStore {
         id: ExecutionId,
         known: Sequence,
     ) -> Result<Option<Fetched>, StoreError> {
-        let decode = |message: async_nats::jetstream::message::StreamMessage| {
-            Fetched::decode(&message.headers, message.payload, message.sequence)
-        };
-        let fetched = self.direct_last(id).await?.map(decode).transpose()?;
+        let fetched = self
+            .direct_last(id)
+            .await?
+            .map(|message| Fetched::decode(&message.headers, message.payload, message.sequence))
+            .transpose()?;
         let read = fetched.as_ref().map(|f| f.head.sequence);
         if (fetched.is_some() && !stale_read(read, known)) || self.backend.settings.replicas <= 1 {
             return Ok(fetched);
         }
+        self.leader_last(id).await
+    }
+
+    /// The log's last message as the leader has it ([`Self::leader_read`]), decoded; `None`
+    /// without replicas.
+    async fn leader_last(&self, id: ExecutionId) -> Result<Option<Fetched>, StoreError> {
         self.leader_read(id, Edge::Last)
             .await?
-            .map(decode)
+            .map(|message| Fetched::decode(&message.headers, message.payload, message.sequence))
             .transpose()
     }
 
@@ -473,13 +480,10 @@ impl EventStore for NatsEventStore {
         if self.backend.settings.replicas <= 1 {
             return self.head(id).await;
         }
-        let Some(message) = self.leader_read(id, Edge::Last).await? else {
-            return Ok(None);
-        };
-        let Fetched { head, .. } =
-            Fetched::decode(&message.headers, message.payload, message.sequence)?;
-        self.remember(id, head);
-        Ok(Some(head.into()))
+        Ok(self.leader_last(id).await?.map(|Fetched { head, .. }| {
+            self.remember(id, head);
+            head.into()
+        }))
     }
 
     /// One multi-subject get per partition for up to 256 logs; a log it does not answer for

@@ -236,18 +236,13 @@ impl NatsEventStore {
     /// the leader cannot be asked (a partition), the replica's read stands.
     async fn behind_leader(&self, id: ExecutionId, read: Option<&EventRecord>) -> Option<Sequence> {
         let read = read.filter(|r| !r.event.is_terminal())?;
-        if self.backend.settings.replicas <= 1 {
-            return None;
-        }
-        let message = match self.leader_read(id, Edge::Last).await {
-            Ok(message) => message?,
+        let Fetched { head, .. } = match self.leader_last(id).await {
+            Ok(leader) => leader?,
             Err(e) => {
                 tracing::debug!(execution_id = %id, error = %e, "cannot ask the stream leader for the log's end; answering the replica's read");
                 return None;
             }
         };
-        let Fetched { head, .. } =
-            Fetched::decode(&message.headers, message.payload, message.sequence).ok()?;
         (head.sequence > read.sequence()).then_some(head.sequence)
     }
 
