@@ -195,7 +195,9 @@ impl NatsEventStore {
         let wanted_last = Sequence(after.get().saturating_add(limit as u64));
         let (last, owner) = match opened {
             Opened::Short((records, owner)) => {
-                let read = records.last().map(|(_, r)| r);
+                let read = records
+                    .last()
+                    .map(|(_, r)| (r.sequence(), r.event.is_terminal()));
                 let Some(last) = self.behind_leader(id, read).await else {
                     let records = records
                         .into_iter()
@@ -208,12 +210,14 @@ impl NatsEventStore {
                 (last, owner)
             }
             // A long log: its head, read now, bounds the read (the ordered consumer follows it
-            // live).
+            // live); a replica's head, as a short log's last event, may be behind the leader's.
             Opened::Long => {
                 let Some(Fetched { head, .. }) = self.fetch_head(id, Sequence::ZERO).await? else {
                     return Ok(None);
                 };
-                (head.sequence, None)
+                let read = Some((head.sequence, head.terminal));
+                let last = self.behind_leader(id, read).await.unwrap_or(head.sequence);
+                (last, None)
             }
         };
         let wanted_last = last.min(wanted_last);
@@ -226,16 +230,21 @@ impl NatsEventStore {
         Ok(Some((out, owner)))
     }
 
-    /// For a short log read whole from a replica of a replicated stream: the leader's last
-    /// event when the replica had not applied it yet (`read`: the last event the replica gave).
-    /// A follower applies the leader's appends a moment after they are acknowledged (longer on
-    /// a busy server), so a client that had read the terminal event from its event stream could
-    /// get "running" from a status read and 409 from a result read. One leader read settles it
-    /// (the stream's message-get API), made only where it can matter: with replicas, and while
-    /// the log read is open (a terminal event is the end of the log wherever it is read). When
-    /// the leader cannot be asked (a partition), the replica's read stands.
-    async fn behind_leader(&self, id: ExecutionId, read: Option<&EventRecord>) -> Option<Sequence> {
-        let read = read.filter(|r| !r.event.is_terminal())?;
+    /// For a log read from a replica of a replicated stream: the leader's last event when the
+    /// replica had not applied it yet (`read`: the sequence of the last event the replica gave,
+    /// a short log's last record or a long log's head, and whether it is terminal). A follower
+    /// applies the leader's appends a moment after they are acknowledged (longer on a busy
+    /// server), so a client that had read the terminal event from its event stream could get
+    /// "running" from a status read and 409 from a result read. One leader read settles it (the
+    /// stream's message-get API), made only where it can matter: with replicas, and while the
+    /// log read is open (a terminal event is the end of the log wherever it is read). When the
+    /// leader cannot be asked (a partition), the replica's read stands.
+    async fn behind_leader(
+        &self,
+        id: ExecutionId,
+        read: Option<(Sequence, bool)>,
+    ) -> Option<Sequence> {
+        let (read, _) = read.filter(|&(_, terminal)| !terminal)?;
         let Fetched { head, .. } = match self.leader_last(id).await {
             Ok(leader) => leader?,
             Err(e) => {
@@ -243,7 +252,7 @@ impl NatsEventStore {
                 return None;
             }
         };
-        (head.sequence > read.sequence()).then_some(head.sequence)
+        (head.sequence > read).then_some(head.sequence)
     }
 
     /// Records of the execution's subject from stream sequence `from` on, in batches of
