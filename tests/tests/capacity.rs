@@ -82,9 +82,7 @@ fn embedded_gateway(config: &Value, env: &[(&str, &str)]) -> (Gateway, TempDir) 
         ),
     ];
     all.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
-    let (process, line) = spawn("gateway", &["--port", "0"], &all, "listening on ", &dir);
-    let url = line.trim_start_matches("listening on ").trim().to_owned();
-    (Gateway { process, url }, dir)
+    (spawn_gateway(&all, &dir), dir)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

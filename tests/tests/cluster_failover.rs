@@ -142,17 +142,7 @@ impl Stack {
         };
         let gateways = [1, 2]
             .into_iter()
-            .map(|node| {
-                let (process, line) = spawn(
-                    "gateway",
-                    &["--port", "0"],
-                    &env(node),
-                    "listening on ",
-                    &dir,
-                );
-                let url = line.trim_start_matches("listening on ").trim().to_owned();
-                Gateway { process, url }
-            })
+            .map(|node| spawn_gateway(&env(node), &dir))
             .collect();
         let workers = (0..3)
             .map(|node| {

@@ -151,17 +151,7 @@ async fn reads_agree_with_the_stream(workload: Workload) {
     };
     let gateways: Vec<Gateway> = [1, 2]
         .into_iter()
-        .map(|node| {
-            let (process, line) = spawn(
-                "gateway",
-                &["--port", "0"],
-                &env(node),
-                "listening on ",
-                &dir,
-            );
-            let url = line.trim_start_matches("listening on ").trim().to_owned();
-            Gateway { process, url }
-        })
+        .map(|node| spawn_gateway(&env(node), &dir))
         .collect();
     let _worker = spawn("worker", &[], &env(0), "worker started", &dir).0;
 

@@ -209,9 +209,8 @@ fn with(env: &[(String, String)], changes: &Changes<'_>) -> Vec<(String, String)
 }
 
 fn start_gateway(env: &[(String, String)], dir: &TempDir) -> (Process, String) {
-    let (process, line) = spawn("gateway", &["--port", "0"], env, "listening on ", dir);
-    let url = line.trim_start_matches("listening on ").trim().to_owned();
-    (process, url)
+    let gateway = spawn_gateway(env, dir);
+    (gateway.process, gateway.url)
 }
 
 fn start_worker(env: &[(String, String)], dir: &TempDir) -> Process {

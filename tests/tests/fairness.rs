@@ -101,9 +101,8 @@ async fn an_embedded_gateway_serves_tenants_in_turn() {
             path.display().to_string(),
         ),
     ];
-    let (_process, line) = spawn("gateway", &["--port", "0"], &env, "listening on ", &dir);
-    let base = line.trim_start_matches("listening on ").trim().to_owned();
-    light_is_not_served_after_heavys_backlog(&base).await;
+    let gateway = spawn_gateway(&env, &dir);
+    light_is_not_served_after_heavys_backlog(&gateway.url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -320,8 +320,10 @@ async fn embedded_gateway_memory_per_request_is_bounded_whatever_the_json_shape(
         ),
         ("MODEL_RUNTIME_WORKERS".to_owned(), "25".to_owned()),
     ];
-    let (gateway, line) = spawn("gateway", &["--port", "0"], &env, "listening on ", &dir);
-    let base = line.trim_start_matches("listening on ").trim().to_owned();
+    let Gateway {
+        process: gateway,
+        url: base,
+    } = spawn_gateway(&env, &dir);
     warm_up(&base, &[&gateway]).await;
     let baseline = rss(gateway.pid());
     let (ids, total) =

@@ -147,9 +147,8 @@ fn embedded_gateway(logs: &TempDir, config: &Value) -> (Process, String) {
         ("MRT_TEST_OLD_SECRET".into(), OLD_SECRET.into()),
         ("MRT_TEST_NEW_SECRET".into(), NEW_SECRET.into()),
     ];
-    let (gateway, line) = spawn("gateway", &["--port", "0"], &env, "listening on ", logs);
-    let url = line.trim_start_matches("listening on ").trim().to_owned();
-    (gateway, url)
+    let gateway = spawn_gateway(&env, logs);
+    (gateway.process, gateway.url)
 }
 
 async fn submit_as(base: &str, key: Option<&str>) -> String {
@@ -740,8 +739,10 @@ async fn the_death_of_a_nats_node_loses_no_delivery_and_two_workers_share_them()
         ]);
         env
     };
-    let (_gateway, line) = spawn("gateway", &["--port", "0"], &env(1), "listening on ", &logs);
-    let url = line.trim_start_matches("listening on ").trim().to_owned();
+    let Gateway {
+        process: _gateway,
+        url,
+    } = spawn_gateway(&env(1), &logs);
     let mut admins = Vec::new();
     let mut workers = Vec::new();
     for node in [0, 2] {

@@ -164,6 +164,13 @@ pub struct Gateway {
     pub url: String,
 }
 
+/// Starts a gateway on a free port with `env` (see [`spawn`]) and waits until it listens.
+pub fn spawn_gateway(env: &[(String, String)], logs: &TempDir) -> Gateway {
+    let (process, line) = spawn("gateway", &["--port", "0"], env, "listening on ", logs);
+    let url = line.trim_start_matches("listening on ").trim().to_owned();
+    Gateway { process, url }
+}
+
 /// The environment of a process on the nats backend: the NATS server it connects to (one node
 /// of a cluster learns the others from its gossip), Redis, its namespace and deployment file.
 /// Several processes share the machine, so each admin endpoint is on a free port.
@@ -218,15 +225,7 @@ impl Cluster {
     }
 
     pub fn gateway(&self) -> Gateway {
-        let (process, line) = spawn(
-            "gateway",
-            &["--port", "0"],
-            &self.env(),
-            "listening on ",
-            &self.dir,
-        );
-        let url = line.trim_start_matches("listening on ").trim().to_owned();
-        Gateway { process, url }
+        spawn_gateway(&self.env(), &self.dir)
     }
 
     pub fn worker(&self) -> Process {
