@@ -37,6 +37,8 @@ struct Workload {
     executions: usize,
     /// `MODEL_RUNTIME_APPEND_PACE_MS` of the worker: `0` writes each delta as soon as it can.
     pace_ms: &'static str,
+    /// `MODEL_RUNTIME_PARTITIONS` of every process.
+    partitions: u16,
 }
 
 /// Reads `id`'s event stream from `base` up to its terminal event and returns that event's
@@ -105,13 +107,15 @@ async fn status_and_result_reads_after_the_terminal_event_never_go_back_in_time(
         clients: 8,
         executions: 100,
         pace_ms: "auto",
+        partitions: 1,
     })
     .await;
 }
 
 /// Long logs (more than the 64 messages one batched direct get reads), read through an
 /// ordered consumer up to the log's head, which a replica reads: 150 deltas 2 ms apart, each
-/// written as soon as it can be. Before the long read asked the leader too, 5–10 of 640 status
+/// written as soon as it can be, over 3 partitions (three events streams, each read through
+/// its own connection). Before the long read asked the leader too, 5–10 of 640 status
 /// reads showed such an execution `running` under `scripts/measure-read-after-terminal.py` on
 /// release builds (BENCHMARKS.md "Cluster"); on debug builds this test did not catch it (4 runs
 /// of 320 executions): it holds the guarantee, the measurement is the evidence.
@@ -123,6 +127,7 @@ async fn reads_of_long_logs_after_the_terminal_event_never_go_back_in_time() {
         clients: 8,
         executions: 8,
         pace_ms: "0",
+        partitions: 3,
     })
     .await;
 }
@@ -142,6 +147,12 @@ async fn reads_agree_with_the_stream(workload: Workload) {
             "MODEL_RUNTIME_APPEND_PACE_MS".into(),
             workload.pace_ms.into(),
         ));
+        env.push((
+            "MODEL_RUNTIME_PARTITIONS".into(),
+            workload.partitions.to_string(),
+        ));
+        // The test places the leaders itself (below); the workers' placement would spread them.
+        env.push(("MODEL_RUNTIME_LEADER_PLACEMENT_MS".into(), "0".into()));
         // A read that could not ask the stream's leader says so (at debug).
         env.push((
             "RUST_LOG".into(),
@@ -155,23 +166,27 @@ async fn reads_agree_with_the_stream(workload: Workload) {
         .collect();
     let _worker = spawn("worker", &[], &env(0), "worker started", &dir).0;
 
-    // The events stream is led from node 0, so both gateways read from followers.
-    let events = runtime::nats::EventShards::new(namespace.clone(), 1)
-        .unwrap()
-        .stream(0);
+    // Every events stream is led from node 0, so both gateways read from followers.
+    let events: Vec<String> =
+        runtime::nats::EventShards::new(namespace.clone(), workload.partitions)
+            .unwrap()
+            .streams()
+            .collect();
     let js = testkit::jetstream::connect(&nats.node_url(0)).await;
     let home = nats.server_name(0).to_owned();
-    let group = Group::Stream(events.clone());
-    poll_until(PROMPT, Duration::from_millis(200), async || {
-        match leader(&js, &group).await {
-            Some(now) if now == home => Ok(()),
-            now => {
-                ask_leader(&js, &group, &home).await;
-                Err(format!("the events stream is led by {now:?}, not {home}"))
+    for stream in &events {
+        let group = Group::Stream(stream.clone());
+        poll_until(PROMPT, Duration::from_millis(200), async || {
+            match leader(&js, &group).await {
+                Some(now) if now == home => Ok(()),
+                now => {
+                    ask_leader(&js, &group, &home).await;
+                    Err(format!("{stream} is led by {now:?}, not {home}"))
+                }
             }
-        }
-    })
-    .await;
+        })
+        .await;
+    }
     let urls: Vec<String> = gateways.iter().map(|g| g.url.clone()).collect();
 
     let clients: Vec<_> = (0..workload.clients)
@@ -182,7 +197,10 @@ async fn reads_agree_with_the_stream(workload: Workload) {
         wrong.extend(client.await.expect("a client"));
     }
     let executions = workload.clients * workload.executions;
-    let messages = stream_state(&js, &events).await.messages;
+    let mut messages = 0;
+    for stream in &events {
+        messages += stream_state(&js, stream).await.messages;
+    }
     eprintln!(
         "{executions} executions, {:.1} messages per log",
         messages as f64 / executions as f64
