@@ -1,9 +1,10 @@
-//! Reads that agree with the event stream on a replicated cluster (contract section 8,
-//! docs/event-log.md "Live readers never chase the end of a log"): a three-node NATS JetStream cluster on loopback,
-//! R3 streams led from node 0, one worker connected there and two gateways connected to the two
-//! followers (node 1 and node 2), whose direct gets their own node's replica answers, and
-//! closed-loop clients that each submit, read the execution's event stream up to its terminal
-//! event, and then at once read its status and result through both gateways.
+//! Reads that agree with the event stream on a replicated cluster (contract section 8;
+//! docs/event-log.md, "Live readers never chase the end of a log"): a three-node NATS
+//! JetStream cluster on loopback, R3 streams led from node 0, one worker connected there and
+//! two gateways connected to the two followers (node 1 and node 2), whose direct gets their own
+//! node's replica answers, and closed-loop clients that each submit, read the execution's
+//! event stream up to its terminal event, and then at once read its status and result through
+//! both gateways.
 //!
 //! Claim checked: once a client has read an execution's terminal event, every status read
 //! shows a terminal status and every result read answers 200, whichever gateway (and so
