@@ -20,11 +20,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use e2e_tests::*;
-use futures_util::StreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use protocol::sse::{SseEvent, SseParser};
 use serde_json::Value;
 use testkit::gateway::is_terminal_snapshot;
-use testkit::jetstream::{Group, ask_leader, leader, stream_state};
+use testkit::jetstream::{Group, ask_leader, leader};
 use testkit::{NatsCluster, RedisServer, TempDir, unique_namespace};
 
 /// What a run of the scenario varies: the mock's output, and so how long each log is.
@@ -67,26 +67,57 @@ async fn read_to_terminal(base: &str, id: &str) -> String {
     }
 }
 
+/// How often a client tries a request answered 503 `unavailable` (a store request that timed
+/// out on a busy machine): an honest answer, not a contradiction, which a client retries.
+const TRIES: usize = 20;
+
+/// Submits `body` to `base`, retrying a 503 as a client would; returns the execution's id.
+async fn submit_retrying(base: &str, body: &Value) -> String {
+    let mut last = Value::Null;
+    for _ in 0..TRIES {
+        let (status, answer) = submit(base, body, None).await;
+        match answer["execution_id"].as_str() {
+            Some(id) if status == 202 => return id.to_owned(),
+            _ if status == 503 => tokio::time::sleep(Duration::from_millis(100)).await,
+            _ => panic!("submit answered {status}: {answer}"),
+        }
+        last = answer;
+    }
+    panic!("submit answered 503 {TRIES} times: {last}")
+}
+
+/// GETs `url`, retrying a 503 as a client would; returns the first other answer.
+async fn get_retrying(url: &str) -> (u16, Value) {
+    for _ in 1..TRIES {
+        let (status, body) = get_json(url).await;
+        if status != 503 {
+            return (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    get_json(url).await
+}
+
 /// One client: submit through one gateway, read the stream there to its end, then read the
 /// status and the result through both gateways. Returns what went back in time.
 async fn client_loop(n: usize, executions: usize, gateways: Vec<String>) -> Vec<String> {
     let mut wrong = Vec::new();
     for round in 0..executions {
         let first = (n + round) % gateways.len();
-        let id = submit_accepted(&gateways[first], &text_request(&format!("{n}/{round}"))).await;
+        let id = submit_retrying(&gateways[first], &text_request(&format!("{n}/{round}"))).await;
         let terminal = read_to_terminal(&gateways[first], &id).await;
         assert_eq!(terminal, "execution.completed", "execution {id}");
         // The other gateway first: its node is the one most likely behind.
         for k in 1..=gateways.len() {
             let base = &gateways[(first + k) % gateways.len()];
-            let (status, snapshot) = get_json(&format!("{base}/v1/executions/{id}")).await;
+            let (status, snapshot) = get_retrying(&format!("{base}/v1/executions/{id}")).await;
             if status != 200 || !is_terminal_snapshot(&snapshot) {
                 wrong.push(format!(
                     "{id}: status read via {base} after its terminal event: {status} {}",
                     snapshot["status"]
                 ));
             }
-            let (status, result) = get_json(&format!("{base}/v1/executions/{id}/result")).await;
+            let (status, result) = get_retrying(&format!("{base}/v1/executions/{id}/result")).await;
             if status != 200 {
                 wrong.push(format!(
                     "{id}: result read via {base} after its terminal event: {status} {}",
@@ -114,19 +145,21 @@ async fn status_and_result_reads_after_the_terminal_event_never_go_back_in_time(
 }
 
 /// Long logs (more than the 64 messages one batched direct get reads), read through an
-/// ordered consumer up to the log's head, which a replica reads: 150 deltas 2 ms apart, each
-/// written as soon as it can be, over 3 partitions (three events streams, each read through
-/// its own connection). Before the long read asked the leader too, 5–10 of 640 status
-/// reads showed such an execution `running` under `scripts/measure-read-after-terminal.py` on
-/// release builds (BENCHMARKS.md "Cluster"); on debug builds this test did not catch it (4 runs
-/// of 320 executions): it holds the guarantee, the measurement is the evidence.
+/// ordered consumer up to the log's head, which a replica reads: 120 deltas 8 ms apart, each
+/// written as soon as it can be (an append takes less than 8 ms unless the machine is very
+/// busy, so most deltas get a message of their own: 111–122 a log with four of these tests at
+/// once on 2 cores), over 3 partitions (three events streams, each read through its own
+/// connection). Before the long read asked the leader too, 5–10 of 640 status reads of
+/// 150-delta executions showed them `running` under `scripts/measure-read-after-terminal.py`
+/// on release builds (BENCHMARKS.md "Cluster"); on debug builds this test did not catch it (4
+/// runs of 320 executions): it holds the guarantee, the measurement is the evidence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reads_of_long_logs_after_the_terminal_event_never_go_back_in_time() {
     reads_agree_with_the_stream(Workload {
-        chunks: 150,
-        delay_ms: 2,
+        chunks: 120,
+        delay_ms: 8,
         clients: 8,
-        executions: 8,
+        executions: 6,
         pace_ms: "0",
         partitions: 3,
     })
@@ -198,19 +231,29 @@ async fn reads_agree_with_the_stream(workload: Workload) {
         wrong.extend(client.await.expect("a client"));
     }
     let executions = workload.clients * workload.executions;
-    let mut messages = 0;
+    // Messages per log, each log being one subject of its partition's events stream.
+    let mut per_log = Vec::new();
     for stream in &events {
-        messages += stream_state(&js, stream).await.messages;
+        let stream = js.get_stream(stream).await.expect("an events stream");
+        let mut subjects = stream.info_with_subjects(">").await.expect("its subjects");
+        while let Some((_, count)) = subjects.try_next().await.expect("a subject's count") {
+            per_log.push(count);
+        }
     }
+    per_log.sort_unstable();
     eprintln!(
-        "{executions} executions, {:.1} messages per log",
-        messages as f64 / executions as f64
+        "{executions} executions, {} logs, messages per log: min {:?}, median {:?}, max {:?}",
+        per_log.len(),
+        per_log.first(),
+        per_log.get(per_log.len() / 2),
+        per_log.last()
     );
     if workload.chunks > 64 {
-        // Logs longer than one batched read on average: the reads went the long way.
+        // Most logs longer than one batched read (64 messages): their reads went the long way.
+        let long = per_log.iter().filter(|&&n| n > 64).count();
         assert!(
-            messages as usize > executions * 64,
-            "{messages} messages for {executions} logs: not long logs"
+            long * 2 >= executions,
+            "{long} of {executions} logs longer than 64 messages: {per_log:?}"
         );
     }
     // Where the leader could not be asked in time (a server stalled past the request timeout
@@ -238,6 +281,14 @@ async fn reads_agree_with_the_stream(workload: Workload) {
             excused.join("\n")
         );
     }
+    // Unless the cluster is in trouble, the leader answers: the excuse must stay rare, or the
+    // test would pass without checking anything.
+    assert!(
+        excused.len() * 10 <= executions * 4,
+        "{} of {} reads could not ask the leader",
+        excused.len(),
+        executions * 4
+    );
     assert!(
         wrong.is_empty(),
         "{} of {} reads went back in time:\n{}",
