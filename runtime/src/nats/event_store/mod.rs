@@ -78,6 +78,13 @@ struct Fetched {
 }
 
 impl Fetched {
+    /// The last message of a log as a get answered it (direct or from the leader).
+    fn of_message(
+        message: async_nats::jetstream::message::StreamMessage,
+    ) -> Result<Self, StoreError> {
+        Self::decode(&message.headers, message.payload, message.sequence)
+    }
+
     /// The last message of a log, stored at `stream_sequence`.
     fn decode(
         headers: &async_nats::HeaderMap,
@@ -247,7 +254,7 @@ impl NatsEventStore {
         let fetched = self
             .direct_last(id)
             .await?
-            .map(|message| Fetched::decode(&message.headers, message.payload, message.sequence))
+            .map(Fetched::of_message)
             .transpose()?;
         let read = fetched.as_ref().map(|f| f.head.sequence);
         if (fetched.is_some() && !stale_read(read, known)) || self.backend.settings.replicas <= 1 {
@@ -261,7 +268,7 @@ impl NatsEventStore {
     async fn leader_last(&self, id: ExecutionId) -> Result<Option<Fetched>, StoreError> {
         self.leader_read(id, Edge::Last)
             .await?
-            .map(|message| Fetched::decode(&message.headers, message.payload, message.sequence))
+            .map(Fetched::of_message)
             .transpose()
     }
 

@@ -195,10 +195,14 @@ impl NatsEventStore {
         let wanted_last = Sequence(after.get().saturating_add(limit as u64));
         let (last, owner) = match opened {
             Opened::Short((records, owner)) => {
-                let read = records
-                    .last()
-                    .map(|(_, r)| (r.sequence(), r.event.is_terminal()));
-                let Some(last) = self.behind_leader(id, read).await else {
+                let behind = match records.last() {
+                    Some((_, r)) => {
+                        self.behind_leader(id, r.sequence(), r.event.is_terminal())
+                            .await
+                    }
+                    None => None,
+                };
+                let Some(last) = behind else {
                     let records = records
                         .into_iter()
                         .map(|(_, r)| r)
@@ -212,11 +216,19 @@ impl NatsEventStore {
             // A long log: its head, read now, bounds the read (the ordered consumer follows it
             // live); a replica's head, as a short log's last event, may be behind the leader's.
             Opened::Long => {
-                let Some(Fetched { head, .. }) = self.fetch_head(id, Sequence::ZERO).await? else {
-                    return Ok(None);
+                let replica = self.direct_last(id).await?.map(Fetched::of_message);
+                let last = match replica.transpose()? {
+                    Some(Fetched { head, .. }) => self
+                        .behind_leader(id, head.sequence, head.terminal)
+                        .await
+                        .unwrap_or(head.sequence),
+                    // The replica has none of it yet (the leader had its first message): the
+                    // leader's head, in one read.
+                    None => match self.leader_last(id).await? {
+                        Some(Fetched { head, .. }) => head.sequence,
+                        None => return Ok(None),
+                    },
                 };
-                let read = Some((head.sequence, head.terminal));
-                let last = self.behind_leader(id, read).await.unwrap_or(head.sequence);
                 (last, None)
             }
         };
@@ -231,8 +243,8 @@ impl NatsEventStore {
     }
 
     /// For a log read from a replica of a replicated stream: the leader's last event when the
-    /// replica had not applied it yet (`read`: the sequence of the last event the replica gave,
-    /// a short log's last record or a long log's head, and whether it is terminal). A follower
+    /// replica had not applied it yet (`read` and `terminal`: the last event the replica gave,
+    /// a short log's last record or a long log's head). A follower
     /// applies the leader's appends a moment after they are acknowledged (longer on a busy
     /// server), so a client that had read the terminal event from its event stream could get
     /// "running" from a status read and 409 from a result read. One leader read settles it (the
@@ -242,9 +254,12 @@ impl NatsEventStore {
     async fn behind_leader(
         &self,
         id: ExecutionId,
-        read: Option<(Sequence, bool)>,
+        read: Sequence,
+        terminal: bool,
     ) -> Option<Sequence> {
-        let (read, _) = read.filter(|&(_, terminal)| !terminal)?;
+        if terminal {
+            return None;
+        }
         let Fetched { head, .. } = match self.leader_last(id).await {
             Ok(leader) => leader?,
             Err(e) => {
