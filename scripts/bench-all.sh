@@ -34,7 +34,8 @@
 #   t  issue 31 item 5: the runs its 16-core targets are judged by, most important first (group
 #      s's headline rows, 4,096 token streams with 4 workers, the I/O-bound workers 1/2/4, a 3-node
 #      R3 cluster, embedded), so that a run cut short by a time limit still has the first
-#      (scripts/bench-device.sh); t-scaling.md tables them as group s's
+#      (scripts/bench-device.sh); t-scaling.md tables them as group s's, and `bench targets
+#      --issue 31` gives the verdict on each target into t-targets.md
 #   p  issue 31 item 3: group t's zero-delay runs (8 and 1 partitions; 8 again with nats-server's
 #      subscription match cache off) and its 4,096 token streams again, profiled (bench
 #      --profile-dir OUT/profiles/LABEL; scripts/pack-profiling.sh makes a device pack able to)
@@ -284,6 +285,11 @@ for group in $GROUPS_TO_RUN; do
       --worker-procs 4 "${zero[@]}"
     run t-embedded-c256 --backend embedded "${zero[@]}"
     scaling t
+    # The verdict on each target (scripts/bench-device.sh judges again once its fairness run
+    # has written OUT/fairness.json).
+    if ! "$BENCH" targets --issue 31 "$OUT" | tee "$OUT/t-targets.md"; then
+      FAILED+=(t-targets)
+    fi
     ;;
   p)
     # Where the time goes in group t's headline runs (bench --profile-dir): nats-server's Go CPU

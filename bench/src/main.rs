@@ -55,7 +55,8 @@ enum Command {
     Raw(raw::Command),
     /// SVG charts from JSON reports (`--json-out` / `--out`), e.g. before and after a change.
     Plot(plot::PlotArgs),
-    /// The verdict on issue 14's targets from group a's reports, one directory per round.
+    /// The verdict on an issue's targets (14: token streams, from group a; 31: scale-out, from
+    /// group t), one report directory per round.
     Targets(targets::TargetsArgs),
     /// Throughput against worker processes, partitions, gateways and NATS nodes: a table and
     /// SVG charts from the reports of a scaling matrix (`scripts/bench-all.sh` group s).

@@ -93,6 +93,9 @@ pub struct Percentiles {
     pub p50_us: u64,
     pub p90_us: u64,
     pub p99_us: u64,
+    /// Absent from reports older than the field.
+    #[serde(default)]
+    pub p999_us: u64,
 }
 
 impl Percentiles {

@@ -1,10 +1,6 @@
-//! `bench targets`: the verdict on issue 14's item 4 targets from the reports of group a of
-//! `scripts/bench-all.sh`, one output directory per round.
-//!
-//! Each target compares figures of one round only (a nats run with the embedded run of the same
-//! round), because this class of machine changes speed by a third within a session
-//! (BENCHMARKS.md, "Machine speed"). With several rounds it prints, per target, how many rounds
-//! met it and the median figure, so a verdict does not rest on one run.
+//! Issue 14's item 4 targets, judged from the reports of group a of `scripts/bench-all.sh`
+//! (`bench targets`, the default issue). A nats run is compared with the embedded run of the
+//! same round.
 //!
 //! The reports it reads (`--out` JSON of `bench`, named by their labels in bench-all.sh):
 //!
@@ -20,46 +16,10 @@
 //! and `a-embedded-zero-c32` for the embedded rate, shown beside them ("embedded mode not
 //! slower than today" needs a build to compare with: `bench plot --before/--after`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use serde::Deserialize;
-
-use crate::plot::{LatencyJson, Percentiles};
-
-/// `bench targets` options.
-#[derive(Debug, Clone, clap::Args)]
-pub struct TargetsArgs {
-    /// Output directories of group a (`scripts/bench-all.sh DIR` with `BENCH_GROUPS=a`), one
-    /// per round, in the order they ran.
-    #[arg(required = true)]
-    pub rounds: Vec<PathBuf>,
-}
-
-/// The figures of one report that the targets use.
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct RunFigures {
-    #[serde(default)]
-    pub ok: u64,
-    #[serde(default)]
-    pub failed: u64,
-    #[serde(default)]
-    pub errored: u64,
-    #[serde(default)]
-    pub throughput_per_s: f64,
-    #[serde(default)]
-    latency: LatencyJson,
-    #[serde(default)]
-    jetstream: Option<JetStream>,
-}
-
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-struct JetStream {
-    events_per_execution: f64,
-}
-
-fn ms(us: u64) -> f64 {
-    us as f64 / 1000.0
-}
+use super::{Reports, Rule, RunFigures, Target, Verdict, measured, ms, read_report};
+use crate::plot::Percentiles;
 
 /// The reports of one round, each `None` when missing (a run that failed or was not run).
 #[derive(Debug, Clone, Default)]
@@ -74,108 +34,40 @@ pub struct Round {
     pub nats_msgs_c1: Option<RunFigures>,
 }
 
-/// `report` when it measured something: a run that completed nothing has no figures to judge.
-fn measured(report: &Option<RunFigures>) -> Option<&RunFigures> {
-    report.as_ref().filter(|r| r.ok > 0)
-}
+impl Reports for Round {
+    const TITLE: &'static str = "target (issue 14 item 4)";
 
-impl Round {
-    /// Reads the reports of one round from `dir`; a missing report stays `None`, an unreadable
-    /// one is an error.
-    pub fn read(dir: &Path) -> Result<Self, String> {
-        let read = |label: &str| -> Result<Option<RunFigures>, String> {
-            let path = dir.join(format!("{label}.json"));
-            match std::fs::read_to_string(&path) {
-                Ok(text) => serde_json::from_str(&text)
-                    .map(Some)
-                    .map_err(|e| format!("{}: not a bench report: {e}", path.display())),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(format!("cannot read {}: {e}", path.display())),
-            }
-        };
+    fn read(dir: &Path) -> Result<Self, String> {
         Ok(Self {
-            embedded_c256: read("a-embedded-c256")?,
-            nats_c256: read("a-nats-c256")?,
-            embedded_c1024: read("a-embedded-c1024")?,
-            nats_c1024: read("a-nats-c1024")?,
-            nats_zero_c32: read("a-nats-zero-c32")?,
-            embedded_zero_c32: read("a-embedded-zero-c32")?,
-            nats_submit_c1: read("a-nats-submit-c1")?,
-            nats_msgs_c1: read("a-nats-msgs-c1")?,
+            embedded_c256: read_report(dir, "a-embedded-c256")?,
+            nats_c256: read_report(dir, "a-nats-c256")?,
+            embedded_c1024: read_report(dir, "a-embedded-c1024")?,
+            nats_c1024: read_report(dir, "a-nats-c1024")?,
+            nats_zero_c32: read_report(dir, "a-nats-zero-c32")?,
+            embedded_zero_c32: read_report(dir, "a-embedded-zero-c32")?,
+            nats_submit_c1: read_report(dir, "a-nats-submit-c1")?,
+            nats_msgs_c1: read_report(dir, "a-nats-msgs-c1")?,
         })
     }
-}
 
-/// What one round says of one target.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Verdict {
-    /// The figure the target is about (a ratio in percent for the "within" targets), `None`
-    /// when a report is missing.
-    pub figure: Option<f64>,
-    /// The figure as the table shows it.
-    pub shown: String,
-    pub met: bool,
-}
-
-impl Verdict {
-    fn missing() -> Self {
-        Self {
-            figure: None,
-            shown: "missing".into(),
-            met: false,
-        }
-    }
-}
-
-/// One of the targets: its name, how its figures are shown and how a round is judged.
-pub struct Target {
-    pub name: &'static str,
-    /// The unit after a figure ("%" figures are signed), and its decimals.
-    unit: &'static str,
-    decimals: usize,
-    rule: Rule,
-}
-
-/// How a round is judged on a target.
-enum Rule {
-    /// The figure (`None`: a report is missing) must not exceed the limit.
-    AtMost(f64, fn(&Round) -> Option<f64>),
-    /// The figure must reach the limit.
-    AtLeast(f64, fn(&Round) -> Option<f64>),
-    /// A comparison of two runs, judged whole.
-    Compare(fn(&Round) -> Verdict),
-}
-
-impl Target {
-    /// `figure` in this target's unit.
-    fn show(&self, figure: f64) -> String {
-        match self.unit {
-            "%" => format!("{figure:+.prec$}%", prec = self.decimals),
-            unit => format!("{figure:.prec$}{unit}", prec = self.decimals),
-        }
+    fn targets() -> &'static [Target<Self>] {
+        TARGETS
     }
 
-    /// What `round` says of this target.
-    fn judge(&self, round: &Round) -> Verdict {
-        let (figure, met) = match self.rule {
-            Rule::Compare(judge) => return judge(round),
-            Rule::AtMost(limit, figure) => {
-                let v = figure(round);
-                (v, v.is_some_and(|v| v <= limit))
-            }
-            Rule::AtLeast(limit, figure) => {
-                let v = figure(round);
-                (v, v.is_some_and(|v| v >= limit))
-            }
-        };
-        match figure {
-            Some(v) => Verdict {
-                figure: Some(v),
-                shown: self.show(v),
-                met,
-            },
-            None => Verdict::missing(),
-        }
+    /// The embedded zero-delay rate of each round ("embedded mode not slower than today" needs
+    /// a build to compare with).
+    fn footer(rounds: &[(String, Self)]) -> String {
+        let embedded: Vec<String> = rounds
+            .iter()
+            .map(|(name, r)| match measured(&r.embedded_zero_c32) {
+                Some(e) => format!("{name}: {:.1}", e.throughput_per_s),
+                None => format!("{name}: missing"),
+            })
+            .collect();
+        format!(
+            "\nembedded zero-delay c=32, exec/s (compare builds with `bench plot --before/--after`): {}\n",
+            embedded.join(", ")
+        )
     }
 }
 
@@ -216,7 +108,7 @@ fn within(nats: u64, embedded: u64, limit_percent: f64, what: &str) -> Verdict {
 }
 
 /// The targets of issue 14 item 4, in the issue's order.
-pub const TARGETS: &[Target] = &[
+pub const TARGETS: &[Target<Round>] = &[
     Target {
         name: "nats c=256: terminal p50 within 10% of embedded",
         unit: "%",
@@ -240,7 +132,7 @@ pub const TARGETS: &[Target] = &[
         decimals: 1,
         rule: Rule::Compare(|r| match terminals(&r.nats_c1024, &r.embedded_c1024) {
             Some((run, n, e)) => {
-                let errors = run.failed + run.errored;
+                let errors = run.errors();
                 let mut v = within(n.p99_us, e.p99_us, 25.0, &format!(", {errors} errors"));
                 v.met &= errors == 0;
                 v
@@ -274,101 +166,10 @@ pub const TARGETS: &[Target] = &[
     },
 ];
 
-/// The judgement of every target on `round`, in [`TARGETS`]' order.
-pub fn judge(round: &Round) -> Vec<Verdict> {
-    TARGETS.iter().map(|t| t.judge(round)).collect()
-}
-
-/// The median of the figures present (the mean of the middle two for an even count).
-pub(crate) fn median(mut figures: Vec<f64>) -> Option<f64> {
-    figures.retain(|f| f.is_finite());
-    if figures.is_empty() {
-        return None;
-    }
-    figures.sort_by(f64::total_cmp);
-    let mid = figures.len() / 2;
-    Some(if figures.len() % 2 == 1 {
-        figures[mid]
-    } else {
-        (figures[mid - 1] + figures[mid]) / 2.0
-    })
-}
-
-/// The Markdown table of `rounds` (name, verdicts): a row per target, a column per round and,
-/// with more than one round, how many met it and the median figure.
-pub fn table(rounds: &[(String, Round)]) -> String {
-    let verdicts: Vec<Vec<Verdict>> = rounds.iter().map(|(_, r)| judge(r)).collect();
-    let mut out = String::from("| target (issue 14 item 4) |");
-    for (name, _) in rounds {
-        out.push_str(&format!(" {name} |"));
-    }
-    let summary = rounds.len() > 1;
-    if summary {
-        out.push_str(" met in | median |");
-    }
-    out.push_str("\n| --- |");
-    for _ in rounds {
-        out.push_str(" --- |");
-    }
-    if summary {
-        out.push_str(" ---: | ---: |");
-    }
-    out.push('\n');
-    for (i, target) in TARGETS.iter().enumerate() {
-        out.push_str(&format!("| {} |", target.name));
-        for round in &verdicts {
-            let v = &round[i];
-            let mark = if v.figure.is_none() {
-                ""
-            } else if v.met {
-                ": met"
-            } else {
-                ": **not met**"
-            };
-            out.push_str(&format!(" {}{mark} |", v.shown));
-        }
-        if summary {
-            let met = verdicts.iter().filter(|v| v[i].met).count();
-            let median = median(verdicts.iter().filter_map(|v| v[i].figure).collect());
-            let median = median.map_or_else(|| "–".into(), |m| target.show(m));
-            out.push_str(&format!(" {met} of {} | {median} |", rounds.len()));
-        }
-        out.push('\n');
-    }
-    let embedded: Vec<String> = rounds
-        .iter()
-        .map(|(name, r)| match measured(&r.embedded_zero_c32) {
-            Some(e) => format!("{name}: {:.1}", e.throughput_per_s),
-            None => format!("{name}: missing"),
-        })
-        .collect();
-    out.push_str(&format!(
-        "\nembedded zero-delay c=32, exec/s (compare builds with `bench plot --before/--after`): {}\n",
-        embedded.join(", ")
-    ));
-    out
-}
-
-/// `bench targets`.
-pub fn run(a: &TargetsArgs) -> Result<(), String> {
-    let mut rounds = Vec::with_capacity(a.rounds.len());
-    for dir in &a.rounds {
-        if !dir.is_dir() {
-            return Err(format!("{} is not a directory", dir.display()));
-        }
-        let name = dir.file_name().map_or_else(
-            || dir.display().to_string(),
-            |n| n.to_string_lossy().into_owned(),
-        );
-        rounds.push((name, Round::read(dir)?));
-    }
-    print!("{}", table(&rounds));
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::targets::{judge, table};
 
     fn run(json: &str) -> Option<RunFigures> {
         Some(serde_json::from_str(json).expect("report"))
@@ -506,13 +307,6 @@ mod tests {
         let table = table(&[("only".to_string(), good_round())]);
         assert!(table.starts_with("| target (issue 14 item 4) | only |\n| --- | --- |\n"));
         assert!(!table.contains("met in"));
-    }
-
-    #[test]
-    fn median_of_an_even_count_is_the_mean_of_the_middle_two() {
-        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(2.5));
-        assert_eq!(median(vec![]), None);
-        assert_eq!(median(vec![f64::INFINITY, 7.0]), Some(7.0));
     }
 
     #[test]
