@@ -11,10 +11,10 @@
 # into OUT/profiles/: read nats-server's with `go tool pprof -top FILE` here), the tenants'
 # fairness run when python3 is there, then group s (the whole scaling matrix, partitions
 # S_PARTITIONS, default "1 8") while time is left. Nothing starts after BUDGET seconds (default
-# 500; one device call may run 600): the group under way is stopped and what it finished stays. OUT/summary.txt has each
-# run's stack, throughput, latencies, cores per process and subscription-list lock takes, then
-# the verdict on each target (`bench targets --issue 31`, t-targets.md) and group t's and group
-# s's tables (`bench scaling`).
+# 500; one device call may run 600): the group under way is stopped and what it finished
+# stays. OUT/summary.txt has each run's stack, throughput, latencies, cores per process and
+# subscription-list lock takes, then the verdict on each target (`bench targets --issue 31`,
+# t-targets.md) and group t's and group s's tables (`bench scaling`).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 

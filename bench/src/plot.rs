@@ -93,7 +93,7 @@ pub struct Percentiles {
     pub p50_us: u64,
     pub p90_us: u64,
     pub p99_us: u64,
-    /// Absent from reports older than the field.
+    /// 0 when a report lacks it.
     #[serde(default)]
     pub p999_us: u64,
 }
