@@ -20,10 +20,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use e2e_tests::*;
-use futures_util::{StreamExt, TryStreamExt};
-use protocol::sse::{SseEvent, SseParser};
+use futures_util::TryStreamExt;
 use serde_json::Value;
-use testkit::gateway::is_terminal_snapshot;
+use testkit::gateway::{Sse, is_terminal_snapshot};
 use testkit::jetstream::{Group, ask_leader, leader};
 use testkit::{NatsCluster, RedisServer, TempDir, unique_namespace};
 
@@ -47,24 +46,15 @@ struct Workload {
 async fn read_to_terminal(base: &str, id: &str) -> String {
     let response = event_stream(base, id).await;
     assert_eq!(response.status().as_u16(), 200, "GET /events of {id}");
-    let mut parser = SseParser::new();
-    let mut body = response.bytes_stream();
-    loop {
-        let chunk = tokio::time::timeout(PROMPT, body.next())
-            .await
-            .unwrap_or_else(|_| panic!("the event stream of {id} stalled"))
-            .unwrap_or_else(|| panic!("the event stream of {id} ended before its terminal event"))
-            .expect("an event stream chunk");
-        let mut frames: Vec<SseEvent> = Vec::new();
-        parser.push(&chunk, &mut frames).unwrap();
-        for frame in frames {
-            let event: Value = serde_json::from_str(&frame.data).unwrap();
-            let kind = event["type"].as_str().unwrap_or_default();
-            if matches!(kind, "execution.completed" | "execution.failed") {
-                return kind.to_owned();
-            }
+    let mut stream = Sse::new(response);
+    while let Some(frame) = stream.next().await {
+        let event: Value = serde_json::from_str(&frame.data).unwrap();
+        let kind = event["type"].as_str().unwrap_or_default();
+        if matches!(kind, "execution.completed" | "execution.failed") {
+            return kind.to_owned();
         }
     }
+    panic!("the event stream of {id} ended before its terminal event")
 }
 
 /// How often a client tries a request answered 503 `unavailable` (a store request that timed
