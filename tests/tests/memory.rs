@@ -28,11 +28,16 @@ const BATCH: usize = 5;
 const BODY_BYTES: usize = 1_000_000;
 /// The allocator's own step, allowed once per process (not per request): both binaries use
 /// mimalloc, which commits memory for large objects in segment-sized steps and keeps freed
-/// segments for reuse, so the first batch of concurrent 1 MiB requests raises RSS by a fixed
-/// 30–36 MiB (measured) before the per-request slope shows (then about 0.7–1.6 MiB per held
-/// request). A build that amplifies per request still fails at once: the old one grew ~97 MiB
-/// per request, 485 MiB for the first batch.
-const ALLOCATOR_STEP: u64 = 48 << 20;
+/// pages for reuse, each thread its own. A large body is parsed on the blocking pool, at most
+/// one at a time per core (`runtime::apart`), and a thread that parsed one keeps its
+/// temporaries' pages until it runs again; so the first batch of concurrent 1 MiB requests
+/// raises RSS by a fixed step, bounded by the cores, before the per-request slope shows (then
+/// about 0.7-1.8 MiB per held request). Measured on 2 cores, first batch: the nats gateway
+/// 43-59 MiB, the embedded one 23-48 MiB, the worker 26-30 MiB (the bound of the batch itself
+/// is 19 MiB). A build that amplifies per request still fails: the old one grew ~97 MiB per
+/// request, 485 MiB for the first batch, and one that held 10 MiB per request would go past
+/// the 258 MiB that all 50 requests' bounds and the step allow.
+const ALLOCATOR_STEP: u64 = 64 << 20;
 /// The bound per request: 4× its body plus 64 KiB.
 fn bound(body: usize) -> u64 {
     4 * body as u64 + 64 * 1024
