@@ -28,7 +28,7 @@ use runtime::{
     EventStore, IdempotencyRecord, IdempotencyStore, Job, JobQueue, LogHead, StoreError,
 };
 use serde_json::{Value, json};
-use testkit::fake_provider::{FakeProvider, Reply};
+use testkit::fake_provider::{FakeProvider, Piece, Reply};
 use testkit::gateway::memory_backend;
 use tower::ServiceExt;
 use worker::provider::credential::{KeySource, Secret};
@@ -49,6 +49,10 @@ enum Fault {
     /// The write is stored at once and acknowledged only after [`SLOW_ACK`] (a JetStream
     /// publish handed to a reconnecting connection, then acknowledged).
     SlowAck,
+    /// A job publish only: stored once its log is, its acknowledgement lost, and the gateway's
+    /// event store out of reach from then on until the test lifts the outage (the residual
+    /// window of `gateway::submit`: the gateway cannot close the log, a worker claims it).
+    AckLostThenOutage,
 }
 
 /// How late a [`Fault::SlowAck`] write is acknowledged: longer than the submit bound.
@@ -100,7 +104,8 @@ fn unavailable() -> StoreError {
 struct FaultyStore {
     inner: Arc<MemoryEventStore>,
     creates: Faults,
-    outage: AtomicBool,
+    /// Shared with the queue, which sets it on [`Fault::AckLostThenOutage`].
+    outage: Arc<AtomicBool>,
     /// While set, every log creation fails unstored (reads still answer).
     create_outage: AtomicBool,
 }
@@ -147,6 +152,7 @@ impl runtime::intercept::Intercept for FaultyStore {
                 tokio::time::sleep(SLOW_ACK).await;
                 Ok(())
             }
+            Some(Fault::AckLostThenOutage) => unreachable!("a publish fault"),
         }
     }
     async fn head(&self, id: ExecutionId) -> Result<Option<LogHead>, StoreError> {
@@ -161,6 +167,9 @@ struct FaultyQueue {
     publishes: Faults,
     /// Every withdrawal fails while set.
     withdraw_outage: AtomicBool,
+    /// The logs, and the gateway's event store's outage, for [`Fault::AckLostThenOutage`].
+    logs: Arc<MemoryEventStore>,
+    store_outage: Arc<AtomicBool>,
 }
 
 #[async_trait]
@@ -180,6 +189,16 @@ impl runtime::intercept::QueueIntercept for FaultyQueue {
                 self.inner.publish(job).await?;
                 tokio::time::sleep(SLOW_ACK).await;
                 Ok(())
+            }
+            Some(Fault::AckLostThenOutage) => {
+                let until = Instant::now() + WAIT;
+                while self.logs.head(job.execution_id).await?.is_none() {
+                    assert!(Instant::now() < until, "the log was never created");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                self.store_outage.store(true, Ordering::SeqCst);
+                self.inner.publish(job).await?;
+                Err(unavailable())
             }
         }
     }
@@ -298,7 +317,23 @@ async fn harness_with(
 ) -> Harness {
     // The provider fails every call (500): an execution that reaches it ends quickly, and the
     // call is counted either way.
-    let provider = FakeProvider::start(|_| Reply::text(500, "")).await;
+    harness_replying(
+        create_fault,
+        publish_fault,
+        replay_wait,
+        Reply::text(500, ""),
+    )
+    .await
+}
+
+/// [`harness_with`] whose provider answers every call with `reply`.
+async fn harness_replying(
+    create_fault: (Fault, usize),
+    publish_fault: (Fault, usize),
+    replay_wait: Duration,
+    reply: Reply,
+) -> Harness {
+    let provider = FakeProvider::start(move |_| reply.clone()).await;
     let config = TextProviderConfig {
         id: "openai-chat".into(),
         model: "model-alpha".into(),
@@ -324,16 +359,19 @@ async fn harness_with(
     let store = Arc::new(MemoryEventStore::new(MemoryLimits::default()));
     let queue = Arc::new(MemoryJobQueue::new());
     let cancel = Arc::new(MemoryCancelBus::new());
+    let store_outage = Arc::new(AtomicBool::new(false));
     let gateway_store = Arc::new(FaultyStore {
         inner: store.clone(),
         creates: Faults::new(create_fault.0, create_fault.1),
-        outage: AtomicBool::new(false),
+        outage: store_outage.clone(),
         create_outage: AtomicBool::new(false),
     });
     let gateway_queue = Arc::new(FaultyQueue {
         inner: queue.clone(),
         publishes: Faults::new(publish_fault.0, publish_fault.1),
         withdraw_outage: AtomicBool::new(false),
+        logs: store.clone(),
+        store_outage,
     });
     let keys = Arc::new(MemoryIdempotencyStore::new(Duration::from_secs(600)));
     let gateway_keys = Arc::new(FaultyKeys {
@@ -653,6 +691,91 @@ async fn a_publish_whose_acknowledgement_was_lost_is_settled_consistently() {
 async fn a_step_answered_after_the_bound_is_settled_within_it() {
     settle_under_faults((Fault::SlowAck, 3), (Fault::Lost, 0), "slow-create").await;
     settle_under_faults((Fault::Lost, 0), (Fault::SlowAck, 3), "slow-publish").await;
+}
+
+/// The residual window of `gateway::submit`: a job stored with its acknowledgement lost, and
+/// the event store out of the gateway's reach until after the answer, so the gateway cannot
+/// close the log and answers 503 while a worker claims the execution. Unkeyed, its submitter
+/// cannot know it and may submit it again: once the store answers, the gateway cancels it,
+/// which stops its provider call (here a response that never ends) and ends it `cancelled`.
+/// Keyed, it runs on: a retry with its key replays it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execution_answered_503_that_a_worker_claimed_is_cancelled_unless_keyed() {
+    let h = harness_replying(
+        (Fault::Lost, 0),
+        (Fault::AckLostThenOutage, 2),
+        Duration::from_millis(50),
+        Reply::Stream(vec![Piece::Stall]),
+    )
+    .await;
+    let claimed_by_worker = |text: &'static str| {
+        let h = &h;
+        async move {
+            let until = Instant::now() + WAIT;
+            while h.calls_for(text) == 0 {
+                assert!(Instant::now() < until, "{text}: no worker ran it");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    h.submit_unsettled("claimed-unkeyed", None).await;
+    let unkeyed = h.gateway_queue.publishes.only("the unkeyed job");
+    claimed_by_worker("claimed-unkeyed").await;
+    h.gateway_store.outage.store(false, Ordering::SeqCst);
+    h.submit_unsettled("claimed-keyed", Some("k-claimed")).await;
+    let keyed = *h
+        .gateway_queue
+        .publishes
+        .seen()
+        .iter()
+        .find(|id| **id != unkeyed)
+        .expect("the keyed job");
+    claimed_by_worker("claimed-keyed").await;
+    h.gateway_store.outage.store(false, Ordering::SeqCst);
+
+    let log = h.terminal_log(unkeyed).await;
+    assert_eq!(
+        log[..2],
+        ["execution.accepted", "route.selected"],
+        "{log:?}"
+    );
+    let records = h
+        .store
+        .read(unkeyed, Sequence::ZERO, 100)
+        .await
+        .unwrap()
+        .unwrap();
+    match &records.last().unwrap().event.body {
+        protocol::event::EventBody::Failed { error } => {
+            assert_eq!(error.code, protocol::ErrorCode::Cancelled, "{log:?}");
+        }
+        other => panic!("{log:?} ended with {other:?}"),
+    }
+    let until = Instant::now() + WAIT;
+    while h.provider.bodies_dropped() == 0 {
+        assert!(
+            Instant::now() < until,
+            "the provider call was never stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // The keyed execution's background settle found its claim as the unkeyed one's did; the
+    // retry the 503 asked for replays it, still running.
+    let retry = h.submit("claimed-keyed", Some("k-claimed")).await;
+    assert!(
+        matches!(retry.status, StatusCode::ACCEPTED | StatusCode::OK),
+        "{retry:?}"
+    );
+    assert_eq!(execution_id(&retry), keyed);
+    let head = h.store.head(keyed).await.unwrap().unwrap();
+    assert!(!head.terminal, "the keyed execution was stopped");
+    assert_eq!(
+        h.provider.bodies_dropped(),
+        1,
+        "only the unkeyed call was stopped"
+    );
+    assert_eq!(h.calls_for("claimed-keyed"), 1);
 }
 
 /// A retry whose key is bound to an execution whose log does not exist yet (its first

@@ -67,11 +67,16 @@
 //! Known residual window: a write of the submission stored although its acknowledgement was
 //! lost or came after [`settle::STEP_BOUND`] (the log's creation, or the job's publish), a worker handed the job that claims the
 //! log before this gateway's close lands, and an event store that stays unreachable for this
-//! gateway until [`settle::SETTLE_BOUND`]: the submission is answered 503 and the execution runs,
-//! once (logged as "an execution answered 503 was claimed by a worker"). Each of the three is
-//! needed: when the gateway cannot reach the event store in time, it cannot know whether a
+//! gateway until [`settle::SETTLE_BOUND`]: the submission is answered 503 and a worker runs the
+//! execution (logged as "an execution answered 503 was claimed by a worker"). Each of the three
+//! is needed: when the gateway cannot reach the event store in time, it cannot know whether a
 //! worker will write after `execution.accepted` first. A create refused outright (no
-//! responders) is not in it: the log is then created closed, and no worker can claim it.
+//! responders) is not in it: the log is then created closed, and no worker can claim it. The
+//! background settle that finds the claim cancels an unkeyed execution (its submitter cannot
+//! know it, and may submit it again: the provider call is stopped, the execution ends
+//! `cancelled`); a keyed one runs on, once, for a retry with its key to replay. Overload opens
+//! the window too (store round trips past the bounds): cancelling keeps its executions from
+//! adding to the load that opened it.
 //!
 //! A retry whose key is bound to an execution without a log waits for the log while the
 //! binding is younger than the replay wait (its first submission may still be creating it),

@@ -253,14 +253,48 @@ pub(super) async fn settle(
 }
 
 /// Finishes settling in the background, retrying with backoff for [`BACKGROUND_SETTLE`].
+///
+/// A worker's claim found here is the residual window (module docs of `submit`): the
+/// submission was answered 503 and its execution runs. Without an idempotency key its
+/// submitter cannot know it (the 503 names no execution) and, told that nothing was published,
+/// may well submit it again: so the execution is cancelled, which stops its provider call at
+/// the worker's next cancellation check and ends it `cancelled`. A keyed one runs on: a retry
+/// with its key replays it ([`super::keys::replay`]), and that retry is what the 503 asked for.
 pub(super) fn spawn_settle(state: &AppState, job: &Job, attempt: Settle) {
     let state = state.clone();
     let job = job.clone();
     tokio::spawn(async move {
         if let Some(Settled::Claimed) = settle_in_background(&state, &job, attempt).await {
-            tracing::warn!(execution_id = %job.execution_id, "an execution answered 503 was claimed by a worker");
+            if job.key.is_some() {
+                tracing::warn!(execution_id = %job.execution_id, "an execution answered 503 was claimed by a worker; it runs on for a retry with its key to replay");
+            } else {
+                tracing::warn!(execution_id = %job.execution_id, "an execution answered 503 was claimed by a worker; cancelling it, as its submitter cannot know it");
+                cancel_unanswered(&state, &job).await;
+            }
         }
     });
+}
+
+/// Cancels the execution of `job`, answered 503 without a key and run by a worker after all
+/// (see [`spawn_settle`]), retrying with backoff for [`BACKGROUND_SETTLE`].
+async fn cancel_unanswered(state: &AppState, job: &Job) {
+    let mut backoff = Backoff::new(Duration::from_millis(50), BACKGROUND_RETRY_CAP)
+        .with_budget(BACKGROUND_SETTLE);
+    loop {
+        match super::cancel(state, job.execution_id).await {
+            Ok(_) => return,
+            Err(e) => match backoff.next_pause() {
+                Some(pause) => {
+                    tracing::debug!(execution_id = %job.execution_id, error = ?e, "cancelling an execution answered 503");
+                    tokio::time::sleep(pause).await;
+                }
+                None => {
+                    tracing::error!(execution_id = %job.execution_id, error = ?e, "could not cancel an execution answered 503; it runs");
+                    return;
+                }
+            },
+        }
+    }
 }
 
 /// Stops an execution created for a submission whose idempotency key turned out to be bound
