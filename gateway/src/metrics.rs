@@ -16,6 +16,7 @@ const CANCELLATIONS_TOTAL: &str = "mrt_cancellations_total";
 const SSE_STREAMS_OPENED_TOTAL: &str = "mrt_sse_streams_opened_total";
 const SSE_EVENTS_SENT_TOTAL: &str = "mrt_sse_events_sent_total";
 const STOPPING: &str = "mrt_stopping";
+const RUN_AFTER_503_TOTAL: &str = "mrt_submissions_run_after_503_total";
 
 /// Counters of the HTTP layer.
 #[derive(Debug)]
@@ -36,6 +37,8 @@ struct Exported {
     streams_active: Gauge,
     events_sent: Counter,
     stopping: Gauge,
+    run_after_503_unkeyed: Counter,
+    run_after_503_keyed: Counter,
 }
 
 impl Metrics {
@@ -51,6 +54,10 @@ impl Metrics {
         );
         describe_counter!(SSE_EVENTS_SENT_TOTAL, "Events written to SSE streams.");
         describe_gauge!(STOPPING, "1 while the process is shutting down.");
+        describe_counter!(
+            RUN_AFTER_503_TOTAL,
+            "Submissions answered 503 whose execution a worker claimed after all (unkeyed ones are cancelled)."
+        );
         let exported = Exported {
             accepted: counter!(SUBMISSIONS_TOTAL, "outcome" => "accepted"),
             replayed: counter!(SUBMISSIONS_TOTAL, "outcome" => "replayed"),
@@ -60,6 +67,8 @@ impl Metrics {
             streams_active: gauge!(telemetry::metric::SSE_STREAMS_ACTIVE),
             events_sent: counter!(SSE_EVENTS_SENT_TOTAL),
             stopping: gauge!(STOPPING),
+            run_after_503_unkeyed: counter!(RUN_AFTER_503_TOTAL, "keyed" => "false"),
+            run_after_503_keyed: counter!(RUN_AFTER_503_TOTAL, "keyed" => "true"),
         };
         // Every series is exported from startup, at 0.
         for c in [
@@ -69,6 +78,8 @@ impl Metrics {
             &exported.cancellations,
             &exported.streams_opened,
             &exported.events_sent,
+            &exported.run_after_503_unkeyed,
+            &exported.run_after_503_keyed,
         ] {
             c.increment(0);
         }
@@ -96,6 +107,16 @@ impl Metrics {
     /// Counts one accepted cancel request.
     pub fn cancellation(&self) {
         self.exported.cancellations.increment(1);
+    }
+
+    /// Counts a submission answered 503 whose execution a worker claimed after all (the
+    /// residual window of `crate::submit`), by whether it carried an idempotency key.
+    pub fn run_after_503(&self, keyed: bool) {
+        if keyed {
+            self.exported.run_after_503_keyed.increment(1);
+        } else {
+            self.exported.run_after_503_unkeyed.increment(1);
+        }
     }
 
     /// Counts an SSE stream that opened (and is now active).

@@ -490,6 +490,21 @@ impl Harness {
         answers
     }
 
+    /// `mrt_submissions_run_after_503_total{keyed}` as the gateway's `/metrics` shows it.
+    async fn run_after_503(&self, keyed: &str) -> f64 {
+        let request = Request::get("/metrics").body(Body::empty()).unwrap();
+        let response = self.app.clone().oneshot(request).await.unwrap();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 24)
+            .await
+            .unwrap();
+        let series = format!("mrt_submissions_run_after_503_total{{keyed=\"{keyed}\"}} ");
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .find_map(|line| line.strip_prefix(&series))
+            .and_then(|value| value.trim().parse().ok())
+            .expect("the series is exported")
+    }
+
     /// Provider calls made for the execution submitted with `text`.
     fn calls_for(&self, text: &str) -> usize {
         self.provider
@@ -760,8 +775,17 @@ async fn an_execution_answered_503_that_a_worker_claimed_is_cancelled_unless_key
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
-    // The keyed execution's background settle found its claim as the unkeyed one's did; the
-    // retry the 503 asked for replays it, still running.
+    // The keyed execution's background settle finds its claim too (and counts it, as the
+    // unkeyed one's did); the retry the 503 asked for then replays it, still running.
+    let until = Instant::now() + WAIT;
+    while h.run_after_503("true").await < 1.0 {
+        assert!(
+            Instant::now() < until,
+            "the keyed execution's claim was never found"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(h.run_after_503("false").await, 1.0);
     let retry = h.submit("claimed-keyed", Some("k-claimed")).await;
     assert!(
         matches!(retry.status, StatusCode::ACCEPTED | StatusCode::OK),

@@ -74,9 +74,9 @@
 //! responders) is not in it: the log is then created closed, and no worker can claim it. The
 //! background settle that finds the claim cancels an unkeyed execution (its submitter cannot
 //! know it, and may submit it again: the provider call is stopped, the execution ends
-//! `cancelled`); a keyed one runs on, once, for a retry with its key to replay. Overload opens
-//! the window too (store round trips past the bounds): cancelling keeps its executions from
-//! adding to the load that opened it.
+//! `cancelled`); a keyed one runs on, once, for a retry with its key to replay. Each is counted
+//! (`mrt_submissions_run_after_503_total{keyed}`). Overload opens the window too (store round
+//! trips past the bounds), for many submissions at once (BENCHMARKS.md, "Overload on two cores").
 //!
 //! A retry whose key is bound to an execution without a log waits for the log while the
 //! binding is younger than the replay wait (its first submission may still be creating it),
@@ -336,6 +336,17 @@ fn new_job(
 
 /// Cancels an execution [R 21, 41]. Returns `false` when it is unknown or already terminal.
 pub async fn cancel(state: &AppState, id: ExecutionId) -> Result<bool, ApiError> {
+    let cancelled = stop(state, id).await?;
+    if cancelled {
+        state.inner.metrics.cancellation();
+    }
+    Ok(cancelled)
+}
+
+/// Stops an execution (a cancel request's work, counted by [`cancel`]; the gateway's own
+/// cancels, [`settle`]'s, are not requests). Returns `false` when it is unknown or already
+/// terminal.
+async fn stop(state: &AppState, id: ExecutionId) -> Result<bool, ApiError> {
     let backend = &state.inner.backend;
     let Some(head) = backend.store.head(id).await? else {
         return Ok(false);
@@ -353,7 +364,6 @@ pub async fn cancel(state: &AppState, id: ExecutionId) -> Result<bool, ApiError>
         match writer.append_once(cancelled.clone()).await {
             Ok(()) => {
                 runtime::ended::log(id, &cancelled);
-                state.inner.metrics.cancellation();
                 quota::release_ended(state, id).await;
                 return Ok(true);
             }
@@ -363,6 +373,5 @@ pub async fn cancel(state: &AppState, id: ExecutionId) -> Result<bool, ApiError>
         }
     }
     backend.cancel.request(id).await?;
-    state.inner.metrics.cancellation();
     Ok(true)
 }

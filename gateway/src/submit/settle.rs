@@ -265,6 +265,7 @@ pub(super) fn spawn_settle(state: &AppState, job: &Job, attempt: Settle) {
     let job = job.clone();
     tokio::spawn(async move {
         if let Some(Settled::Claimed) = settle_in_background(&state, &job, attempt).await {
+            state.inner.metrics.run_after_503(job.key.is_some());
             if job.key.is_some() {
                 tracing::warn!(execution_id = %job.execution_id, "an execution answered 503 was claimed by a worker; it runs on for a retry with its key to replay");
             } else {
@@ -281,7 +282,7 @@ async fn cancel_unanswered(state: &AppState, job: &Job) {
     let mut backoff = Backoff::new(Duration::from_millis(50), BACKGROUND_RETRY_CAP)
         .with_budget(BACKGROUND_SETTLE);
     loop {
-        match super::cancel(state, job.execution_id).await {
+        match super::stop(state, job.execution_id).await {
             Ok(_) => return,
             Err(e) => match backoff.next_pause() {
                 Some(pause) => {
