@@ -199,6 +199,33 @@ async fn a_long_silent_reader_gets_an_end_its_live_path_missed_across_a_reconnec
     assert_eq!(json_of(&rest), stored(&store, id).await[2..]);
 }
 
+/// A live reader rides out a server outage shorter than its patience: its quiet re-read comes
+/// while the server is away and fails, and it reads again until the connection is back rather
+/// than ending the stream (which its client would see as a truncation), then delivers the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_reader_rides_out_a_short_server_outage() {
+    let (mut server, _settings, _backend, store) = node().await;
+    let id = routed(&store).await;
+    let mut reader = store.subscribe(id, Sequence(0)).await.unwrap().unwrap();
+    for want in [1, 2] {
+        let record = tokio::time::timeout(PROMPT, reader.next()).await.unwrap();
+        assert_eq!(record.unwrap().unwrap().sequence(), Sequence(want));
+    }
+    server.kill();
+    // Away for longer than the reader's first quiet spell (a second on a server outside a
+    // cluster), so its re-read meets the outage.
+    let reading = tokio::spawn(async move { drain(reader).await });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    server.restart();
+    let deadline = Instant::now() + PROMPT;
+    while let Err(e) = store.append(ev(id, 3, completed())).await {
+        assert!(Instant::now() < deadline, "{e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rest = reading.await.expect("the stream ended with an error");
+    assert_eq!(json_of(&rest), stored(&store, id).await[2..]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_see_exactly_the_log_while_writers_on_other_connections_race() {
     // Writers on separate connections (separate processes) race for every sequence; the losers

@@ -73,6 +73,19 @@ const QUIET_MAX: Duration = Duration::from_secs(8);
 /// for nothing (BENCHMARKS.md, "Quiet re-reads on one server").
 const FIRST_RECHECK: Duration = Duration::from_millis(50);
 
+/// How long a live read keeps re-reading a stream whose re-reads fail (`Unavailable`: a request
+/// timed out on a loaded server, a leader election, the connection away or moving off a server
+/// cut off from its cluster) before it ends with the error. Past headers, an error can only end
+/// the client's stream, which then sees a truncation and must resume (contract section 4): on
+/// two saturated cores, 4,096 token streams through 4 workers had a stream cut a second that
+/// way (BENCHMARKS.md, "Overload on two cores"), each from one read that timed out. Meanwhile
+/// the subscription keeps what arrives, and a message that follows one it missed is read again
+/// with the rest; the client's stream only waits, with its keep-alives.
+const REREAD_PATIENCE: Duration = Duration::from_secs(10);
+
+/// The pause after a failed re-read of a live read before the next.
+const REREAD_RETRY: Duration = Duration::from_millis(250);
+
 /// A whole-log read by an ordered consumer fails once no event has come for this many request
 /// timeouts (see [`read_through`]).
 const READ_IDLE_FACTOR: u32 = 2;
@@ -412,10 +425,11 @@ impl LiveMerge {
 
     fn absorb(&mut self, records: Vec<(u64, EventRecord)>) -> Result<(), StoreError> {
         for (stream_sequence, record) in records {
-            self.last_stream_sequence = self.last_stream_sequence.max(stream_sequence);
             if record.sequence() > self.expected {
+                // Not counted as read: a read again starts at this message.
                 return Err(StoreError::Unavailable("gap in event log".into()));
             }
+            self.last_stream_sequence = self.last_stream_sequence.max(stream_sequence);
             self.accept(record);
         }
         Ok(())
@@ -423,13 +437,24 @@ impl LiveMerge {
 
     /// Reads the stream after the last message delivered, up to the end of the log or, given
     /// `stop_after`, up to the message holding that event (a bound, so a re-read never chases
-    /// the end of a log still being written).
+    /// the end of a log still being written). A read that fails `Unavailable` is tried again
+    /// every [`REREAD_RETRY`] for [`REREAD_PATIENCE`]; only then does the error end the read.
     async fn reread(&mut self, stop_after: Option<Sequence>) -> Result<(), StoreError> {
-        let records = self
-            .store
-            .history_from(self.id, self.last_stream_sequence + 1, stop_after)
-            .await?;
-        self.absorb(records)
+        let give_up = Instant::now() + REREAD_PATIENCE;
+        loop {
+            let read = self
+                .store
+                .history_from(self.id, self.last_stream_sequence + 1, stop_after)
+                .await
+                .and_then(|records| self.absorb(records));
+            match read {
+                Err(StoreError::Unavailable(e)) if Instant::now() + REREAD_RETRY < give_up => {
+                    tracing::debug!(execution_id = %self.id, error = %e, "re-reading a followed log failed; trying again");
+                    tokio::time::sleep(REREAD_RETRY).await;
+                }
+                read => return read,
+            }
+        }
     }
 
     async fn next(&mut self) -> Option<Result<Arc<EventRecord>, StoreError>> {
