@@ -497,11 +497,8 @@ impl Harness {
         let bytes = axum::body::to_bytes(response.into_body(), 1 << 24)
             .await
             .unwrap();
-        let series = format!("mrt_submissions_run_after_503_total{{keyed=\"{keyed}\"}} ");
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .find_map(|line| line.strip_prefix(&series))
-            .and_then(|value| value.trim().parse().ok())
+        let series = format!("mrt_submissions_run_after_503_total{{keyed=\"{keyed}\"}}");
+        testkit::gateway::sample(&String::from_utf8_lossy(&bytes), &series)
             .expect("the series is exported")
     }
 

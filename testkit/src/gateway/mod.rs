@@ -247,13 +247,7 @@ impl Api {
     /// The value of the sample named exactly `name` (labels included).
     pub async fn metric(&self, name: &str) -> f64 {
         let text = self.metrics_text().await;
-        text.lines()
-            .filter(|l| !l.starts_with('#'))
-            .find_map(|l| {
-                let (n, v) = l.rsplit_once(' ')?;
-                (n == name).then(|| v.parse::<f64>().expect("numeric sample"))
-            })
-            .unwrap_or_else(|| panic!("metric {name} missing from:\n{text}"))
+        sample(&text, name).unwrap_or_else(|| panic!("metric {name} missing from:\n{text}"))
     }
 
     /// Accepted submissions so far.
@@ -546,4 +540,13 @@ pub fn is_iso_millis(s: &str) -> bool {
 pub fn is_uuid_v4(s: &str) -> bool {
     uuid::Uuid::parse_str(s)
         .is_ok_and(|u| u.get_version_num() == 4 && u.hyphenated().to_string() == s)
+}
+
+/// The value of the sample named exactly `name` (labels included) in a Prometheus exposition
+/// `text`, `None` when there is none.
+pub fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (n, v) = l.rsplit_once(' ')?;
+        (n == name).then(|| v.parse::<f64>().expect("numeric sample"))
+    })
 }
