@@ -33,7 +33,8 @@
 #      override the lists.
 #   t  issue 31 item 5: the runs its 16-core targets are judged by, most important first (group
 #      s's headline rows, 4,096 token streams with 4 workers, the I/O-bound workers 1/2/4, a 3-node
-#      R3 cluster, embedded), so that a run cut short by a time limit still has the first
+#      R3 cluster, embedded; then, not a target, 8 workers with cores/8 runtime threads each),
+#      so that a run cut short by a time limit still has the first
 #      (scripts/bench-device.sh); t-scaling.md tables them as group s's, and `bench targets
 #      --issue 31` gives the verdict on each target into t-targets.md
 #   p  issue 31 item 3: group t's zero-delay runs (8 and 1 partitions; 8 again with nats-server's
@@ -284,6 +285,10 @@ for group in $GROUPS_TO_RUN; do
     MODEL_RUNTIME_PARTITIONS=8 run t-zero-r3-w4 --backend nats --nats-cluster 3 --replicas 3 \
       --worker-procs 4 "${zero[@]}"
     run t-embedded-c256 --backend embedded "${zero[@]}"
+    # Not a target: t-zero-p8-w8 again with each worker's runtime held to its share of the
+    # cores (TOKIO_WORKER_THREADS), against eight runtimes of a thread per core each.
+    MODEL_RUNTIME_PARTITIONS=8 run t-zero-p8-w8-shared --backend nats --worker-procs 8 \
+      --worker-threads "$(( $(nproc) >= 8 ? $(nproc) / 8 : 1 ))" "${zero[@]}"
     scaling t
     # The verdict on each target (scripts/bench-device.sh judges again once its fairness run
     # has written OUT/fairness.json).

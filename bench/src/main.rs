@@ -166,6 +166,11 @@ struct Args {
     /// --backend nats: worker processes.
     #[arg(long, default_value_t = 1)]
     worker_procs: usize,
+    /// --backend nats: runtime threads of each worker process (its `TOKIO_WORKER_THREADS`;
+    /// default: one per core, each process its own, so several workers on one machine run
+    /// more threads than it has cores).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    worker_threads: Option<u16>,
     /// --backend nats: gateway processes (each execution goes to the next in turn, its events
     /// read from the gateway it was submitted to).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
@@ -433,6 +438,7 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         sublist_cache: !args.nats_no_sublist_cache,
         worker_bin: args.worker_bin.clone(),
         workers: args.worker_procs,
+        worker_threads: args.worker_threads,
         worker_slots: exec_slots.unwrap_or(64),
         replicas: args.replicas,
         log_dir: args.log_dir.clone(),
@@ -670,6 +676,9 @@ async fn bench(mut args: Args, threads: usize) -> Result<(), String> {
         sync_interval: args.sync_interval.clone(),
         sublist_cache: (args.backend == Backend::Nats).then_some(!args.nats_no_sublist_cache),
         worker_processes: (args.backend == Backend::Nats).then_some(args.worker_procs),
+        worker_threads: args
+            .worker_threads
+            .filter(|_| args.backend == Backend::Nats),
         gateways: (args.backend == Backend::Nats).then_some(args.gateways),
         partitions: layout.map(|(partitions, _)| partitions),
         tenant_lanes: layout.map(|(_, lanes)| lanes),

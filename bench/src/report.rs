@@ -39,6 +39,8 @@ pub struct Setup {
     /// Whether nats-server's subscription match cache was on (off: `--nats-no-sublist-cache`).
     pub sublist_cache: Option<bool>,
     pub worker_processes: Option<usize>,
+    /// Runtime threads of each worker process (`--worker-threads`; `None`: one per core).
+    pub worker_threads: Option<u16>,
     /// Gateway processes the harness started (nats mode).
     pub gateways: Option<u16>,
     /// The namespace's partitions and tenant lanes per partition (nats mode), as recorded.
@@ -63,8 +65,11 @@ impl Setup {
         let nodes = self.nats_nodes?;
         let mut parts = vec![plural(self.gateways.map_or(1, usize::from), "gateway")];
         let workers = self.worker_processes.unwrap_or(0);
+        let threads = self.worker_threads.map_or_else(String::new, |t| {
+            format!(" of {}", plural(t.into(), "thread"))
+        });
         parts.push(format!(
-            "{workers} worker process{}",
+            "{workers} worker process{}{threads}",
             if workers == 1 { "" } else { "es" }
         ));
         if let Some(p) = self.partitions {
@@ -523,6 +528,7 @@ mod tests {
             sync_interval: None,
             sublist_cache: None,
             worker_processes: None,
+            worker_threads: None,
             gateways: None,
             partitions: None,
             tenant_lanes: None,
@@ -563,6 +569,14 @@ mod tests {
         assert_eq!(
             many.stack_line().unwrap(),
             "2 gateways, 4 worker processes, 8 partitions of 1 tenant lane, 3 NATS nodes R3"
+        );
+        let threads = Setup {
+            worker_threads: Some(2),
+            ..many
+        };
+        assert_eq!(
+            threads.stack_line().unwrap(),
+            "2 gateways, 4 worker processes of 2 threads, 8 partitions of 1 tenant lane, 3 NATS nodes R3"
         );
     }
 

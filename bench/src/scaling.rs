@@ -50,6 +50,8 @@ pub struct Config {
     /// As the namespace recorded it; `None` in reports from before the harness read it.
     pub partitions: Option<u16>,
     pub workers: usize,
+    /// Runtime threads of each worker process (`--worker-threads`); `None`: one per core.
+    pub worker_threads: Option<u16>,
 }
 
 /// Cores used over the measured run, summed per kind of process.
@@ -109,6 +111,8 @@ struct SetupJson {
     #[serde(default)]
     worker_processes: Option<usize>,
     #[serde(default)]
+    worker_threads: Option<u16>,
+    #[serde(default)]
     mock_chunks: Option<usize>,
     #[serde(default)]
     mock_delay_ms: u64,
@@ -154,6 +158,7 @@ impl ScalingRun {
                 gateways: setup.gateways.unwrap_or(1),
                 partitions: setup.partitions,
                 workers: setup.worker_processes.unwrap_or(1),
+                worker_threads: setup.worker_threads,
             },
             nproc: r.nproc,
             throughput_per_s: r.throughput_per_s,
@@ -255,24 +260,32 @@ pub fn lines(runs: &[ScalingRun], axis: Axis) -> Vec<(Config, Vec<(f64, f64)>)> 
 /// only line names them all.
 fn line_names(rests: &[&Config], axis: Axis) -> Vec<String> {
     let plural = |n: u64, one: &str| format!("{n} {one}{}", if n == 1 { "" } else { "s" });
-    let parts = |c: &Config| -> Vec<(Axis, String)> {
+    // The worker threads go with no axis: a line never leaves them out of its name.
+    let parts = |c: &Config| -> Vec<(Option<Axis>, String)> {
         vec![
             (
-                Axis::Partitions,
+                Some(Axis::Partitions),
                 c.partitions.map_or_else(
                     || "partitions unknown".into(),
                     |p| plural(p.into(), "partition"),
                 ),
             ),
-            (Axis::Workers, plural(c.workers as u64, "worker")),
-            (Axis::Gateways, plural(c.gateways.into(), "gateway")),
+            (Some(Axis::Workers), plural(c.workers as u64, "worker")),
             (
-                Axis::Nodes,
+                None,
+                c.worker_threads.map_or_else(
+                    || "worker threads per core".into(),
+                    |t| format!("{} per worker", plural(t.into(), "thread")),
+                ),
+            ),
+            (Some(Axis::Gateways), plural(c.gateways.into(), "gateway")),
+            (
+                Some(Axis::Nodes),
                 format!("{} R{}", plural(c.nodes as u64, "node"), c.replicas),
             ),
         ]
     };
-    let all: Vec<Vec<(Axis, String)>> = rests.iter().map(|c| parts(c)).collect();
+    let all: Vec<Vec<(Option<Axis>, String)>> = rests.iter().map(|c| parts(c)).collect();
     let workloads_differ = rests.iter().any(|c| c.workload != rests[0].workload);
     rests
         .iter()
@@ -284,7 +297,12 @@ fn line_names(rests: &[&Config], axis: Axis) -> Vec<String> {
             }
             for (k, (part_axis, text)) in own.iter().enumerate() {
                 let differs = all.iter().any(|other| other[k].1 != *text);
-                if *part_axis != axis && (differs || rests.len() == 1) {
+                let shown = match part_axis {
+                    Some(part_axis) => *part_axis != axis && (differs || rests.len() == 1),
+                    // Named only where lines differ in it.
+                    None => differs,
+                };
+                if shown {
                     name.push(text.clone());
                 }
             }
@@ -301,6 +319,7 @@ fn line_names(rests: &[&Config], axis: Axis) -> Vec<String> {
 fn ratio_to_one_worker(run: &ScalingRun, runs: &[ScalingRun]) -> Option<f64> {
     let one = Config {
         workers: 1,
+        worker_threads: None,
         ..run.config.clone()
     };
     let base: Vec<f64> = runs
@@ -374,7 +393,10 @@ pub fn table(runs: &[ScalingRun], left_out: &[String]) -> String {
             c.replicas,
             c.gateways,
             c.partitions.map_or_else(|| "?".into(), |p| p.to_string()),
-            c.workers,
+            c.worker_threads.map_or_else(
+                || c.workers.to_string(),
+                |t| format!("{} ({t} threads each)", c.workers)
+            ),
             run.throughput_per_s,
             run.errors,
             ms(&run.terminal),
@@ -546,6 +568,7 @@ mod tests {
                 gateways: 1,
                 partitions: Some(8),
                 workers: 2,
+                worker_threads: None,
             }
         );
         assert_eq!(r.errors, 3);
@@ -631,6 +654,45 @@ mod tests {
             line_names(&[&one], Axis::Workers),
             ["zero-delay, 8 partitions, 1 gateway, 1 node R1"]
         );
+        let threaded = Config {
+            worker_threads: Some(2),
+            ..one.clone()
+        };
+        assert_eq!(
+            line_names(&[&one, &threaded], Axis::Workers),
+            ["worker threads per core", "2 threads per worker"]
+        );
+    }
+
+    #[test]
+    fn a_run_with_capped_worker_threads_is_a_configuration_of_its_own() {
+        let json = report("t-zero-p8-w8-t2", 8, 8, 0, 900.0).replace(
+            "\"worker_processes\":8",
+            "\"worker_processes\":8,\"worker_threads\":2",
+        );
+        let threaded = ScalingRun::from_json(&json, "x").unwrap().unwrap();
+        assert_eq!(threaded.config.worker_threads, Some(2));
+        let runs = [
+            run("w1", 1, 8, 0, 300.0),
+            run("w8", 8, 8, 0, 600.0),
+            threaded,
+        ];
+        let text = table(&runs, &[]);
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("| t-zero-p8-w8-t2 "))
+            .unwrap();
+        assert!(
+            row.contains("| 8 (2 threads each) | 900 | 3.00× |"),
+            "{row}"
+        );
+        let workers = lines(&runs, Axis::Workers);
+        assert_eq!(
+            workers.len(),
+            1,
+            "a lone threaded run is no line of its own"
+        );
+        assert_eq!(workers[0].1, [(1.0, 300.0), (8.0, 600.0)]);
     }
 
     #[test]

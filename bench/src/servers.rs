@@ -38,6 +38,8 @@ pub struct StackPlan {
     pub worker_bin: PathBuf,
     /// Worker processes.
     pub workers: usize,
+    /// Runtime threads of each worker (`TOKIO_WORKER_THREADS`; `None`: one per core).
+    pub worker_threads: Option<u16>,
     /// `--workers` of each worker process (concurrent executions).
     pub worker_slots: usize,
     /// `--replicas` of the gateway and the workers (streams and the cancel bucket).
@@ -332,7 +334,11 @@ impl Stack {
         let mut started = Vec::new();
         for i in 0..plan.workers {
             let name = format!("worker-{}", i + 1);
-            let mut child = Command::new(&plan.worker_bin)
+            let mut command = Command::new(&plan.worker_bin);
+            if let Some(threads) = plan.worker_threads {
+                command.env("TOKIO_WORKER_THREADS", threads.to_string());
+            }
+            let mut child = command
                 .arg("--backend=nats")
                 .arg(format!("--nats-url={}", self.nats_url(i + 1)))
                 .arg(format!("--redis-url={}", self.redis_url))
