@@ -537,6 +537,12 @@ mod tests {
         .to_string()
     }
 
+    /// The table's row of the run `label`.
+    fn row_of<'a>(table: &'a str, label: &str) -> &'a str {
+        let start = format!("| {label} ");
+        table.lines().find(|l| l.starts_with(&start)).unwrap()
+    }
+
     fn run(label: &str, workers: usize, partitions: u16, delay_ms: u64, per_s: f64) -> ScalingRun {
         ScalingRun::from_json(&report(label, workers, partitions, delay_ms, per_s), "x")
             .unwrap()
@@ -678,10 +684,7 @@ mod tests {
             threaded,
         ];
         let text = table(&runs, &[]);
-        let row = text
-            .lines()
-            .find(|l| l.starts_with("| t-zero-p8-w8-t2 "))
-            .unwrap();
+        let row = row_of(&text, "t-zero-p8-w8-t2");
         assert!(
             row.contains("| 8 (2 threads each) | 900 | 3.00× |"),
             "{row}"
@@ -701,10 +704,7 @@ mod tests {
         let text = table(&runs, &["t-embedded-c256".into()]);
         assert!(text.contains("Machine: 16 cores"), "{text}");
         assert_eq!(text.lines().filter(|l| l.starts_with("| s-")).count(), 12);
-        let row = text
-            .lines()
-            .find(|l| l.starts_with("| s-io-p8-w4 "))
-            .unwrap();
+        let row = row_of(&text, "s-io-p8-w4");
         assert!(
             row.contains("| 3200 | 4.00× | 3 | 1.5 / 2.5 | — |"),
             "{row}"

@@ -140,15 +140,21 @@ async fn republish(backend: &NatsBackend, on: &stream::Config, enabled: bool) {
     backend.jetstream.update_stream(config).await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reader_gets_the_events_its_live_path_missed_from_the_stream() {
-    let (_server, _settings, backend, store) = node().await;
-    let id = routed(&store).await;
+/// A live reader of `id` (a log at `route.selected`, [`routed`]) that has read its two events.
+async fn reading_past_its_route(store: &NatsEventStore, id: ExecutionId) -> EventStream {
     let mut reader = store.subscribe(id, Sequence(0)).await.unwrap().unwrap();
     for want in [1, 2] {
         let record = tokio::time::timeout(PROMPT, reader.next()).await.unwrap();
         assert_eq!(record.unwrap().unwrap().sequence(), Sequence(want));
     }
+    reader
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_gets_the_events_its_live_path_missed_from_the_stream() {
+    let (_server, _settings, backend, store) = node().await;
+    let id = routed(&store).await;
+    let mut reader = reading_past_its_route(&store, id).await;
     let on = events_stream_config(&backend, id).await;
     assert!(on.republish.is_some());
     // Event 3 never reaches the live path; event 4 does, and shows the gap.
@@ -180,11 +186,7 @@ async fn a_reader_gets_the_events_its_live_path_missed_from_the_stream() {
 async fn a_long_silent_reader_gets_an_end_its_live_path_missed_across_a_reconnect() {
     let (mut server, _settings, backend, store) = node().await;
     let id = routed(&store).await;
-    let mut reader = store.subscribe(id, Sequence(0)).await.unwrap().unwrap();
-    for want in [1, 2] {
-        let record = tokio::time::timeout(PROMPT, reader.next()).await.unwrap();
-        assert_eq!(record.unwrap().unwrap().sequence(), Sequence(want));
-    }
+    let reader = reading_past_its_route(&store, id).await;
     // Silent long enough for its quiet re-reads to have backed off past a second.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let on = events_stream_config(&backend, id).await;
@@ -206,11 +208,7 @@ async fn a_long_silent_reader_gets_an_end_its_live_path_missed_across_a_reconnec
 async fn a_live_reader_rides_out_a_short_server_outage() {
     let (mut server, _settings, _backend, store) = node().await;
     let id = routed(&store).await;
-    let mut reader = store.subscribe(id, Sequence(0)).await.unwrap().unwrap();
-    for want in [1, 2] {
-        let record = tokio::time::timeout(PROMPT, reader.next()).await.unwrap();
-        assert_eq!(record.unwrap().unwrap().sequence(), Sequence(want));
-    }
+    let reader = reading_past_its_route(&store, id).await;
     server.kill();
     // Away for longer than the reader's first quiet spell (a second on a server outside a
     // cluster), so its re-read meets the outage.

@@ -279,23 +279,24 @@ pub(super) fn spawn_settle(state: &AppState, job: &Job, attempt: Settle) {
 /// Cancels the execution of `job`, answered 503 without a key and run by a worker after all
 /// (see [`spawn_settle`]), retrying with backoff for [`BACKGROUND_SETTLE`].
 async fn cancel_unanswered(state: &AppState, job: &Job) {
-    let mut backoff = Backoff::new(Duration::from_millis(50), BACKGROUND_RETRY_CAP)
-        .with_budget(BACKGROUND_SETTLE);
+    let mut backoff = background_backoff();
     loop {
-        match super::stop(state, job.execution_id).await {
-            Ok(_) => return,
-            Err(e) => match backoff.next_pause() {
-                Some(pause) => {
-                    tracing::debug!(execution_id = %job.execution_id, error = ?e, "cancelling an execution answered 503");
-                    tokio::time::sleep(pause).await;
-                }
-                None => {
-                    tracing::error!(execution_id = %job.execution_id, error = ?e, "could not cancel an execution answered 503; it runs");
-                    return;
-                }
-            },
-        }
+        let Err(e) = super::stop(state, job.execution_id).await else {
+            return;
+        };
+        let Some(pause) = backoff.next_pause() else {
+            tracing::error!(execution_id = %job.execution_id, error = ?e, "could not cancel an execution answered 503; it runs");
+            return;
+        };
+        tracing::debug!(execution_id = %job.execution_id, error = ?e, "cancelling an execution answered 503");
+        tokio::time::sleep(pause).await;
     }
+}
+
+/// The pauses of the work a submission leaves to the background: from 50 ms, doubling up to
+/// [`BACKGROUND_RETRY_CAP`], for [`BACKGROUND_SETTLE`] in all.
+fn background_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(50), BACKGROUND_RETRY_CAP).with_budget(BACKGROUND_SETTLE)
 }
 
 /// Stops an execution created for a submission whose idempotency key turned out to be bound
@@ -316,8 +317,7 @@ pub(super) async fn settle_in_background(
     job: &Job,
     mut attempt: Settle,
 ) -> Option<Settled> {
-    let mut backoff = Backoff::new(Duration::from_millis(50), BACKGROUND_RETRY_CAP)
-        .with_budget(BACKGROUND_SETTLE);
+    let mut backoff = background_backoff();
     loop {
         let step = match attempt.step(state, job).await {
             Ok(Settled::Closed) if attempt.withdraw => Err(attempt
