@@ -290,7 +290,7 @@ for group in $GROUPS_TO_RUN; do
     MODEL_RUNTIME_PARTITIONS=8 run t-zero-p8-w8-shared --backend nats --worker-procs 8 \
       --worker-threads "$(( $(nproc) >= 8 ? $(nproc) / 8 : 1 ))" "${zero[@]}"
     # Not a target either: t-tokens-c4096 with each of its 4 workers held to cores/4 threads
-    # (on 2 cores, 1 thread each halved the overloaded run's errors: BENCHMARKS.md, Scaling).
+    # (on 2 cores, 1 thread each: fewer errors in 4 of 4 overloaded pairs; BENCHMARKS.md, Scaling).
     MODEL_RUNTIME_PARTITIONS=8 run t-tokens-c4096-shared --backend nats --worker-procs 4 \
       --worker-threads "$(( $(nproc) >= 4 ? $(nproc) / 4 : 1 ))" -c 4096 \
       --provider-concurrency 4096 --max-active-executions 100000 --warmup 3 --ramp-up 1 \
