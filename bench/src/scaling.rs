@@ -395,7 +395,11 @@ pub fn table(runs: &[ScalingRun], left_out: &[String]) -> String {
             c.partitions.map_or_else(|| "?".into(), |p| p.to_string()),
             c.worker_threads.map_or_else(
                 || c.workers.to_string(),
-                |t| format!("{} ({t} threads each)", c.workers)
+                |t| format!(
+                    "{} ({t} thread{} each)",
+                    c.workers,
+                    if t == 1 { "" } else { "s" }
+                )
             ),
             run.throughput_per_s,
             run.errors,
@@ -696,6 +700,16 @@ mod tests {
             "a lone threaded run is no line of its own"
         );
         assert_eq!(workers[0].1, [(1.0, 300.0), (8.0, 600.0)]);
+        let single = report("t-tokens-shared", 4, 8, 0, 400.0).replace(
+            "\"worker_processes\":4",
+            "\"worker_processes\":4,\"worker_threads\":1",
+        );
+        let single = ScalingRun::from_json(&single, "x").unwrap().unwrap();
+        let text = table(&[single], &[]);
+        assert!(
+            row_of(&text, "t-tokens-shared").contains("| 4 (1 thread each) |"),
+            "{text}"
+        );
     }
 
     #[test]
