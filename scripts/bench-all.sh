@@ -33,7 +33,8 @@
 #      override the lists.
 #   t  issue 31 item 5: the runs its 16-core targets are judged by, most important first (group
 #      s's headline rows, 4,096 token streams with 4 workers, the I/O-bound workers 1/2/4, a 3-node
-#      R3 cluster, embedded; then, not a target, 8 workers with cores/8 runtime threads each),
+#      R3 cluster, embedded; then, not targets, 8 workers with cores/8 runtime threads each and
+#      the token streams' 4 workers with cores/4),
 #      so that a run cut short by a time limit still has the first
 #      (scripts/bench-device.sh); t-scaling.md tables them as group s's, and `bench targets
 #      --issue 31` gives the verdict on each target into t-targets.md
@@ -266,15 +267,17 @@ for group in $GROUPS_TO_RUN; do
   t)
     zero=(-c 256 --provider-concurrency 256 --max-active-executions 100000 --warmup 3 --ramp-up 1
       "${T[@]}")
+    tokens=(--worker-procs 4 -c 4096 --provider-concurrency 4096 --max-active-executions 100000
+      --warmup 3 --ramp-up 1 --timeout 60 "${STREAM[@]}" "${T[@]}")
+    # Each of N workers' share of the cores, in runtime threads (at least one).
+    share() { local cores; cores=$(nproc); echo $(( cores >= $1 ? cores / $1 : 1 )); }
     # Zero-delay, c=256, one NATS server: >= 20,000 exec/s with 4 workers, 8 no slower than 4.
     MODEL_RUNTIME_PARTITIONS=1 run t-zero-p1-w4 --backend nats --worker-procs 4 "${zero[@]}"
     MODEL_RUNTIME_PARTITIONS=8 run t-zero-p8-w4 --backend nats --worker-procs 4 "${zero[@]}"
     MODEL_RUNTIME_PARTITIONS=8 run t-zero-p8-w8 --backend nats --worker-procs 8 "${zero[@]}"
     # 4,096 token streams (100 x 10 ms), 4 workers: 0 errors, terminal p99 <= 1.25 s,
     # first-delta p99 <= 50 ms.
-    MODEL_RUNTIME_PARTITIONS=8 run t-tokens-c4096 --backend nats --worker-procs 4 -c 4096 \
-      --provider-concurrency 4096 --max-active-executions 100000 --warmup 3 --ramp-up 1 \
-      --timeout 60 "${STREAM[@]}" "${T[@]}"
+    MODEL_RUNTIME_PARTITIONS=8 run t-tokens-c4096 --backend nats "${tokens[@]}"
     # I/O-bound (3 x 50 ms, 128 provider slots per worker): 1 -> 2 -> 4 workers >= 1.9x / 3.6x.
     for w in 1 2 4; do
       MODEL_RUNTIME_PARTITIONS=8 run "t-io-p8-w$w" --backend nats --worker-procs "$w" \
@@ -288,13 +291,11 @@ for group in $GROUPS_TO_RUN; do
     # Not a target: t-zero-p8-w8 again with each worker's runtime held to its share of the
     # cores (TOKIO_WORKER_THREADS), against eight runtimes of a thread per core each.
     MODEL_RUNTIME_PARTITIONS=8 run t-zero-p8-w8-shared --backend nats --worker-procs 8 \
-      --worker-threads "$(( $(nproc) >= 8 ? $(nproc) / 8 : 1 ))" "${zero[@]}"
+      --worker-threads "$(share 8)" "${zero[@]}"
     # Not a target either: t-tokens-c4096 with each of its 4 workers held to cores/4 threads
     # (on 2 cores, 1 thread each: fewer errors in 4 of 4 overloaded pairs; BENCHMARKS.md, Scaling).
-    MODEL_RUNTIME_PARTITIONS=8 run t-tokens-c4096-shared --backend nats --worker-procs 4 \
-      --worker-threads "$(( $(nproc) >= 4 ? $(nproc) / 4 : 1 ))" -c 4096 \
-      --provider-concurrency 4096 --max-active-executions 100000 --warmup 3 --ramp-up 1 \
-      --timeout 60 "${STREAM[@]}" "${T[@]}"
+    MODEL_RUNTIME_PARTITIONS=8 run t-tokens-c4096-shared --backend nats --worker-threads "$(share 4)" \
+      "${tokens[@]}"
     scaling t
     # The verdict on each target (scripts/bench-device.sh judges again once its fairness run
     # has written OUT/fairness.json).

@@ -58,10 +58,14 @@ pub struct Setup {
     pub otlp_endpoint: Option<String>,
 }
 
+/// `n` and the word `one` for one of them, with an `s` unless `n` is 1 ("1 worker", "2 workers").
+pub fn plural(n: usize, one: &str) -> String {
+    format!("{n} {one}{}", if n == 1 { "" } else { "s" })
+}
+
 impl Setup {
     /// The distributed stack in words (`None` without one): the figures a scaling run varies.
     pub fn stack_line(&self) -> Option<String> {
-        let plural = |n: usize, one: &str| format!("{n} {one}{}", if n == 1 { "" } else { "s" });
         let nodes = self.nats_nodes?;
         let mut parts = vec![plural(self.gateways.map_or(1, usize::from), "gateway")];
         let workers = self.worker_processes.unwrap_or(0);

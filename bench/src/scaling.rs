@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::plot::{LatencyJson, Percentiles, line_chart};
+use crate::report::plural;
 use crate::spawn::ProcessCpu;
 use crate::targets::median;
 
@@ -259,7 +260,6 @@ pub fn lines(runs: &[ScalingRun], axis: Axis) -> Vec<(Config, Vec<(f64, f64)>)> 
 /// Each line's name: the workload and settings in which the chart's lines differ; a chart's
 /// only line names them all.
 fn line_names(rests: &[&Config], axis: Axis) -> Vec<String> {
-    let plural = |n: u64, one: &str| format!("{n} {one}{}", if n == 1 { "" } else { "s" });
     // The worker threads go with no axis: a line never leaves them out of its name.
     let parts = |c: &Config| -> Vec<(Option<Axis>, String)> {
         vec![
@@ -270,7 +270,7 @@ fn line_names(rests: &[&Config], axis: Axis) -> Vec<String> {
                     |p| plural(p.into(), "partition"),
                 ),
             ),
-            (Some(Axis::Workers), plural(c.workers as u64, "worker")),
+            (Some(Axis::Workers), plural(c.workers, "worker")),
             (
                 None,
                 c.worker_threads.map_or_else(
@@ -281,7 +281,7 @@ fn line_names(rests: &[&Config], axis: Axis) -> Vec<String> {
             (Some(Axis::Gateways), plural(c.gateways.into(), "gateway")),
             (
                 Some(Axis::Nodes),
-                format!("{} R{}", plural(c.nodes as u64, "node"), c.replicas),
+                format!("{} R{}", plural(c.nodes, "node"), c.replicas),
             ),
         ]
     };
@@ -395,11 +395,7 @@ pub fn table(runs: &[ScalingRun], left_out: &[String]) -> String {
             c.partitions.map_or_else(|| "?".into(), |p| p.to_string()),
             c.worker_threads.map_or_else(
                 || c.workers.to_string(),
-                |t| format!(
-                    "{} ({t} thread{} each)",
-                    c.workers,
-                    if t == 1 { "" } else { "s" }
-                )
+                |t| format!("{} ({} each)", c.workers, plural(t.into(), "thread"))
             ),
             run.throughput_per_s,
             run.errors,
