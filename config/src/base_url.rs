@@ -1,4 +1,5 @@
-//! [`BaseUrl`]: where a provider adapter sends its requests.
+//! [`BaseUrl`]: where a provider adapter sends its requests; [`ExactUrl`]: a URL requests go to
+//! as written (a webhook endpoint).
 //!
 //! The one decision a reader must know: a base URL receives credentials, so only https, or
 //! http on loopback, without user info, query or fragment, is accepted [R 62]; and
@@ -25,23 +26,7 @@ pub struct UnsafeBaseUrl;
 
 impl BaseUrl {
     pub fn parse(input: &str) -> Result<Self, UnsafeBaseUrl> {
-        let mut url = Url::parse(input).map_err(|_| UnsafeBaseUrl)?;
-        let loopback = match url.host() {
-            Some(Host::Domain(domain)) => domain == "localhost",
-            Some(Host::Ipv4(ip)) => ip == Ipv4Addr::LOCALHOST,
-            Some(Host::Ipv6(ip)) => ip == Ipv6Addr::LOCALHOST,
-            None => false,
-        };
-        let scheme_ok = url.scheme() == "https" || (url.scheme() == "http" && loopback);
-        if !scheme_ok
-            || url.host().is_none()
-            || !url.username().is_empty()
-            || url.password().is_some()
-            || url.query().is_some()
-            || url.fragment().is_some()
-        {
-            return Err(UnsafeBaseUrl);
-        }
+        let mut url = safe(input)?;
         let path = url.path().trim_end_matches('/').to_owned();
         url.set_path(&path);
         Ok(Self(url))
@@ -75,6 +60,54 @@ impl BaseUrl {
             && url.query().is_none()
             && url.fragment().is_none();
         (same_origin && below && clean).then_some(url)
+    }
+}
+
+/// `input` parsed, when it keeps the rule of [`BaseUrl`] (see the module docs).
+fn safe(input: &str) -> Result<Url, UnsafeBaseUrl> {
+    let url = Url::parse(input).map_err(|_| UnsafeBaseUrl)?;
+    let loopback = match url.host() {
+        Some(Host::Domain(domain)) => domain == "localhost",
+        Some(Host::Ipv4(ip)) => ip == Ipv4Addr::LOCALHOST,
+        Some(Host::Ipv6(ip)) => ip == Ipv6Addr::LOCALHOST,
+        None => false,
+    };
+    let scheme_ok = url.scheme() == "https" || (url.scheme() == "http" && loopback);
+    if !scheme_ok
+        || url.host().is_none()
+        || !url.username().is_empty()
+        || url.password().is_some()
+        || url.query().is_some()
+        || url.fragment().is_some()
+    {
+        return Err(UnsafeBaseUrl);
+    }
+    Ok(url)
+}
+
+/// A URL under the rule of [`BaseUrl`], kept as written, a trailing slash included: where
+/// requests go as they are, never below it (a webhook endpoint: `/hook/` and `/hook` may be
+/// different resources to its receiver, and a redirect between them is never followed).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ExactUrl(Url);
+
+impl ExactUrl {
+    pub fn parse(input: &str) -> Result<Self, UnsafeBaseUrl> {
+        safe(input).map(Self)
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
+
+    pub fn url(&self) -> &Url {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ExactUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -31,7 +31,7 @@ pub mod provider;
 pub mod webhook;
 
 pub use auth::{ApiKeyEntry, AuthConfig, Scope, Scopes, TenantQuota};
-pub use base_url::{BaseUrl, UnsafeBaseUrl};
+pub use base_url::{BaseUrl, ExactUrl, UnsafeBaseUrl};
 pub use deployment::DeploymentConfig;
 pub use error::ConfigError;
 pub use event_store::EventStoreConfig;

@@ -16,7 +16,8 @@
 //!   never the variable's value; [`SigningSecret`]'s `Debug` shows nothing of it.
 //! - A secret is `whsec_` + standard base64 of 24 to 64 bytes, as Standard Webhooks specifies;
 //!   the decoded bytes are the HMAC key. `mrt webhook-secret` prints one.
-//! - The URL follows the providers' rule ([`BaseUrl`]): https, or http on loopback only.
+//! - The URL follows the providers' rule ([`ExactUrl`]): https, or http on loopback only, no
+//!   user info, query or fragment; it is kept as written (a trailing slash included).
 //! - `webhook_retry_schedule_ms` lists the pauses before each *retry*: the first attempt is
 //!   made as soon as the event is stored, a failed attempt `k` (1-based) is retried after
 //!   `schedule[k-1]`, and a delivery whose attempt `len + 1` fails is abandoned.
@@ -28,7 +29,7 @@ use base64::Engine as _;
 use protocol::tenant::is_valid_name;
 use serde_json::Value;
 
-use crate::base_url::{BaseUrl, UNSAFE_BASE_URL};
+use crate::base_url::{ExactUrl, UNSAFE_BASE_URL};
 use crate::error::ConfigError;
 use crate::field::{Fields, child_path};
 
@@ -93,7 +94,7 @@ pub struct WebhookEndpoint {
     pub tenant: String,
     /// Unique within the tenant; a tenant-name-like string (may be logged and is a label).
     pub id: String,
-    pub url: BaseUrl,
+    pub url: ExactUrl,
     /// Never empty, no repeats.
     pub events: Vec<WebhookEvent>,
     /// Names of the environment variables holding the secrets; never empty.
@@ -313,7 +314,7 @@ fn parse_list(
         }
         let url = match fields.get("url") {
             None => return Err(ConfigError::required(fields.path_of("url"))),
-            Some(Value::String(text)) => BaseUrl::parse(text)
+            Some(Value::String(text)) => ExactUrl::parse(text)
                 .map_err(|_| ConfigError::invalid(fields.path_of("url"), UNSAFE_BASE_URL))?,
             Some(_) => {
                 return Err(ConfigError::invalid(

@@ -1,8 +1,9 @@
-//! Provider base URLs: safe origins only, and endpoints that stay below the base.
+//! Provider base URLs: safe origins only, and endpoints that stay below the base; exact URLs
+//! (webhook endpoints): the same rule, the path kept as written.
 
 #![allow(clippy::unwrap_used)]
 
-use config::{BaseUrl, UnsafeBaseUrl};
+use config::{BaseUrl, ExactUrl, UnsafeBaseUrl};
 
 #[test]
 fn endpoint_stays_below_the_base() {
@@ -45,4 +46,34 @@ fn endpoint_stays_below_the_base() {
         UnsafeBaseUrl.to_string(),
         "base URL must be https or loopback http without credentials, query or fragment"
     );
+}
+
+#[test]
+fn an_exact_url_keeps_its_path_and_the_base_url_rule() {
+    for (input, kept) in [
+        ("https://hooks.example/mrt/", "https://hooks.example/mrt/"),
+        ("https://hooks.example/mrt", "https://hooks.example/mrt"),
+        ("https://hooks.example", "https://hooks.example/"),
+        ("http://127.0.0.1:9/hook/", "http://127.0.0.1:9/hook/"),
+        ("http://[::1]:9/a//b/", "http://[::1]:9/a//b/"),
+    ] {
+        assert_eq!(ExactUrl::parse(input).unwrap().as_str(), kept, "{input}");
+    }
+    // The base URL of the same input loses its trailing slash; the exact one does not.
+    assert_eq!(
+        BaseUrl::parse("https://hooks.example/mrt/")
+            .unwrap()
+            .as_str(),
+        "https://hooks.example/mrt"
+    );
+    for refused in [
+        "http://hooks.example/mrt",
+        "https://user:pass@hooks.example/mrt",
+        "https://hooks.example/mrt?token=x",
+        "https://hooks.example/mrt#f",
+        "ftp://hooks.example/mrt",
+        "not a url",
+    ] {
+        assert_eq!(ExactUrl::parse(refused), Err(UnsafeBaseUrl), "{refused}");
+    }
 }

@@ -622,9 +622,9 @@ async fn gone_stops_an_endpoint_redirects_fail_and_an_exhausted_schedule_abandon
     });
     let (gateway, url) = embedded_gateway(&logs, &config);
     let mut ids = Vec::new();
+    let metrics_url = format!("{url}/metrics");
     for _ in 0..EXECUTIONS {
         let id = submit_as(&url, None).await;
-        // One at a time, so the first 410 comes before the next delivery.
         wait_terminal(&url, &id).await;
         eventually(LONG, || {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -633,9 +633,22 @@ async fn gone_stops_an_endpoint_redirects_fail_and_an_exhausted_schedule_abandon
                 .ok_or(format!("{id} not delivered yet"))
         })
         .await;
+        if ids.is_empty() {
+            // One at a time: the first 410 is counted (so the endpoint is marked gone) before
+            // the next execution's delivery.
+            poll_until(LONG, Duration::from_millis(100), async || {
+                let (_, text) = get_text(&metrics_url).await;
+                let gone = metric(
+                    &text,
+                    "mrt_webhook_deliveries_total",
+                    &["endpoint=\"gone\"", "outcome=\"gone\""],
+                );
+                (gone >= 1.0).then_some(()).ok_or(format!("gone {gone}"))
+            })
+            .await;
+        }
         ids.push(id);
     }
-    let metrics_url = format!("{url}/metrics");
     poll_until(LONG, Duration::from_millis(200), async || {
         let (_, text) = get_text(&metrics_url).await;
         let gone = metric(

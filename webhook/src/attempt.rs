@@ -61,6 +61,9 @@ pub struct Delivery {
     pub execution_id: ExecutionId,
     pub webhook_id: String,
     pub body: Bytes,
+    /// The longest pause a retry of it can have: where it is held drops it after that (the
+    /// NATS deliveries stream's maximum age). `None`: held as long as the schedule needs.
+    pub retry_within: Option<Duration>,
 }
 
 /// What to do with a delivery after an attempt.
@@ -136,8 +139,9 @@ impl Sender {
                 return Next::Done;
             }
             Ok(response) if response.status() == reqwest::StatusCode::GONE => {
-                count(endpoint, webhook_outcome::GONE);
+                // Marked before counted: a reader of the count finds the endpoint gone.
                 endpoint.mark_gone();
+                count(endpoint, webhook_outcome::GONE);
                 return Next::Done;
             }
             Ok(response) => format!("status {}", response.status().as_u16()),
@@ -147,11 +151,20 @@ impl Sender {
             Err(_) => "request failed".to_owned(),
         };
         match self.schedule.after_failure(attempt) {
-            Some(pause) => {
+            Some(pause) if delivery.retry_within.is_none_or(|within| pause <= within) => {
                 count(endpoint, webhook_outcome::RETRIED);
                 tracing::debug!(execution_id = %delivery.execution_id, tenant = %endpoint.tenant,
                     endpoint = %endpoint.id, attempt, failure = %failure, "webhook attempt failed; retrying");
                 Next::Retry(pause)
+            }
+            Some(pause) => {
+                // Counted and logged here rather than dropped unseen by the store later.
+                count(endpoint, webhook_outcome::ABANDONED);
+                tracing::warn!(execution_id = %delivery.execution_id, tenant = %endpoint.tenant,
+                    endpoint = %endpoint.id, webhook_id = %delivery.webhook_id, attempts = attempt,
+                    pause_s = pause.as_secs(), failure = %failure,
+                    "webhook delivery abandoned: its next retry would come after the deliveries stream's maximum age");
+                Next::Done
             }
             None => {
                 count(endpoint, webhook_outcome::ABANDONED);
@@ -210,7 +223,7 @@ mod tests {
             endpoints: vec![WebhookEndpoint {
                 tenant: "default".into(),
                 id: "main".into(),
-                url: config::BaseUrl::parse(url).unwrap(),
+                url: config::ExactUrl::parse(url).unwrap(),
                 events: vec![WebhookEvent::Completed],
                 secret_env: vec!["S".into()],
                 path: "webhooks[0]".into(),
@@ -226,6 +239,7 @@ mod tests {
             execution_id: protocol::ExecutionId::new_random(),
             webhook_id: "id_1".into(),
             body: Bytes::from_static(b"{}"),
+            retry_within: None,
         }
     }
 
@@ -249,6 +263,16 @@ mod tests {
             Next::Retry(Duration::from_millis(7))
         );
         assert_eq!(sender.attempt(endpoint, &delivery(), 2).await, Next::Done);
+        // A retry that would come after its store drops the delivery: abandoned now.
+        let held = |within| Delivery {
+            retry_within: Some(Duration::from_millis(within)),
+            ..delivery()
+        };
+        assert_eq!(
+            sender.attempt(endpoint, &held(7), 1).await,
+            Next::Retry(Duration::from_millis(7))
+        );
+        assert_eq!(sender.attempt(endpoint, &held(6), 1).await, Next::Done);
         // A redirect is a failure, never followed.
         let (url, count) = answering(307).await;
         let e = endpoints(&url);
@@ -274,6 +298,32 @@ mod tests {
             sender.attempt(&e.all()[0], &delivery(), 1).await,
             Next::Retry(_)
         ));
+    }
+
+    #[tokio::test]
+    async fn the_request_goes_to_the_endpoint_url_as_written() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook/", listener.local_addr().unwrap());
+        let (line, seen) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buffer = vec![0u8; 8192];
+            let n = socket.read(&mut buffer).await.unwrap();
+            let head = String::from_utf8_lossy(&buffer[..n])
+                .lines()
+                .next()
+                .map(str::to_owned);
+            let _ = line.send(head);
+            let answer = "HTTP/1.1 204 X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+            let _ = socket.write_all(answer.as_bytes()).await;
+        });
+        let sender = Sender::new(RetrySchedule::new(vec![])).unwrap();
+        let e = endpoints(&url);
+        assert_eq!(
+            sender.attempt(&e.all()[0], &delivery(), 1).await,
+            Next::Done
+        );
+        assert_eq!(seen.await.unwrap().as_deref(), Some("POST /hook/ HTTP/1.1"));
     }
 
     #[test]

@@ -86,15 +86,12 @@ impl Endpoints {
             let tenant: Tenant = endpoint.tenant.parse().map_err(|_| {
                 ConfigError::invalid(endpoint.path.clone(), "belongs to an invalid tenant name")
             })?;
-            let url = reqwest::Url::parse(endpoint.url.as_str()).map_err(|_| {
-                ConfigError::invalid(format!("{}.url", endpoint.path), "must be a URL")
-            })?;
             telemetry::metric::register_webhook_endpoint(tenant.as_str(), &endpoint.id);
             let resolved = Arc::new(Endpoint {
                 key: endpoint_key(tenant.as_str(), &endpoint.id),
                 tenant: tenant.clone(),
                 id: endpoint.id.clone(),
-                url,
+                url: endpoint.url.url().clone(),
                 events: endpoint.events.clone(),
                 secrets,
                 gone: AtomicBool::new(false),
@@ -157,7 +154,7 @@ mod tests {
         config::WebhookEndpoint {
             tenant: tenant.into(),
             id: id.into(),
-            url: config::BaseUrl::parse(url).unwrap(),
+            url: config::ExactUrl::parse(url).unwrap(),
             events: events.to_vec(),
             secret_env: vec!["S".into()],
             path: "webhooks[0]".into(),

@@ -99,6 +99,7 @@ impl MemoryWebhooks {
                         execution_id: notification.execution_id,
                         webhook_id: notification.webhook_id.clone(),
                         body: notification.body.clone(),
+                        retry_within: None,
                     };
                     if owed.fetch_add(1, Ordering::Relaxed) >= MAX_PENDING_PER_ENDPOINT {
                         owed.fetch_sub(1, Ordering::Relaxed);

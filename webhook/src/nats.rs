@@ -73,6 +73,8 @@ const MAX_PENDING_PER_ENDPOINT: i64 = 100_000;
 const FEED_RETRY: Duration = Duration::from_secs(1);
 /// How often the pending gauge is read from the server.
 const PENDING_PERIOD: Duration = Duration::from_secs(5);
+/// Time a retry needs before the deliveries stream's maximum age: its lease and more.
+const EXPIRY_MARGIN: Duration = Duration::from_secs(300);
 /// How long a delivery message fed twice is recognised as a duplicate.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
@@ -100,10 +102,7 @@ pub async fn ensure_layout(
     schedule: &RetrySchedule,
 ) -> Result<(), StoreError> {
     let s = &backend.settings;
-    // A delivery may stay owed for the whole schedule: keep it at least that long.
-    let max_age = s
-        .retention
-        .max(schedule.total() + Duration::from_secs(3600));
+    let max_age = deliveries_max_age(s.retention, schedule);
     reconcile_stream(
         &backend.jetstream,
         stream::Config {
@@ -136,6 +135,21 @@ pub async fn ensure_layout(
         .await?;
     }
     Ok(())
+}
+
+/// How long the deliveries stream keeps a delivery: the whole schedule plus a day (workers all
+/// stopped, or an endpoint's backlog waiting behind [`MAX_PENDING_PER_ENDPOINT`]), or the
+/// deployment's retention when longer. A retry that would come later is abandoned, counted and
+/// logged (`Delivery::retry_within`), rather than dropped unseen by the server.
+fn deliveries_max_age(retention: Duration, schedule: &RetrySchedule) -> Duration {
+    retention.max(schedule.total() + Duration::from_secs(24 * 3600))
+}
+
+/// The longest pause a retry of a delivery published `age` ago may have in a stream that keeps
+/// messages `max_age` (0: for ever), leaving [`EXPIRY_MARGIN`] for it to be handed out and
+/// attempted.
+fn retry_within(max_age: Duration, age: Duration) -> Option<Duration> {
+    (!max_age.is_zero()).then(|| max_age.saturating_sub(age).saturating_sub(EXPIRY_MARGIN))
 }
 
 async fn get_stream(js: &jetstream::Context, name: &str) -> Result<stream::Stream, StoreError> {
@@ -178,7 +192,14 @@ impl NatsWebhooks {
                 Arc::clone(&feed).run(consumer, stopping.clone()),
             ));
         }
-        let deliveries = get_stream(&backend.jetstream, &deliveries_stream(&namespace)).await?;
+        let mut deliveries = get_stream(&backend.jetstream, &deliveries_stream(&namespace)).await?;
+        // As the server has it (a process with another schedule may have set it since).
+        let max_age = deliveries
+            .info()
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("webhook deliveries stream: {e}")))?
+            .config
+            .max_age;
         for endpoint in endpoints.all() {
             let consumer = reconcile_pull_consumer(
                 &deliveries,
@@ -201,6 +222,7 @@ impl NatsWebhooks {
                 Arc::clone(endpoint),
                 consumer,
                 sender.clone(),
+                max_age,
                 stopping.clone(),
             )));
         }
@@ -243,14 +265,22 @@ impl Feed {
                     continue;
                 }
             };
+            let failed = std::sync::atomic::AtomicBool::new(false);
             batch
                 .for_each_concurrent(FEED_CONCURRENCY, |message| async {
                     match message {
                         Ok(message) => self.feed(message).await,
-                        Err(e) => tracing::debug!(error = %e, "webhook feed pull ended"),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "webhook feed pull ended");
+                            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
                     }
                 })
                 .await;
+            // A pull that failed (its consumer gone, the server away) is not repeated at once.
+            if failed.into_inner() {
+                tokio::time::sleep(FEED_RETRY).await;
+            }
         }
     }
 
@@ -360,6 +390,7 @@ async fn deliver(
     endpoint: Arc<Endpoint>,
     consumer: PullConsumer,
     sender: Sender,
+    max_age: Duration,
     stopping: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(SLOTS_PER_ENDPOINT));
@@ -393,7 +424,9 @@ async fn deliver(
             let message = match message {
                 Ok(message) => message,
                 Err(e) => {
+                    // Not pulled again at once (its consumer gone, the server away).
                     tracing::debug!(error = %e, "webhook delivery pull ended");
+                    tokio::time::sleep(FEED_RETRY).await;
                     break;
                 }
             };
@@ -403,14 +436,19 @@ async fn deliver(
             let endpoint = Arc::clone(&endpoint);
             let sender = sender.clone();
             tokio::spawn(async move {
-                attempt(&endpoint, &sender, message).await;
+                attempt(&endpoint, &sender, max_age, message).await;
                 drop(permit);
             });
         }
     }
 }
 
-async fn attempt(endpoint: &Endpoint, sender: &Sender, message: jetstream::Message) {
+async fn attempt(
+    endpoint: &Endpoint,
+    sender: &Sender,
+    max_age: Duration,
+    message: jetstream::Message,
+) {
     let header = |name: &str| {
         message
             .headers
@@ -428,10 +466,19 @@ async fn attempt(endpoint: &Endpoint, sender: &Sender, message: jetstream::Messa
         return;
     };
     let number = u64::try_from(info.delivered).unwrap_or(1).max(1);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let age = u128::try_from(info.published.unix_timestamp_nanos())
+        .map_or(0, |published| now.saturating_sub(published));
     let delivery = Delivery {
         execution_id,
         webhook_id,
         body: message.payload.clone(),
+        retry_within: retry_within(
+            max_age,
+            Duration::from_nanos(u64::try_from(age).unwrap_or(u64::MAX)),
+        ),
     };
     let acked = match sender.attempt(endpoint, &delivery, number).await {
         Next::Done => message.ack().await,
@@ -471,5 +518,17 @@ mod tests {
         assert_eq!(deliveries_subject("mrt", "00ff"), "mrt.webhooks.00ff");
         assert_eq!(feed_consumer("mrt"), "mrt_webhook_feed");
         assert_eq!(endpoint_consumer("mrt", "00ff"), "mrt_webhook_00ff");
+    }
+
+    #[test]
+    fn a_delivery_is_kept_a_day_past_its_schedule_and_retried_only_within_it() {
+        let hour = Duration::from_secs(3600);
+        let schedule = RetrySchedule::new(vec![hour, 2 * hour]);
+        assert_eq!(deliveries_max_age(hour, &schedule), 27 * hour);
+        assert_eq!(deliveries_max_age(100 * hour, &schedule), 100 * hour);
+        let max_age = 27 * hour;
+        assert_eq!(retry_within(max_age, hour), Some(26 * hour - EXPIRY_MARGIN));
+        assert_eq!(retry_within(max_age, 30 * hour), Some(Duration::ZERO));
+        assert_eq!(retry_within(Duration::ZERO, 30 * hour), None);
     }
 }
