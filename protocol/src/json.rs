@@ -127,6 +127,58 @@ impl schemars::JsonSchema for RawJson {
     }
 }
 
+/// `body` with every lone UTF-16 surrogate escape replaced by `\ufffd` (U+FFFD, the
+/// replacement character). JavaScript's `JSON.stringify` writes a string cut in the middle of
+/// a character (an emoji's first half) as such an escape (`"\ud83d"`), and `JSON.parse`, as the
+/// reference reads bodies, keeps it; a Rust string cannot hold it, and serde_json refuses the
+/// whole body. Surrogate pairs and every other escape are left as written, and the replacement
+/// is as long as the escape it replaces, so nothing else moves. Borrowed when there is nothing
+/// to replace (the usual case). Backslashes occur only inside strings in valid JSON; in
+/// anything else the parser that reads the result refuses it as it would have.
+pub fn replace_lone_surrogates(body: &[u8]) -> Cow<'_, [u8]> {
+    /// The code unit of the `\uXXXX` escape at `at` (its backslash), if there is one.
+    fn unit(body: &[u8], at: usize) -> Option<u16> {
+        let hex = body.get(at..at + 6)?.strip_prefix(b"\\u")?;
+        if !hex.iter().all(u8::is_ascii_hexdigit) {
+            return None;
+        }
+        u16::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
+    }
+    let mut out: Option<Vec<u8>> = None;
+    let mut i = 0;
+    while let Some(found) = body
+        .get(i..)
+        .and_then(|rest| rest.iter().position(|&b| b == b'\\'))
+    {
+        i += found;
+        let lone = match unit(body, i) {
+            // Another escape (`\\` included, so its second backslash is not read as one).
+            None => {
+                i += 2;
+                continue;
+            }
+            // A high surrogate is paired when a low one's escape follows at once.
+            Some(0xD800..=0xDBFF) => match unit(body, i + 6) {
+                Some(0xDC00..=0xDFFF) => {
+                    i += 12;
+                    continue;
+                }
+                _ => true,
+            },
+            Some(0xDC00..=0xDFFF) => true,
+            Some(_) => false,
+        };
+        if lone {
+            out.get_or_insert_with(|| body.to_vec())[i..i + 6].copy_from_slice(b"\\ufffd");
+        }
+        i += 6;
+    }
+    match out {
+        Some(replaced) => Cow::Owned(replaced),
+        None => Cow::Borrowed(body),
+    }
+}
+
 /// Checks that `text` is one well-formed JSON value nested at most [`MAX_DEPTH`] deep, with
 /// exactly serde_json's verdicts (syntax, numbers out of range, escapes, trailing characters,
 /// recursion limit), allocating nothing but what unescaping a string needs.
@@ -571,6 +623,49 @@ mod tests {
         r#"[[[[{"deep":[{"deeper":{"x":[1,2,{"y":"z"}]}}]}]]]]"#,
         r#"[{"a":0},{"a":0},[0],[],{},"",null,true,false,-1.5e-10,0.1,1.5e-7,123456789012345678]"#,
     ];
+
+    #[test]
+    fn lone_surrogate_escapes_become_replacement_characters_and_nothing_else_changes() {
+        for (input, expected) in [
+            (r#""\ud83d""#, r#""\ufffd""#),
+            (r#""a\ud83d""#, r#""a\ufffd""#),
+            (r#""\ude00x""#, r#""\ufffdx""#),
+            (r#""\ud83d\u0041""#, r#""\ufffd\u0041""#),
+            (r#""\ud83d\ud83d\ude00""#, r#""\ufffd\ud83d\ude00""#),
+            (r#"{"\udc00":["\uD83D"]}"#, r#"{"\ufffd":["\ufffd"]}"#),
+        ] {
+            let replaced = replace_lone_surrogates(input.as_bytes());
+            assert_eq!(std::str::from_utf8(&replaced).unwrap(), expected, "{input}");
+            assert!(
+                serde_json::from_slice::<Value>(&replaced).is_ok(),
+                "{input}"
+            );
+        }
+        // Pairs, other escapes, an escaped backslash before a `u`, and text without escapes
+        // are borrowed as they are.
+        for kept in [
+            r#""\ud83d\ude00""#,
+            r#""\\ud83d""#,
+            r#""\\\ud83d\ude00""#,
+            r#""\n\t\u00e9""#,
+            "\"plain\"",
+            r#""\u""#,
+            r#""\ud8""#,
+            "\\",
+            "",
+        ] {
+            assert!(
+                matches!(replace_lone_surrogates(kept.as_bytes()), Cow::Borrowed(_)),
+                "{kept}"
+            );
+        }
+        for sample in SAMPLES {
+            assert!(matches!(
+                replace_lone_surrogates(sample.as_bytes()),
+                Cow::Borrowed(_)
+            ));
+        }
+    }
 
     #[test]
     fn compact_is_what_a_value_prints() {

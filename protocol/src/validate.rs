@@ -45,14 +45,17 @@ impl RequestError {
 ///
 /// Read as the reference reads it (`JSON.parse`, then the schema), without a JSON tree: first
 /// the whole body is checked to be JSON (syntax, numbers, escapes, nesting below
-/// [`crate::json::MAX_DEPTH`]: "must be valid JSON"), then the typed request is read in place
-/// by [`Strict`] (a repeated key keeps its last value; objects, arrays and enum strings only
-/// where the schema wants them), keeping caller-defined JSON as raw text. Memory: the request
-/// itself (about the body's size) and, while reading, at most 64 borrowed members per open
-/// object.
+/// [`crate::json::MAX_DEPTH`]: "must be valid JSON"; a lone surrogate escape, which
+/// `JSON.parse` keeps, is read as U+FFFD: [`crate::json::replace_lone_surrogates`]), then the
+/// typed request is read in place by [`Strict`] (a repeated key keeps its last value; objects,
+/// arrays and enum strings only where the schema wants them), keeping caller-defined JSON as
+/// raw text. Memory: the request itself (about the body's size), a copy of the body only when
+/// it holds a lone surrogate, and, while reading, at most 64 borrowed members per open object.
 pub fn parse_request(body: &[u8]) -> Result<ExecutionRequest, RequestError> {
-    crate::json::check_syntax(body).map_err(|_| RequestError::InvalidJson)?;
-    let root: &RawValue = serde_json::from_slice(body).map_err(|_| RequestError::InvalidJson)?;
+    // A string `JSON.parse` keeps but a Rust string cannot hold is read with U+FFFD.
+    let body = crate::json::replace_lone_surrogates(body);
+    crate::json::check_syntax(&body).map_err(|_| RequestError::InvalidJson)?;
+    let root: &RawValue = serde_json::from_slice(&body).map_err(|_| RequestError::InvalidJson)?;
     let request = ExecutionRequest::deserialize(Strict(root)).map_err(|_| RequestError::Schema)?;
     request.check().map_err(|_| RequestError::Schema)?;
     Ok(request)
@@ -205,7 +208,8 @@ mod tests {
             part(&deep(125)),
             part(&deep(200)),
             part("1e400"),
-            part(r#""\ud800""#),
+            part(r#""\x""#),
+            part(r#""\u12""#),
             part("[1,]"),
             format!("{} x", part("1")),
         ];
@@ -224,6 +228,21 @@ mod tests {
             );
         }
         assert_eq!(err(&part(&deep(200))), Some(RequestError::InvalidJson));
+    }
+
+    #[test]
+    fn a_lone_surrogate_escape_is_read_as_a_replacement_character() {
+        // `JSON.parse` accepts it (a string cut in the middle of an emoji); serde_json does not.
+        let request = parse_request(
+            br#"{"ability":"a","input":[{"type":"text","text":"cut \ud83d"}],"metadata":{"k":"\udc00"}}"#,
+        )
+        .unwrap();
+        let json = serde_json::to_value(&request).unwrap();
+        assert_eq!(json["input"][0]["text"], "cut \u{fffd}");
+        assert_eq!(json["metadata"]["k"], "\u{fffd}");
+        assert!(ok(
+            r#"{"ability":"a","input":[{"type":"json","value":{"\ud800":"\ud83d\ude00"}}]}"#
+        ));
     }
 
     #[test]

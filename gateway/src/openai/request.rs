@@ -56,9 +56,11 @@ impl CreateRequest for ChatRequest {
     }
 }
 
-/// A JSON object body, or 400.
+/// A JSON object body, or 400. A lone surrogate escape reads as U+FFFD, as in native bodies
+/// (`protocol::json::replace_lone_surrogates`).
 fn object(bytes: &[u8]) -> Result<Map<String, Value>, OpenAiError> {
-    match serde_json::from_slice::<Value>(bytes) {
+    let bytes = protocol::json::replace_lone_surrogates(bytes);
+    match serde_json::from_slice::<Value>(&bytes) {
         Ok(Value::Object(map)) => Ok(map),
         _ => Err(OpenAiError::invalid(
             "body",
@@ -391,6 +393,14 @@ mod tests {
             })
             .collect();
         assert_eq!(shown, expected);
+    }
+
+    #[test]
+    fn a_string_cut_in_the_middle_of_a_character_is_read_with_a_replacement_character() {
+        let r = responses(br#"{"model":"m","input":"cut \ud83d"}"#).unwrap();
+        assert_eq!(r.intent.parts, vec![Part::Text("cut \u{fffd}".into())]);
+        let c = chat(br#"{"model":"m","messages":[{"role":"user","content":"\ude00!"}]}"#).unwrap();
+        assert_eq!(c.intent.parts, vec![Part::Text("\u{fffd}!".into())]);
     }
 
     #[test]
