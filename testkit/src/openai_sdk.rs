@@ -13,7 +13,7 @@ use std::process::{Command, Output};
 pub const SCRIPT_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../gateway/tests/openai");
 
 /// The cases every run of `sdk_check.py` passes.
-pub const PYTHON_CASES: [&str; 10] = [
+pub const PYTHON_CASES: [&str; 11] = [
     "create_plain",
     "create_stream",
     "background",
@@ -22,6 +22,7 @@ pub const PYTHON_CASES: [&str; 10] = [
     "cancel",
     "chat",
     "models",
+    "chat_cancelled",
     "idempotency",
     "errors",
 ];

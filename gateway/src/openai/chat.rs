@@ -15,13 +15,16 @@ use super::projection::Projection;
 
 /// `usage` in Chat Completions' shape.
 fn usage_json(p: &Projection) -> Value {
-    let (input, output, cached, reasoning) = p.usage().unwrap_or_default();
+    let t = p.usage().unwrap_or_default();
     json!({
-        "prompt_tokens": input,
-        "completion_tokens": output,
-        "total_tokens": input + output,
-        "prompt_tokens_details": {"cached_tokens": cached},
-        "completion_tokens_details": {"reasoning_tokens": reasoning},
+        "prompt_tokens": t.input,
+        "completion_tokens": t.output,
+        "total_tokens": t.input + t.output,
+        "prompt_tokens_details": {
+            "cached_tokens": t.cached,
+            "cache_write_tokens": t.cache_written,
+        },
+        "completion_tokens_details": {"reasoning_tokens": t.reasoning},
     })
 }
 
@@ -42,7 +45,14 @@ pub fn completion(p: &Projection) -> Value {
             json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
         })
         .collect();
-    let mut message = json!({"role": "assistant", "content": p.text(), "refusal": Value::Null});
+    // OpenAI's assistant turn that only calls tools has no content (`null`, not "").
+    let text = p.text();
+    let content = if text.is_empty() && !calls.is_empty() {
+        Value::Null
+    } else {
+        Value::String(text)
+    };
+    let mut message = json!({"role": "assistant", "content": content, "refusal": Value::Null});
     if !calls.is_empty() {
         message["tool_calls"] = Value::Array(calls);
     }
@@ -199,5 +209,22 @@ mod tests {
             done["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
             "f"
         );
+    }
+
+    #[test]
+    fn a_turn_that_only_calls_tools_has_null_content_and_an_empty_one_empty_text() {
+        let mut log = says_hi_then(vec![EventBody::ToolCallStarted {
+            call_id: "call_1".into(),
+            name: "f".into(),
+        }]);
+        // Without its one delta ("hi"), the turn only calls a tool.
+        log.retain(|e| !matches!(e.body, EventBody::OutputDelta { .. }));
+        let p = Projection::of_log(&log).unwrap();
+        let message = &completion(&p)["choices"][0]["message"];
+        assert_eq!(message["content"], Value::Null);
+        assert_eq!(message["tool_calls"][0]["id"], "call_1");
+        log.retain(|e| !matches!(e.body, EventBody::ToolCallStarted { .. }));
+        let p = Projection::of_log(&log).unwrap();
+        assert_eq!(completion(&p)["choices"][0]["message"]["content"], "");
     }
 }

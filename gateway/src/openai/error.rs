@@ -16,6 +16,9 @@ use serde::Serialize;
 use crate::error::ApiError;
 use crate::response::error_response;
 
+/// The header the official SDKs read before their own retry rules (`"false"`: never retry).
+const SHOULD_RETRY: &str = "x-should-retry";
+
 /// OpenAI's error `type`s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -51,6 +54,9 @@ pub struct OpenAiError {
     param: Option<&'static str>,
     code: &'static str,
     retry_after: Option<u64>,
+    /// `x-should-retry: false`: the SDKs retry 409, 429 and 5xx on their own (a new execution
+    /// each time, unless the caller sent an `Idempotency-Key`), which this header stops.
+    final_answer: bool,
     /// Details for the log of a 500; never sent.
     internal: Option<String>,
 }
@@ -80,6 +86,7 @@ impl OpenAiError {
             param: Some(param),
             code: ErrorCode::InvalidRequest.as_str(),
             retry_after: None,
+            final_answer: false,
             internal: None,
         }
     }
@@ -100,6 +107,7 @@ impl OpenAiError {
             param: Some("model"),
             code: "model_not_found",
             retry_after: None,
+            final_answer: false,
             internal: None,
         }
     }
@@ -110,8 +118,11 @@ impl OpenAiError {
     }
 
     /// The answer to a request whose execution ended without success: the status its code
-    /// means to a caller (retryable overload 429, unavailable provider or deadline 503,
-    /// anything else 500), with the code as `code` and a fixed message.
+    /// means to a caller (overload 429, unavailable provider or deadline 503, cancelled 409,
+    /// anything else 500), with the code as `code` and a fixed message. An error the runtime
+    /// marks not retryable (a cancel, a deadline, output already streamed, a provider's
+    /// refusal) answers `x-should-retry: false` and no `retry-after`, so an SDK does not run
+    /// it again on its own.
     pub fn execution_failed(error: &RuntimeError) -> Self {
         let (status, message) = match error.code {
             ErrorCode::QueueFull | ErrorCode::RateLimited => (
@@ -132,13 +143,14 @@ impl OpenAiError {
                 "The model failed to complete the request",
             ),
         };
-        let retry_after = matches!(status.as_u16(), 429 | 503).then_some(1);
+        let retry_after = (error.retryable && matches!(status.as_u16(), 429 | 503)).then_some(1);
         Self {
             status,
             message,
             param: None,
             code: error.code.as_str(),
             retry_after,
+            final_answer: !error.retryable,
             internal: None,
         }
     }
@@ -183,6 +195,7 @@ impl From<ApiError> for OpenAiError {
             param: None,
             code: native.code.as_str(),
             retry_after: e.retry_after_secs(),
+            final_answer: false,
             internal,
         }
     }
@@ -199,7 +212,13 @@ impl IntoResponse for OpenAiError {
         if let Some(detail) = &self.internal {
             tracing::error!(error = %detail, "internal error");
         }
-        error_response(self.status, &self.body(), self.retry_after)
+        let mut response = error_response(self.status, &self.body(), self.retry_after);
+        if self.final_answer {
+            response
+                .headers_mut()
+                .insert(SHOULD_RETRY, axum::http::HeaderValue::from_static("false"));
+        }
+        response
     }
 }
 
@@ -302,6 +321,27 @@ mod tests {
         assert_eq!(failed(ErrorCode::QueueFull).status(), 429);
         assert_eq!(failed(ErrorCode::ProviderUnavailable).status(), 503);
         assert_eq!(failed(ErrorCode::ProviderProtocolError).status(), 500);
+        assert_eq!(failed(ErrorCode::Cancelled).status(), 409);
+        // Not retryable: the SDKs are told not to retry, and no retry-after invites it.
+        for code in [
+            ErrorCode::Cancelled,
+            ErrorCode::DeadlineExceeded,
+            ErrorCode::QueueFull,
+        ] {
+            let response = failed(code).into_response();
+            assert_eq!(response.headers()[SHOULD_RETRY], "false", "{code:?}");
+            assert!(!response.headers().contains_key(header::RETRY_AFTER));
+        }
+        // Retryable: the status decides, as OpenAI's own answers do.
+        let retryable = OpenAiError::execution_failed(&RuntimeError::new(
+            ErrorCode::ProviderUnavailable,
+            "x",
+            true,
+        ))
+        .into_response();
+        assert_eq!(retryable.status(), 503);
+        assert!(!retryable.headers().contains_key(SHOULD_RETRY));
+        assert_eq!(retryable.headers()[header::RETRY_AFTER], "1");
         assert_eq!(
             failed(ErrorCode::ProviderProtocolError).code(),
             "provider_protocol_error"

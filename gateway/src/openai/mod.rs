@@ -1,7 +1,7 @@
 //! The OpenAI-compatible front door (contract.md section 10): `POST /v1/responses`,
 //! `GET /v1/responses/{id}` (a snapshot, or `?stream=true[&starting_after=N]`),
-//! `POST /v1/responses/{id}/cancel`, `POST /v1/chat/completions` and `GET /v1/models`, for the
-//! unmodified OpenAI SDKs with `base_url` pointed at a gateway.
+//! `POST /v1/responses/{id}/cancel`, `POST /v1/chat/completions`, `GET /v1/models` and
+//! `GET /v1/models/{id}`, for the unmodified OpenAI SDKs with `base_url` pointed at a gateway.
 //!
 //! The one decision a reader must know: these routes are another *view*, not another runtime.
 //! A request is translated into a native execution request ([`translate`]) and runs through
@@ -56,6 +56,7 @@ use crate::submit;
 /// Whether `path` is one of these routes (its errors, 401 included, take OpenAI's shape).
 pub fn owns(path: &str) -> bool {
     path == "/v1/models"
+        || path.starts_with("/v1/models/")
         || path == "/v1/chat/completions"
         || path == "/v1/responses"
         || path.starts_with("/v1/responses/")
@@ -69,6 +70,7 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/responses/{id}/cancel", post(cancel_response))
         .route("/v1/chat/completions", post(create_chat_completion))
         .route("/v1/models", get(list_models))
+        .route("/v1/models/{*id}", get(retrieve_model))
 }
 
 /// Longest a cancel waits for the terminal event it caused before answering the Response
@@ -83,6 +85,20 @@ async fn list_models(State(state): State<AppState>) -> Response {
         StatusCode::OK,
         &model::list(&state.inner.capabilities.manifests()),
     )
+}
+
+/// `GET /v1/models/{id}` (an id may be `provider/model`): 404 `model_not_found` for a name
+/// `/v1/models` does not list.
+async fn retrieve_model(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, OpenAiError> {
+    let Ok(Path(id)) = path else {
+        return Err(OpenAiError::model_not_found());
+    };
+    let found = model::find(&state.inner.capabilities.manifests(), &id);
+    let found = found.ok_or_else(OpenAiError::model_not_found)?;
+    Ok(json_response(StatusCode::OK, &found))
 }
 
 /// What a create submitted: the execution and the permit of the stream it answers with.

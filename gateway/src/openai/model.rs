@@ -2,14 +2,16 @@
 //!
 //! The one decision a reader must know: a name resolves only when it is unambiguous. A bare
 //! model id names the one provider that serves it; when several serve it the caller must say
-//! `provider/model`. `/v1/models` lists exactly the names that resolve, so every listed id
-//! works as `model`. Every provider of this runtime serves one model, so a resolved name is a
-//! provider, and routing puts it first.
+//! `provider/model`. `/v1/models` lists exactly the names that resolve to a model serving
+//! text generation (the ability these routes ask for), so every listed id works as `model`.
+//! Every provider of this runtime serves one model, so a resolved name is a provider, and
+//! routing puts it first.
 
 use protocol::manifest::{ModelCapability, ProviderManifest};
 use serde::Serialize;
 
 use super::error::OpenAiError;
+use super::translate::ABILITY;
 
 /// How a provider's adapter reads the fields OpenAI requests carry beyond input (its
 /// `extensions` key and dialect), from the deployment file's `type`.
@@ -99,12 +101,16 @@ pub struct Model {
     pub owned_by: String,
 }
 
-/// Every name that resolves: a model id served by one provider as itself, else one
-/// `provider/model` per provider serving it.
+/// Every name that resolves to a text-generation model: a model id served by one provider as
+/// itself, else one `provider/model` per provider serving it.
 pub fn list(manifests: &[ProviderManifest]) -> ModelList {
     let mut data = Vec::new();
     for p in manifests {
-        for m in &p.models {
+        for m in p
+            .models
+            .iter()
+            .filter(|m| m.abilities.iter().any(|a| a == ABILITY))
+        {
             let shared = manifests
                 .iter()
                 .flat_map(|q| q.models.iter())
@@ -128,6 +134,11 @@ pub fn list(manifests: &[ProviderManifest]) -> ModelList {
         object: "list",
         data,
     }
+}
+
+/// `GET /v1/models/{id}`: the entry of [`list`] named `id`.
+pub fn find(manifests: &[ProviderManifest], id: &str) -> Option<Model> {
+    list(manifests).data.into_iter().find(|m| m.id == id)
 }
 
 #[cfg(test)]
@@ -174,6 +185,19 @@ mod tests {
         assert_eq!(ids, ["alpha", "b/beta", "c/beta"]);
         for id in &ids {
             assert!(resolve(&manifests, id).is_ok(), "{id}");
+            assert_eq!(find(&manifests, id).unwrap().id, *id);
         }
+        assert!(find(&manifests, "beta").is_none());
+        assert_eq!(find(&manifests, "c/beta").unwrap().owned_by, "c");
+    }
+
+    #[test]
+    fn models_that_cannot_generate_text_are_not_listed() {
+        let mut image = manifest("img", "pixels");
+        image.models[0].abilities = vec!["image-generation".into()];
+        let manifests = [manifest("a", "alpha"), image];
+        let ids: Vec<String> = list(&manifests).data.into_iter().map(|m| m.id).collect();
+        assert_eq!(ids, ["alpha"]);
+        assert!(find(&manifests, "pixels").is_none());
     }
 }

@@ -45,7 +45,20 @@ struct Usage {
     input: f64,
     output: f64,
     cached: f64,
+    cache_written: f64,
     reasoning: f64,
+}
+
+/// The token counts a Response's or a chat completion's `usage` reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tokens {
+    pub input: u64,
+    pub output: u64,
+    /// Input read from the provider's cache (`cache_read_token`).
+    pub cached: u64,
+    /// Input written to the provider's cache (`cache_write_token`).
+    pub cache_written: u64,
+    pub reasoning: u64,
 }
 
 /// See the module docs.
@@ -161,18 +174,17 @@ impl Projection {
         self.created_at
     }
 
-    /// `(input, output, cached input, reasoning)` tokens, when usage was reported.
-    pub fn usage(&self) -> Option<(u64, u64, u64, u64)> {
+    /// The tokens, when usage was reported.
+    pub fn usage(&self) -> Option<Tokens> {
         let u = &self.usage;
         // Quantities are finite and non-negative (the log's rule); tokens are whole.
         let whole = |x: f64| x.round() as u64;
-        u.reported.then(|| {
-            (
-                whole(u.input),
-                whole(u.output),
-                whole(u.cached),
-                whole(u.reasoning),
-            )
+        u.reported.then(|| Tokens {
+            input: whole(u.input),
+            output: whole(u.output),
+            cached: whole(u.cached),
+            cache_written: whole(u.cache_written),
+            reasoning: whole(u.reasoning),
         })
     }
 
@@ -291,6 +303,7 @@ impl Projection {
                         "input_token" => &mut self.usage.input,
                         "output_token" => &mut self.usage.output,
                         "cache_read_token" => &mut self.usage.cached,
+                        "cache_write_token" => &mut self.usage.cache_written,
                         "reasoning_token" => &mut self.usage.reasoning,
                         _ => continue,
                     };
@@ -393,13 +406,16 @@ impl Projection {
             }
             _ => Value::Null,
         };
-        let usage = self.usage().map(|(input, output, cached, reasoning)| {
+        let usage = self.usage().map(|t| {
             json!({
-                "input_tokens": input,
-                "input_tokens_details": {"cached_tokens": cached},
-                "output_tokens": output,
-                "output_tokens_details": {"reasoning_tokens": reasoning},
-                "total_tokens": input + output,
+                "input_tokens": t.input,
+                "input_tokens_details": {
+                    "cached_tokens": t.cached,
+                    "cache_write_tokens": t.cache_written,
+                },
+                "output_tokens": t.output,
+                "output_tokens_details": {"reasoning_tokens": t.reasoning},
+                "total_tokens": t.input + t.output,
             })
         });
         json!({
@@ -435,7 +451,7 @@ pub fn was_cancelled(error: Option<&RuntimeError>) -> bool {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use protocol::UsageFact;
+    use protocol::{UsageFact, UsageUnit};
 
     use super::super::fixture::{log, replay, says_then};
     use super::*;
@@ -507,6 +523,37 @@ mod tests {
         let p = Projection::of_log(&log).unwrap();
         assert_eq!(p.response(), *done);
         assert_eq!(p.text(), "hello mock");
+    }
+
+    #[test]
+    fn usage_reports_the_last_fact_of_each_unit_cache_reads_and_writes_included() {
+        let fact = |unit: UsageUnit, quantity| {
+            UsageFact::new(unit, quantity, protocol::UsageSource::Provider).unwrap()
+        };
+        let log = says_then(
+            "hi",
+            vec![EventBody::UsageReported {
+                facts: vec![
+                    fact(UsageUnit::input_token(), 10.0),
+                    fact(UsageUnit::output_token(), 4.0),
+                    fact(UsageUnit::cache_read_token(), 3.0),
+                    fact(UsageUnit::cache_write_token(), 5.0),
+                    fact(UsageUnit::reasoning_token(), 2.0),
+                    fact(UsageUnit::output_token(), 6.0),
+                ],
+            }],
+        );
+        let usage = &Projection::of_log(&log).unwrap().response()["usage"];
+        assert_eq!(
+            *usage,
+            json!({
+                "input_tokens": 10,
+                "input_tokens_details": {"cached_tokens": 3, "cache_write_tokens": 5},
+                "output_tokens": 6,
+                "output_tokens_details": {"reasoning_tokens": 2},
+                "total_tokens": 16,
+            })
+        );
     }
 
     #[test]

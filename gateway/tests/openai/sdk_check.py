@@ -13,6 +13,7 @@ non-zero at the first failure.
 import json
 import os
 import sys
+import threading
 import time
 
 import openai
@@ -112,6 +113,45 @@ def chat():
 def models():
     ids = [m.id for m in client.models.list()]
     check("model-alpha" in ids and "model-slow" in ids, f"models {ids}")
+    m = client.models.retrieve("model-alpha")
+    check((m.id, m.object, m.owned_by) == ("model-alpha", "model", "provider-mock"), f"model {m}")
+    try:
+        client.models.retrieve("model-unknown")
+        check(False, "an unknown model must be 404")
+    except openai.NotFoundError as e:
+        check(e.code == "model_not_found", f"code {e.code}")
+
+
+def chat_cancelled():
+    # The SDK's own retries on (default max_retries): a cancelled chat completion must not be
+    # run again. The chat and a background Response share an Idempotency-Key, so they are one
+    # execution (whichever comes first creates it), which the Response's id then cancels.
+    posts = []
+    counting = OpenAI(base_url=BASE, api_key=os.environ["MRT_KEY"], timeout=60,
+                      http_client=openai.DefaultHttpxClient(event_hooks={"request": [
+                          lambda request: posts.append(request.url.path)]}))
+    key = {"Idempotency-Key": f"sdk-chat-cancel-{time.time_ns()}"}
+    outcome = {}
+
+    def chat_call():
+        try:
+            counting.chat.completions.create(
+                model="model-stuck", messages=[{"role": "user", "content": "hi"}], extra_headers=key)
+        except openai.APIStatusError as e:
+            outcome["error"] = e
+
+    caller = threading.Thread(target=chat_call)
+    caller.start()
+    started = time.time()
+    while not posts and time.time() - started < 30:
+        time.sleep(0.05)
+    r = client.responses.create(model="model-stuck", input="hi", background=True, extra_headers=key)
+    check(client.responses.cancel(r.id).status == "cancelled", "cancel")
+    caller.join(60)
+    error = outcome.get("error")
+    check(isinstance(error, openai.ConflictError), f"answer {error!r}")
+    check(error.response.headers.get("x-should-retry") == "false", "x-should-retry")
+    check(posts == ["/v1/chat/completions"], f"requests {posts}")
 
 
 def idempotency():
@@ -227,7 +267,7 @@ def tool_round_trip():
 
 
 CASES = [create_plain, create_stream, background, resume, stream_helper, cancel, chat, models,
-         idempotency, errors, resume_elsewhere, tool_round_trip]
+         chat_cancelled, idempotency, errors, resume_elsewhere, tool_round_trip]
 
 if __name__ == "__main__":
     wanted = os.environ.get("MRT_CASES")
