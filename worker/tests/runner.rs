@@ -1307,6 +1307,36 @@ async fn a_redelivery_decides_its_holder_is_gone_on_the_latest_head_not_a_laggin
     assert_eq!(a.calls(), 0);
 }
 
+#[tokio::test]
+async fn a_redelivery_that_a_lagging_replica_shows_unstarted_closes_the_started_log() {
+    // The previous holder wrote `route.selected` and died; a replica behind the leader still
+    // shows only `execution.accepted`. Taken at its word, the redelivery claimed the log, lost
+    // the compare-and-set to that `route.selected`, and was dropped (acknowledged): the log
+    // stayed open until its deadline. It decides on the latest head, so it closes the log as
+    // interrupted, without calling the provider.
+    let a = ScriptedProvider::succeeding("a");
+    let (h, lagging) = over_wrapped_store(&a, LaggingStore::new);
+    let job = h.submit(&text_request(""), LONG).await;
+    let id = job.execution_id;
+    lagging.freeze(id).await;
+    h.append_foreign(id, selected("a", 1)).await;
+    let lease = Duration::from_millis(300);
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+
+    let outcome = within("the redelivery ends", PATIENCE, redeliver(&h, &job, lease)).await;
+    assert_eq!(outcome.unwrap(), RunOutcome::Finished);
+    h.assert_log(
+        id,
+        &[
+            EventBody::Accepted,
+            selected("a", 1),
+            failed(interrupted_error()),
+        ],
+    )
+    .await;
+    assert_eq!(a.calls(), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_redelivery_of_a_job_this_worker_gave_up_names_the_unreachable_store() {
     // The cut outlasted every retry: the job was given back; its redelivery here, after the

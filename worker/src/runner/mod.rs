@@ -236,6 +236,19 @@ impl Runner {
             Ok(head) => head,
             Err(outcome) => return outcome,
         };
+        // A redelivery that reads its log as never started confirms it on the latest head: a
+        // replica behind the leader can hide the previous holder's `route.selected`, and this
+        // delivery would then lose its claim to it and be dropped (acknowledged), leaving a
+        // log whose holder is gone open until its deadline. One more read, for redeliveries.
+        let head = if delivered > 1 && !head.terminal && head.last_sequence.get() <= 1 {
+            match self.store.latest_head(id).await {
+                Ok(Some(latest)) => latest,
+                // The claim's compare-and-set still guards what this read could not.
+                Ok(None) | Err(_) => head,
+            }
+        } else {
+            head
+        };
         if head.terminal {
             return RunOutcome::Dropped;
         }
