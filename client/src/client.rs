@@ -442,22 +442,28 @@ impl Client {
     }
 
     async fn error_of(&self, response: reqwest::Response) -> ClientError {
-        error_of(response).await
+        error_of(response, self.inner.settings.request_timeout).await
     }
 }
 
-/// The error of a non-success response. The body is read up to a small cap; a body that cannot
-/// be read still yields an error derived from the status.
-pub(crate) async fn error_of(mut response: reqwest::Response) -> ClientError {
+/// The error of a non-success response. The body is read up to a small cap and for at most
+/// `within` (a body stalled after its headers, by a proxy or a gateway, must not hang a call
+/// that has no whole-request timeout, such as opening an event stream); a body that cannot be
+/// read in time still yields an error derived from the status.
+pub(crate) async fn error_of(mut response: reqwest::Response, within: Duration) -> ClientError {
     let status = response.status().as_u16();
     let retry_after = retry_after(response.headers());
     let mut body = Vec::new();
-    while let Ok(Some(chunk)) = response.chunk().await {
-        if body.len() + chunk.len() > MAX_ERROR_BODY_BYTES {
-            break;
+    let read = async {
+        while let Ok(Some(chunk)) = response.chunk().await {
+            if body.len() + chunk.len() > MAX_ERROR_BODY_BYTES {
+                break;
+            }
+            body.extend_from_slice(&chunk);
         }
-        body.extend_from_slice(&chunk);
-    }
+    };
+    // What arrived in time is used; the status alone decides when nothing did.
+    let _ = tokio::time::timeout(within, read).await;
     ClientError::Api(api_error(status, retry_after, &body))
 }
 

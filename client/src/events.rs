@@ -190,7 +190,7 @@ impl EventStream {
             Err(_) => return Err(ClientError::timeout()),
         };
         if response.status() != StatusCode::OK {
-            return Err(error_of(response).await);
+            return Err(error_of(response, self.inner.settings.request_timeout).await);
         }
         let is_sse = response
             .headers()

@@ -20,9 +20,12 @@
 //! use model_runtime_client::{Client, SubmitOptions, text_request};
 //! use protocol::{EventBody, Sequence};
 //!
-//! let client = Client::builder("http://127.0.0.1:4320")
-//!     .api_key(std::env::var("MODEL_RUNTIME_API_KEY").unwrap_or_default())
-//!     .build()?;
+//! let mut builder = Client::builder("http://127.0.0.1:4320");
+//! // A gateway without an `auth` section takes no key (an empty one is refused).
+//! if let Ok(key) = std::env::var("MODEL_RUNTIME_API_KEY") {
+//!     builder = builder.api_key(key);
+//! }
+//! let client = builder.build()?;
 //! let submission = client
 //!     .submit(&text_request("text-generation", "hello"), &SubmitOptions::idempotent())
 //!     .await?;

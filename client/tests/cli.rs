@@ -252,6 +252,19 @@ async fn a_run_cancelled_while_streaming_exits_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_api_key_variable_is_no_key() {
+    // `export MODEL_RUNTIME_API_KEY=` to "unset" it was a usage error (exit 2).
+    let gw = Gateway::start_default().await;
+    let env = [
+        ("MODEL_RUNTIME_URL", gw.base.as_str()),
+        ("MODEL_RUNTIME_API_KEY", ""),
+    ];
+    let out = run_mrt(&["providers"], &env, None).await;
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    assert!(out.stdout.contains("model-alpha"), "{}", out.stdout);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_and_transport_errors_have_their_exit_codes() {
     let out = mrt(None, &["run"], None).await;
     assert_eq!(out.code, 2, "missing request: {}", out.stderr);

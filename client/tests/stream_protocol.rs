@@ -279,6 +279,45 @@ async fn retryable_statuses_are_retried_and_not_found_is_final() {
 }
 
 #[tokio::test]
+async fn an_error_whose_body_stalls_after_its_headers_ends_within_the_request_timeout() {
+    // A proxy or a gateway that sends an error's headers and then nothing: opening the stream
+    // has no whole-request timeout, so reading that body hung the stream for ever.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut socket, _)) = listener.accept().await {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut buf = [0u8; 4096];
+            let _ = socket.read(&mut buf).await;
+            let head =
+                "HTTP/1.1 404 X\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{";
+            let _ = socket.write_all(head.as_bytes()).await;
+            held.push(socket);
+        }
+    });
+    let client = Client::builder(&base)
+        .request_timeout(Duration::from_millis(500))
+        .retry(RetryPolicy {
+            max_retries: 0,
+            ..RetryPolicy::default()
+        })
+        .build()
+        .unwrap();
+    let drained = tokio::time::timeout(
+        Duration::from_secs(60),
+        drain(&client, ExecutionId::new_random(), 0),
+    )
+    .await;
+    let (seqs, error) = drained.expect("the stream ends: no hang on a stalled error body");
+    assert!(seqs.is_empty());
+    let Some(ClientError::Api(api)) = error else {
+        panic!("expected an API error, got {error:?}");
+    };
+    assert_eq!((api.status, api.retryable), (404, false));
+}
+
+#[tokio::test]
 async fn the_cursor_is_checked_before_any_request() {
     let server = FakeServer::start(|_, _| sse_response(b"")).await;
     let client = quick(&server.base, 0);

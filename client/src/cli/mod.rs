@@ -57,8 +57,8 @@ pub struct Cli {
         default_value = "http://127.0.0.1:4320"
     )]
     pub url: String,
-    /// API key, sent as `Authorization: Bearer` (required by gateways with an `auth` section).
-    /// Prefer the environment variable: a flag shows in the process list.
+    /// API key, sent as `Authorization: Bearer` (required by gateways with an `auth` section;
+    /// empty: none). Prefer the environment variable: a flag shows in the process list.
     #[arg(
         long,
         global = true,
@@ -291,7 +291,8 @@ async fn dispatch(cli: Cli, term: &mut Terminal<'_>) -> Result<Exit, Failure> {
         max_retries: cli.retries,
         ..RetryPolicy::default()
     });
-    if let Some(key) = &cli.api_key {
+    // An empty key (`MODEL_RUNTIME_API_KEY=` exported to "unset" it) is no key.
+    if let Some(key) = cli.api_key.as_ref().filter(|key| !key.expose().is_empty()) {
         builder = builder.api_key(key.expose());
     }
     let client = builder.build()?;
