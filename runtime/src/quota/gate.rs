@@ -25,6 +25,11 @@ use crate::error::StoreError;
 use crate::event_store::EventStore;
 use crate::memory::{MemoryEventStore, MemoryLimits};
 
+/// How long the release of a slot after a failed admit is tried again while the store keeps
+/// failing (the failure that lost the admit's answer usually outlasts it): a leader election
+/// or a short cut; past that, the slot expires with its hold.
+const RELEASE_AFTER_FAILED_ADMIT: Duration = Duration::from_secs(120);
+
 /// Timing and bounds of a [`QuotaGate`].
 #[derive(Debug, Clone)]
 pub struct GateSettings {
@@ -127,7 +132,7 @@ impl QuotaGate {
 
     /// Admits a new execution of `tenant` whose deadline is `deadline_at` (see
     /// [`QuotaStore::admit`]). On `Err` the outcome is unknown; a slot possibly taken is
-    /// released in the background.
+    /// released in the background, tried again for [`RELEASE_AFTER_FAILED_ADMIT`].
     pub async fn admit(
         &self,
         tenant: &Tenant,
@@ -158,11 +163,26 @@ impl QuotaGate {
             answer = self.store.admit(request).await;
         }
         if answer.is_err() && limits.max_active.is_some() {
+            // The store that failed the admit is usually still failing: keep trying the release
+            // a while (the slot would otherwise count until its hold expires, the deadline plus
+            // the grace: reconciliation keeps a slot whose log does not exist).
             let store = Arc::clone(&self.store);
             let tenant = tenant.clone();
             tokio::spawn(async move {
-                if let Err(e) = store.release(&tenant, &[execution]).await {
-                    tracing::debug!(error = %e, "could not release a slot after a failed admit; it expires");
+                let mut backoff = crate::backoff::Backoff::new(
+                    Duration::from_millis(100),
+                    Duration::from_secs(5),
+                )
+                .with_budget(RELEASE_AFTER_FAILED_ADMIT);
+                loop {
+                    let Err(e) = store.release(&tenant, &[execution]).await else {
+                        return;
+                    };
+                    let Some(pause) = backoff.next_pause() else {
+                        tracing::debug!(error = %e, "could not release a slot after a failed admit; it expires");
+                        return;
+                    };
+                    tokio::time::sleep(pause).await;
                 }
             });
         }
@@ -256,12 +276,13 @@ mod tests {
     use super::*;
 
     /// A memory quota store that counts admits and can fail them after taking the slot (a
-    /// lost answer).
+    /// lost answer), and fail its first `failing_releases` releases (the store still away).
     #[derive(Default)]
     struct Probe {
         inner: MemoryQuotaStore,
         admits: AtomicUsize,
         lose_answers: bool,
+        failing_releases: AtomicUsize,
     }
 
     #[async_trait]
@@ -280,6 +301,12 @@ mod tests {
             tenant: &Tenant,
             executions: &[ExecutionId],
         ) -> Result<(), StoreError> {
+            let failing =
+                self.failing_releases
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            if failing.is_ok() {
+                return Err(StoreError::Unavailable("store away".into()));
+            }
             self.inner.release(tenant, executions).await
         }
 
@@ -458,6 +485,29 @@ mod tests {
             assert!(started.elapsed() < Duration::from_secs(20), "slot kept");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_release_after_a_failed_admit_outlasts_a_store_still_away() {
+        // The store that lost the admit's answer fails the next releases too: the release is
+        // tried again until it lands, not left to the slot's expiry (the deadline, 10 min).
+        let probe = Probe {
+            lose_answers: true,
+            failing_releases: AtomicUsize::new(5),
+            ..Probe::default()
+        };
+        let (store, _, gate) = gate_with(probe, |_| {});
+        assert!(
+            gate.admit(&t("capped"), ExecutionId::new_random(), later())
+                .await
+                .is_err()
+        );
+        let started = Instant::now();
+        while !store.holders(&t("capped"), 10).await.unwrap().is_empty() {
+            assert!(started.elapsed() < Duration::from_secs(60), "slot kept");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(store.failing_releases.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test]
