@@ -85,6 +85,7 @@ pub async fn event_store_suite(store: Arc<dyn EventStore>) {
     subscription_replays_then_follows_then_ends(Arc::clone(&store)).await;
     readers_see_only_stored_events(Arc::clone(&store)).await;
     cursors_at_or_past_terminal_are_empty(&*store).await;
+    a_cursor_past_an_open_log_ends_when_the_log_closes(&*store).await;
     unknown_executions_are_none(&*store).await;
     rule_violations_change_nothing(&*store).await;
     runs_read_like_events_appended_one_by_one(Arc::clone(&store)).await;
@@ -732,6 +733,33 @@ async fn cursors_at_or_past_terminal_are_empty(store: &dyn EventStore) {
             .unwrap()
             .is_none()
     );
+}
+
+/// A reader whose cursor is past the end of a log still open (a `Last-Event-ID` from a longer
+/// log, or a head read on a replica behind the terminal event) gets nothing, and its stream
+/// ends once the log closes at or before the cursor: it never waits for events that cannot
+/// come.
+async fn a_cursor_past_an_open_log_ends_when_the_log_closes(store: &dyn EventStore) {
+    for (cursor, closing_at) in [(20, 3), (3, 3)] {
+        let id = routed(store).await;
+        let mut s = store
+            .subscribe(id, Sequence(cursor))
+            .await
+            .unwrap()
+            .unwrap();
+        for n in 3..closing_at {
+            store.append(event(id, n, delta("x"))).await.unwrap();
+        }
+        store
+            .append(event(id, closing_at, completed()))
+            .await
+            .unwrap();
+        let next = tokio::time::timeout(PROMPT, s.next()).await;
+        assert!(
+            matches!(next, Ok(None)),
+            "cursor {cursor}, closed at {closing_at}: {next:?}"
+        );
+    }
 }
 
 async fn unknown_executions_are_none(store: &dyn EventStore) {

@@ -414,12 +414,20 @@ struct LiveMerge {
 }
 
 impl LiveMerge {
-    /// Queues the records that continue the log; skips ones already delivered.
+    /// Queues the records that continue the log; skips ones already delivered. A terminal
+    /// event at or before the cursor ends the stream too: the log ended where the reader
+    /// already is (a cursor past the end of a log that was open when the stream was opened, or
+    /// read open on a replica behind the one that stored the terminal event).
     fn accept(&mut self, record: EventRecord) {
-        if record.sequence() == self.expected && !self.finished {
+        if self.finished {
+            return;
+        }
+        if record.sequence() == self.expected {
             self.expected = self.expected.next();
             self.finished = record.event.is_terminal();
             self.ready.push_back(Arc::new(record));
+        } else if record.sequence() < self.expected && record.event.is_terminal() {
+            self.finished = true;
         }
     }
 
