@@ -6,14 +6,20 @@
 //! | `content_block_start` of type `tool_use` | `tool.call.started{call_id: block.id, name}` |
 //! | `content_block_delta` / `text_delta` | `output.delta{output_index: block index}` |
 //! | `content_block_delta` / `input_json_delta` | `tool.call.arguments.delta` for the block's call |
+//! | `content_block_stop` of a `tool_use` block no fragment filled | `tool.call.arguments.delta` with the start's `input` (`{}`) |
 //! | `message_delta` | usage merged over what `message_start` said |
 //! | `message_stop` | `usage.reported` (merged), then the attempt completes |
 //! | `error` | `provider_unavailable`, not retryable |
-//! | `ping`, `content_block_stop`, unknown types | ignored |
+//! | `ping`, other `content_block_stop`s, unknown types | ignored |
 //!
-//! The one decision a reader must know: usage is reported once, at `message_stop`, because
-//! Anthropic's `message_delta` usage is cumulative. Emitting both would double-count in any
-//! consumer that sums facts.
+//! Decisions a reader must know:
+//! - Usage is reported once, at `message_stop`, because Anthropic's `message_delta` usage is
+//!   cumulative. Emitting both would double-count in any consumer that sums facts.
+//! - A tool without parameters gets only empty `input_json_delta` fragments, which left its
+//!   call's arguments `""`, not JSON (the non-streaming API says `{}`); servers that put the
+//!   whole input in `content_block_start` send no fragments at all. A tool block that ends
+//!   with no fragment therefore gets the start's `input` as its arguments (beyond the
+//!   reference, which concatenates fragments only).
 
 use std::collections::{HashMap, HashSet};
 
@@ -23,7 +29,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::wire::{
-    ContentBlockDelta, ContentBlockStart, MessageDelta, MessageStart, StreamError, unexpected_event,
+    ContentBlockDelta, ContentBlockStart, ContentBlockStop, MessageDelta, MessageStart,
+    StreamError, unexpected_event,
 };
 use crate::provider::ProviderEvent;
 use crate::provider::frame_loop::{FrameMapper, FrameOutcome};
@@ -96,11 +103,21 @@ impl MessageUsage {
     }
 }
 
+/// A `tool_use` block of the stream.
+#[derive(Debug)]
+struct ToolBlock {
+    call_id: String,
+    /// The start's `input`, compact (`{}` when it stated none).
+    start_input: String,
+    /// Whether a non-empty fragment of its arguments was emitted.
+    argued: bool,
+}
+
 /// The state of one response stream.
 #[derive(Debug, Default)]
 pub struct MessageStream {
-    /// Tool-use blocks by index: their call ids.
-    tool_calls: HashMap<u32, String>,
+    /// Tool-use blocks by index.
+    tool_calls: HashMap<u32, ToolBlock>,
     /// Every block index started so far.
     blocks: HashSet<u32>,
     usage: MessageUsage,
@@ -140,9 +157,24 @@ impl MessageStream {
                     else {
                         return Err(unexpected_event());
                     };
-                    self.tool_calls.insert(start.index, call_id.clone());
+                    let start_input = match start.content_block.input {
+                        Some(Value::Object(input)) => Value::Object(input).to_string(),
+                        _ => "{}".to_owned(),
+                    };
+                    self.tool_calls.insert(
+                        start.index,
+                        ToolBlock {
+                            call_id: call_id.clone(),
+                            start_input,
+                            argued: false,
+                        },
+                    );
                     out.push(ProviderEvent::tool_call_started(call_id, name));
                 }
+            }
+            "content_block_stop" => {
+                let stop: ContentBlockStop = shaped(payload)?;
+                self.close_tool_block(stop.index, out);
             }
             "content_block_delta" => {
                 let delta: ContentBlockDelta = shaped(payload)?;
@@ -155,6 +187,12 @@ impl MessageStream {
                 }
             }
             "message_stop" => {
+                // Blocks the stream never stopped are complete now.
+                let mut open: Vec<u32> = self.tool_calls.keys().copied().collect();
+                open.sort_unstable();
+                for index in open {
+                    self.close_tool_block(index, out);
+                }
                 out.push(ProviderEvent::Usage(self.usage.facts()?));
                 return Ok(Step::Completed);
             }
@@ -174,7 +212,7 @@ impl MessageStream {
                 }
                 return Err(failure);
             }
-            // ping, content_block_stop and event types added after 2023-06-01.
+            // ping and event types added after 2023-06-01.
             _ => {}
         }
         Ok(Step::Continue)
@@ -194,11 +232,12 @@ impl MessageStream {
             }
             "input_json_delta" => {
                 let fragment = delta.delta.partial_json.ok_or_else(unexpected_event)?;
-                match self.tool_calls.get(&delta.index) {
-                    Some(call_id) => {
+                match self.tool_calls.get_mut(&delta.index) {
+                    Some(block) => {
                         if !fragment.is_empty() {
+                            block.argued = true;
                             out.push(ProviderEvent::tool_call_arguments(
-                                call_id.clone(),
+                                block.call_id.clone(),
                                 fragment,
                             ));
                         }
@@ -216,6 +255,21 @@ impl MessageStream {
             _ => {}
         }
         Ok(())
+    }
+}
+
+impl MessageStream {
+    /// Ends the `tool_use` block at `index`, if it is one: a block no fragment filled gets the
+    /// start's `input` as its arguments (see the module docs).
+    fn close_tool_block(&mut self, index: u32, out: &mut Vec<ProviderEvent>) {
+        if let Some(block) = self.tool_calls.remove(&index)
+            && !block.argued
+        {
+            out.push(ProviderEvent::tool_call_arguments(
+                block.call_id,
+                block.start_input,
+            ));
+        }
     }
 }
 
@@ -263,6 +317,58 @@ mod tests {
             }
         }
         (out, last)
+    }
+
+    /// The tool events of `frames` (usage and text left out).
+    fn tool_events(frames: &[&str]) -> Vec<ProviderEvent> {
+        let (out, last) = run(frames);
+        assert_eq!(last, Ok(Step::Completed));
+        out.into_iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    ProviderEvent::ToolCallStarted { .. }
+                        | ProviderEvent::ToolCallArgumentsDelta { .. }
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_tool_block_no_fragment_filled_gets_the_start_input_as_arguments() {
+        let started = ProviderEvent::tool_call_started("toolu_1", "now");
+        let args = |json: &str| ProviderEvent::tool_call_arguments("toolu_1", json);
+        // Anthropic's stream for a tool without parameters: `{}` at the start, one empty
+        // fragment.
+        assert_eq!(
+            tool_events(&[
+                r#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"now","input":{}}}"#,
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":""}}"#,
+                r#"{"type":"content_block_stop","index":0}"#,
+                r#"{"type":"message_stop"}"#,
+            ]),
+            [started.clone(), args("{}")]
+        );
+        // A server that states the whole input at the start and sends no fragment; and one
+        // that never stops the block before the message ends.
+        assert_eq!(
+            tool_events(&[
+                r#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"now","input":{"tz":"UTC"}}}"#,
+                r#"{"type":"message_stop"}"#,
+            ]),
+            [started.clone(), args(r#"{"tz":"UTC"}"#)]
+        );
+        // Fragments that carry the arguments are all there is: the start's `{}` is not added.
+        assert_eq!(
+            tool_events(&[
+                r#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"now","input":{}}}"#,
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"tz\":"}}"#,
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"\"UTC\"}"}}"#,
+                r#"{"type":"content_block_stop","index":0}"#,
+                r#"{"type":"message_stop"}"#,
+            ]),
+            [started, args(r#"{"tz":"#), args(r#""UTC"}"#)]
+        );
     }
 
     #[test]

@@ -127,6 +127,16 @@ pub struct StartedBlock {
     pub id: Option<String>,
     #[serde(default)]
     pub name: Option<String>,
+    /// A `tool_use` block's input as the start states it: `{}` from Anthropic, whose input
+    /// follows in `input_json_delta` fragments; the whole input from servers that send none.
+    #[serde(default)]
+    pub input: Option<Value>,
+}
+
+/// `content_block_stop`: the block at `index` is complete.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentBlockStop {
+    pub index: u32,
 }
 
 /// `content_block_delta`: a fragment for the block at `index`.
