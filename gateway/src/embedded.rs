@@ -105,6 +105,14 @@ impl Embedded {
             quotas: Arc::new(crate::quota::embedded_gate(config, &store)),
             heal_missing: false,
         };
+        // Every provider's series from startup, at 0, as a worker process has them (the
+        // process registry must exist before they are registered).
+        let _registry = telemetry::MetricsExporter::install();
+        for manifest in registry.manifests() {
+            for model in &manifest.models {
+                telemetry::metric::register_model(&manifest.provider, &model.model);
+            }
+        }
         let capabilities = registry.capabilities();
         let pool = spawn_pool(
             registry,
@@ -149,7 +157,8 @@ impl Embedded {
         let in_time = self.pool.shutdown(grace).await;
         self.queue.close();
         for job in self.queue.take_pending() {
-            if let Err(e) = submit::cancel(&self.state, job.execution_id).await {
+            // The gateway's own cancel, not a request: `mrt_cancellations_total` leaves it out.
+            if let Err(e) = submit::stop(&self.state, job.execution_id).await {
                 tracing::warn!(execution_id = %job.execution_id, error = ?e, "could not cancel a queued execution at shutdown");
             }
         }

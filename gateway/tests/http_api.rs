@@ -631,6 +631,9 @@ async fn cancelling_a_queued_execution_ends_it_without_running() {
     let snapshot = gw.wait_terminal(&queued).await;
     assert_eq!(snapshot["status"], "cancelled");
     assert_eq!(snapshot["error"]["code"], "cancelled");
+    // The gateway wrote that terminal event, and counted it as every writer does.
+    let cancelled = "mrt_executions_total{outcome=\"cancelled\",code=\"cancelled\"}";
+    assert_eq!(gw.metric(cancelled).await, 1.0);
 
     // Free the slot, then run one more execution through the same FIFO queue: once it has
     // succeeded, the worker has taken (and must have dropped) the cancelled job.
@@ -998,6 +1001,13 @@ async fn health_readiness_and_metrics_endpoints_answer() {
         "{text}"
     );
     assert!(text.contains("mrt_stopping 0"), "{text}");
+    // Every provider's series exist from startup, those of outcomes not seen yet at 0.
+    assert!(
+        text.contains(
+            "mrt_provider_attempts_total{provider=\"provider-mock\",model=\"model-alpha\",outcome=\"failed\"} 0"
+        ),
+        "{text}"
+    );
 }
 
 /// A gateway allowing one event stream (mock delay `delay_ms`), an execution, and the stream of

@@ -415,7 +415,7 @@ impl DeadlineSweeper {
         };
         match writer.append_once(terminal.clone()).await {
             Ok(()) => {
-                crate::ended::log(id, &terminal);
+                crate::ended::record(id, &terminal);
                 Closing::Closed
             }
             Err(StoreError::Conflict { terminal: true, .. }) => Closing::Done,

@@ -1,11 +1,13 @@
-//! The one log line of an execution's end.
+//! The one log line and the count of an execution's end.
 //!
-//! Whoever appends an execution's terminal event calls [`log`] once the store has acknowledged
-//! it: the worker's runner (success, failure, cancellation of a running execution), the
-//! gateway's cancel of a queued execution and the deadline sweeper of any process. A log has one
-//! terminal event (compare-and-set fences every other writer), so each execution's end is logged
-//! exactly once, by the process that ended it, and an operator holding an execution id finds it
-//! with its portable code.
+//! Whoever appends an execution's terminal event calls [`record`] once the store has
+//! acknowledged it: the worker's runner (success, failure, cancellation of a running
+//! execution), the gateway's cancel of a queued execution and the deadline sweeper of any
+//! process. A log has one terminal event (compare-and-set fences every other writer), so each
+//! execution's end is logged and counted (`mrt_executions_total{outcome,code}`) exactly once,
+//! by the process that ended it, and an operator holding an execution id finds it with its
+//! portable code. (Its duration, `mrt_execution_duration_seconds`, is the runner's to record:
+//! it knows the target.)
 //!
 //! The decision a reader must know: the level says who should look. A failure is a `warn` line
 //! with its code, retryability and the runtime's fixed message (never caller or provider
@@ -14,31 +16,57 @@
 //! closed before they were ever queued (the unqueued failure) log their own line where they are
 //! closed: no caller was given their id as a running execution.
 
+use std::sync::LazyLock;
+
+use metrics::Counter;
 use protocol::event::EventBody;
 use protocol::{ErrorCode, ExecutionId};
+use telemetry::metric;
 
-/// Logs the end of `id` whose terminal event `terminal` was just stored; other events log
-/// nothing.
-pub fn log(id: ExecutionId, terminal: &EventBody) {
+/// The count of successes, resolved once (one per execution: the hot path).
+static SUCCEEDED: LazyLock<Counter> = LazyLock::new(|| {
+    metrics::counter!(
+        metric::EXECUTIONS_TOTAL,
+        "outcome" => metric::outcome::SUCCEEDED,
+        "code" => metric::NO_CODE
+    )
+});
+
+/// Logs and counts the end of `id` whose terminal event `terminal` was just stored; other
+/// events record nothing.
+pub fn record(id: ExecutionId, terminal: &EventBody) {
     match terminal {
-        EventBody::Completed { target } => tracing::debug!(
-            execution_id = %id,
-            provider = %target.provider,
-            model = %target.model,
-            "execution succeeded"
-        ),
-        EventBody::Failed { error } if error.code == ErrorCode::Cancelled => tracing::info!(
-            execution_id = %id,
-            code = error.code.as_str(),
-            "execution cancelled"
-        ),
-        EventBody::Failed { error } => tracing::warn!(
-            execution_id = %id,
-            code = error.code.as_str(),
-            retryable = error.retryable,
-            message = %error.message,
-            "execution failed"
-        ),
+        EventBody::Completed { target } => {
+            SUCCEEDED.increment(1);
+            tracing::debug!(
+                execution_id = %id,
+                provider = %target.provider,
+                model = %target.model,
+                "execution succeeded"
+            );
+        }
+        EventBody::Failed { error } => {
+            let code = error.code.as_str();
+            let cancelled = error.code == ErrorCode::Cancelled;
+            let outcome = if cancelled {
+                metric::outcome::CANCELLED
+            } else {
+                metric::outcome::FAILED
+            };
+            metrics::counter!(metric::EXECUTIONS_TOTAL, "outcome" => outcome, "code" => code)
+                .increment(1);
+            if cancelled {
+                tracing::info!(execution_id = %id, code, "execution cancelled");
+            } else {
+                tracing::warn!(
+                    execution_id = %id,
+                    code,
+                    retryable = error.retryable,
+                    message = %error.message,
+                    "execution failed"
+                );
+            }
+        }
         _ => {}
     }
 }
@@ -61,7 +89,7 @@ mod tests {
     fn a_failure_is_one_warn_line_with_its_code_and_the_execution_id() {
         let id = ExecutionId::new_random();
         let error = RuntimeError::deadline_exceeded();
-        let text = logged(|| log(id, &EventBody::Failed { error }));
+        let text = logged(|| record(id, &EventBody::Failed { error }));
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 1, "{text}");
         assert!(lines[0].contains(" WARN "), "{text}");
@@ -74,7 +102,7 @@ mod tests {
     fn a_cancellation_is_info_a_success_debug_and_other_events_nothing() {
         let id = ExecutionId::new_random();
         let cancelled = logged(|| {
-            log(
+            record(
                 id,
                 &EventBody::Failed {
                     error: RuntimeError::cancelled(),
@@ -87,12 +115,12 @@ mod tests {
             provider: "provider-mock".to_owned(),
             model: "model-alpha".to_owned(),
         };
-        let succeeded = logged(|| log(id, &EventBody::Completed { target }));
+        let succeeded = logged(|| record(id, &EventBody::Completed { target }));
         assert!(succeeded.contains(" DEBUG ") && succeeded.contains("execution succeeded"));
         assert!(
             succeeded.contains(&format!("execution_id={id}")),
             "{succeeded}"
         );
-        assert_eq!(logged(|| log(id, &EventBody::Accepted)), "");
+        assert_eq!(logged(|| record(id, &EventBody::Accepted)), "");
     }
 }

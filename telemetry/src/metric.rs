@@ -63,10 +63,10 @@ pub const HTTP_BUCKETS: &[f64] = &[
     10.0,
 ];
 /// Executions and provider operations: the GenAI conventions' advice, 10 ms to ~80 s, plus the
-/// long tail up to the maximum deadline.
+/// long tail up to the largest deadline a deployment may allow (`max_deadline_ms`, 24 h).
 pub const EXECUTION_BUCKETS: &[f64] = &[
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92, 300.0,
-    900.0,
+    900.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0,
 ];
 /// Time to first token: the GenAI conventions' advice.
 pub const TTFT_BUCKETS: &[f64] = &[

@@ -101,13 +101,6 @@ fn model_handles(provider: &str, model: &str) -> Arc<ModelHandles> {
 /// Handles without per-model labels, resolved once.
 static QUEUE_WAIT: LazyLock<Histogram> =
     LazyLock::new(|| metrics::histogram!(metric::QUEUE_WAIT_SECONDS));
-static SUCCEEDED: LazyLock<Counter> = LazyLock::new(|| {
-    metrics::counter!(
-        metric::EXECUTIONS_TOTAL,
-        "outcome" => metric::outcome::SUCCEEDED,
-        "code" => metric::NO_CODE
-    )
-});
 
 /// Label value used when an execution ended before any provider was selected.
 const NO_TARGET: &str = "none";
@@ -139,7 +132,8 @@ pub fn queue_wait(accepted_at: Timestamp) {
     QUEUE_WAIT.record(seconds_since(accepted_at));
 }
 
-/// Records a terminal event this process appended: outcome, code and total duration.
+/// Records the total duration of an execution whose terminal event this process appended (its
+/// count is `runtime::ended::record`'s, which every writer of terminal events calls).
 ///
 /// The duration is labelled with the completed target; failed executions carry `none` (their
 /// attempts are counted per provider in `mrt_provider_attempts_total`).
@@ -147,20 +141,16 @@ pub fn terminal(body: &EventBody, accepted_at: Timestamp) {
     let elapsed = seconds_since(accepted_at);
     match body {
         EventBody::Completed { target } => {
-            SUCCEEDED.increment(1);
             model_handles(&target.provider, &target.model)
                 .duration_succeeded
                 .record(elapsed);
         }
         EventBody::Failed { error } => {
-            let code = error.code.as_str();
-            let outcome = if code == "cancelled" {
+            let outcome = if error.code == protocol::ErrorCode::Cancelled {
                 metric::outcome::CANCELLED
             } else {
                 metric::outcome::FAILED
             };
-            metrics::counter!(metric::EXECUTIONS_TOTAL, "outcome" => outcome, "code" => code)
-                .increment(1);
             metrics::histogram!(
                 metric::EXECUTION_DURATION_SECONDS,
                 "provider" => NO_TARGET,

@@ -344,9 +344,9 @@ pub async fn cancel(state: &AppState, id: ExecutionId) -> Result<bool, ApiError>
 }
 
 /// Stops an execution (a cancel request's work, counted by [`cancel`]; the gateway's own
-/// cancels, [`settle`]'s, are not requests). Returns `false` when it is unknown or already
-/// terminal.
-async fn stop(state: &AppState, id: ExecutionId) -> Result<bool, ApiError> {
+/// cancels, [`settle`]'s and those of an embedded gateway's shutdown, are not requests).
+/// Returns `false` when it is unknown or already terminal.
+pub(crate) async fn stop(state: &AppState, id: ExecutionId) -> Result<bool, ApiError> {
     let backend = &state.inner.backend;
     let Some(head) = backend.store.head(id).await? else {
         return Ok(false);
@@ -363,7 +363,7 @@ async fn stop(state: &AppState, id: ExecutionId) -> Result<bool, ApiError> {
         };
         match writer.append_once(cancelled.clone()).await {
             Ok(()) => {
-                runtime::ended::log(id, &cancelled);
+                runtime::ended::record(id, &cancelled);
                 quota::release_ended(state, id).await;
                 return Ok(true);
             }

@@ -453,7 +453,7 @@ impl Runner {
         let error = match writer.append(terminal.clone()).await {
             Ok(()) => {
                 instrument::terminal(&metered, accepted_at);
-                runtime::ended::log(writer.execution_id(), &metered);
+                runtime::ended::record(writer.execution_id(), &metered);
                 return RunOutcome::Finished;
             }
             Err(WriteError::Fenced) => return RunOutcome::Dropped,
@@ -490,7 +490,7 @@ impl Runner {
             return match writer.append(fallback).await {
                 Ok(()) => {
                     instrument::terminal(&metered, accepted_at);
-                    runtime::ended::log(writer.execution_id(), &metered);
+                    runtime::ended::record(writer.execution_id(), &metered);
                     RunOutcome::Finished
                 }
                 Err(WriteError::Fenced) => RunOutcome::Dropped,
