@@ -218,9 +218,10 @@ pub(crate) struct Lane {
 /// Most connections a process holds for partitions' jobs and appends (see `NatsBackend`).
 pub const MAX_LANES: u16 = 8;
 
-/// The oldest nats-server (major, minor) this backend works with: batched direct gets (ADR-31),
-/// which every event stream starts with, came in 2.11.
-const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
+/// The oldest nats-server (major, minor) this backend works with: 2.12, whose JetStream fixes
+/// (of what Jepsen found) the design relies on (`../shared/docs/architecture.md`); batched
+/// direct gets (ADR-31), which every event stream starts with, came in 2.11.
+const MIN_SERVER_VERSION: (u64, u64) = (2, 12);
 
 /// Refuses a server older than [`MIN_SERVER_VERSION`] at startup, with its version, rather than
 /// failing every event stream later.
@@ -655,15 +656,15 @@ mod tests {
     }
 
     #[test]
-    fn servers_older_than_2_11_are_refused_by_version() {
-        for supported in ["2.11.0", "2.12.8", "2.12.0-beta.1", "3.0.0"] {
+    fn servers_older_than_2_12_are_refused_by_version() {
+        for supported in ["2.12.0", "2.12.8", "2.12.0-beta.1", "2.15.1", "3.0.0"] {
             assert!(check_server_version(supported).is_ok(), "{supported}");
         }
-        for refused in ["2.9.20", "2.10.24", "1.4.1", "", "unknown"] {
+        for refused in ["2.11.9", "2.9.20", "2.10.24", "1.4.1", "", "unknown"] {
             let Err(StoreError::Misconfigured(message)) = check_server_version(refused) else {
                 panic!("{refused} accepted");
             };
-            assert!(message.contains("2.11 or newer"), "{message}");
+            assert!(message.contains("2.12 or newer"), "{message}");
         }
     }
 }
