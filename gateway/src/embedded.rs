@@ -28,6 +28,8 @@ pub struct Embedded {
     pool: WorkerPool,
     queue: Arc<MemoryJobQueue>,
     store: Arc<MemoryEventStore>,
+    /// Stops the deadline sweeper when this runtime is dropped (or shut down).
+    _sweeper: tokio_util::sync::DropGuard,
 }
 
 impl std::fmt::Debug for Embedded {
@@ -122,6 +124,16 @@ impl Embedded {
             keys,
             workers,
         );
+        // Closes executions whose deadline passes while they wait in the queue (every runner
+        // slot busy) within the contract's 2 s (§8), as a distributed gateway's sweeper does;
+        // a runner enforces the deadline of what it runs itself.
+        let sweeping = tokio_util::sync::CancellationToken::new();
+        runtime::DeadlineSweeper::new(
+            store.clone(),
+            queue.clone(),
+            runtime::SweeperSettings::default(),
+        )
+        .spawn(sweeping.clone());
         let auth = Authenticator::from_config(config.auth.as_ref());
         let state = AppState::with_auth(backend, capabilities, api_limits(config), auth);
         Self {
@@ -129,6 +141,7 @@ impl Embedded {
             pool,
             queue,
             store,
+            _sweeper: sweeping.drop_guard(),
         }
     }
 

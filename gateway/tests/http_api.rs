@@ -769,6 +769,30 @@ async fn an_expired_deadline_fails_the_execution_with_deadline_exceeded() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_passing_in_the_queue_ends_the_execution_while_every_slot_is_busy() {
+    // Contract §8: deadline_exceeded at most 2 s after the deadline, even for an execution no
+    // runner can take yet (one slot, held by a ten-second execution): the embedded gateway's
+    // sweeper writes it, as a distributed gateway's does.
+    let gw = Gateway::start_with(slow_mock(10_000, json!({})), 1, Duration::from_secs(10)).await;
+    let first = gw.submit_ok(&text_request("first")).await;
+    gw.wait_started(&first).await;
+    let queued = gw
+        .submit_ok(&json!({ "ability": "text-generation", "input": [{ "type": "text", "text": "hi" }], "deadline_ms": 300 }))
+        .await;
+    let snapshot = gw.wait_terminal(&queued).await;
+    assert_eq!(snapshot["status"], "failed");
+    assert_eq!(snapshot["error"]["code"], "deadline_exceeded");
+    // Ended by the sweeper, not by a runner that finally took it: the slot is still held.
+    let holder = gw.snapshot(&first).await;
+    assert!(
+        matches!(holder["status"].as_str(), Some("routing" | "running")),
+        "{holder}"
+    );
+    let events = gw.stream(&queued).await.rest().await;
+    assert_eq!(types(&events), ["execution.accepted", "execution.failed"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadlines_outside_the_allowed_range_are_400() {
     let gw = Gateway::start(default_deployment(
         json!({ "limits": { "max_deadline_ms": 60000 } }),
