@@ -229,6 +229,50 @@ async fn idempotent_replay_is_200_with_the_same_execution_and_its_current_status
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_execution_was_evicted_creates_a_new_execution() {
+    // [R 13]: the identity goes with its execution. Two executions retained: the keyed one is
+    // evicted by two later ones, and the key then creates a new execution (it answered a
+    // retryable "no longer retained" for the key's whole retention, 24 h).
+    let gw = Gateway::start(default_deployment(
+        json!({ "event_store": { "type": "memory", "max_executions": 2 } }),
+    ))
+    .await;
+    let key = [("idempotency-key", "evicted-1")];
+    let (status, _, first) = json_parts(gw.submit_with(&text_request("hi"), &key).await).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let first_id = first["execution_id"].as_str().expect("id").to_owned();
+    gw.wait_terminal(&first_id).await;
+    for _ in 0..2 {
+        let other = gw.submit_ok(&text_request("other")).await;
+        gw.wait_terminal(&other).await;
+    }
+    assert_eq!(
+        gw.get_json(&format!("/v1/executions/{first_id}")).await.0,
+        StatusCode::NOT_FOUND
+    );
+
+    // Within the replay wait (2 s) of the binding, a missing log may still be being created:
+    // 503, retryable; past it, the key is bound anew.
+    let started = std::time::Instant::now();
+    let (status, again) = loop {
+        let (status, _, body) = json_parts(gw.submit_with(&text_request("hi"), &key).await).await;
+        if status != StatusCode::SERVICE_UNAVAILABLE || started.elapsed() > Duration::from_secs(30)
+        {
+            break (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status, StatusCode::ACCEPTED, "{again}");
+    assert_eq!(again["idempotent_replay"], false);
+    let second_id = again["execution_id"].as_str().expect("id");
+    assert_ne!(second_id, first_id);
+    // The key is bound to the new execution now: a retry replays it.
+    let (status, _, replay) = json_parts(gw.submit_with(&text_request("hi"), &key).await).await;
+    assert_eq!(status, StatusCode::OK, "{replay}");
+    assert_eq!(replay["execution_id"], second_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idempotency_key_reused_with_a_different_request_is_422() {
     let gw = Gateway::start_default().await;
     let key = format!("key-{CANARY}");

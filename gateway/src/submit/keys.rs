@@ -249,6 +249,13 @@ pub(super) async fn replay(
                 // Created, but not readable yet.
                 return Err(STILL_BEING_CREATED);
             }
+            None if !inner.backend.heal_missing => {
+                // The memory store evicted the execution (only ended ones are evicted): the
+                // key goes with it, as the reference's does [R 13], and is bound anew to a new
+                // execution ([`submit`]). Answering "no longer retained" (retryable) instead
+                // kept a client that followed the hint retrying for the key's whole retention.
+                return Ok(Submitted::KeyOfGone(Box::new(job)));
+            }
             None => {
                 return Err(ApiError::QueueFull(
                     "Idempotent execution is no longer retained",

@@ -191,6 +191,19 @@ pub async fn submit(
                 rebinds += 1;
                 request = unrun.request.clone();
             }
+            Submitted::KeyOfGone(gone) if rebinds < MAX_REBINDS => {
+                if let Some(claim) = &gone.key {
+                    release_key(state, &claim.key_hash, gone.execution_id).await;
+                }
+                tracing::info!(execution_id = %gone.execution_id, "idempotency key bound to an execution no longer retained; binding it anew");
+                rebinds += 1;
+                request = gone.request.clone();
+            }
+            Submitted::KeyOfGone(_) => {
+                return Err(ApiError::QueueFull(
+                    "Idempotent execution is no longer retained",
+                ));
+            }
             Submitted::KeyOfUnrun(unrun) => {
                 return Ok(ExecutionSubmission {
                     execution_id: unrun.execution_id,
@@ -214,6 +227,9 @@ enum Submitted {
     /// after `execution.accepted` (its submission was answered 503, or 429): the job as that
     /// submission built it (its id, its key binding), so the key can be freed from it.
     KeyOfUnrun(Box<Job>),
+    /// The key is bound to an execution the store no longer holds (the memory store evicted
+    /// it, ended): the job as that submission built it, so the key can be freed from it.
+    KeyOfGone(Box<Job>),
 }
 
 /// One pass of [`submit`]: a fresh execution id, its key bound, its log created and its job
