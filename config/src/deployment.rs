@@ -71,6 +71,15 @@ impl<P> DeploymentConfig<P> {
             webhooks: WebhookConfig::default(),
         }
     }
+
+    /// Whether an execution may outlive its records: `retention` shorter than the longest
+    /// deadline a request may ask for (`limits.max_deadline_ms`). Its idempotency key could
+    /// then expire while it runs (a retry would run the request a second time), and the start
+    /// of its log age out. Allowed (a deployment of short executions may want it), but worth
+    /// a warning at startup.
+    pub fn retention_below_max_deadline(&self) -> bool {
+        self.retention.as_millis() < u128::from(self.limits.max_deadline_ms)
+    }
 }
 
 /// Reads and parses the deployment file at `path`, provider sections through `catalog`.

@@ -106,6 +106,34 @@ fn defaults_are_the_documented_values() {
 }
 
 #[test]
+fn a_retention_shorter_than_the_longest_deadline_is_flagged() {
+    let with = |extra: &str| {
+        parse(
+            &format!(r#"{{"providers":[{{"type":"a"}}]{extra}}}"#),
+            &Stub,
+        )
+    };
+    // The defaults (24 h each) and a retention at least the deadline are fine.
+    assert!(!with("").unwrap().retention_below_max_deadline());
+    assert!(
+        !with(r#","retention_ms":3600000,"limits":{"max_deadline_ms":3600000,"default_deadline_ms":60000}"#)
+            .unwrap()
+            .retention_below_max_deadline()
+    );
+    // An hour of retention against the 24 h deadline a request may ask for: flagged, allowed.
+    assert!(
+        with(r#","retention_ms":3600000"#)
+            .unwrap()
+            .retention_below_max_deadline()
+    );
+    assert!(
+        with(r#","event_store":{"type":"memory","retention_ms":1000}"#)
+            .unwrap()
+            .retention_below_max_deadline()
+    );
+}
+
+#[test]
 fn an_unknown_type_lists_the_catalog() {
     for provider in [r#"{"type":"c"}"#, r#"{"type":7}"#] {
         assert_eq!(

@@ -28,10 +28,21 @@ pub fn load(path: &Path) -> Result<DeploymentConfig, ConfigError> {
 }
 
 /// The deployment at `path`, or [`standalone`] without one. The error's `Display` is the one
-/// sanitized startup line.
+/// sanitized startup line. A retention shorter than the longest deadline is logged as a
+/// warning ([`config::DeploymentConfig::retention_below_max_deadline`]).
 pub fn open(path: Option<&Path>) -> Result<DeploymentConfig, ConfigError> {
-    match path {
-        Some(path) => load(path),
-        None => Ok(standalone()),
+    let deployment = match path {
+        Some(path) => load(path)?,
+        None => standalone(),
+    };
+    if deployment.retention_below_max_deadline() {
+        tracing::warn!(
+            retention_ms = deployment.retention.as_millis(),
+            max_deadline_ms = deployment.limits.max_deadline_ms,
+            "retention_ms is shorter than limits.max_deadline_ms: an execution that runs longer \
+             than the retention can lose its idempotency key (a retry then runs it again) and \
+             the start of its log; raise retention_ms or lower max_deadline_ms"
+        );
     }
+    Ok(deployment)
 }
