@@ -181,23 +181,15 @@ pub async fn submit(
         .await?
         {
             Submitted::Answered(submission) => return Ok(submission),
-            Submitted::KeyOfUnrun(unrun) if rebinds < MAX_REBINDS => {
-                // The key's execution never ran and never will (closed unqueued after the
-                // submission was answered 503): free the key and submit again.
-                if let Some(claim) = &unrun.key {
-                    release_key(state, &claim.key_hash, unrun.execution_id).await;
+            // The key's execution never ran and never will (closed unqueued after the
+            // submission was answered 503), or is gone: free the key and submit again.
+            Submitted::KeyOfUnrun(stale) | Submitted::KeyOfGone(stale) if rebinds < MAX_REBINDS => {
+                if let Some(claim) = &stale.key {
+                    release_key(state, &claim.key_hash, stale.execution_id).await;
                 }
-                tracing::info!(execution_id = %unrun.execution_id, "idempotency key bound to an execution closed unrun; binding it anew");
+                tracing::info!(execution_id = %stale.execution_id, "idempotency key bound to an execution closed unrun or no longer retained; binding it anew");
                 rebinds += 1;
-                request = unrun.request.clone();
-            }
-            Submitted::KeyOfGone(gone) if rebinds < MAX_REBINDS => {
-                if let Some(claim) = &gone.key {
-                    release_key(state, &claim.key_hash, gone.execution_id).await;
-                }
-                tracing::info!(execution_id = %gone.execution_id, "idempotency key bound to an execution no longer retained; binding it anew");
-                rebinds += 1;
-                request = gone.request.clone();
+                request = stale.request.clone();
             }
             Submitted::KeyOfGone(_) => {
                 return Err(ApiError::QueueFull(
