@@ -146,10 +146,8 @@ pub fn replace_lone_surrogates(body: &[u8]) -> Cow<'_, [u8]> {
     }
     let mut out: Option<Vec<u8>> = None;
     let mut i = 0;
-    while let Some(found) = body
-        .get(i..)
-        .and_then(|rest| rest.iter().position(|&b| b == b'\\'))
-    {
+    // Every request body passes here: the search for a backslash is memchr's.
+    while let Some(found) = body.get(i..).and_then(|rest| memchr::memchr(b'\\', rest)) {
         i += found;
         let lone = match unit(body, i) {
             // Another escape (`\\` included, so its second backslash is not read as one).
